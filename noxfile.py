@@ -1,0 +1,63 @@
+"""Test sessions: one per workspace member (that member alone, with only its declared dependencies,
+from uv.lock), plus `all` (every member in one environment). `nox` with no arguments runs what CI runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+
+# Session name -> (distribution, folder). Order follows the dependency direction.
+MEMBERS = {
+    "client": ("twinkle-client", "packages/twinkle-client"),
+    "mesh": ("twinkle-mesh", "packages/twinkle-mesh"),
+    "data": ("twinkle-data", "packages/twinkle-data"),
+    "model": ("twinkle-model", "packages/twinkle-model"),
+    "sampler": ("twinkle-sampler", "packages/twinkle-sampler"),
+    "rl": ("twinkle-rl", "packages/twinkle-rl"),
+    "serve": ("twinkle-serve", "packages/twinkle-serve"),
+    "server": ("twinkle-server", "apps/twinkle-server"),
+    "meta": ("twinkle", "packages/twinkle"),
+}
+TEST_DEPS = ["pytest>=8"]
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    """Install from uv.lock into this session's venv: exactly what the lock says, nothing else."""
+    env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
+    session.run_install("uv", "sync", "--frozen", "--no-default-groups", "--inexact", *args,
+                        env=env, external=True)
+    session.install(*TEST_DEPS)
+
+
+def _pytest(session: nox.Session, *paths: str) -> None:
+    # Two cores here: say so explicitly instead of letting every library guess.
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"}
+    session.run("pytest", *paths, *session.posargs, env=env, success_codes=[0, 5])
+
+
+def _member_session(name: str, dist: str, folder: str) -> None:
+    @nox.session(name=name)
+    def run(session: nox.Session) -> None:
+        # Only this distribution and what it declares: an undeclared sibling is simply absent.
+        _sync(session, "--package", dist)
+        _pytest(session, f"{folder}/tests")
+
+    run.__doc__ = f"{dist} alone, with only its declared dependencies"
+
+
+for _name, (_dist, _folder) in MEMBERS.items():
+    _member_session(_name, _dist, _folder)
+
+
+@nox.session(name="all", default=False)
+def all_members(session: nox.Session) -> None:
+    """Every member in one environment, every member's tests."""
+    _sync(session, "--all-packages")
+    _pytest(session, *(f"{folder}/tests" for _, folder in MEMBERS.values()))

@@ -1,0 +1,1 @@
+"""twinkle.client."""

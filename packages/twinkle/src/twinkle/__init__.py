@@ -1,0 +1,45 @@
+"""Twinkle: the facade. No logic of its own: it spans the namespace and dispatches `initialize`.
+
+`twinkle` is a namespace shared by every member distribution (twinkle.mesh, twinkle.model, ...);
+only this meta distribution ships `twinkle/__init__.py`, and `extend_path` keeps the namespace
+spanning every member installed anywhere on sys.path (editable installs included).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pkgutil import extend_path
+
+__path__ = extend_path(__path__, __name__)
+__version__ = "0.1.0"
+
+# mode -> (module that implements it, distribution that ships the module)
+_MODES = {
+    "local": ("twinkle.mesh", "twinkle-mesh"),
+    "ray": ("twinkle.mesh", "twinkle-mesh[ray]"),
+    "http": ("twinkle.serve", "twinkle-serve"),
+}
+# Names re-exported lazily, so `import twinkle` stays cheap and works with any subset installed.
+_EXPORTS = {"DeviceMesh": "twinkle.mesh", "DeviceGroup": "twinkle.mesh", "get_device_placement": "twinkle.mesh"}
+
+
+def _owner(module: str, dist: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            raise ImportError(f"{module} is not installed: pip install {dist!r}") from e
+        raise
+
+
+def initialize(mode: str = "local", **kwargs):
+    """Start Twinkle in `mode` ('local' covers one process and torchrun, 'ray', or 'http')."""
+    if mode not in _MODES:
+        raise ValueError(f"unknown mode {mode!r}; expected one of {sorted(_MODES)}")
+    return _owner(*_MODES[mode]).initialize(mode=mode, **kwargs)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(_owner(_EXPORTS[name], "twinkle-mesh"), name)
+    raise AttributeError(f"module 'twinkle' has no attribute {name!r}")
