@@ -25,15 +25,13 @@ MEMBERS = {
     "server": ("twinkle-server", "apps/twinkle-server"),
     "meta": ("twinkle", "packages/twinkle"),
 }
-TEST_DEPS = ["pytest>=8"]
 
 
 def _sync(session: nox.Session, *args: str) -> None:
     """Install from uv.lock into this session's venv: exactly what the lock says, nothing else."""
     env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
-    session.run_install("uv", "sync", "--frozen", "--no-default-groups", "--inexact", *args,
+    session.run_install("uv", "sync", "--frozen", "--no-default-groups", "--group", "test", *args,
                         env=env, external=True)
-    session.install(*TEST_DEPS)
 
 
 def _pytest(session: nox.Session, *paths: str) -> None:
@@ -59,5 +57,6 @@ for _name, (_dist, _folder) in MEMBERS.items():
 @nox.session(name="all", default=False)
 def all_members(session: nox.Session) -> None:
     """Every member in one environment, every member's tests."""
+    # Every member's test group, so every member's tests can run here.
     _sync(session, "--all-packages")
     _pytest(session, *(f"{folder}/tests" for _, folder in MEMBERS.values()))
