@@ -1,0 +1,215 @@
+"""RemoteGroup: a component living as one Ray actor per rank of a DeviceGroup.
+
+The actors are placed with a Ray placement group (one bundle per rank), form their own
+torch.distributed world (gloo on CPU, nccl on CUDA) rendezvousing at rank 0's node, and each runs
+`twinkle.mesh.initialize(mode='local')` with the component's mesh, so the component's code is the
+same code that runs under torchrun.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+from twinkle.mesh.device_group import DeviceGroup
+from twinkle.mesh.device_mesh import DeviceMesh
+from twinkle.mesh.remote import RemoteError, collect_results, dispatch_args, method_spec
+from twinkle.mesh.runtime import get_runtime, require_ray
+
+ray = require_ray()
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
+
+PLACEMENT_TIMEOUT_S = float(os.environ.get("TWINKLE_PLACEMENT_TIMEOUT_S", "120"))
+
+
+class _GroupWorker:
+    """One rank. Every method answers ("ok", value) or ("err", type, message, traceback), so the
+    driver reports the rank and the real remote traceback rather than Ray's wrapper."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size, self.instance = rank, world_size, None
+
+    def _guard(self, fn, *args, **kwargs):
+        try:
+            return ("ok", fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the driver
+            return ("err", type(e).__qualname__, str(e), traceback.format_exc())
+
+    def node_info(self) -> dict:
+        return {"node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int):
+        def run():
+            # torchrun's contract, so initialize(mode='local') and the component see a torchrun rank.
+            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
+                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            from twinkle.mesh.runtime import initialize
+
+            initialize(mode="local", global_device_mesh=mesh, seed=seed)
+
+        return self._guard(run)
+
+    def construct(self, cls, args, kwargs):
+        def run():
+            self.instance = cls(*args, **kwargs)
+
+        return self._guard(run)
+
+    def call(self, name: str, payload):
+        args, kwargs = payload
+        return self._guard(lambda: getattr(self.instance, name)(*args, **kwargs))
+
+
+_WorkerActor = ray.remote(_GroupWorker)
+
+
+def _pickle_class_by_value_if_needed(cls: type) -> None:
+    """Actors import classes by module name; a class from a script or a test file (a module no
+    worker can import) is shipped by value instead."""
+    module = sys.modules.get(cls.__module__)
+    if module is None or cls.__module__ == "__main__":
+        return  # __main__ is already pickled by value
+    file = getattr(module, "__file__", None)
+    parts = cls.__module__.split(".")
+    importable = False
+    if file:
+        for entry in sys.path:
+            base = Path(entry or os.getcwd())
+            candidates = (base.joinpath(*parts).with_suffix(".py"), base.joinpath(*parts, "__init__.py"))
+            if any(c.exists() and os.path.samefile(c, file) for c in candidates):
+                importable = True
+                break
+    if not importable:
+        ray.cloudpickle.register_pickle_by_value(module)
+
+
+class RemoteGroup:
+    """Proxy for `cls` built on every rank of `group`. Methods keep their names and signatures."""
+
+    def __init__(self, cls: type, group: DeviceGroup, args: tuple, kwargs: dict):
+        rt = get_runtime()
+        n = group.world_size
+        mesh = kwargs.get("device_mesh")
+        if not isinstance(mesh, DeviceMesh):
+            mesh = rt.mesh if rt.mesh.world_size == n else DeviceMesh.from_sizes(dp_size=n)
+        mesh.check_world_size(n, f"size of DeviceGroup {group.name!r}")
+        if mesh.device_type is None:
+            mesh = DeviceMesh(dict(mesh.sizes), ep_size=mesh.ep_size, device_type=group.device_type)
+        self._cls, self._group, self._mesh, self._infos = cls, group, mesh, []
+        _pickle_class_by_value_if_needed(cls)
+
+        device = {"GPU": 1.0} if group.device_type == "cuda" else {}
+        bundle = {"CPU": 1.0, **device, **group.resources_per_rank}
+        self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
+        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            remove_placement_group(self._pg)
+            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({n} x {bundle}) within "
+                               f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster resources: {ray.cluster_resources()}")
+        self._actors = [
+            _WorkerActor.options(
+                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
+                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
+                name=None).remote(i, n)
+            for i in range(n)]
+        try:
+            self._infos = [ray.get(a.node_info.remote()) for a in self._actors]
+            port = ray.get(self._actors[0].free_port.remote())
+            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, mesh, rt.seed) for a in self._actors],
+                         "setup")
+            self._gather([a.construct.remote(cls, args, kwargs) for a in self._actors], f"{cls.__name__}()")
+        except BaseException:
+            self.remote_shutdown()
+            raise
+        rt.remote_groups.setdefault(group.name, []).append(self)
+
+    # Proxy-owned names carry a `remote_` prefix so they cannot shadow the component's own methods.
+    @property
+    def remote_mesh(self) -> DeviceMesh:
+        return self._mesh
+
+    @property
+    def remote_world_size(self) -> int:
+        return len(self._actors)
+
+    def _gather(self, refs: list, what: str) -> list:
+        """Results in rank order; the first failing rank raises at once (its peers may be stuck in a
+        collective waiting for it)."""
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, object] = {}
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    out = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
+                                      f"{type(e).__name__}: {e}", rank, str(e), type(e).__name__) from None
+                if out[0] == "err":
+                    _, exc_type, message, tb = out
+                    raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
+                                      f"{exc_type}: {message}\n\nremote traceback (rank {rank}):\n{tb}",
+                                      rank, tb, exc_type)
+                results[rank] = out[1]
+        return [results[r] for r in range(len(refs))]
+
+    def _call(self, name: str, args: tuple, kwargs: dict):
+        dispatch, collect = method_spec(self._cls, name)
+        if dispatch == "all":
+            payload = ray.put((args, kwargs))  # one copy in the object store, read by every rank
+            refs = [a.call.remote(name, payload) for a in self._actors]
+        else:
+            refs = [a.call.remote(name, dispatch_args(dispatch, args, kwargs, self._mesh, rank))
+                    for rank, a in enumerate(self._actors)]
+        return collect_results(collect, self._gather(refs, f"{self._cls.__name__}.{name}"))
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = inspect.getattr_static(self._cls, name, None)
+        fn = getattr(attr, "__func__", attr)
+        if attr is None or isinstance(attr, property) or not callable(fn):
+            raise AttributeError(f"{self._cls.__name__} on remote group {self._group.name!r} has no method "
+                                 f"{name!r} (remote groups expose methods only)")
+
+        @functools.wraps(fn)
+        def method(*args, **kwargs):
+            return self._call(name, args, kwargs)
+
+        self.__dict__[name] = method
+        return method
+
+    def placement_lines(self) -> list[str]:
+        kind = self._group.device_type
+        return [f"{self._cls.__name__} rank {r}: node {info['node_ip']} pid {info['pid']} "
+                f"{kind}{' gpu ' + ','.join(info['gpu_ids']) if info['gpu_ids'] else ''}"
+                for r, info in enumerate(self._infos)]
+
+    def remote_shutdown(self) -> None:
+        """Stop the actors and free their placement."""
+        for a in getattr(self, "_actors", []):
+            ray.kill(a)
+        self._actors = []
+        if getattr(self, "_pg", None) is not None:
+            remove_placement_group(self._pg)
+            self._pg = None
+        rt = get_runtime()
+        if rt is not None and self in rt.remote_groups.get(self._group.name, []):
+            rt.remote_groups[self._group.name].remove(self)
+
+    def __repr__(self):
+        return f"RemoteGroup({self._cls.__name__} on {self._group.name!r}, {len(self._actors)} ranks, {self._mesh!r})"
