@@ -1,1 +1,12 @@
-"""twinkle.loss."""
+"""twinkle.loss: token-level training losses, registered by name (entry-point group `twinkle.loss`)."""
+
+from twinkle.loss.base import LOSSES, Loss, LossContext, LossOutput, create_loss, register_loss
+from twinkle.loss.distill import GKDLoss
+from twinkle.loss.head import IGNORE_INDEX, ChunkedHead, LogitsHead, TokenHead
+from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
+from twinkle.loss.preference import DPOLoss, SimPOLoss
+from twinkle.loss.sft import CrossEntropyLoss
+
+__all__ = ["LOSSES", "IGNORE_INDEX", "ChunkedHead", "CISPOLoss", "CrossEntropyLoss", "DPOLoss", "DROLoss",
+           "GKDLoss", "GRPOLoss", "GSPOLoss", "ImportanceSamplingLoss", "LogitsHead", "Loss", "LossContext",
+           "LossOutput", "PPOLoss", "SimPOLoss", "TokenHead", "create_loss", "register_loss"]

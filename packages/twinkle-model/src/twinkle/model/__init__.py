@@ -1,1 +1,22 @@
-"""twinkle.model."""
+"""twinkle.model: the training API (TransformersModel, MegatronModel) over per-adapter state."""
+
+from __future__ import annotations
+
+_LAZY = {
+    "TwinkleModel": "twinkle.model.base",
+    "TransformersModel": "twinkle.model.transformers_model",
+    "MegatronModel": "twinkle.model.megatron_model",
+    "AdapterState": "twinkle.model.state",
+    "CosineWarmupScheduler": "twinkle.model.optim",
+    "LinearWarmupScheduler": "twinkle.model.optim",
+}
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str):
+    # Lazy: twinkle.loss / metric / patch import twinkle.model.registry, which must not pull in torch models.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'twinkle.model' has no attribute {name!r}")

@@ -1,0 +1,117 @@
+"""The Loss extension point: a base class, the context a loss reads, and the name registry.
+
+Conventions every loss follows:
+- token-level: a loss is a function of per-position quantities (log-probs, advantages, ...) over
+  the positions whose target is not -100 (`mask_B_T`);
+- `reduction='mean'` divides the summed per-token loss by the number of loss tokens in the batch,
+  `reduction='sum'` does not (Tinker's losses are sums);
+- per-token input fields arrive shifted like the targets (position t belongs to target t); a
+  per-row field (shape [B]) is broadcast over that row's tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import ClassVar
+
+import torch
+
+from twinkle.loss.head import IGNORE_INDEX, LogitsHead, TokenHead
+from twinkle.model.registry import Registry
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LossContext:
+    head: TokenHead
+    targets_B_T: torch.Tensor
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)
+    # log p_ref(target) from the reference policy (for a LoRA: the same base with the adapter disabled)
+    ref_logps_B_T: torch.Tensor | None = None
+
+    @classmethod
+    def from_logits(cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None,
+                    **fields: torch.Tensor) -> "LossContext":
+        """A context over already-shifted logits (position t predicts targets_B_T[:, t])."""
+        return cls(LogitsHead(logits_B_T_V), targets_B_T, dict(fields), ref_logps_B_T)
+
+    @cached_property
+    def mask_B_T(self) -> torch.Tensor:
+        return (self.targets_B_T != IGNORE_INDEX).float()
+
+    @cached_property
+    def logps_B_T(self) -> torch.Tensor:
+        return self.head.target_logps(self.targets_B_T)
+
+    def has(self, name: str) -> bool:
+        return name in self.fields
+
+    def token_field(self, name: str, default: float | None = None) -> torch.Tensor:
+        """A per-token float field [B, T]; per-row fields broadcast; `default` fills a missing one."""
+        if name not in self.fields:
+            if default is None:
+                raise KeyError(name)
+            return torch.full_like(self.mask_B_T, default)
+        value = self.fields[name].to(self.mask_B_T.device, torch.float32)
+        if value.dim() == 1:
+            value = value[:, None].expand_as(self.mask_B_T)
+        if value.shape != self.mask_B_T.shape:
+            raise ValueError(f"loss input {name!r} has shape {tuple(value.shape)}; expected "
+                             f"{tuple(self.mask_B_T.shape)} (per token) or ({self.mask_B_T.shape[0]},) (per row)")
+        return value
+
+    def ref_logps(self) -> torch.Tensor:
+        """Reference log-probs: the `ref_logprobs` input if given, else those the model computed."""
+        if "ref_logprobs" in self.fields:
+            return self.token_field("ref_logprobs")
+        if self.ref_logps_B_T is None:
+            raise ValueError("this loss needs reference log-probs: pass `ref_logprobs` per token, or train a "
+                             "LoRA adapter so the reference is the base model with the adapter disabled")
+        return self.ref_logps_B_T
+
+
+class Loss:
+    """Base class. Subclasses implement `per_token` (token-level) or override `compute`."""
+
+    aliases: ClassVar[tuple[str, ...]] = ()
+    required_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, reduction: str = "mean"):
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+
+    def needs_reference(self, fields: dict) -> bool:
+        """Whether the model must compute reference log-probs (adapter disabled) for this batch."""
+        return False
+
+    def __call__(self, ctx: LossContext) -> LossOutput:
+        missing = [f for f in self.required_fields if f not in ctx.fields]
+        if missing:
+            raise ValueError(f"{type(self).__name__} needs input fields {missing}; got {sorted(ctx.fields)}")
+        out = self.compute(ctx)
+        return out if isinstance(out, LossOutput) else LossOutput(out)
+
+    def compute(self, ctx: LossContext) -> torch.Tensor | LossOutput:
+        return self.reduce(self.per_token(ctx), ctx.mask_B_T)
+
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reduce(self, values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
+        total = (values_B_T * mask_B_T).sum()
+        return total if self.reduction == "sum" else total / mask_B_T.sum().clamp(min=1.0)
+
+
+LOSSES: Registry[Loss] = Registry("loss", "twinkle.loss", Loss)
+register_loss = LOSSES.register
+
+
+def create_loss(name_or_cls, **kwargs) -> Loss:
+    return LOSSES.create(name_or_cls, **kwargs)

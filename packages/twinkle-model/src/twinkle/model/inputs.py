@@ -1,0 +1,128 @@
+"""From what the user passes to forward_backward to tensors the model runs on.
+
+Accepted: a list of encoded rows ({'input_ids', 'labels', ...}), a list of raw trajectories (rows
+without 'input_ids', encoded through the model's template), one row, or an already collated dict
+of tensors. Fields beyond the standard ones are loss inputs: a number per row becomes a [B] tensor,
+a list as long as the row a per-token [B, T] tensor (right-padded with 0), a list of equal-length
+lists a [B, T, K] tensor. Per-token fields are aligned with `labels` (position t of a field
+belongs to the target labels[t]).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from twinkle.loss.head import IGNORE_INDEX
+
+MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
+FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_ratio_mask", "teacher_topk_logprobs")
+
+
+def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
+    """Normalise `inputs` to a list of encoded rows, or pass a collated tensor dict through."""
+    if isinstance(inputs, Mapping):
+        ids = inputs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and ids.dim() == 2:
+            return dict(inputs)
+        if ids is not None and len(ids) and isinstance(ids[0], Sequence):  # columns of rows
+            return [{k: v[i] for k, v in inputs.items()} for i in range(len(ids))]
+        inputs = [inputs]
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
+        raise ValueError(f"inputs must be a non-empty list of rows (encoded or trajectories), got {type(inputs).__name__}")
+    rows = []
+    for i, row in enumerate(inputs):
+        if isinstance(row, Mapping) and "input_ids" in row:
+            rows.append(dict(row))
+            continue
+        if template is None:
+            raise ValueError(f"row {i} is a raw trajectory (no 'input_ids'); call set_template(...) first "
+                             f"or pass encoded rows")
+        encoded = dict(template.encode(row))
+        if isinstance(row, Mapping):  # carry per-row loss inputs (advantages, ...) along
+            for k, v in row.items():
+                if k not in encoded and k not in ("messages", "tools"):
+                    encoded[k] = v
+        rows.append(encoded)
+    return rows
+
+
+def _pad_collate(rows: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-padding collate of input_ids/labels (used when no twinkle.processor is installed)."""
+    T = max(len(r["input_ids"]) for r in rows)
+    B = len(rows)
+    input_ids = torch.zeros(B, T, dtype=torch.long)
+    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros(B, T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        input_ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
+        labels[i, :n] = torch.as_tensor(r.get("labels", r["input_ids"]), dtype=torch.long)
+        attention_mask[i, :n] = 1
+    position_ids = torch.arange(T).expand(B, T).clone()
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "position_ids": position_ids}
+
+
+def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
+    first = values[0]
+    dtype = torch.float32 if name in FLOAT_FIELDS else None
+    if isinstance(first, (int, float, bool)) or (isinstance(first, torch.Tensor) and first.dim() == 0):
+        return torch.as_tensor([float(v) if dtype else v for v in values], dtype=dtype)
+    if not isinstance(first, (Sequence, torch.Tensor)) or isinstance(first, str):
+        return None  # metadata carried along (ids, text): not a loss input
+    tensors = [torch.as_tensor(v, dtype=dtype) for v in values]
+    out = torch.zeros(len(values), T, *tensors[0].shape[1:], dtype=tensors[0].dtype)
+    for i, t in enumerate(tensors):
+        out[i, : t.shape[0]] = t
+    return out
+
+
+def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(model tensors, loss-input fields) for a batch of encoded rows."""
+    if isinstance(rows, dict):  # already collated
+        batch = {k: v for k, v in rows.items() if k in MODEL_KEYS}
+        if "labels" not in batch:
+            raise ValueError("a collated batch needs 'labels' (-100 where no loss)")
+        return batch, {k: v for k, v in rows.items() if k not in MODEL_KEYS and isinstance(v, torch.Tensor)}
+    for i, r in enumerate(rows):
+        if not len(r["input_ids"]):
+            raise ValueError(f"row {i} has no tokens")
+        if "labels" in r and len(r["labels"]) != len(r["input_ids"]):
+            raise ValueError(f"row {i}: {len(r['labels'])} labels for {len(r['input_ids'])} input_ids")
+    core = [{k: r[k] for k in ("input_ids", "labels") if k in r} for r in rows]
+    batch = processor(core) if processor is not None else _pad_collate(core)
+    B, T = batch["input_ids"].shape
+    extra_names = sorted({k for r in rows for k in r} - set(MODEL_KEYS))
+    fields = {}
+    for name in extra_names:
+        values = [r.get(name) for r in rows]
+        if any(v is None for v in values):
+            raise ValueError(f"loss input {name!r} is missing from some rows")
+        t = _field_tensor(name, values, T)
+        if t is not None:
+            if B != len(rows):
+                raise ValueError(f"the input processor packed {len(rows)} rows into {B}; per-row loss input "
+                                 f"{name!r} cannot follow (use padding, not packing, for such losses)")
+            fields[name] = t
+    return batch, fields
+
+
+def check_vocab(batch: dict[str, torch.Tensor], vocab_size: int) -> None:
+    """ValueError naming the first out-of-vocabulary id, before the model sees the batch."""
+    for key, allowed_ignore in (("input_ids", False), ("labels", True)):
+        ids = batch.get(key)
+        if ids is None:
+            continue
+        bad = (ids < 0) | (ids >= vocab_size)
+        if allowed_ignore:
+            bad &= ids != IGNORE_INDEX
+        if bad.any():
+            row, pos = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"token id {int(ids[row, pos])} in {key} (row {row}, position {pos}) is outside "
+                             f"the vocabulary of size {vocab_size}")
+
+
+def shift_fields(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Align per-token fields with the shifted targets (drop position 0, which nothing predicts)."""
+    return {k: (v[:, 1:] if v.dim() >= 2 else v) for k, v in fields.items()}

@@ -1,0 +1,389 @@
+"""TransformersModel: a transformers causal LM (optionally with LoRA adapters) driven step by step.
+
+Per-adapter state (optimizer, scheduler, loss, accumulation counter, metrics) lives in
+`AdapterState`; this class only routes calls to the right state and runs the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from twinkle.loss import ChunkedHead, LogitsHead, LossContext, create_loss
+from twinkle.mesh import get_global_mesh, remote_class, remote_method
+from twinkle.metric import ForwardRecord, StepRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.metric import METRICS
+from twinkle.model import checkpoint, inputs as model_inputs
+from twinkle.model.base import TwinkleModel
+from twinkle.model.optim import build_optimizer, resolve_scheduler
+from twinkle.model.state import FULL_MODEL, AdapterState
+from twinkle.model.strategy import STRATEGIES, barrier, no_sync, wrap
+from twinkle.patch import PATCHES, AppliedPatch
+
+logger = logging.getLogger(__name__)
+PRECISIONS = {None: None, "no": None, "fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
+    import transformers
+
+    if isinstance(model_cls, str):
+        model_cls = getattr(transformers, model_cls)
+    model_cls = model_cls or transformers.AutoModelForCausalLM
+    if model_id is None:
+        if config is None:
+            raise ValueError("give model_id, or model_cls with config")
+        if hasattr(model_cls, "from_config"):
+            return model_cls.from_config(config, dtype=torch_dtype), None
+        return model_cls(config), None
+    from twinkle.hub import resolve_model_path
+
+    path = resolve_model_path(model_id)
+    return model_cls.from_pretrained(path, config=config, dtype=torch_dtype, **kwargs), path
+
+
+@remote_class
+class TransformersModel(TwinkleModel):
+    def __init__(self, model_id: str | None = None, model_cls=None, config=None, device_mesh=None,
+                 mixed_precision: str | None = None, strategy: str = "ddp", device: str | None = None,
+                 torch_dtype: torch.dtype | str = torch.float32, **model_kwargs):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+        if mixed_precision not in PRECISIONS:
+            raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
+        self.model_id, self.strategy, self.mixed_precision = model_id, strategy, mixed_precision
+        self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
+        self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
+        if device is None:
+            device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
+        self.device = torch.device(device)
+        self.hf_model.to(self.device)
+        self.peft_model = None                  # set by the first add_adapter_to_model
+        self._wrapped = None                    # the DDP/FSDP2 module once wrapped
+        self.head_chunk_size: int | None = None  # set by the ChunkedCrossEntropy patch
+        self.states: dict[str, AdapterState] = {}
+        compute_dtype = PRECISIONS[mixed_precision] or next(self.hf_model.parameters()).dtype
+        self.peak_flops = measure_matmul_peak(self.device, compute_dtype)
+        self._layers, self._q_width = attention_dims(self.hf_model.config)
+        self.vocab_size = self.hf_model.get_input_embeddings().num_embeddings
+
+    # -- adapters and per-adapter state -----------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        return [n for n in self.states if n != FULL_MODEL]
+
+    @remote_method()
+    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
+        from peft import get_peft_model
+
+        if not adapter_name or adapter_name in self.states:
+            raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
+        if self._wrapped is not None and self.strategy == "fsdp2":
+            raise RuntimeError("add every adapter before the first forward: FSDP2 has already sharded the model")
+        if self.states.get(FULL_MODEL) and self.states[FULL_MODEL].optimizer is not None:
+            raise RuntimeError("the whole model is already being trained; add adapters before set_optimizer")
+        self.states.pop(FULL_MODEL, None)
+        if self.peft_model is None:
+            self.peft_model = get_peft_model(self.hf_model, config, adapter_name=adapter_name)
+        else:
+            self.peft_model.add_adapter(adapter_name, config)
+        marker = f".{adapter_name}."
+        params = [(n, p) for n, p in self.peft_model.named_parameters() if marker in n]
+        self.states[adapter_name] = AdapterState(adapter_name, params, self.peak_flops, gradient_accumulation_steps)
+        self._wrapped = None  # the parameter set changed: wrap again on the next forward
+
+    def _state(self, adapter_name: str | None) -> AdapterState:
+        if adapter_name is None:
+            names = self.adapter_names
+            if len(names) > 1:
+                raise ValueError(f"several adapters exist {names}: pass adapter_name=")
+            if names:
+                return self.states[names[0]]
+            if FULL_MODEL not in self.states:
+                params = [(n, p) for n, p in self.hf_model.named_parameters() if p.requires_grad]
+                self.states[FULL_MODEL] = AdapterState(FULL_MODEL, params, self.peak_flops)
+            return self.states[FULL_MODEL]
+        if adapter_name not in self.states:
+            raise ValueError(f"unknown adapter {adapter_name!r}; existing: {self.adapter_names}")
+        return self.states[adapter_name]
+
+    def _activate(self, state: AdapterState) -> torch.nn.Module:
+        if self.peft_model is not None and self.peft_model.active_adapter != state.name:
+            self.peft_model.set_adapter(state.name)
+        if self._wrapped is None:
+            self._wrapped = wrap(self.peft_model or self.hf_model, self.strategy, self.device_mesh, self.hf_model)
+        return self._wrapped
+
+    @remote_method()
+    def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).loss = create_loss(loss, **kwargs)
+
+    @remote_method()
+    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
+        state = self._state(adapter_name)
+        state.optimizer = build_optimizer(optimizer_cls, state.params, **kwargs)
+        state.optimizer_spec = (optimizer_cls, kwargs)
+        state.scheduler = None
+
+    @remote_method()
+    def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
+        state = self._state(adapter_name)
+        cls = resolve_scheduler(scheduler_cls)
+        if state.optimizer is None:
+            raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
+        state.scheduler = cls(state.optimizer, **kwargs)
+
+    @remote_method()
+    def set_template(self, template="Template", adapter_name: str | None = None, **kwargs) -> None:
+        if isinstance(template, (str, type)):
+            import twinkle.template as templates
+
+            cls = getattr(templates, template) if isinstance(template, str) else template
+            kwargs.setdefault("model_id", self.model_path or self.model_id)
+            template = cls(**kwargs)
+        self._state(adapter_name).template = template
+
+    @remote_method()
+    def set_processor(self, processor="InputProcessor", adapter_name: str | None = None, **kwargs) -> None:
+        if isinstance(processor, (str, type)):
+            import twinkle.processor as processors
+
+            processor = (getattr(processors, processor) if isinstance(processor, str) else processor)(**kwargs)
+        self._state(adapter_name).processor = processor
+
+    @remote_method()
+    def add_metric(self, metric, is_training: bool = True, adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).metrics(is_training).append(METRICS.create(metric, **kwargs))
+
+    def apply_patch(self, patch, **kwargs) -> AppliedPatch:
+        patch = PATCHES.create(patch, **kwargs)
+        patch.apply(self)
+        return AppliedPatch(patch, self)
+
+    # -- compute ------------------------------------------------------------------------------
+    def _prepare(self, inputs, state: AdapterState):
+        template = state.template
+        rows = model_inputs.as_rows(inputs, template)
+        if template is None and not isinstance(rows, dict) and any("input_ids" not in r for r in rows):
+            self.set_template(adapter_name=state.name or None)
+        processor = state.processor if state.processor is not None else _default_processor()
+        batch, fields = model_inputs.collate(rows, processor)
+        model_inputs.check_vocab(batch, self.vocab_size)  # before any kernel sees the ids
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        return batch, {k: v.to(self.device) for k, v in fields.items()}
+
+    def _autocast(self):
+        dtype = PRECISIONS[self.mixed_precision]
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+
+    def _run(self, module, batch) -> "LogitsHead | ChunkedHead":
+        model_kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        with self._autocast():
+            out = module(**model_kwargs, use_cache=False)
+        if self.head_chunk_size:  # the patched model returned hidden states
+            proj = self.hf_model.get_output_embeddings()
+            return ChunkedHead(out.logits[:, :-1], proj.weight, proj.bias, self.head_chunk_size)
+        return LogitsHead(out.logits[:, :-1])
+
+    def _reference_logps(self, module, batch, targets_B_T):
+        if self.peft_model is None:
+            return None  # the loss explains that it needs `ref_logprobs`
+        with torch.no_grad(), self.peft_model.disable_adapter():
+            return self._run(module, batch).target_logps(targets_B_T)
+
+    def forward(self, inputs, adapter_name: str | None = None, *, _grad: bool = True) -> LossContext:
+        """Run the network; returns the LossContext (per-token log-probs etc.) the loss will read."""
+        state = self._state(adapter_name)
+        batch, fields = self._prepare(inputs, state)
+        module = self._activate(state)
+        targets = batch["labels"][:, 1:]
+        with torch.set_grad_enabled(_grad):
+            head = self._run(module, batch)
+        ref = self._reference_logps(module, batch, targets) if state.loss.needs_reference(fields) else None
+        ctx = LossContext(head, targets, model_inputs.shift_fields(fields), ref)
+        ctx.batch = batch
+        return ctx
+
+    def calculate_loss(self, ctx: LossContext, adapter_name: str | None = None):
+        return self._state(adapter_name).loss(ctx)
+
+    def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
+        """Backpropagate loss / accumulation steps; a non-finite loss is not propagated and marks
+        the coming step as skipped. Returns whether gradients were accumulated."""
+        state = self._state(adapter_name)
+        state.micro_step += 1
+        state.consumed_batches += 1
+        if not torch.isfinite(loss.detach()).all():
+            state.nonfinite_pending = True
+            logger.warning("non-finite loss %s for adapter %r: the next step is skipped", loss.item(), state.name)
+            return False
+        (loss / state.gradient_accumulation_steps).backward()
+        return True
+
+    def _record(self, state, ctx, out, seconds, training: bool) -> None:
+        mask = ctx.mask_B_T
+        with torch.no_grad():
+            correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask.bool()).sum())
+        attention = ctx.batch.get("attention_mask")
+        input_tokens = int(attention.sum()) if attention is not None else ctx.batch["input_ids"].numel()
+        n_trainable = sum(p.numel() for p in state.parameters()) if training else 0
+        flops = step_flops(input_tokens, ctx.batch["input_ids"].shape[1], self._n_matmul(), n_trainable,
+                           self._layers, self._q_width, backward=training)
+        loss = float(out.loss.detach())
+        record = ForwardRecord(loss, int(mask.sum()), input_tokens, correct, seconds, flops,
+                               finite=bool(torch.isfinite(out.loss.detach()).all()), extras=out.metrics)
+        for metric in state.metrics(training):
+            metric.on_forward(record)
+
+    def _n_matmul(self) -> int:
+        if not hasattr(self, "_n_matmul_cache"):
+            self._n_matmul_cache = matmul_params(self.hf_model)[0]
+        return self._n_matmul_cache
+
+    @remote_method(dispatch="slice", collect="mean")
+    def forward_backward(self, inputs, adapter_name: str | None = None) -> dict:
+        """Forward, loss and backward on one micro-batch; gradients accumulate until the step."""
+        state = self._state(adapter_name)
+        t0 = time.perf_counter()
+        accumulate = (state.micro_step + 1) % state.gradient_accumulation_steps != 0
+        ctx = None
+        with no_sync(self._wrapped, accumulate) if self._wrapped is not None else contextlib.nullcontext():
+            ctx = self.forward(inputs, adapter_name)
+            out = self.calculate_loss(ctx, adapter_name)
+            self.backward(out.loss, adapter_name)
+        self._record(state, ctx, out, time.perf_counter() - t0, training=True)
+        return {"loss": float(out.loss.detach()), **out.metrics}
+
+    @remote_method(dispatch="slice", collect="flatten")
+    def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
+        """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
+        where labels are -100) and the loss when the batch has labels. Counts toward eval metrics."""
+        state = self._state(adapter_name)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ctx = self.forward(inputs, adapter_name, _grad=False)
+            out = self.calculate_loss(ctx, adapter_name)
+            logps = ctx.logps_B_T.float()
+        self._record(state, ctx, out, time.perf_counter() - t0, training=False)
+        lengths = ctx.batch["attention_mask"].sum(1).tolist() if "attention_mask" in ctx.batch else [logps.shape[1] + 1] * logps.shape[0]
+        rows = [[0.0] + logps[i, : n - 1].tolist() for i, n in enumerate(lengths)]
+        return {"loss": float(out.loss), "logprobs": rows}
+
+    @remote_method()
+    def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None) -> float:
+        params = [p for p in self._state(adapter_name).parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        return float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm, norm_type=norm_type))
+
+    def _optimizer(self, state: AdapterState) -> torch.optim.Optimizer:
+        if state.optimizer is None:
+            raise ValueError(f"no optimizer for {state.name or 'the model'!r}: call set_optimizer(...) first")
+        return state.optimizer
+
+    @remote_method()
+    def step(self, adapter_name: str | None = None) -> None:
+        self._optimizer(self._state(adapter_name)).step()
+
+    @remote_method()
+    def zero_grad(self, adapter_name: str | None = None) -> None:
+        for p in self._state(adapter_name).parameters():
+            p.grad = None
+
+    @remote_method()
+    def lr_step(self, adapter_name: str | None = None) -> None:
+        state = self._state(adapter_name)
+        if state.scheduler is not None:
+            state.scheduler.step()
+
+    @remote_method()
+    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict:
+        """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary.
+
+        A non-finite loss in the window, or a non-finite gradient norm, skips the step: weights,
+        optimizer and scheduler stay untouched, the gradients are dropped, `skipped_steps` grows."""
+        state = self._state(adapter_name)
+        optimizer = self._optimizer(state)
+        if not state.at_boundary:
+            return {"stepped": False}
+        t0 = time.perf_counter()
+        grad_norm = None if state.nonfinite_pending else self.clip_grad_norm(max_grad_norm, adapter_name=adapter_name)
+        skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm))
+        if not skipped:
+            optimizer.step()
+            if state.scheduler is not None:
+                state.scheduler.step()
+            state.optimizer_steps += 1
+        self.zero_grad(adapter_name)
+        state.micro_step, state.nonfinite_pending = 0, False
+        record = StepRecord(grad_norm, state.lr(), skipped, time.perf_counter() - t0)
+        for metric in state.train_metrics:
+            metric.on_step(record)
+        throughput = next((m for m in state.train_metrics if hasattr(m, "peak_flops")), None)
+        if throughput is not None and logger.isEnabledFor(logging.INFO):
+            logger.info("adapter %r step %d: %s", state.name, state.optimizer_steps, throughput.compute())
+        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm}
+
+    @remote_method()
+    def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
+        """Metrics since the last call (then reset): loss, token_accuracy, grad_norm, lr,
+        tokens_per_s, mfu, skipped_steps, and the loss's own."""
+        state = self._state(adapter_name)
+        out: dict[str, float] = {}
+        for metric in state.metrics(is_training):
+            out.update(metric.compute())
+            metric.reset()
+        if is_training:
+            out["step"] = float(state.optimizer_steps)
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def _tokenizer(self, state):
+        template = state.template
+        return getattr(template, "tokenizer", None)
+
+    @remote_method()
+    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
+             data_position: int | None = None) -> str:
+        """A PEFT folder for a LoRA adapter, a `save_pretrained` folder for the whole model;
+        with `save_training_state`, also optimizer, scheduler, RNG and data position."""
+        path = Path(path)
+        state = self._state(adapter_name)
+        if state.name == FULL_MODEL:
+            checkpoint.save_full(self.hf_model, self._wrapped or self.hf_model, path, self._tokenizer(state))
+        else:
+            checkpoint.save_adapter(self.peft_model, state.name, path, self.model_path)
+        if save_training_state:
+            checkpoint.save_training_state(path, state, data_position)
+        barrier()
+        return str(path)
+
+    @remote_method()
+    def load(self, path, adapter_name: str | None = None) -> None:
+        """Load weights saved by `save` into the adapter (or the whole model)."""
+        path = Path(path)
+        state = self._state(adapter_name)
+        if state.name == FULL_MODEL:
+            checkpoint.load_full(self.hf_model, path)
+        else:
+            checkpoint.load_adapter(self.peft_model, state.name, path)
+
+    @remote_method()
+    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
+        """Weights plus training state; returns {'data_position', 'optimizer_steps', ...}: skip that
+        many batches of the data loader to continue exactly where the saved run was."""
+        self.load(path, adapter_name)
+        meta = checkpoint.load_training_state(Path(path), self._state(adapter_name))
+        return {k: meta[k] for k in ("data_position", "optimizer_steps", "micro_step")}
+
+
+def _default_processor():
+    try:
+        from twinkle.processor import InputProcessor
+    except ImportError:  # twinkle-data without its InputProcessor yet: the internal collate pads
+        return None
+    return InputProcessor(padding_side="right")

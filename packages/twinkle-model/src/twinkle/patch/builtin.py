@@ -1,0 +1,64 @@
+"""Patches shipped with Twinkle: activation checkpointing and chunked cross-entropy."""
+
+from __future__ import annotations
+
+import torch
+
+from twinkle.patch.base import Patch, register_patch
+
+
+@register_patch
+class GradientCheckpointing(Patch):
+    """Recompute each decoder layer's activations in backward instead of keeping them.
+
+    Uses the non-reentrant checkpoint, which needs no `requires_grad` on the inputs, so it works
+    with a frozen embedding under LoRA. Reverting restores the previous setting."""
+
+    aliases = ("gradient_checkpointing",)
+
+    def apply(self, model):
+        hf = model.hf_model
+        self._was_on = bool(getattr(hf, "is_gradient_checkpointing", False))
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        hf.config.use_cache = False
+
+    def revert(self, model):
+        if not self._was_on:
+            model.hf_model.gradient_checkpointing_disable()
+
+
+@register_patch
+class ChunkedCrossEntropy(Patch):
+    """Compute the output projection and every token-level loss quantity `chunk_size` positions at
+    a time (`twinkle.loss.ChunkedHead`), so the [batch, seq, vocab] logits tensor never exists:
+    peak memory for the head falls from B·T·V to chunk_size·V floats, at the cost of one extra
+    output-projection matmul per chunk in backward."""
+
+    aliases = ("chunked_cross_entropy", "chunked_ce")
+
+    def __init__(self, chunk_size: int = 1024):
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        self.chunk_size = chunk_size
+
+    def apply(self, model):
+        config = model.hf_model.config
+        if getattr(config, "final_logit_softcapping", None):
+            raise ValueError(f"{config.model_type} soft-caps its logits; ChunkedCrossEntropy does not support that")
+        head = model.hf_model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise ValueError(f"ChunkedCrossEntropy needs a Linear output projection, found {type(head).__name__}")
+        # The model's forward now returns hidden states where it returned logits; the projection's
+        # weights stay registered where they were, so state dicts, saving and DDP are unaffected.
+        self._head = head
+        head.forward = _passthrough
+        self._previous = model.head_chunk_size
+        model.head_chunk_size = self.chunk_size
+
+    def revert(self, model):
+        del self._head.forward  # the instance attribute: Linear.forward is visible again
+        model.head_chunk_size = self._previous
+
+
+def _passthrough(hidden_states):
+    return hidden_states
