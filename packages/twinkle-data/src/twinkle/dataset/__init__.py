@@ -1,1 +1,12 @@
-"""twinkle.dataset."""
+"""twinkle.dataset: datasets from bundled ids, hub ids, local files or in-memory rows."""
+
+from twinkle.dataset.dataset import ERROR_KEY, Dataset
+from twinkle.dataset.errors import DataError, SequenceTooLongError
+from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.registry import Registry
+from twinkle.dataset.sources import BUNDLED, resolve_dataset_path
+from twinkle.dataset.stream import RowStream
+from twinkle.hub import OfflineError
+
+__all__ = ["BUNDLED", "ERROR_KEY", "DataError", "Dataset", "DatasetMeta", "OfflineError", "Registry", "RowStream",
+           "SequenceTooLongError", "resolve_dataset_path"]

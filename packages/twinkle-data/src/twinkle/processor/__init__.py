@@ -1,1 +1,5 @@
-"""twinkle.processor."""
+"""twinkle.processor: encoded rows to model tensors (padding or padding-free packing)."""
+
+from twinkle.processor.input_processor import IGNORE_INDEX, INPUT_PROCESSORS, InputProcessor
+
+__all__ = ["IGNORE_INDEX", "INPUT_PROCESSORS", "InputProcessor"]

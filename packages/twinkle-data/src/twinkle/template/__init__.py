@@ -1,1 +1,5 @@
-"""twinkle.template."""
+"""twinkle.template: chat templates to training rows and sampling prompts."""
+
+from twinkle.template.template import IGNORE_INDEX, TEMPLATES, TRUNCATION_STRATEGIES, Template
+
+__all__ = ["IGNORE_INDEX", "TEMPLATES", "TRUNCATION_STRATEGIES", "Template"]

@@ -1,0 +1,109 @@
+"""Preprocessors for supervised chat data: self-cognition, Alpaca, and messages / ShareGPT normalisation."""
+
+from __future__ import annotations
+
+import json
+
+from twinkle.dataset.errors import DataError
+from twinkle.preprocessor.base import Preprocessor
+
+
+def _with_system(messages: list[dict], system: str | None) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + messages
+
+
+class SelfCognitionProcessor(Preprocessor):
+    """``query`` / ``response`` rows with ``{{NAME}}`` / ``{{AUTHOR}}`` placeholders -> a two-turn
+    conversation about who the model is, with the placeholders filled in."""
+
+    required_columns = ("query", "response")
+
+    def __init__(self, name: str, author: str, system: str | None = None):
+        self.name = name
+        self.author = author
+        self.system = system
+
+    def _fill(self, text: str) -> str:
+        return text.replace("{{NAME}}", self.name).replace("{{AUTHOR}}", self.author)
+
+    def process(self, row):
+        return {"messages": _with_system([{"role": "user", "content": self._fill(row["query"])},
+                                          {"role": "assistant", "content": self._fill(row["response"])}],
+                                         self.system)}
+
+
+class AlpacaProcessor(Preprocessor):
+    """``instruction`` / ``input`` / ``output`` -> user (instruction, then input if any) and assistant."""
+
+    required_columns = ("instruction", "output")
+
+    def __init__(self, system: str | None = None):
+        self.system = system
+
+    def process(self, row):
+        prompt = row["instruction"]
+        if row.get("input"):
+            prompt = f"{prompt}\n\n{row['input']}"
+        return {"messages": _with_system([{"role": "user", "content": prompt},
+                                          {"role": "assistant", "content": row["output"]}],
+                                         row.get("system") or self.system)}
+
+
+# ShareGPT speaker names and OpenAI-style roles to the roles chat templates know.
+ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
+                "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool",
+                "observation": "tool", "function": "tool", "ipython": "tool", "function_call": "assistant"}
+CONVERSATION_COLUMNS = ("messages", "conversations", "conversation", "dialog")
+
+
+class MessagesProcessor(Preprocessor):
+    """Any conversation column (``messages``, ``conversations``, ...; ``role/content`` or ShareGPT
+    ``from/value``) -> standard ``messages``; a ``system`` column becomes the first message,
+    ``tools`` is kept as a JSON string, ShareGPT ``function_call`` turns become assistant tool calls."""
+
+    output_columns = ("messages", "tools")
+
+    def __init__(self, system: str | None = None):
+        self.system = system
+
+    def check_columns(self, row, index=None):
+        if not any(c in row for c in CONVERSATION_COLUMNS):
+            where = f"row {index}" if index is not None else "a row"
+            raise DataError(f"{where} has no conversation column for {type(self).__name__} (looked for "
+                            f"{', '.join(CONVERSATION_COLUMNS)}; the row has {', '.join(row)})")
+
+    def _message(self, turn: dict, index_hint: str) -> dict:
+        speaker = turn.get("role") or turn.get("from")
+        role = ROLE_ALIASES.get(str(speaker).lower())
+        if role is None:
+            raise DataError(f"{index_hint}: unknown speaker {speaker!r}; expected one of {', '.join(ROLE_ALIASES)}")
+        content = turn.get("content", turn.get("value"))
+        message = {"role": role, "content": "" if content is None else str(content)}
+        if str(speaker).lower() == "function_call":  # ShareGPT keeps the call as JSON text in value
+            try:
+                call = json.loads(message["content"])
+            except json.JSONDecodeError:
+                raise DataError(f"{index_hint}: function_call value is not JSON: {message['content'][:80]!r}") from None
+            message = {"role": "assistant", "content": "",
+                       "tool_calls": [{"type": "function", "function": {
+                           "name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}}]}
+        elif turn.get("tool_calls"):
+            message["tool_calls"] = turn["tool_calls"]
+        if turn.get("loss") is not None:
+            message["loss"] = bool(turn["loss"])
+        return message
+
+    def process(self, row):
+        column = next(c for c in CONVERSATION_COLUMNS if c in row)
+        turns = row[column]
+        if isinstance(turns, str):
+            turns = json.loads(turns)
+        messages = [self._message(t, f"{column}[{i}]") for i, t in enumerate(turns)]
+        system = row.get("system") or self.system
+        if system and (not messages or messages[0]["role"] != "system"):
+            messages = _with_system(messages, system)
+        out = {k: v for k, v in row.items() if k not in CONVERSATION_COLUMNS and k != "system"}
+        out["messages"] = messages
+        if row.get("tools") is not None and not isinstance(row["tools"], str):
+            out["tools"] = json.dumps(row["tools"], ensure_ascii=False)
+        return out

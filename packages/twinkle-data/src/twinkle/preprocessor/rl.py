@@ -1,0 +1,65 @@
+"""RL prompt preprocessors: a prompt conversation plus the ``ground_truth`` a reward checks against."""
+
+from __future__ import annotations
+
+import re
+
+from twinkle.dataset.errors import DataError
+from twinkle.preprocessor.base import Preprocessor
+
+ARITHMETIC_SYSTEM = "Solve the arithmetic problem. Reply with the final number only."
+GSM8K_SYSTEM = ("Solve the math problem step by step. End your reply with a line '#### <answer>' "
+                "where <answer> is the final number.")
+
+
+def _prompt(system: str | None, question: str) -> list[dict]:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+
+
+class ArithmeticProcessor(Preprocessor):
+    """``question`` / ``answer`` -> a prompt with ``ground_truth`` = the answer; ``with_answer=True``
+    also appends the answer as the assistant reply (for SFT on the same data)."""
+
+    required_columns = ("question", "answer")
+    output_columns = ("messages", "ground_truth")
+
+    def __init__(self, system: str | None = ARITHMETIC_SYSTEM, with_answer: bool = False):
+        self.system = system
+        self.with_answer = with_answer
+
+    def process(self, row):
+        answer = str(row["answer"]).strip()
+        messages = _prompt(self.system, row["question"])
+        if self.with_answer:
+            messages.append({"role": "assistant", "content": answer})
+        return {"messages": messages, "ground_truth": answer}
+
+
+_FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)")
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The number after ``####`` (commas removed), as GSM8K writes its final answers."""
+    match = _FINAL.search(solution)
+    return match.group(1).replace(",", "") if match else None
+
+
+class GSM8KProcessor(Preprocessor):
+    """GSM8K-style ``question`` / ``answer`` (reasoning ending in ``#### 42``) -> a prompt with
+    ``ground_truth='42'``; ``with_answer=True`` keeps the worked solution as the assistant reply."""
+
+    required_columns = ("question", "answer")
+    output_columns = ("messages", "ground_truth")
+
+    def __init__(self, system: str | None = GSM8K_SYSTEM, with_answer: bool = False):
+        self.system = system
+        self.with_answer = with_answer
+
+    def process(self, row):
+        truth = gsm8k_final_answer(row["answer"])
+        if truth is None:
+            raise DataError(f"GSM8KProcessor: answer has no '#### <number>' line: {row['answer'][-80:]!r}")
+        messages = _prompt(self.system, row["question"])
+        if self.with_answer:
+            messages.append({"role": "assistant", "content": row["answer"]})
+        return {"messages": messages, "ground_truth": truth}

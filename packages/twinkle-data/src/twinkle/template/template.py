@@ -1,0 +1,206 @@
+"""Template: a tokenizer's chat template turned into training rows (``input_ids`` + ``labels``).
+
+Labels are aligned with ``input_ids`` (the model shifts them), -100 wherever no loss is taken: only
+the tokens of trained assistant replies carry labels. Text is rendered once and tokenized once, with
+offsets, so the ids are exactly what ``tokenizer.apply_chat_template`` gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+from twinkle.dataset.errors import DataError, SequenceTooLongError
+from twinkle.dataset.registry import Registry
+from twinkle.template.render import END, START, has_generation_markers, render
+from twinkle.template.spans import marked_spans, per_round_spans, select_trained
+
+logger = logging.getLogger(__name__)
+TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
+IGNORE_INDEX = -100
+
+
+class Template:
+    """Encode conversations for training (``encode``) and prompts for sampling (``encode_prompt``).
+
+    model_id: any id ``twinkle.hub.resolve_model_path`` knows (or pass ``tokenizer=``).
+    max_length / truncation_strategy: longer sequences ``raise``, keep the ``left``-truncated end,
+        the ``right``-truncated start, or are ``delete``d (encode returns None).
+    trained_rounds: ``'all'``, ``'last'`` or assistant round numbers (``[0, -1]``).
+    default_system: a system message prepended when a conversation has none.
+    chat_template: overrides the tokenizer's template (e.g. one with generation markers).
+    """
+
+    def __init__(self, model_id: str | None = None, max_length: int | None = None,
+                 truncation_strategy: str = "raise", trained_rounds: Any = "all",
+                 default_system: str | None = None, tokenizer=None, chat_template: str | None = None,
+                 template_kwargs: dict | None = None):
+        if truncation_strategy not in TRUNCATION_STRATEGIES:
+            raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
+        if tokenizer is None:
+            if model_id is None:
+                raise ValueError("Template needs a model_id (e.g. twinkle.hub.TEST_MODEL) or a tokenizer")
+            from transformers import AutoTokenizer
+
+            from twinkle.hub import resolve_model_path
+
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
+        self.model_id = model_id
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.truncation_strategy = truncation_strategy
+        self.trained_rounds = trained_rounds
+        self.default_system = default_system
+        self.template_kwargs = dict(template_kwargs or {})
+        source = chat_template or tokenizer.chat_template
+        if isinstance(source, dict):
+            source = source.get("default") or next(iter(source.values()))
+        if not source:
+            raise ValueError(f"the tokenizer of {model_id!r} has no chat template; pass chat_template=")
+        self.chat_template = source
+        self.has_generation_markers = has_generation_markers(source)
+        self._signature: str | None = None
+
+    # ---- input ---------------------------------------------------------------------------------
+    def _conversation(self, row, index: int | None, key: str = "messages") -> tuple[list[dict], Any, dict]:
+        if isinstance(row, list):
+            row = {key: row}
+        if not isinstance(row, dict) or key not in row:
+            from twinkle.preprocessor.base import producers_of
+
+            where = f"row {index}" if index is not None else "the row"
+            have = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+            makers = ", ".join(producers_of(key)) or "a Preprocessor"
+            raise DataError(f"{where} has no {key!r} column (it has: {have}); map a preprocessor that "
+                            f"produces it first, e.g. {makers}")
+        messages = []
+        for m in row[key]:
+            if not isinstance(m, dict) or not m.get("role"):
+                raise DataError(f"row {index}: every message needs a 'role', got {m!r}")
+            m = {k: v for k, v in m.items() if v is not None}
+            m.setdefault("content", "")
+            if START in m["content"] or END in m["content"]:
+                raise DataError(f"row {index}: message text contains reserved characters U+E000/U+E001")
+            messages.append(m)
+        if self.default_system and (not messages or messages[0]["role"] != "system"):
+            messages.insert(0, {"role": "system", "content": self.default_system})
+        tools = row.get("tools")
+        if isinstance(tools, str):
+            tools = json.loads(tools) if tools.strip() else None
+        return messages, tools or None, row
+
+    def _context(self, tools) -> dict:
+        special = {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)}
+        return {**special, **self.template_kwargs, "tools": tools}
+
+    def _render_train(self, messages, tools, index) -> tuple[str, list[tuple[int, int]]]:
+        context = self._context(tools)
+        text, gen_spans = render(self.chat_template, messages=messages, add_generation_prompt=False, **context)
+        assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        trained = select_trained(messages, self.trained_rounds)
+        if self.has_generation_markers:
+            by_message = marked_spans(gen_spans, assistant)
+            if by_message is None:
+                if self.trained_rounds != "all" or any("loss" in messages[i] for i in assistant):
+                    raise DataError(f"row {index}: the template emits {len(gen_spans)} generation blocks for "
+                                    f"{len(assistant)} assistant messages, so rounds cannot be chosen")
+                return text, gen_spans
+        else:
+            by_message = per_round_spans(self.chat_template, messages, context, text, self.tokenizer.eos_token)
+        return text, [by_message[i] for i in sorted(trained)]
+
+    # ---- encoding ------------------------------------------------------------------------------
+    def _tokenize(self, texts: list[str]):
+        return self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+
+    def _truncate(self, ids: list[int], labels: list[int] | None, index):
+        limit = self.max_length
+        if limit is None or len(ids) <= limit:
+            return ids, labels
+        if self.truncation_strategy == "raise":
+            where = f"row {index}: " if index is not None else ""
+            raise SequenceTooLongError(f"{where}sequence of {len(ids)} tokens is longer than max_length={limit} "
+                                       f"(truncation_strategy='raise'; use 'left', 'right' or 'delete', "
+                                       f"or raise max_length)")
+        if self.truncation_strategy == "delete":
+            return None, None
+        cut = slice(-limit, None) if self.truncation_strategy == "left" else slice(0, limit)
+        return ids[cut], (labels[cut] if labels is not None else None)
+
+    def batch_encode(self, rows: list, add_generation_prompt: bool = False, first_index: int = 0) -> list[dict | None]:
+        """Encode rows in one tokenizer call; None marks a row deleted by truncation."""
+        if add_generation_prompt:
+            return [self.encode_prompt(r, index=first_index + i) for i, r in enumerate(rows)]
+        texts, spans, extras = [], [], []
+        for i, row in enumerate(rows):
+            messages, tools, original = self._conversation(row, first_index + i)
+            text, trained = self._render_train(messages, tools, first_index + i)
+            texts.append(text)
+            spans.append(trained)
+            extras.append(original)
+        if not texts:
+            return []
+        tokens = self._tokenize(texts)
+        out: list[dict | None] = []
+        for i, (ids, offsets) in enumerate(zip(tokens["input_ids"], tokens["offset_mapping"])):
+            starts = np.fromiter((s for s, _ in offsets), dtype=np.int64, count=len(offsets))
+            trained = np.zeros(len(ids), dtype=bool)
+            for lo, hi in spans[i]:
+                trained |= (starts >= lo) & (starts < hi)
+            labels = np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
+            ids, labels = self._truncate(list(ids), labels, first_index + i)
+            if ids is None:
+                out.append(None)
+                continue
+            row = {k: v for k, v in extras[i].items() if k not in ("input_ids", "labels")}
+            row.update(input_ids=ids, labels=labels)
+            if "rejected_messages" in row:  # a preference pair: encode the rejected side alongside
+                rejected = self.encode({"messages": row["rejected_messages"], "tools": row.get("tools")},
+                                       index=first_index + i)
+                if rejected is None:
+                    out.append(None)
+                    continue
+                row.update(rejected_input_ids=rejected["input_ids"], rejected_labels=rejected["labels"])
+            out.append(row)
+        return out
+
+    def encode(self, messages_or_trajectory, index: int | None = None) -> dict | None:
+        """``{'input_ids', 'labels', ...carried keys}`` for one conversation (a message list or a row
+        with ``messages``); None when ``truncation_strategy='delete'`` drops it."""
+        return self.batch_encode([messages_or_trajectory], first_index=index or 0)[0]
+
+    def encode_prompt(self, messages_or_trajectory, index: int | None = None) -> dict:
+        """The generation prompt for sampling: ``{'input_ids', ...carried keys}`` (no labels)."""
+        messages, tools, original = self._conversation(messages_or_trajectory, index)
+        text, _ = render(self.chat_template, messages=messages, add_generation_prompt=True, **self._context(tools))
+        ids = self._tokenize([text])["input_ids"][0]
+        ids, _ = self._truncate(list(ids), None, index)
+        row = {k: v for k, v in original.items() if k not in ("input_ids", "labels")}
+        row["input_ids"] = ids
+        return row
+
+    def render_text(self, messages_or_trajectory, add_generation_prompt: bool = False) -> str:
+        messages, tools, _ = self._conversation(messages_or_trajectory, None)
+        return render(self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt,
+                      **self._context(tools))[0]
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def signature(self) -> str:
+        """Hash of everything that changes the encoding (tokenizer, template, limits); the cache key."""
+        if self._signature is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", None) or getattr(self.tokenizer, "_tokenizer", None)
+            vocab = backend.to_str() if backend is not None else json.dumps(self.tokenizer.get_vocab(), sort_keys=True)
+            parts = [type(self).__qualname__, vocab, self.chat_template, self.max_length, self.truncation_strategy,
+                     repr(self.trained_rounds), self.default_system, json.dumps(self.template_kwargs, sort_keys=True,
+                                                                                 default=str)]
+            self._signature = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+        return self._signature
+
+
+TEMPLATES: Registry[Template] = Registry("twinkle.template", Template)
