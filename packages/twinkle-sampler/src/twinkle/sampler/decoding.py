@@ -1,0 +1,63 @@
+"""Token choice and stopping, shared by the torch decode loop: pure functions of logits and state."""
+
+from __future__ import annotations
+
+import torch
+
+from twinkle.sampler.params import SamplingParams
+
+_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, sample index) over distinct streams
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """The RNG seed of one sequence: depends on the request seed and sample index only, never on the
+    batch it lands in, so the same seed gives the same output however prompts are batched."""
+    return (seed * _MIX + sample_index * 0xBF58476D1CE4E5B9 + 1) % (2**63 - 1)
+
+
+def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf."""
+    logits_B_V = logits_B_V / params.temperature
+    if params.top_k and params.top_k < logits_B_V.shape[-1]:
+        kth_B_1 = logits_B_V.topk(params.top_k, dim=-1).values[:, -1:]
+        logits_B_V = logits_B_V.masked_fill(logits_B_V < kth_B_1, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_B_V, order_B_V = logits_B_V.sort(dim=-1, descending=True)
+        probs_B_V = sorted_B_V.softmax(dim=-1)
+        # Drop a token once the mass *before* it already reaches top_p (the top token always stays).
+        drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= params.top_p
+        drop_B_V = drop_B_V.scatter(-1, order_B_V, drop_B_V)
+        logits_B_V = logits_B_V.masked_fill(drop_B_V, float("-inf"))
+    return logits_B_V
+
+
+def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams,
+                  generators: list[torch.Generator]) -> torch.Tensor:
+    """Next token per row: argmax when temperature is 0, else a draw from each row's own generator."""
+    if params.temperature == 0:
+        return logits_B_V.argmax(dim=-1)
+    probs_B_V = filter_logits(logits_B_V.float(), params).softmax(dim=-1)
+    return torch.cat([torch.multinomial(probs_B_V[i], 1, generator=g) for i, g in enumerate(generators)])
+
+
+class StopChecker:
+    """Decides, per sequence, whether the token just appended ends it (stop token or stop string)."""
+
+    def __init__(self, params: SamplingParams, eos_token_ids: list[int], tokenizer=None):
+        self.stop_ids = set(eos_token_ids) | set(params.stop_token_ids)
+        self.stop_strings = params.stop_strings
+        if self.stop_strings and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; pass stop token ids or give the sampler a tokenizer")
+        self.tokenizer = tokenizer
+        self._longest = max((len(s) for s in self.stop_strings), default=0)
+
+    def __call__(self, generated: list[int], prev_text_len: int) -> tuple[bool, int]:
+        """(stop?, length of the decoded text so far). Only the new text tail is searched."""
+        if generated[-1] in self.stop_ids:
+            return True, prev_text_len
+        if not self.stop_strings:
+            return False, prev_text_len
+        text = self.tokenizer.decode(generated, skip_special_tokens=False)
+        # A little slack: a split UTF-8 character may have decoded as U+FFFD last step.
+        tail = text[max(0, prev_text_len - self._longest - 2):]
+        return any(s in tail for s in self.stop_strings), len(text)

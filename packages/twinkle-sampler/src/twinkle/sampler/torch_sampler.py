@@ -1,0 +1,198 @@
+"""TorchSampler: batched decoding with a KV cache on any transformers causal LM, on any device.
+
+Prompts are left-padded into one batch (position ids follow the attention mask, as in HF
+`generate`), prefilled once, then decoded one token per step against the cache. Finished rows leave
+the batch (the cache drops them), so long and short answers do not pay for each other. Each row may
+use its own LoRA adapter (see routing.py); each sequence draws from its own seeded generator.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+
+import torch
+
+from twinkle.sampler.adapters import AdapterWeights
+from twinkle.sampler.base import Prompt, Sampler
+from twinkle.sampler.decoding import StopChecker, choose_tokens, row_seed
+from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams
+from twinkle.sampler.routing import LoRARouter
+
+
+class TorchSampler(Sampler):
+    """`TorchSampler(model_id)` or `TorchSampler(model=hf_causal_lm, tokenizer=...)`."""
+
+    def __init__(self, model_id: str | None = None, *, model=None, tokenizer=None, template=None,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 max_batch_size: int = 64, **_ignored):
+        # `remote_group=` and other placement kwargs are accepted so one constructor serves every mode.
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if (model_id is None) == (model is None):
+            raise ValueError("TorchSampler needs exactly one of model_id= or model=")
+        if model is None:
+            from twinkle.hub import resolve_model_path
+
+            path = resolve_model_path(model_id)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+            if tokenizer is None and template is None:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+        if hasattr(model, "peft_config"):
+            raise TypeError("TorchSampler wants the plain base model; serve peft adapters with "
+                            "set_adapter / add_adapter_from_model instead of passing a PeftModel")
+        super().__init__(tokenizer=tokenizer, template=template)
+        self.model_id = model_id
+        self.model = model.eval()
+        if device is not None:
+            self.model.to(device)
+        if dtype is not None:
+            self.model.to(dtype)
+        self.device = next(self.model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.router = LoRARouter(self.model)
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        pad = getattr(gen, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else (self.eos_token_ids or [0])[0]
+        # transformers renamed `past_key_values` to `cache` (5.x); speak whichever this model takes.
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    # ---- adapters --------------------------------------------------------------------------------
+    def _install_adapter(self, name: str, weights: AdapterWeights) -> None:
+        # `.to` is a no-op (same storage) when device and dtype already match: in-process syncs share memory.
+        self.router.set_adapter(name, weights.to(device=self.device))
+
+    def _uninstall_adapter(self, name: str) -> None:
+        self.router.remove_adapter(name)
+
+    # ---- forward pieces --------------------------------------------------------------------------
+    def _left_pad(self, prompts: list[Prompt]):
+        width = max(len(p) for p in prompts)
+        ids_B_T = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids_B_T[i, width - len(p):] = torch.tensor(p)
+            mask_B_T[i, width - len(p):] = 1
+        return ids_B_T.to(self.device), mask_B_T.to(self.device)
+
+    @staticmethod
+    def _token_logprobs(logits_B_T_V, ids_B_T, mask_B_T) -> list[list[float | None]]:
+        logp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1).gather(
+            -1, ids_B_T[:, 1:, None]).squeeze(-1)
+        out = []
+        for i in range(ids_B_T.shape[0]):
+            start = int((mask_B_T[i] == 0).sum())  # left padding
+            out.append([None] + logp_B_T[i, start:].tolist())
+        return out
+
+    @torch.no_grad()
+    def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
+        prompts = self._normalize_inputs(inputs)
+        adapters = self._normalize_adapters(adapter_name, len(prompts))
+        result = []
+        for lo in range(0, len(prompts), self.max_batch_size):
+            chunk, chunk_adapters = prompts[lo:lo + self.max_batch_size], adapters[lo:lo + self.max_batch_size]
+            ids_B_T, mask_B_T = self._left_pad(chunk)
+            with self.router.route(chunk_adapters, self.device):
+                logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
+                                    position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
+            result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T))
+        return result
+
+    # ---- sampling --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, inputs, sampling_params=None, adapter_name=None) -> list[SampleResponse]:
+        params = SamplingParams.from_dict(sampling_params)
+        prompts = self._normalize_inputs(inputs)
+        adapters = self._normalize_adapters(adapter_name, len(prompts))
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        # One row per (prompt, sample); rows of a prompt are adjacent.
+        rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
+        sequences: list[SampledSequence | None] = [None] * len(rows)
+        prompt_lps: dict[int, list] = {}
+        for lo in range(0, len(rows), self.max_batch_size):
+            chunk = rows[lo:lo + self.max_batch_size]
+            seqs, lps = self._decode([prompts[p] for p, _ in chunk], [adapters[p] for p, _ in chunk],
+                                     [row_seed(seed, j) for _, j in chunk], params)
+            for k, (p, _) in enumerate(chunk):
+                sequences[lo + k] = seqs[k]
+                if lps is not None:
+                    prompt_lps.setdefault(p, lps[k])
+        responses = []
+        for p, prompt in enumerate(prompts):
+            n = params.num_samples
+            responses.append(SampleResponse(
+                sequences=sequences[p * n:(p + 1) * n], prompt_tokens=prompt, adapter_name=adapters[p],
+                weight_version=self.weight_version(adapters[p]),
+                prompt_logprobs=prompt_lps.get(p) if params.prompt_logprobs else None))
+        return responses
+
+    def _decode(self, prompts: list[Prompt], adapters: list[str | None], seeds: list[int],
+                params: SamplingParams) -> tuple[list[SampledSequence], list | None]:
+        from transformers import DynamicCache
+
+        n = len(prompts)
+        stop = StopChecker(params, self.eos_token_ids, self.tokenizer)
+        generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
+        ids_B_T, mask_B_T = self._left_pad(prompts)
+        pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        tokens = [[] for _ in range(n)]
+        logps = [[] for _ in range(n)]
+        tops = [[] for _ in range(n)]
+        text_len = [0] * n
+        reasons = ["length"] * n
+        active = list(range(n))  # batch row -> original row
+        prompt_lps = None
+        with self.router.route(adapters, self.device):
+            out = self.model(input_ids=ids_B_T, attention_mask=mask_B_T, position_ids=pos_B_T,
+                             use_cache=True, **{self._cache_kw: cache},
+                             logits_to_keep=0 if params.prompt_logprobs else 1)
+            if params.prompt_logprobs:
+                prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T)
+            logits_B_V = out.logits[:, -1].float()
+            next_pos_B = pos_B_T[:, -1] + 1
+            for step in range(params.max_tokens):
+                logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
+                next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
+                chosen_lp = logp_B_V.gather(-1, next_B[:, None]).squeeze(-1).tolist()
+                top = logp_B_V.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
+                keep = []
+                for b, r in enumerate(active):
+                    tok = int(next_B[b])
+                    tokens[r].append(tok)
+                    logps[r].append(chosen_lp[b])
+                    if top is not None:
+                        tops[r].append(list(zip(top.indices[b].tolist(), top.values[b].tolist())))
+                    done, text_len[r] = stop(tokens[r], text_len[r])
+                    if done:
+                        reasons[r] = "stop"
+                    else:
+                        keep.append(b)
+                if not keep or step == params.max_tokens - 1:
+                    break
+                if len(keep) < len(active):  # finished rows leave the batch and the cache
+                    idx = torch.tensor(keep, device=self.device)
+                    cache.batch_select_indices(idx)
+                    mask_B_T, next_B, next_pos_B = mask_B_T[idx], next_B[idx], next_pos_B[idx]
+                    active = [active[b] for b in keep]
+                    self.router.reroute([adapters[r] for r in active], self.device)
+                mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(active), 1))], dim=1)
+                out = self.model(input_ids=next_B[:, None], attention_mask=mask_B_T,
+                                 position_ids=next_pos_B[:, None], use_cache=True, **{self._cache_kw: cache})
+                logits_B_V = out.logits[:, -1].float()
+                next_pos_B = next_pos_B + 1
+        decode = self.tokenizer is not None
+        seqs = [SampledSequence(
+            tokens=tokens[r], logprobs=logps[r] if params.logprobs is not False else None,
+            stop_reason=reasons[r],
+            text=self.tokenizer.decode(tokens[r], skip_special_tokens=False) if decode else None,
+            top_logprobs=tops[r] if params.top_logprobs else None) for r in range(n)]
+        return seqs, prompt_lps
