@@ -1,0 +1,315 @@
+"""MultiLoraModel: one frozen base model, any number of tenants' LoRA adapters, fused passes.
+
+Each adapter has its own rank, alpha, targets, dropout, optimizer, scheduler, loss, gradient
+accumulation and metrics (`AdapterState`). `forward_backward_fused({tenant: rows, ...})` stacks
+every tenant's rows into one batch, runs the base model once (each MultiLoraLinear routes a
+tenant's rows through that tenant's adapter), computes each tenant's loss on its own rows,
+normalised over its own tokens, and back-propagates the sum: adapters share no parameters, so each
+gradient lands only in its own adapter and equals what that tenant alone would get.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+import zlib
+
+import torch
+from peft import LoraConfig
+from safetensors.torch import load_file, save_file
+
+from twinkle.loss import LossContext
+from twinkle.metric import ForwardRecord, StepRecord
+
+from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
+from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, wrap_linear_layers
+from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
+from twinkle.model.multi_lora.state import AdapterState
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+class MultiLoraModel:
+    def __init__(self, model_id: str | None = None, *, model=None, torch_dtype=torch.float32, device=None,
+                 seed: int = 0):
+        if model is None:
+            if model_id is None:
+                raise ValueError("MultiLoraModel needs a model_id (e.g. twinkle.hub.DEFAULT_MODEL) or a model")
+            from transformers import AutoModelForCausalLM
+
+            from twinkle.hub import resolve_model_path
+            model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_id), dtype=torch_dtype)
+        if device is not None:
+            model = model.to(device)
+        model.requires_grad_(False)  # the base is frozen for every tenant
+        self.model_id = model_id or getattr(model, "name_or_path", None)
+        self.base = model
+        self.device = next(model.parameters()).device
+        self.pad_id = model.config.pad_token_id or 0
+        self.seed = seed
+        self.routing = Routing()
+        self.adapters: dict[str, AdapterState] = {}
+
+    # ---- adapters -------------------------------------------------------------------------------
+    @property
+    def adapter_names(self) -> list[str]:
+        return list(self.adapters)
+
+    def _state(self, adapter_name: str | None) -> AdapterState:
+        if adapter_name is None:
+            if len(self.adapters) != 1:
+                raise ValueError(f"adapter_name is required when the model holds {len(self.adapters)} adapters "
+                                 f"({', '.join(self.adapters) or 'none'})")
+            return next(iter(self.adapters.values()))
+        try:
+            return self.adapters[adapter_name]
+        except KeyError:
+            raise KeyError(f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}") \
+                from None
+
+    def _generator(self, name: str, salt: int, seed: int | None) -> torch.Generator:
+        # Seeded from the adapter's own name (or seed): its init and dropout never depend on
+        # which other adapters exist or in what order they were added.
+        base_seed = seed if seed is not None else self.seed * 1_000_003 + zlib.crc32(name.encode())
+        return torch.Generator(device=self.device).manual_seed(base_seed + salt)
+
+    def add_adapter_to_model(self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1,
+                             seed: int | None = None) -> None:
+        check_adapter_name(adapter_name)
+        if adapter_name in self.adapters:
+            raise ValueError(f"adapter {adapter_name!r} already exists")
+        if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got "
+                             f"{gradient_accumulation_steps!r}")
+        spec = AdapterSpec.from_lora_config(config)
+        module_names = spec.select(self.base)
+        init_gen, dropout_gen = self._generator(adapter_name, 0, seed), self._generator(adapter_name, 1, seed)
+        params = []
+        for layer in wrap_linear_layers(self.base, module_names, self.routing):
+            layer.add_adapter(adapter_name, spec.rank, spec.scaling, spec.dropout, dropout_gen, init_gen)
+            params += [layer.lora_A[adapter_name].weight, layer.lora_B[adapter_name].weight]
+        self.adapters[adapter_name] = AdapterState(adapter_name, spec, module_names, params,
+                                                   gradient_accumulation_steps, dropout_generator=dropout_gen)
+
+    def remove_adapter(self, adapter_name: str) -> None:
+        """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
+        state = self._state(adapter_name)
+        for module_name in state.module_names:
+            layer = self.base.get_submodule(module_name)
+            layer.remove_adapter(adapter_name)
+            if not layer.lora_A:
+                parent_name, _, child = module_name.rpartition(".")
+                setattr(self.base.get_submodule(parent_name) if parent_name else self.base, child, layer.base_layer)
+        del self.adapters[adapter_name]
+
+    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).set_optimizer(optimizer_cls, **kwargs)
+
+    def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).set_scheduler(scheduler_cls, **kwargs)
+
+    def set_loss(self, name_or_cls, adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).set_loss(name_or_cls, **kwargs)
+
+    def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
+        """The adapter's weights under peft's saved names (`base_model.model.<layer>.lora_A.weight`)."""
+        state = self._state(adapter_name)
+        out = {}
+        for module_name in state.module_names:
+            layer = self.base.get_submodule(module_name)
+            out[f"base_model.model.{module_name}.lora_A.weight"] = layer.lora_A[state.name].weight
+            out[f"base_model.model.{module_name}.lora_B.weight"] = layer.lora_B[state.name].weight
+        return out
+
+    # ---- passes ---------------------------------------------------------------------------------
+    def forward_backward(self, inputs, adapter_name: str | None = None, **kwargs) -> dict:
+        name = self._state(adapter_name).name
+        return self.forward_backward_fused({name: inputs}, **kwargs)[name]
+
+    def forward(self, inputs, adapter_name: str | None = None) -> dict:
+        name = self._state(adapter_name).name
+        return self.forward_fused({name: inputs})[name]
+
+    def forward_backward_fused(self, batches: dict, raise_errors: bool = True, return_logprobs: bool = False) -> dict:
+        """One forward+backward over several tenants' batches; {tenant: result}. With
+        raise_errors=False a tenant whose input or loss fails maps to its exception and the others
+        still train."""
+        return self._run(batches, train=True, raise_errors=raise_errors, return_logprobs=return_logprobs)
+
+    def forward_fused(self, batches: dict, raise_errors: bool = True) -> dict:
+        """One no-grad forward over several tenants' batches: per-row target log-probs (and the
+        loss if labels are given), {tenant: result}."""
+        with torch.no_grad():
+            return self._run(batches, train=False, raise_errors=raise_errors, return_logprobs=True)
+
+    def _run(self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool) -> dict:
+        if not batches:
+            raise ValueError("no batches given")
+        outcomes, work = {}, []
+        for name, inputs in batches.items():
+            try:
+                work.append((self._state(name), collate(inputs, self.pad_id)))
+            except (ValueError, KeyError, TypeError) as error:
+                outcomes[name] = error
+        if work:
+            outcomes.update(self._pass(work, train, return_logprobs))
+        errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
+        if errors and raise_errors:
+            name, error = next(iter(errors.items()))
+            raise type(error)(f"tenant {name!r}: {error}") from error
+        return {name: outcomes[name] for name in batches}
+
+    def _logits(self, segments: list[tuple[str | None, Batch]], train: bool) -> torch.Tensor:
+        ids_B_T, mask_B_T = fuse([b for _, b in segments], self.pad_id)
+        if self.base.training != train:
+            self.base.train(train)
+        self.routing.set([(name, b.rows) for name, b in segments], training=train)
+        try:
+            return self.base(input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device),
+                             use_cache=False).logits
+        finally:
+            self.routing.clear()
+
+    def _reference_logps(self, work: list[tuple[AdapterState, Batch]]) -> dict[str, torch.Tensor]:
+        """log p(target) under the base model (adapter off), for tenants whose loss needs it."""
+        needing = [(s.name, b) for s, b in work if s.loss.needs_reference(b.fields)]
+        if not needing:
+            return {}
+        with torch.no_grad():
+            logits = self._logits([(None, b) for _, b in needing], train=False)
+        out, offset = {}, 0
+        for name, b in needing:
+            head = LossContext.from_logits(logits[offset:offset + b.rows, :b.length - 1],
+                                           b.labels_B_T[:, 1:].to(self.device))
+            out[name], offset = head.logps_B_T.detach(), offset + b.rows
+        return out
+
+    def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool) -> dict:
+        start = time.perf_counter()
+        refs = self._reference_logps(work) if train else {}
+        logits = self._logits([(s.name, b) for s, b in work], train)
+        outcomes, records, total, offset = {}, {}, None, 0
+        for state, batch in work:
+            n, T = batch.rows, batch.length
+            logits_B_T_V, offset = logits[offset:offset + n, :T - 1], offset + n
+            targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
+            fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
+            try:
+                ctx = LossContext.from_logits(logits_B_T_V, targets_B_T, refs.get(state.name), **fields)
+                has_targets = bool((targets_B_T != IGNORE_INDEX).any())
+                out = state.loss(ctx) if has_targets else None
+            except (ValueError, KeyError, TypeError) as error:
+                outcomes[state.name] = error
+                continue
+            loss = float(out.loss.detach()) if out is not None else float("nan")
+            finite = out is not None and torch.isfinite(out.loss).item()
+            if train and finite:
+                scaled = out.loss / state.gradient_accumulation_steps
+                total = scaled if total is None else total + scaled
+            with torch.no_grad():
+                mask_B_T = targets_B_T != IGNORE_INDEX
+                correct = int(((logits_B_T_V.argmax(-1) == targets_B_T) & mask_B_T).sum())
+            records[state.name] = ForwardRecord(loss=loss, loss_tokens=int(mask_B_T.sum()), input_tokens=batch.tokens,
+                                                correct_tokens=correct, seconds=0.0, flops=0.0,
+                                                finite=bool(finite), extras=dict(out.metrics) if out else {})
+            result = {"loss": loss, "loss_tokens": records[state.name].loss_tokens, "finite": bool(finite),
+                      "metrics": dict(out.metrics) if out else {}}
+            if return_logprobs:
+                lengths = batch.attention_mask_B_T.sum(1).tolist()
+                logps = ctx.logps_B_T.detach().cpu()
+                result["logprobs"] = [logps[i, :int(L) - 1].tolist() for i, L in enumerate(lengths)]
+            outcomes[state.name] = result
+        if total is not None:
+            total.backward()
+        # The pass's wall time is shared out by tokens: a tenant's throughput counts only its rows.
+        seconds, all_tokens = time.perf_counter() - start, sum(b.tokens for _, b in work)
+        for state, batch in work:
+            if state.name in records:
+                records[state.name].seconds = seconds * batch.tokens / max(all_tokens, 1)
+                for metric in state.metrics(train):
+                    metric.on_forward(records[state.name])
+                if train:
+                    state.micro_steps += 1
+        return outcomes
+
+    # ---- optimizer steps, metrics, checkpoints --------------------------------------------------
+    def clip_grad_and_step(self, adapter_name: str | None = None, max_grad_norm: float | None = 1.0) -> dict:
+        """Counts a micro-step; on an accumulation boundary clips, steps the optimizer and the
+        scheduler, and clears this adapter's gradients. A non-finite gradient norm skips the step."""
+        state = self._state(adapter_name)
+        state.step_calls += 1
+        if state.step_calls < state.gradient_accumulation_steps:
+            return {"stepped": False, "accumulated": state.step_calls}
+        start = time.perf_counter()
+        state.step_calls, state.micro_steps = 0, 0
+        optimizer = state.ensure_optimizer()
+        grads = [p for p in state.params if p.grad is not None]
+        if not grads:
+            raise RuntimeError(f"adapter {state.name!r} has no gradients: call forward_backward before stepping")
+        limit = max_grad_norm if max_grad_norm is not None else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit))
+        skipped = not torch.isfinite(torch.tensor(grad_norm)).item()
+        if not skipped:
+            optimizer.step()
+            if state.scheduler is not None:
+                state.scheduler.step()
+            state.optimizer_steps += 1
+        optimizer.zero_grad(set_to_none=True)
+        lr = optimizer.param_groups[0]["lr"]
+        record = StepRecord(grad_norm=None if skipped else grad_norm, lr=lr, skipped=skipped,
+                            seconds=time.perf_counter() - start)
+        for metric in state.train_metrics:
+            metric.on_step(record)
+        return {"stepped": not skipped, "grad_norm": grad_norm, "lr": lr, "step": state.optimizer_steps}
+
+    def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
+        """This adapter's metrics since the last report (then reset)."""
+        out = {}
+        for metric in self._state(adapter_name).metrics(is_training):
+            out.update(metric.compute())
+            metric.reset()
+        return out
+
+    def save(self, path: str, adapter_name: str | None = None) -> str:
+        """Write the adapter as an ordinary peft LoRA folder (its own rank); returns the path."""
+        state = self._state(adapter_name)
+        os.makedirs(path, exist_ok=True)
+        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.adapter_state_dict(state.name).items()}
+        save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+        config = copy.deepcopy(state.spec.config)
+        config.base_model_name_or_path = self.model_id
+        config.task_type = config.task_type or "CAUSAL_LM"
+        config.save_pretrained(path)
+        return path
+
+    def load(self, path: str, adapter_name: str, gradient_accumulation_steps: int = 1) -> None:
+        """Add an adapter from a peft LoRA folder (as written by `save`, or by peft)."""
+        weights = os.path.join(path, WEIGHTS_NAME)
+        if not os.path.isfile(weights):
+            raise FileNotFoundError(f"{path!r} is not a peft LoRA folder: {WEIGHTS_NAME} is missing")
+        self.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path), gradient_accumulation_steps)
+        try:
+            saved = {k.replace(".default.", "."): v for k, v in load_file(weights).items()}
+            own = self.adapter_state_dict(adapter_name)
+            if set(saved) != set(own):
+                missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+                raise ValueError(f"{path!r} does not match its adapter_config.json: missing {missing[:3]}, "
+                                 f"unexpected {extra[:3]}")
+            with torch.no_grad():
+                for key, param in own.items():
+                    if saved[key].shape != param.shape:
+                        raise ValueError(f"{key}: saved shape {tuple(saved[key].shape)}, expected {tuple(param.shape)}")
+                    param.copy_(saved[key])
+        except Exception:
+            self.remove_adapter(adapter_name)
+            raise
+
+    def run(self, requests, planner=None, on_result=None):
+        """Execute queued requests as the planner groups them; yields each Completion as soon as
+        its group is done (see `twinkle.model.multi_lora.planner`)."""
+        from twinkle.model.multi_lora.planner import FusionPlanner, execute
+        return execute(self, requests, planner or FusionPlanner(), on_result)
+
+    def layers(self) -> list[MultiLoraLinear]:
+        return [m for m in self.base.modules() if isinstance(m, MultiLoraLinear)]
