@@ -11,7 +11,7 @@ from twinkle.model.registry import Registry
 
 @dataclass
 class ForwardRecord:
-    loss: float                 # this micro-batch's loss (as reduced by the loss)
+    loss: float | None          # this micro-batch's loss (None: not computed, e.g. forward_only for log-probs)
     loss_tokens: int            # positions with a target (labels != -100)
     input_tokens: int           # non-padding input positions processed
     correct_tokens: int         # loss positions where argmax == target

@@ -23,6 +23,8 @@ class LossMetric(Metric):
         self.extras, self.extra_counts = defaultdict(float), defaultdict(int)
 
     def on_forward(self, r: ForwardRecord):
+        if r.loss is None:
+            return
         if not r.finite:
             self.nonfinite += 1
             return

@@ -94,11 +94,9 @@ def resolve_scheduler(scheduler_cls) -> type[LRScheduler]:
 
 
 def param_groups(named_params, weight_decay: float) -> list[dict]:
-    """Trainable parameters split into decay / no-decay groups (empty groups dropped)."""
+    """Parameters split into decay / no-decay groups (empty groups dropped)."""
     decay, no_decay = [], []
     for name, p in named_params:
-        if not p.requires_grad:
-            continue
         if p.dim() < 2 or any(m in name.lower() for m in NO_DECAY_MARKERS):
             no_decay.append(p)
         else:
@@ -109,12 +107,12 @@ def param_groups(named_params, weight_decay: float) -> list[dict]:
 
 def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimizer:
     cls = resolve_optimizer(optimizer_cls)
-    params = list(named_params)
-    if not any(p.requires_grad for _, p in params):
+    params = list(named_params)  # the caller's trainable set (an inactive LoRA has requires_grad off)
+    if not params:
         raise ValueError("no trainable parameters for the optimizer")
     accepts_decay = "weight_decay" in inspect.signature(cls.__init__).parameters
     if accepts_decay:
         default = inspect.signature(cls.__init__).parameters["weight_decay"].default
         decay = kwargs.pop("weight_decay", default if isinstance(default, (int, float)) else 0.0)
         return cls(param_groups(params, decay), **kwargs)
-    return cls([p for _, p in params if p.requires_grad], **kwargs)
+    return cls([p for _, p in params], **kwargs)

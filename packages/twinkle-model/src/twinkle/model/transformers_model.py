@@ -233,9 +233,10 @@ class TransformersModel(TwinkleModel):
         n_trainable = sum(p.numel() for p in state.parameters()) if training else 0
         flops = step_flops(input_tokens, ctx.batch["input_ids"].shape[1], self._n_matmul(), n_trainable,
                            self._layers, self._q_width, backward=training)
-        loss = float(out.loss.detach())
+        loss = float(out.loss.detach()) if out is not None else None
         record = ForwardRecord(loss, int(mask.sum()), input_tokens, correct, seconds, flops,
-                               finite=bool(torch.isfinite(out.loss.detach()).all()), extras=out.metrics)
+                               finite=loss is None or bool(torch.isfinite(out.loss.detach()).all()),
+                               extras=out.metrics if out is not None else {})
         for metric in state.metrics(training):
             metric.on_forward(record)
 
@@ -266,12 +267,14 @@ class TransformersModel(TwinkleModel):
         t0 = time.perf_counter()
         with torch.no_grad():
             ctx = self.forward(inputs, adapter_name, _grad=False)
-            out = self.calculate_loss(ctx, adapter_name)
+            # log-probs are the point; the loss only when this batch carries what the loss needs
+            has_inputs = all(f in ctx.fields for f in state.loss.required_fields)
+            out = self.calculate_loss(ctx, adapter_name) if has_inputs else None
             logps = ctx.logps_B_T.float()
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
         lengths = ctx.batch["attention_mask"].sum(1).tolist() if "attention_mask" in ctx.batch else [logps.shape[1] + 1] * logps.shape[0]
         rows = [[0.0] + logps[i, : n - 1].tolist() for i, n in enumerate(lengths)]
-        return {"loss": float(out.loss), "logprobs": rows}
+        return {"loss": float(out.loss) if out else None, "logprobs": rows}
 
     @remote_method()
     def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None) -> float:
