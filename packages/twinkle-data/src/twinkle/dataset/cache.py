@@ -41,7 +41,7 @@ def encode_rows(part: datasets.Dataset, template, add_generation_prompt: bool, b
 
 
 def _quiet_save(data: datasets.Dataset, folder: str) -> None:
-    from datasets.utils import tqdm as hf_tqdm
+    from datasets import utils as hf_tqdm
 
     was_disabled = hf_tqdm.are_progress_bars_disabled()
     hf_tqdm.disable_progress_bars()  # a cache write is not worth a progress bar in the user's log

@@ -136,6 +136,9 @@ def split_files(path: Path, subset: str | None, split: str) -> list[Path]:
                    and not _SKIP_DIRS.intersection(p.relative_to(root).parts))
     if not files:
         raise DataError(f"{root}: no data files ({', '.join(SUFFIXES)})")
+    if not subset:  # the default config: leave other subsets' folders out, as the hub does
+        default = [f for f in files if set(f.relative_to(root).parts[:-1]) <= {"data", *KNOWN_SPLITS}]
+        files = default or files
     by_split: dict[str, list[Path]] = {}
     for f in files:
         by_split.setdefault(_split_of(f.relative_to(root)) or "train", []).append(f)

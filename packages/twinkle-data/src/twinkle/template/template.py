@@ -63,7 +63,7 @@ class Template:
             raise ValueError(f"the tokenizer of {model_id!r} has no chat template; pass chat_template=")
         self.chat_template = source
         self.has_generation_markers = has_generation_markers(source)
-        self._signature: str | None = None
+        self._vocab_hash: str | None = None
 
     # ---- input ---------------------------------------------------------------------------------
     def _conversation(self, row, index: int | None, key: str = "messages") -> tuple[list[dict], Any, dict]:
@@ -193,14 +193,13 @@ class Template:
 
     def signature(self) -> str:
         """Hash of everything that changes the encoding (tokenizer, template, limits); the cache key."""
-        if self._signature is None:
-            backend = getattr(self.tokenizer, "backend_tokenizer", None) or getattr(self.tokenizer, "_tokenizer", None)
+        if self._vocab_hash is None:  # hashing a 151k vocabulary takes a moment: once per template
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
             vocab = backend.to_str() if backend is not None else json.dumps(self.tokenizer.get_vocab(), sort_keys=True)
-            parts = [type(self).__qualname__, vocab, self.chat_template, self.max_length, self.truncation_strategy,
-                     repr(self.trained_rounds), self.default_system, json.dumps(self.template_kwargs, sort_keys=True,
-                                                                                 default=str)]
-            self._signature = hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
-        return self._signature
-
+            self._vocab_hash = hashlib.sha256(vocab.encode()).hexdigest()
+        parts = [type(self).__qualname__, self._vocab_hash, self.chat_template, self.max_length,
+                 self.truncation_strategy, repr(self.trained_rounds), self.default_system,
+                 json.dumps(self.template_kwargs, sort_keys=True, default=str)]
+        return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 TEMPLATES: Registry[Template] = Registry("twinkle.template", Template)
