@@ -1,0 +1,56 @@
+"""The FastAPI application: error mapping, startup (model loading in the background), the Tinker routes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from twinkle.serve.backend import UserError
+from twinkle.serve.errors import ApiError
+from twinkle.serve.limits import LimitExceeded
+from twinkle.serve.runtime import Runtime
+from twinkle.serve.tinker.routes import build_router
+
+log = logging.getLogger("twinkle.serve")
+
+
+def create_app(rt: Runtime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        rt.hub.bind_loop(asyncio.get_running_loop())
+        if not rt.ready.is_set() and not rt.engines:
+            threading.Thread(target=_load, args=(rt,), name="twinkle-load", daemon=True).start()
+        yield
+
+    app = FastAPI(title="twinkle-serve", lifespan=lifespan)
+    app.state.runtime = rt
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse({"error": exc.message, "detail": exc.message}, status_code=exc.status,
+                            headers=exc.headers)
+
+    @app.exception_handler(LimitExceeded)
+    async def limited(request: Request, exc: LimitExceeded):
+        # x-should-retry: the SDK backs off and retries on its own, honouring Retry-After.
+        return JSONResponse({"error": str(exc), "detail": str(exc)}, status_code=429,
+                            headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(UserError)
+    async def user_error(request: Request, exc: UserError):
+        return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
+
+    app.include_router(build_router(rt))
+    return app
+
+
+def _load(rt: Runtime) -> None:
+    try:
+        rt.load_models()
+    except Exception:  # noqa: BLE001 - logged; /healthz keeps answering 503 so the operator sees it
+        log.exception("loading the base models failed")

@@ -1,0 +1,128 @@
+"""What the server asks of a training/sampling backend, and the plain data it passes.
+
+The service layer (routes, futures, scheduling, persistence) only talks to `Backend`; a backend owns
+the base model, the tenants' LoRA adapters with their optimizers, and the samplers. Every method is
+called from the scheduler's worker thread, one at a time, so a backend needs no locking of its own.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class UserError(Exception):
+    """The request is wrong (bad tokens, shapes, loss name, NaN loss): fails only its own future."""
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    rank: int = 32
+    seed: int | None = None
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+    def target_modules(self) -> list[str]:
+        targets = []
+        if self.train_attn:
+            targets += ["q_proj", "k_proj", "v_proj", "o_proj"]
+        if self.train_mlp:
+            targets += ["gate_proj", "up_proj", "down_proj"]
+        if self.train_unembed:
+            targets += ["lm_head"]
+        if not targets:
+            raise UserError("lora_config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+        return targets
+
+
+@dataclass
+class Datum:
+    """One training example: `tokens` (model input) and per-position loss inputs of the same length."""
+
+    tokens: list[int]
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class AdamParams:
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-12
+    weight_decay: float = 0.0
+    grad_clip_norm: float = 0.0
+
+
+@dataclass
+class ForwardResult:
+    logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N]
+    metrics: dict[str, float]  # keys `name:reduction`
+
+
+@dataclass
+class SampleParams:
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list | None = None
+
+
+@dataclass
+class SampledSeq:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str
+
+
+@dataclass
+class SampleResult:
+    sequences: list[SampledSeq]
+    prompt_logprobs: list[float | None] | None = None
+
+
+class Backend(ABC):
+    base_model: str  # the name clients use
+    tokenizer_path: str  # a local folder AutoTokenizer loads offline
+    vocab_size: int
+    max_context: int
+
+    # ---- adapters (one per training model) ----
+    @abstractmethod
+    def create_adapter(self, name: str, spec: LoraSpec) -> None: ...
+
+    @abstractmethod
+    def remove_adapter(self, name: str) -> None: ...
+
+    @abstractmethod
+    def forward_backward(self, name: str, data: list[Datum], loss_fn: str, loss_config: dict,
+                         forward_only: bool) -> ForwardResult: ...
+
+    @abstractmethod
+    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]: ...
+
+    @abstractmethod
+    def adapter_tensors(self, name: str) -> dict:
+        """The adapter's LoRA weights in peft's saved layout (keys without the adapter name)."""
+
+    @abstractmethod
+    def optimizer_tensors(self, name: str) -> dict: ...
+
+    @abstractmethod
+    def load_adapter_tensors(self, name: str, weights: dict, optimizer: dict | None) -> None: ...
+
+    # ---- samplers ----
+    @abstractmethod
+    def install_sampler_from_adapter(self, sampler: str, adapter: str) -> None:
+        """Serve a snapshot of the adapter's current weights as `sampler` (later training does not change it)."""
+
+    @abstractmethod
+    def install_sampler_from_folder(self, sampler: str, folder: str) -> None: ...
+
+    @abstractmethod
+    def sample(self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams,
+               prompt_logprobs: bool) -> SampleResult: ...

@@ -1,0 +1,68 @@
+"""Per-tenant rate limits: token buckets for requests/s and input tokens/s, caps on models and request size.
+
+A refusal carries how long to wait, which the routes return as `429` with `Retry-After`.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from twinkle.serve.config import Limits
+
+
+class LimitExceeded(Exception):
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = max(1, math.ceil(retry_after))
+
+
+class _Bucket:
+    def __init__(self, rate: float):
+        self.rate, self.capacity = rate, max(rate, 1.0)
+        self.level, self.stamp = self.capacity, time.monotonic()
+
+    def take(self, amount: float) -> float:
+        """0 if taken, else seconds until `amount` would be available."""
+        now = time.monotonic()
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if amount > self.capacity:  # a request larger than a whole second's budget waits for a full bucket
+            amount = self.capacity
+        if self.level >= amount:
+            self.level -= amount
+            return 0.0
+        return (amount - self.level) / self.rate
+
+
+class TenantLimits:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._lock = threading.Lock()
+
+    def _take(self, tenant: str, kind: str, rate: float | None, amount: float, what: str) -> None:
+        if rate is None:
+            return
+        with self._lock:
+            bucket = self._buckets.setdefault((tenant, kind), _Bucket(rate))
+            wait = bucket.take(amount)
+        if wait > 0:
+            raise LimitExceeded(f"tenant {tenant!r} is over its limit of {rate:g} {what}", wait)
+
+    def request(self, tenant: str) -> None:
+        self._take(tenant, "req", self.limits.requests_per_s, 1, "requests/s")
+
+    def input_tokens(self, tenant: str, n: int) -> None:
+        cap = self.limits.max_input_tokens
+        if cap is not None and n > cap:
+            raise LimitExceeded(f"request has {n} input tokens; tenant {tenant!r} may send at most {cap} per request",
+                                60)
+        self._take(tenant, "tok", self.limits.input_tokens_per_s, n, "input tokens/s")
+
+    def models(self, tenant: str, live: int) -> None:
+        cap = self.limits.max_models
+        if cap is not None and live >= cap:
+            raise LimitExceeded(f"tenant {tenant!r} already has {live} models (limit {cap}); "
+                                "finish a session to free them", 30)

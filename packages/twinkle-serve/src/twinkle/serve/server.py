@@ -1,0 +1,101 @@
+"""Starting the server from Python: `twinkle.serve.initialize(mode='http', ...)` (the CLI wraps this)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from twinkle.serve.config import ServeConfig, load_config
+from twinkle.serve.runtime import Runtime
+
+log = logging.getLogger("twinkle.serve")
+
+
+def default_data_dir() -> Path:
+    return Path(os.environ.get("TWINKLE_DATA_DIR", Path.home() / ".local" / "share" / "twinkle-server"))
+
+
+@dataclass
+class Server:
+    """A running server (returned by `initialize(..., block=False)`)."""
+
+    url: str
+    runtime: Runtime
+    _uvicorn: object
+    _thread: threading.Thread
+
+    def wait_ready(self, timeout: float = 300) -> "Server":
+        if not self.runtime.ready.wait(timeout):
+            raise TimeoutError(f"server at {self.url} did not load its models within {timeout} s")
+        return self
+
+    def create_key(self, name: str) -> str:
+        return self.runtime.keys.create(name)
+
+    def stop(self) -> None:
+        self._uvicorn.should_exit = True
+        self._thread.join(timeout=30)
+        self.runtime.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def initialize(mode: str = "http", *, host: str = "127.0.0.1", port: int | None = 8000,
+               data_dir: str | Path | None = None, config: ServeConfig | str | Path | dict | None = None,
+               block: bool = True, log_level: str = "info") -> Server | None:
+    """Start the Twinkle server: the Tinker-compatible API over the configured base models.
+
+    `block=True` serves until interrupted (what the CLI does); `block=False` serves on a background
+    thread and returns a `Server` (use `.wait_ready()`, `.stop()`). `port=None` or 0 picks a free port.
+    """
+    import uvicorn
+
+    from twinkle.serve.app import create_app
+
+    if mode != "http":
+        raise ValueError(f"twinkle.serve.initialize serves mode='http' only, got {mode!r}")
+    if isinstance(config, dict):
+        config = ServeConfig.model_validate(config)
+    elif not isinstance(config, ServeConfig):
+        config = load_config(config)
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    port = port or free_port(host)
+    runtime = Runtime(config, data_dir)
+    if runtime.keys.count() == 0:
+        log.warning("no API keys exist yet: every request will be refused (401). Create one with "
+                    "`twinkle-server keys create NAME --data-dir %s`", data_dir)
+    app = create_app(runtime)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                                           timeout_keep_alive=75))
+    url = f"http://{host}:{port}"
+    log.info("twinkle-server listening on %s (data dir %s); Tinker SDK: TINKER_BASE_URL=%s TINKER_API_KEY=tml-...",
+             url, data_dir, url)
+    if block:
+        try:
+            server.run()
+        finally:
+            runtime.close()
+        return None
+    thread = threading.Thread(target=server.run, name="twinkle-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the HTTP server did not start on {url}")
+        time.sleep(0.02)
+    return Server(url, runtime, server, thread)

@@ -1,0 +1,75 @@
+"""The server's durable state: one SQLite file in the data dir.
+
+Sessions, training models (= Tinker training runs), samplers, checkpoint metadata, futures and API
+keys. Checkpoint *files* live beside it under `tenants/<tenant>/...`; this file says which exist.
+Everything a client was told (a future's result, a checkpoint path) is committed here before the
+client can see it, so a restart on the same data dir loses nothing that was acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, key_hash TEXT UNIQUE NOT NULL,
+    created_at REAL NOT NULL, revoked_at REAL);
+CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at REAL,
+    last_heartbeat REAL, finished_at REAL, finish_reason TEXT, tags TEXT, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS models (model_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    base_model TEXT, lora TEXT, created_at REAL, last_request_time REAL, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS samplers (sampler_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    base_model TEXT, model_path TEXT, created_at REAL, ephemeral INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS checkpoints (tinker_path TEXT PRIMARY KEY, tenant TEXT NOT NULL, model_id TEXT,
+    kind TEXT, name TEXT, created_at REAL, size_bytes INTEGER, public INTEGER DEFAULT 0, expires_at REAL,
+    dir TEXT, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS futures (request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, status TEXT,
+    content_type TEXT, payload BLOB, created_at REAL, completed_at REAL);
+"""
+
+
+class Store:
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.data_dir / "twinkle.db", check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._db.executescript(SCHEMA)
+
+    def close(self):
+        with self._lock:
+            self._db.close()
+
+    def execute(self, sql: str, args=()) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
+
+    def one(self, sql: str, args=()) -> dict | None:
+        with self._lock:
+            row = self._db.execute(sql, args).fetchone()
+        return dict(row) if row else None
+
+    def all(self, sql: str, args=()) -> list[dict]:
+        with self._lock:
+            return [dict(r) for r in self._db.execute(sql, args).fetchall()]
+
+    # ---- generic helpers used by the service ----
+    def insert(self, table: str, **values) -> None:
+        values = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
+        cols = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        self.execute(f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})", tuple(values.values()))
+
+    def owned(self, table: str, key: str, value: str, tenant: str) -> dict | None:
+        """The row if it exists *and* belongs to `tenant`; otherwise None (callers answer 404 either way)."""
+        return self.one(f"SELECT * FROM {table} WHERE {key} = ? AND tenant = ?", (value, tenant))
+
+    def touch_model(self, model_id: str) -> None:
+        self.execute("UPDATE models SET last_request_time = ? WHERE model_id = ?", (time.time(), model_id))

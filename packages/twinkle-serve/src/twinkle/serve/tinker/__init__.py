@@ -1,0 +1,1 @@
+"""The Tinker-compatible API: wire codec, operations, and routes."""

@@ -1,0 +1,81 @@
+"""Tinker protobuf <-> backend data: forward_backward requests in, fwd/bwd and sample results out."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
+from twinkle.serve.tinker import wire_proto as pb
+
+_NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
+
+
+def _tensor(msg, where: str) -> np.ndarray:
+    if msg.dtype not in _NP:
+        raise UserError(f"{where}: unsupported tensor dtype {msg.dtype}")
+    dtype = _NP[msg.dtype]
+    if msg.WhichOneof("encoding") == "sparse_csr":
+        values = np.frombuffer(msg.sparse_csr.values, dtype=dtype)
+        crow = np.frombuffer(msg.sparse_csr.crow_indices, dtype=np.int64)
+        col = np.frombuffer(msg.sparse_csr.col_indices, dtype=np.int64)
+        shape = list(msg.shape)
+        if len(shape) != 2:
+            raise UserError(f"{where}: a sparse tensor needs a 2-d shape, got {shape}")
+        dense = np.zeros(shape, dtype=dtype)
+        for r in range(shape[0]):
+            dense[r, col[crow[r]:crow[r + 1]]] = values[crow[r]:crow[r + 1]]
+        return dense.reshape(-1)
+    arr = np.frombuffer(msg.dense, dtype=dtype)
+    if msg.shape and int(np.prod(msg.shape)) != arr.size:
+        raise UserError(f"{where}: shape {list(msg.shape)} does not match {arr.size} values")
+    return arr
+
+
+def decode_forward_backward(body: bytes):
+    """-> (model_id, seq_id, datums, loss_fn, loss_config, forward_only)."""
+    msg = pb.ForwardBackwardRequest()
+    try:
+        msg.ParseFromString(body)
+    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+        raise UserError(f"forward_backward body is not a valid ForwardBackwardRequest protobuf: {e}") from None
+    data = []
+    for i, d in enumerate(msg.data):
+        tokens: list[int] = []
+        for chunk in d.model_input:
+            kind = chunk.WhichOneof("chunk")
+            if kind != "encoded_text":
+                raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text only)")
+            tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+        inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
+        data.append(Datum(tokens, inputs))
+    config: dict = {k: v for k, v in msg.loss_fn_config.items()}
+    for k, v in msg.loss_fn_config_v2.items():
+        config[k] = v.number if v.WhichOneof("value") == "number" else v.text
+    return msg.model_id, msg.seq_id, data, msg.loss_fn, config, msg.forward_only
+
+
+def encode_forward_result(result: ForwardResult) -> bytes:
+    out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
+    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(result.logprobs))
+    arrays = [np.asarray(a, dtype=np.float32) for a in result.logprobs]
+    offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+    field = record.fields["logprobs"]
+    field.data = b"".join(a.tobytes() for a in arrays)
+    field.offsets = offsets.tobytes()
+    field.dtype = pb.DTYPE_FLOAT32
+    for k, v in result.metrics.items():
+        out.metrics[k] = float(v)
+    return out.SerializeToString()
+
+
+def encode_sample_result(result: SampleResult) -> bytes:
+    out = pb.SampleResponse()
+    for s in result.sequences:
+        seq = out.sequences.add()
+        seq.stop_reason = pb.STOP_REASON_STOP if s.stop_reason == "stop" else pb.STOP_REASON_LENGTH
+        seq.tokens = np.asarray(s.tokens, dtype=np.int32).tobytes()
+        seq.logprobs = np.asarray(s.logprobs, dtype=np.float32).tobytes()
+    if result.prompt_logprobs is not None:
+        lps = np.array([np.nan if v is None else v for v in result.prompt_logprobs], dtype=np.float32)
+        out.prompt_logprobs = lps.tobytes()
+    return out.SerializeToString()

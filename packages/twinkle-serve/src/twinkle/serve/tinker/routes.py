@@ -1,0 +1,174 @@
+"""The Tinker-compatible HTTP API under /api/v1 (the tinker SDK 0.38 is the specification).
+
+Every route needs `X-API-Key` of a known, unrevoked key; the key's name is the tenant. Submitting
+routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from twinkle.serve.errors import ApiError, NotFound, Unauthorized
+from twinkle.serve.futures import PROTO
+from twinkle.serve.runtime import Runtime
+from twinkle.serve.tinker.rest import TinkerRest
+from twinkle.serve.tinker.training import TinkerTraining
+
+# Flags for /client/config: the simplest transport the SDK supports (see tinker-contract.md §1).
+CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
+                 "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
+                 "custom_loss_server_side": False, "sample_join_sampling_session": False}
+# Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
+UNMETERED = {"/api/v1/retrieve_future", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+
+
+def build_router(rt: Runtime) -> APIRouter:
+    training, rest = TinkerTraining(rt), TinkerRest(rt)
+
+    def tenant(request: Request) -> str:
+        name = rt.keys.tenant_for(request.headers.get("x-api-key"))
+        if name is None:
+            raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
+                               "`twinkle-server keys create NAME`")
+        if request.url.path not in UNMETERED:
+            rt.limits.request(name)
+        return name
+
+    def ready_tenant(t: str = Depends(tenant)) -> str:
+        if not rt.ready.is_set():
+            raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
+        return t
+
+    r = APIRouter(prefix="/api/v1")
+
+    # ---- bootstrap, sessions, telemetry ----
+    @r.post("/client/config")
+    def client_config(t: str = Depends(tenant)):
+        return CLIENT_CONFIG
+
+    @r.post("/client/dynamic_config")
+    def dynamic_config(t: str = Depends(tenant)):
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+    @r.get("/healthz")
+    def healthz(t: str = Depends(tenant)):
+        if not rt.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return {"status": "ok"}
+
+    @r.get("/get_server_capabilities")
+    def capabilities(t: str = Depends(ready_tenant)):
+        return {"supported_models": [{"model_name": name, "max_context_length": e.backend.max_context,
+                                      "trainable": True, "sampleable": True} for name, e in rt.engines.items()]}
+
+    @r.post("/create_session")
+    async def create_session(request: Request, t: str = Depends(tenant)):
+        return await run_in_threadpool(training.create_session, t, await request.json())
+
+    @r.post("/session_heartbeat")
+    async def heartbeat(request: Request, t: str = Depends(tenant)):
+        body = await request.json()
+        training.session(t, body.get("session_id"))
+        return {"type": "session_heartbeat"}
+
+    @r.post("/sessions/{session_id}/finish")
+    async def finish(session_id: str, request: Request, t: str = Depends(tenant)):
+        body = await request.json() if await request.body() else {}
+        await run_in_threadpool(training.finish_session, t, session_id, body)
+        return {"status": "finished"}
+
+    @r.post("/telemetry")
+    def telemetry(t: str = Depends(tenant)):
+        return {"status": "accepted"}
+
+    @r.get("/sessions")
+    def sessions(limit: int = 20, offset: int = 0, t: str = Depends(tenant)):
+        return rest.list_sessions(t, limit, offset)
+
+    @r.get("/sessions/{session_id}")
+    def session(session_id: str, t: str = Depends(tenant)):
+        return rest.get_session(t, session_id)
+
+    # ---- training ----
+    def json_route(path: str, fn):
+        async def handler(request: Request, t: str = Depends(ready_tenant)):
+            return await run_in_threadpool(fn, t, await request.json())
+        r.add_api_route(path, handler, methods=["POST"])
+
+    json_route("/create_model", training.create_model)
+    json_route("/get_info", training.get_info)
+    json_route("/optim_step", training.optim_step)
+    json_route("/save_weights", training.save_weights)
+    json_route("/save_weights_for_sampler", training.save_weights_for_sampler)
+    json_route("/load_weights", training.load_weights)
+    json_route("/create_sampling_session", training.create_sampling_session)
+    json_route("/asample", training.asample)
+
+    @r.post("/forward_backward")
+    async def forward_backward(request: Request, t: str = Depends(ready_tenant)):
+        return await run_in_threadpool(training.forward_backward, t, await request.body())
+
+    @r.get("/samplers/{sampler_id}")
+    def sampler(sampler_id: str, t: str = Depends(tenant)):
+        return training.get_sampler(t, sampler_id)
+
+    @r.post("/retrieve_future")
+    async def retrieve_future(request: Request, t: str = Depends(tenant)):
+        body = await request.json()
+        request_id = body.get("request_id")
+        row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
+        if row is None:
+            raise NotFound(f"future {request_id!r} not found")
+        if row["status"] == "pending":
+            return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+        return Response(row["payload"], media_type=row["content_type"] if row["content_type"] == PROTO
+                        else "application/json")
+
+    # ---- REST: runs, checkpoints ----
+    @r.get("/training_runs")
+    def runs(limit: int = 20, offset: int = 0, t: str = Depends(tenant)):
+        return rest.list_runs(t, limit, offset)
+
+    @r.get("/training_runs/{run_id}")
+    def run(run_id: str, t: str = Depends(tenant)):
+        return rest.get_run(t, run_id)
+
+    @r.get("/training_runs/{run_id}/checkpoints")
+    def checkpoints(run_id: str, t: str = Depends(tenant)):
+        return rest.list_checkpoints(t, run_id)
+
+    @r.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}")
+    def delete_checkpoint(run_id: str, kind: str, name: str, t: str = Depends(tenant)):
+        rest.delete_checkpoint(t, run_id, f"{kind}/{name}")
+        return {"status": "deleted"}
+
+    @r.post("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    def publish(run_id: str, kind: str, name: str, t: str = Depends(tenant)):
+        rest.set_public(t, run_id, f"{kind}/{name}", True)
+        return {"status": "published"}
+
+    @r.delete("/training_runs/{run_id}/checkpoints/{kind}/{name}/publish")
+    def unpublish(run_id: str, kind: str, name: str, t: str = Depends(tenant)):
+        rest.set_public(t, run_id, f"{kind}/{name}", False)
+        return {"status": "unpublished"}
+
+    @r.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+    async def ttl(run_id: str, kind: str, name: str, request: Request, t: str = Depends(tenant)):
+        rest.set_ttl(t, run_id, f"{kind}/{name}", (await request.json()).get("ttl_seconds"))
+        return {"status": "ok"}
+
+    @r.post("/weights_info")
+    async def weights_info(request: Request, t: str = Depends(tenant)):
+        return rest.weights_info(t, training, (await request.json()).get("tinker_path"))
+
+    @r.get("/checkpoints")
+    def user_checkpoints(limit: int = 100, offset: int = 0, t: str = Depends(tenant)):
+        return rest.list_user_checkpoints(t, limit, offset)
+
+    return r
