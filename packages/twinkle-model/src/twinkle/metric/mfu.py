@@ -22,8 +22,10 @@ def measure_matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype =
     device = torch.device(device)
     key = (str(device), dtype)
     if key not in _PEAKS:
-        a = torch.randn(size, size, device=device).to(dtype)
-        b = torch.randn(size, size, device=device).to(dtype)
+        # a private generator: measuring must not move the caller's RNG (LoRA init, dropout)
+        gen = torch.Generator(device=device).manual_seed(0)
+        a = torch.randn(size, size, device=device, generator=gen).to(dtype)
+        b = torch.randn(size, size, device=device, generator=gen).to(dtype)
         best = float("inf")
         for i in range(repeats + 2):
             if device.type == "cuda":

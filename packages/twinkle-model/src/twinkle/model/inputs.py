@@ -34,18 +34,30 @@ def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
     rows = []
     for i, row in enumerate(inputs):
         if isinstance(row, Mapping) and "input_ids" in row:
-            rows.append(dict(row))
+            rows.extend(_expand_pair(dict(row)))
             continue
         if template is None:
             raise ValueError(f"row {i} is a raw trajectory (no 'input_ids'); call set_template(...) first "
                              f"or pass encoded rows")
-        encoded = dict(template.encode(row))
+        encoded = template.encode(row)
+        if encoded is None:
+            raise ValueError(f"row {i} was dropped by the template (longer than its max_length)")
+        encoded = dict(encoded)
         if isinstance(row, Mapping):  # carry per-row loss inputs (advantages, ...) along
             for k, v in row.items():
                 if k not in encoded and k not in ("messages", "tools"):
                     encoded[k] = v
-        rows.append(encoded)
+        rows.extend(_expand_pair(encoded))
     return rows
+
+
+def _expand_pair(row: dict) -> list[dict]:
+    """A preference row (chosen plus `rejected_input_ids`/`rejected_labels`) becomes two adjacent
+    rows, chosen then rejected: the layout the preference losses read."""
+    if "rejected_input_ids" not in row:
+        return [row]
+    rejected = {"input_ids": row.pop("rejected_input_ids"), "labels": row.pop("rejected_labels")}
+    return [row, rejected]
 
 
 def _pad_collate(rows: list[dict]) -> dict[str, torch.Tensor]:
@@ -71,7 +83,12 @@ def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
         return torch.as_tensor([float(v) if dtype else v for v in values], dtype=dtype)
     if not isinstance(first, (Sequence, torch.Tensor)) or isinstance(first, str):
         return None  # metadata carried along (ids, text): not a loss input
-    tensors = [torch.as_tensor(v, dtype=dtype) for v in values]
+    try:
+        tensors = [torch.as_tensor(v, dtype=dtype) for v in values]
+    except (TypeError, ValueError, RuntimeError):
+        return None  # e.g. the messages a trajectory carried along
+    if tensors[0].dim() == 0 or not (tensors[0].dtype.is_floating_point or tensors[0].dtype == torch.long):
+        return None
     out = torch.zeros(len(values), T, *tensors[0].shape[1:], dtype=tensors[0].dtype)
     for i, t in enumerate(tensors):
         out[i, : t.shape[0]] = t
@@ -98,7 +115,9 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
     for name in extra_names:
         values = [r.get(name) for r in rows]
         if any(v is None for v in values):
-            raise ValueError(f"loss input {name!r} is missing from some rows")
+            if name in FLOAT_FIELDS:
+                raise ValueError(f"loss input {name!r} is missing from some rows")
+            continue
         t = _field_tensor(name, values, T)
         if t is not None:
             if B != len(rows):
