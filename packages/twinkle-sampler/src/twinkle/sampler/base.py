@@ -60,12 +60,12 @@ class Sampler(ABC):
                                version: int | None = None) -> int:
         """Serve the LoRA `adapter_name` of a peft-wrapped model (or TransformersModel) under `name`."""
         weights = extract_adapter(model, adapter_name or name)
-        return self.set_adapter(name, weights, self.weight_version(name) + 1 if version is None else version)
+        return self.set_adapter(name, weights, self._versions.get(name, 0) + 1 if version is None else version)
 
     def load_adapter(self, name: str, path: str | Path, version: int | None = None) -> int:
         """Serve a LoRA saved on disk in peft format under `name`."""
         weights = load_adapter_folder(path)
-        return self.set_adapter(name, weights, self.weight_version(name) + 1 if version is None else version)
+        return self.set_adapter(name, weights, self._versions.get(name, 0) + 1 if version is None else version)
 
     def remove_adapter(self, name: str) -> None:
         self._uninstall_adapter(name)
