@@ -27,8 +27,11 @@ def apply_rows(part: datasets.Dataset, op: Callable[[list[dict], int], list[dict
                batch_size: int = 1000) -> datasets.Dataset:
     """Run a batched row op over an Arrow dataset and rebuild it from the output rows."""
     out: list[dict] = []
-    for first in range(0, len(part), batch_size):
-        out.extend(op(part.select(range(first, min(first + batch_size, len(part)))).to_list(), first))
+    first = 0
+    for columns in part.iter(batch_size=batch_size):
+        rows = [dict(zip(columns, values)) for values in zip(*columns.values())]
+        out.extend(op(rows, first))
+        first += len(rows)
     if not out:
         return datasets.Dataset.from_dict({})
     return rows_to_dataset(out)
