@@ -108,3 +108,18 @@ def test_streaming_resume(tmp_path):
     second = make()
     second.load_state_dict(first.state_dict())
     assert head + [[r["question"] for r in b] for b in second] == full
+
+
+def test_default_mesh_follows_the_runtime(monkeypatch):
+    import twinkle.mesh.runtime as runtime
+    from twinkle.dataloader.mesh import resolve_mesh
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(runtime, "_RUNTIME", None)
+    mesh = resolve_mesh(None)  # torchrun without initialize: one data dim over the world
+    assert (mesh.data_rank, mesh.data_world_size) == (1, 2)
+    monkeypatch.setattr(runtime, "_RUNTIME", type("R", (), {"mode": "ray"})())
+    assert resolve_mesh(None).data_world_size == 1  # the Ray driver feeds whole global batches
+    with pytest.raises(TypeError, match="has no 'data_rank'"):
+        resolve_mesh(object())

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from twinkle.dataloader.mesh import resolve_mesh, slice_for_rank
+from twinkle.dataset.dataset import ERROR_KEY
 from twinkle.dataset.errors import DataError
 
 logger = logging.getLogger(__name__)
-ERROR_KEY = "_twinkle_error"
 STATE_VERSION = 1
 
 

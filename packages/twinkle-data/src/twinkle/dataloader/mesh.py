@@ -1,5 +1,6 @@
 """Which slice of each global batch this process gets: from a DeviceMesh, or any object that has
-``data_rank`` and ``data_world_size``, or the global mesh set by ``twinkle.initialize``."""
+``data_rank`` and ``data_world_size``, or the global mesh set by ``twinkle.initialize`` (local /
+torchrun mode; in ray mode the driver gets whole global batches)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ def resolve_mesh(device_mesh):
         return device_mesh
     try:
         from twinkle.mesh import get_global_mesh
+        from twinkle.mesh.runtime import get_runtime
     except ImportError:
+        return _SingleRank()
+    runtime = get_runtime()
+    if runtime is not None and runtime.mode == "ray":
+        # The Ray driver is no data rank: it feeds whole global batches and the remote groups
+        # split them across their ranks (remote_method dispatch='slice').
         return _SingleRank()
     return get_global_mesh() or _SingleRank()
 
