@@ -51,6 +51,12 @@ def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
     return rows
 
 
+def has_trajectories(inputs) -> bool:
+    if isinstance(inputs, Mapping):
+        return "input_ids" not in inputs
+    return isinstance(inputs, Sequence) and any(not (isinstance(r, Mapping) and "input_ids" in r) for r in inputs)
+
+
 def _expand_pair(row: dict) -> list[dict]:
     """A preference row (chosen plus `rejected_input_ids`/`rejected_labels`) becomes two adjacent
     rows, chosen then rejected: the layout the preference losses read."""

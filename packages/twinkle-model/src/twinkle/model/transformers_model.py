@@ -166,10 +166,9 @@ class TransformersModel(TwinkleModel):
 
     # -- compute ------------------------------------------------------------------------------
     def _prepare(self, inputs, state: AdapterState):
-        template = state.template
-        rows = model_inputs.as_rows(inputs, template)
-        if template is None and not isinstance(rows, dict) and any("input_ids" not in r for r in rows):
-            self.set_template(adapter_name=state.name or None)
+        if state.template is None and model_inputs.has_trajectories(inputs):
+            self.set_template(adapter_name=state.name or None)  # the model's own chat template
+        rows = model_inputs.as_rows(inputs, state.template)
         processor = state.processor if state.processor is not None else _default_processor()
         batch, fields = model_inputs.collate(rows, processor)
         model_inputs.check_vocab(batch, self.vocab_size)  # before any kernel sees the ids
