@@ -26,14 +26,16 @@ def server(tmp_path_factory):
 
     torch.set_num_threads(2)
     srv = start_server(tmp_path_factory.mktemp("serve-data"),
-                       limits={"max_models": 6, "max_input_tokens": 4096})
+                       limits={"max_models": 32},
+                       tenant_limits={"carol": {"max_models": 3, "max_input_tokens": 4096},
+                                      "erin": {"requests_per_s": 2}})
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="session")
 def keys(server):
-    return {name: server.create_key(name) for name in ("alice", "bob", "carol")}
+    return {name: server.create_key(name) for name in ("alice", "bob", "carol", "erin")}
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ class RayPlacement(_Strict):
 class ServeConfig(_Strict):
     models: list[ModelEntry] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
+    tenant_limits: dict[str, Limits] = Field(default_factory=dict)  # per key name, replacing `limits`
     long_poll_s: float = Field(25.0, gt=0, le=40)
     ray: RayPlacement | None = None
 

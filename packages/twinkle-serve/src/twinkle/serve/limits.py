@@ -37,8 +37,8 @@ class _Bucket:
 
 
 class TenantLimits:
-    def __init__(self, limits: Limits):
-        self.limits = limits
+    def __init__(self, limits: Limits, overrides: dict[str, Limits] | None = None):
+        self.default, self.overrides = limits, overrides or {}
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
 
@@ -51,18 +51,21 @@ class TenantLimits:
         if wait > 0:
             raise LimitExceeded(f"tenant {tenant!r} is over its limit of {rate:g} {what}", wait)
 
+    def of(self, tenant: str) -> Limits:
+        return self.overrides.get(tenant, self.default)
+
     def request(self, tenant: str) -> None:
-        self._take(tenant, "req", self.limits.requests_per_s, 1, "requests/s")
+        self._take(tenant, "req", self.of(tenant).requests_per_s, 1, "requests/s")
 
     def input_tokens(self, tenant: str, n: int) -> None:
-        cap = self.limits.max_input_tokens
+        cap = self.of(tenant).max_input_tokens
         if cap is not None and n > cap:
             raise LimitExceeded(f"request has {n} input tokens; tenant {tenant!r} may send at most {cap} per request",
                                 60)
-        self._take(tenant, "tok", self.limits.input_tokens_per_s, n, "input tokens/s")
+        self._take(tenant, "tok", self.of(tenant).input_tokens_per_s, n, "input tokens/s")
 
     def models(self, tenant: str, live: int) -> None:
-        cap = self.limits.max_models
+        cap = self.of(tenant).max_models
         if cap is not None and live >= cap:
             raise LimitExceeded(f"tenant {tenant!r} already has {live} models (limit {cap}); "
                                 "finish a session to free them", 30)

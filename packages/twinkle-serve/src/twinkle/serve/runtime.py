@@ -33,7 +33,7 @@ class Runtime:
         self.store = Store(self.data_dir)
         self.keys = KeyStore(self.store)
         self.hub = FutureHub(self.store)
-        self.limits = TenantLimits(config.limits)
+        self.limits = TenantLimits(config.limits, config.tenant_limits)
         self.engines: dict[str, Engine] = {}
         self.ready = threading.Event()
         # model_id -> (base model name, backend adapter name), for adapters alive in this process
