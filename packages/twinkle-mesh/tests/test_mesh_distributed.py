@@ -90,9 +90,8 @@ def ray_trainer():
     trainer = steps.LoraTrainer(device_mesh=tm.DeviceMesh.from_sizes(dp_size=2), parallel="ddp",
                                 remote_group="model")
     yield trainer
-    trainer.remote_shutdown()
-    ray.shutdown()
-    rt_module._RUNTIME = None
+    tm.shutdown()  # stops the group's actors and disconnects from Ray
+    assert tm.get_runtime() is None and not ray.is_initialized()
 
 
 def test_ray_remote_group_matches_the_local_run(ray_trainer, reference):

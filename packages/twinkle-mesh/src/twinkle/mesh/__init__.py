@@ -18,8 +18,9 @@ from twinkle.mesh.runtime import (
     rank_generator,
     rank_seed,
     seed_everything,
+    shutdown,
 )
 
 __all__ = ["DeviceGroup", "DeviceMesh", "RemoteError", "Runtime", "get_device_placement", "get_global_mesh",
            "get_runtime", "initialize", "rank_generator", "rank_seed", "remote_class", "remote_method",
-           "seed_everything"]
+           "seed_everything", "shutdown"]

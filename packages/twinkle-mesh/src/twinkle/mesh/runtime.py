@@ -106,6 +106,21 @@ def _init_ray(groups, nproc_per_node, address, ray_init_kwargs) -> None:
     ray.init(address=address, **kwargs)
 
 
+def shutdown() -> None:
+    """Stop every remote group and (ray mode) disconnect from Ray; leave torch.distributed of a
+    torchrun job alone (the launcher owns it). Safe to call twice."""
+    global _RUNTIME
+    rt, _RUNTIME = _RUNTIME, None
+    if rt is None or rt.mode != "ray":
+        return
+    for remotes in list(rt.remote_groups.values()):
+        for remote in list(remotes):
+            remote.remote_shutdown()
+    import ray
+
+    ray.shutdown()
+
+
 def get_runtime() -> Runtime | None:
     return _RUNTIME
 
