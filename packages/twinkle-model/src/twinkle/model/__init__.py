@@ -5,7 +5,6 @@ from __future__ import annotations
 _LAZY = {
     "TwinkleModel": "twinkle.model.base",
     "TransformersModel": "twinkle.model.transformers_model",
-    "MegatronModel": "twinkle.model.megatron_model",
     "AdapterState": "twinkle.model.state",
     "CosineWarmupScheduler": "twinkle.model.optim",
     "LinearWarmupScheduler": "twinkle.model.optim",
