@@ -1,5 +1,6 @@
 """Real processes: one torchrun launch (2 ranks, gloo: DDP, FSDP2, tensor parallel) and one Ray
-cluster (a 2-actor remote group), each checked against the one-process run of the same steps."""
+cluster (a 2-actor remote group), each checked against the one-process run of the same steps.
+The Ray tests come first: the torchrun launch runs in the background meanwhile."""
 
 from __future__ import annotations
 
@@ -46,40 +47,28 @@ def _assert_lora_close(got: dict, want: dict, atol: float):
     assert worst <= atol, f"LoRA weights differ by {worst}"
 
 
-@pytest.fixture(scope="module")
-def torchrun_result(tmp_path_factory):
-    out = tmp_path_factory.mktemp("torchrun") / "result.pt"
+@pytest.fixture(scope="module", autouse=True)
+def torchrun_launch(tmp_path_factory):
+    """Started before anything else in this module and left running in the background: the launch
+    overlaps the reference run and the Ray tests, which only wait on it when they need it."""
+    folder = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(HERE / "mesh_steps.py"), str(out)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return torch.load(out, weights_only=False)
+    with open(folder / "log.txt", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                                 str(HERE / "mesh_steps.py"), str(folder / "result.pt")],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield proc, folder
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
-def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):
-    r = torchrun_result
-    assert (r["world"], r["backend"]) == (2, "gloo")
-    assert [(x["rank"], x["data_rank"], x["rank_seed"]) for x in r["ranks"]] == [(0, 0, 7), (1, 1, 8)]
-    assert r["ranks"][0]["draw"] == r["ranks"][1]["draw"]  # the global seed: identical draws
-    assert r["torch_mesh_dims"] == ("pp", "dp", "fsdp", "cp", "tp")
-
-
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_torchrun_data_parallel_matches_one_process(torchrun_result, reference, strategy):
-    got = torchrun_result[strategy]
-    assert got["losses"] == pytest.approx(reference["losses"], abs=1e-5)
-    assert reference["losses"][2] < reference["losses"][0]  # it does train
-    _assert_lora_close(got["lora"], reference["lora"], atol=1e-5)
-    moved = max((w - reference["lora"][n]).abs().max().item()
-                for n, w in steps.lora_weights(steps.build_model()).items())
-    assert moved > 1e-2  # 3 steps moved the weights far beyond the tolerance
-
-
-def test_torchrun_tensor_parallel_matches_one_process(torchrun_result, reference):
-    got, want = torchrun_result["tp"], reference["tp"]
-    assert got["losses"] == pytest.approx(want["losses"], abs=1e-4)
-    assert (got["q_proj0"] - want["q_proj0"]).abs().max().item() <= 1e-4
+@pytest.fixture(scope="module")
+def torchrun_result(torchrun_launch):
+    proc, folder = torchrun_launch
+    code = proc.wait(timeout=600)
+    assert code == 0, (folder / "log.txt").read_text()[-8000:]
+    return torch.load(folder / "result.pt", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +113,28 @@ def test_ray_remote_failure_names_the_rank_and_carries_the_traceback(ray_trainer
     assert "deliberate failure on rank 1" in str(e.value)
     assert 'mesh_steps.py", line' in e.value.remote_traceback and "in fail_on_rank" in e.value.remote_traceback
     assert ray_trainer.fail_on_rank(5) == "ok"  # the group survives a failed call
+
+
+def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):
+    r = torchrun_result
+    assert (r["world"], r["backend"]) == (2, "gloo")
+    assert [(x["rank"], x["data_rank"], x["rank_seed"]) for x in r["ranks"]] == [(0, 0, 7), (1, 1, 8)]
+    assert r["ranks"][0]["draw"] == r["ranks"][1]["draw"]  # the global seed: identical draws
+    assert r["torch_mesh_dims"] == ("pp", "dp", "fsdp", "cp", "tp")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_torchrun_data_parallel_matches_one_process(torchrun_result, reference, strategy):
+    got = torchrun_result[strategy]
+    assert got["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    assert reference["losses"][2] < reference["losses"][0]  # it does train
+    _assert_lora_close(got["lora"], reference["lora"], atol=1e-5)
+    moved = max((w - reference["lora"][n]).abs().max().item()
+                for n, w in steps.lora_weights(steps.build_model()).items())
+    assert moved > 1e-2  # 3 steps moved the weights far beyond the tolerance
+
+
+def test_torchrun_tensor_parallel_matches_one_process(torchrun_result, reference):
+    got, want = torchrun_result["tp"], reference["tp"]
+    assert got["losses"] == pytest.approx(want["losses"], abs=1e-4)
+    assert (got["q_proj0"] - want["q_proj0"]).abs().max().item() <= 1e-4
