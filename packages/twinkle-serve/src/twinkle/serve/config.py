@@ -1,7 +1,7 @@
 """Server configuration: base models, backend, sampler, limits, placement. Unknown keys are errors.
 
 Read from a TOML, JSON or YAML file (`--config`), or built in code. With no file the server serves
-the embedded default model (`twinkle.hub.DEFAULT_MODEL`) with the `peft` backend.
+the embedded default model (`twinkle.hub.DEFAULT_MODEL`) with the `multi_lora` backend.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class _Strict(BaseModel):
 class ModelEntry(_Strict):
     name: str  # the base_model clients name, e.g. "twinkle://qwen3-demo" or a hub id
     path: str | None = None  # a local folder; default: twinkle.hub.resolve_model_path(name)
-    backend: Literal["peft"] = "peft"
+    backend: Literal["multi_lora", "peft"] = "multi_lora"
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_sampler_batch: int = Field(64, ge=1)
 

@@ -53,7 +53,8 @@ class Runtime:
             else:
                 backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
                                          max_batch_size=entry.max_sampler_batch)
-            self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name))
+            runner = backend.forward_backward_many if getattr(backend, "fuses", False) else None
+            self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name, fuse_runner=runner))
             log.info("serving base model %s from %s (backend %s)", entry.name, path, entry.backend)
         self.ready.set()
 

@@ -4,6 +4,11 @@ Each training model (and each sampler) has its own queue, a heap keyed by `seq_i
 run in the order the client numbered them. The worker serves the queues round-robin, one task at a
 time, so one tenant's long queue does not starve another's. A task's exception fails only its own
 future: `UserError` as category "user", anything else as "server" (logged with its traceback).
+
+Fusion: a task submitted with `fuse=(item, finish)` may run together with the fusable tasks at the
+head of other models' queues, in one `fuse_runner([item, ...])` call (the multi-LoRA engine's fused
+pass); each task's `finish(result)` then completes its own future, so one tenant's bad input fails
+only that tenant's request.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ log = logging.getLogger("twinkle.serve")
 
 
 class Scheduler:
-    def __init__(self, hub: FutureHub, name: str = "worker"):
+    def __init__(self, hub: FutureHub, name: str = "worker", fuse_runner: Callable | None = None,
+                 max_fuse: int = 8):
         self.hub = hub
+        self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
+        self.fused_passes = 0  # passes that served more than one model (observability, tests)
         self._queues: dict[str, list] = {}
         self._ready: deque[str] = deque()  # queue keys with work, in round-robin order
         self._cond = threading.Condition()
@@ -32,11 +40,13 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=f"twinkle-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, queue: str, seq_id: int | None, request_id: str, fn: Callable[[], tuple[str, object]]) -> None:
+    def submit(self, queue: str, seq_id: int | None, request_id: str, fn: Callable[[], tuple[str, object]],
+               fuse: tuple | None = None) -> None:
         """`fn()` returns ("json", dict) or ("proto", bytes); it runs on the worker thread."""
         with self._cond:
             heap = self._queues.setdefault(queue, [])
-            heapq.heappush(heap, (seq_id if seq_id is not None else 2**62, next(self._tiebreak), request_id, fn))
+            heapq.heappush(heap, (seq_id if seq_id is not None else 2**62, next(self._tiebreak), request_id, fn,
+                                  fuse))
             if queue not in self._ready:
                 self._ready.append(queue)
             self._cond.notify()
@@ -57,30 +67,54 @@ class Scheduler:
                 self._cond.wait()
             if self._stopping:
                 return None
-            queue = self._ready.popleft()
-            heap = self._queues[queue]
-            _, _, request_id, fn = heapq.heappop(heap)
-            if heap:
-                self._ready.append(queue)
-            else:
-                del self._queues[queue]
-            return request_id, fn
+            taken = [self._pop(self._ready.popleft())]
+            if taken[0][2] is not None and self.fuse_runner is not None:
+                # other models whose next request is fusable join this pass (one request per model)
+                for queue in list(self._ready):
+                    if len(taken) >= self.max_fuse:
+                        break
+                    if self._queues[queue][0][4] is not None:
+                        self._ready.remove(queue)
+                        taken.append(self._pop(queue))
+            return taken
+
+    def _pop(self, queue: str):
+        heap = self._queues[queue]
+        _, _, request_id, fn, fuse = heapq.heappop(heap)
+        if heap:
+            self._ready.append(queue)
+        else:
+            del self._queues[queue]
+        return request_id, fn, fuse
 
     def _run(self) -> None:
         import torch
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
-        while (item := self._next()) is not None:
-            request_id, fn = item
+        while (taken := self._next()) is not None:
+            if len(taken) == 1:
+                request_id, fn, _ = taken[0]
+                self._finish(request_id, fn)
+                continue
+            self.fused_passes += 1
             try:
-                kind, result = fn()
-            except UserError as e:
-                self.hub.fail(request_id, str(e), "user")
-            except Exception as e:  # noqa: BLE001 - a server bug fails this request, never the server
-                log.exception("request %s failed", request_id)
-                self.hub.fail(request_id, f"internal error: {type(e).__name__}: {e}", "server")
+                results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
+            except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving
+                log.exception("fused pass failed")
+                results = [e] * len(taken)
+            for (request_id, _, fuse), result in zip(taken, results):
+                self._finish(request_id, lambda: fuse[1](result))
+
+    def _finish(self, request_id: str, fn) -> None:
+        try:
+            kind, result = fn()
+        except UserError as e:
+            self.hub.fail(request_id, str(e), "user")
+        except Exception as e:  # noqa: BLE001 - a server bug fails this request, never the server
+            log.exception("request %s failed", request_id)
+            self.hub.fail(request_id, f"internal error: {type(e).__name__}: {e}", "server")
+        else:
+            if kind == "proto":
+                self.hub.complete_proto(request_id, result)
             else:
-                if kind == "proto":
-                    self.hub.complete_proto(request_id, result)
-                else:
-                    self.hub.complete_json(request_id, result)
+                self.hub.complete_json(request_id, result)

@@ -8,9 +8,14 @@ __all__ = ["AdamParams", "Backend", "Datum", "ForwardResult", "LoraSpec", "Sampl
 
 
 def create_backend(name: str, base_model: str, model_path: str, **options) -> Backend:
-    """`peft`: transformers + peft adapters, twinkle.loss losses, TorchSampler (the default)."""
+    """`multi_lora` (default): twinkle.model's MultiLoraModel, tenants fused into shared passes.
+    `peft`: one peft adapter per tenant, run one request at a time. Both sample with TorchSampler."""
+    if name == "multi_lora":
+        from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+
+        return MultiLoraBackend(base_model, model_path, **options)
     if name == "peft":
         from twinkle.serve.backend.peft_backend import PeftBackend
 
         return PeftBackend(base_model, model_path, **options)
-    raise ValueError(f"unknown backend {name!r}; known: peft")
+    raise ValueError(f"unknown backend {name!r}; known: multi_lora, peft")

@@ -102,6 +102,18 @@ class Backend(ABC):
     def forward_backward(self, name: str, data: list[Datum], loss_fn: str, loss_config: dict,
                          forward_only: bool) -> ForwardResult: ...
 
+    fuses = False  # True: forward_backward_many runs several adapters' requests in one pass
+
+    def forward_backward_many(self, items: list[tuple]) -> list:
+        """[(adapter, data, loss_fn, loss_config, forward_only)] -> [ForwardResult | UserError], one per item."""
+        out = []
+        for item in items:
+            try:
+                out.append(self.forward_backward(*item))
+            except UserError as e:
+                out.append(e)
+        return out
+
     @abstractmethod
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]: ...
 

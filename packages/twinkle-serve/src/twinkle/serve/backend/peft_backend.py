@@ -15,28 +15,18 @@ import math
 import numpy as np
 import torch
 
-from twinkle.serve.backend.base import (AdamParams, Backend, Datum, ForwardResult, LoraSpec, SampledSeq,
-                                        SampleParams, SampleResult, UserError)
+from twinkle.serve.backend.sampling import TorchSampling
+from twinkle.serve.backend.validate import check_datums, make_loss
+from twinkle.serve.backend.base import (AdamParams, Backend, Datum, ForwardResult, LoraSpec, UserError)
 
 log = logging.getLogger("twinkle.serve")
 
 LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningful across ranks
-# Losses a Tinker client may name, plus what each needs besides target_tokens.
-TINKER_LOSSES = {
-    "cross_entropy": (),
-    "importance_sampling": ("logprobs", "advantages"),
-    "ppo": ("logprobs", "advantages"),
-    "cispo": ("logprobs", "advantages"),
-    "dro": ("logprobs", "advantages"),
-    "gspo": ("logprobs", "advantages"),
-}
 
 
-class PeftBackend(Backend):
+class PeftBackend(TorchSampling, Backend):
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64):
         from transformers import AutoModelForCausalLM
-
-        from twinkle.sampler import TorchSampler
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
@@ -48,8 +38,7 @@ class PeftBackend(Backend):
         self._peft = None  # PeftModel, created with the first adapter
         self._specs: dict[str, LoraSpec] = {}
         self._optims: dict[str, torch.optim.AdamW] = {}
-        self.sampler = TorchSampler(model_id=None, model=AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch_dtype), tokenizer=_load_tokenizer(model_path), max_batch_size=max_batch_size)
+        self._init_sampler(model_path, torch_dtype, max_batch_size)
 
     # ---- adapters ----------------------------------------------------------------------------------
     def create_adapter(self, name: str, spec: LoraSpec) -> None:
@@ -97,53 +86,26 @@ class PeftBackend(Backend):
 
     # ---- training ----------------------------------------------------------------------------------
     def _batch(self, data: list[Datum], loss_fn: str):
-        if not data:
-            raise UserError("forward_backward needs at least one datum")
-        needed = ("target_tokens",) + TINKER_LOSSES.get(loss_fn, ())
-        T = max(len(d.tokens) for d in data)
-        if T == 0:
-            raise UserError("every datum needs at least one token")
-        if T > self.max_context:
-            raise UserError(f"sequence of {T} tokens exceeds the model's context of {self.max_context}")
-        B = len(data)
+        check_datums(data, loss_fn, self.vocab_size, self.max_context)
+        B, T = len(data), max(len(d.tokens) for d in data)
         ids = torch.zeros((B, T), dtype=torch.long)
         mask = torch.zeros((B, T), dtype=torch.long)
         targets = torch.full((B, T), -100, dtype=torch.long)
         fields: dict[str, torch.Tensor] = {}
         for i, d in enumerate(data):
             n = len(d.tokens)
-            for key in needed:
-                if key not in d.inputs:
-                    raise UserError(f"datum {i}: loss {loss_fn!r} needs loss_fn_inputs[{key!r}]")
+            ids[i, :n], mask[i, :n] = torch.as_tensor(d.tokens, dtype=torch.long), 1
+            targets[i, :n] = torch.from_numpy(d.inputs["target_tokens"].astype(np.int64).reshape(-1))
             for key, arr in d.inputs.items():
-                if arr.size != n:
-                    raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
-                                    f"input of {n} tokens (shape mismatch)")
-                if key != "target_tokens" and not np.all(np.isfinite(arr)):
-                    raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] contains NaN or inf")
-            tok = np.asarray(d.tokens, dtype=np.int64)
-            tgt = d.inputs["target_tokens"].astype(np.int64).reshape(-1)
-            for label, arr in (("model_input", tok), ("target_tokens", tgt)):
-                if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
-                    bad = int(arr[(arr < 0) | (arr >= self.vocab_size)][0])
-                    raise UserError(f"datum {i}: {label} token {bad} is outside the vocabulary [0, {self.vocab_size})")
-            ids[i, :n], mask[i, :n], targets[i, :n] = torch.from_numpy(tok), 1, torch.from_numpy(tgt)
-            for key, arr in d.inputs.items():
-                if key == "target_tokens":
-                    continue
-                buf = fields.setdefault(key, torch.zeros((B, T), dtype=torch.float32))
-                buf[i, :n] = torch.from_numpy(arr.astype(np.float32).reshape(-1))
+                if key != "target_tokens":
+                    buf = fields.setdefault(key, torch.zeros((B, T), dtype=torch.float32))
+                    buf[i, :n] = torch.from_numpy(arr.astype(np.float32).reshape(-1))
         return ids, mask, targets, fields
 
     def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
-        from twinkle.loss import LossContext, create_loss
+        from twinkle.loss import LossContext
 
-        if loss_fn not in TINKER_LOSSES:
-            raise UserError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(TINKER_LOSSES)}")
-        try:
-            loss = create_loss(loss_fn, reduction="sum", **loss_config)
-        except (TypeError, ValueError) as e:
-            raise UserError(f"bad loss_fn_config for {loss_fn!r}: {e}") from None
+        loss = make_loss(loss_fn, loss_config)
         ids, mask, targets, fields = self._batch(data, loss_fn)
         self._activate(name)
         fields = {k: v for k, v in fields.items() if k != "weights" or loss_fn == "cross_entropy"}
@@ -212,47 +174,3 @@ class PeftBackend(Backend):
                     opt.state[p] = {"step": optimizer[f"{key}.step"].reshape(()).clone(),
                                     "exp_avg": optimizer[f"{key}.exp_avg"].clone(),
                                     "exp_avg_sq": optimizer[f"{key}.exp_avg_sq"].clone()}
-
-    # ---- sampling ----------------------------------------------------------------------------------
-    def install_sampler_from_adapter(self, sampler, adapter):
-        self._activate(adapter)
-        self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())
-
-    def install_sampler_from_folder(self, sampler, folder):
-        if sampler not in self.sampler.adapter_names:
-            self.sampler.load_adapter(sampler, folder)
-
-    def remove_sampler(self, sampler):
-        if sampler in self.sampler.adapter_names:
-            self.sampler.remove_adapter(sampler)
-
-    def sample(self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs) -> SampleResult:
-        from twinkle.sampler import SamplingParams
-
-        if not prompt:
-            raise UserError("prompt is empty")
-        if sampler is not None and sampler not in self.sampler.adapter_names:
-            raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
-        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
-        if bad:
-            raise UserError(f"prompt token {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        max_tokens = params.max_tokens or 64
-        if len(prompt) + max_tokens > self.max_context:
-            raise UserError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the context "
-                            f"of {self.max_context}")
-        try:
-            sp = SamplingParams(max_tokens=max_tokens, temperature=params.temperature,
-                                top_k=max(params.top_k, 0), top_p=params.top_p, seed=params.seed,
-                                stop=params.stop or None, num_samples=num_samples, logprobs=True,
-                                prompt_logprobs=prompt_logprobs)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
-        seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason) for s in resp.sequences]
-        return SampleResult(seqs, resp.prompt_logprobs)
-
-
-def _load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)

@@ -172,11 +172,23 @@ class TinkerTraining:
         engine = self.rt.engine(row["base_model"])
         self.rt.store.touch_model(model_id)
 
-        def run():
-            result = engine.backend.forward_backward(self._live_adapter(model_id), data, loss_fn, config, forward_only)
+        def finish(result):
+            if isinstance(result, Exception):
+                raise result
             return "proto", codec.encode_forward_result(result)
 
-        return self._submit(tenant, engine, model_id, seq_id, run, model_id=model_id)
+        def run():
+            adapter = self._live_adapter(model_id)
+            return finish(engine.backend.forward_backward(adapter, data, loss_fn, config, forward_only))
+
+        fuse = None
+        with self.rt.live_lock:
+            live = self.rt.live.get(model_id)
+        if live is not None:  # fusable once the adapter exists (create_model already ran)
+            fuse = ((live[1], data, loss_fn, config, forward_only), finish)
+        request_id = self.rt.hub.create(tenant)
+        engine.scheduler.submit(model_id, seq_id, request_id, run, fuse=fuse)
+        return {"request_id": request_id, "model_id": model_id}
 
     def optim_step(self, tenant: str, body: dict) -> dict:
         model_id = body.get("model_id")

@@ -1,0 +1,182 @@
+"""The multi-tenant backend: `twinkle.model.multi_lora.MultiLoraModel` (one frozen base, every tenant's
+LoRA in the same layers), so queued forward/backward work of several tenants runs as one fused pass.
+
+Tinker datums map onto the engine's rows as `input_ids = tokens + [last target]`,
+`labels = [-100] + target_tokens`, per-token loss inputs prefixed by one 0: the engine predicts
+labels[t+1] from input_ids[:t+1], which is exactly Tinker's "position t predicts target_tokens[t]"
+(the appended token only feeds a position whose logits are dropped).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from twinkle.serve.backend.base import AdamParams, Backend, Datum, ForwardResult, LoraSpec, UserError
+from twinkle.serve.backend.sampling import TorchSampling
+from twinkle.serve.backend.validate import check_datums, make_loss
+
+LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningful across ranks
+
+
+class MultiLoraBackend(TorchSampling, Backend):
+    fuses = True
+
+    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64):
+        from transformers import AutoModelForCausalLM
+
+        from twinkle.model.multi_lora import MultiLoraModel
+
+        self.base_model, self.tokenizer_path = base_model, model_path
+        torch_dtype = getattr(torch, dtype)
+        hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        self.engine = MultiLoraModel(model=hf)
+        self.engine.model_id = base_model
+        self.vocab_size = hf.get_input_embeddings().weight.shape[0]
+        self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
+        self._init_sampler(model_path, torch_dtype, max_batch_size)
+
+    # ---- adapters ----------------------------------------------------------------------------------
+    def create_adapter(self, name: str, spec: LoraSpec) -> None:
+        from peft import LoraConfig
+
+        if spec.rank < 1:
+            raise UserError(f"lora rank must be >= 1, got {spec.rank}")
+        config = LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=spec.target_modules(),
+                            bias="none")
+        seed = spec.seed if spec.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
+        self.engine.add_adapter_to_model(name, config, seed=seed)
+        self.engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
+
+    def remove_adapter(self, name: str) -> None:
+        if name in self.engine.adapters:
+            self.engine.remove_adapter(name)
+
+    def _state(self, name: str):
+        if name not in self.engine.adapters:
+            raise UserError(f"model adapter {name!r} is not loaded on this server")
+        return self.engine.adapters[name]
+
+    # ---- training ----------------------------------------------------------------------------------
+    @staticmethod
+    def _rows(data: list[Datum]) -> list[dict]:
+        rows = []
+        for d in data:
+            targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1).tolist()
+            row = {"input_ids": list(d.tokens) + [targets[-1]], "labels": [-100] + targets}
+            for key, arr in d.inputs.items():
+                if key != "target_tokens":
+                    row[key] = [0.0] + arr.astype(np.float32).reshape(-1).tolist()
+            rows.append(row)
+        return rows
+
+    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
+        (result,) = self.forward_backward_many([(name, data, loss_fn, loss_config, forward_only)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def forward_backward_many(self, items) -> list:
+        """Several adapters' requests (one each) in one fused pass per kind (train / forward-only)."""
+        results: list = [None] * len(items)
+        groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
+        for i, (name, data, loss_fn, config, forward_only) in enumerate(items):
+            try:
+                check_datums(data, loss_fn, self.vocab_size, self.max_context)
+                state = self._state(name)
+                state.loss = make_loss(loss_fn, config)
+                if name in groups[forward_only]:
+                    raise RuntimeError(f"adapter {name!r} twice in one fused pass")
+                if loss_fn != "cross_entropy":
+                    data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
+                groups[forward_only][name] = (i, self._rows(data))
+            except UserError as e:
+                results[i] = e
+        for forward_only, group in groups.items():
+            if not group:
+                continue
+            batches = {name: rows for name, (_, rows) in group.items()}
+            if forward_only:
+                outcomes = self.engine.forward_fused(batches, raise_errors=False)
+            else:
+                outcomes = self.engine.forward_backward_fused(batches, raise_errors=False, return_logprobs=True)
+            for name, (i, rows) in group.items():
+                results[i] = self._result(outcomes[name], rows, forward_only)
+        return results
+
+    @staticmethod
+    def _result(outcome, rows, forward_only):
+        if isinstance(outcome, Exception):
+            return UserError(str(outcome))
+        if not outcome["finite"]:
+            # not back-propagated by the engine: the adapter's gradients are untouched
+            return UserError(f"loss is {outcome['loss']} (not finite): no gradient was applied")
+        logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
+        metrics = {"loss:sum": float(outcome["loss"])}
+        metrics.update({f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()})
+        return ForwardResult(logprobs, metrics)
+
+    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
+        state = self._state(name)
+        opt = state.ensure_optimizer()
+        for group in opt.param_groups:
+            group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
+                         weight_decay=params.weight_decay)
+        if not any(p.grad is not None for p in state.params):
+            return {"grad_norm:mean": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
+        state.step_calls = state.gradient_accumulation_steps - 1  # every Tinker optim_step is a boundary
+        out = self.engine.clip_grad_and_step(adapter_name=name, max_grad_norm=params.grad_clip_norm or None)
+        if not math.isfinite(out["grad_norm"]):
+            raise UserError(f"gradient norm is {out['grad_norm']}: step skipped and gradients cleared")
+        return {"grad_norm:mean": float(out["grad_norm"])}
+
+    # ---- state -------------------------------------------------------------------------------------
+    def adapter_tensors(self, name):
+        from twinkle.sampler import AdapterWeights
+
+        state = self._state(name)
+        lora_A, lora_B, scaling = {}, {}, {}
+        for module in state.module_names:
+            layer = self.engine.base.get_submodule(module)
+            lora_A[module] = layer.lora_A[name].weight.detach()
+            lora_B[module] = layer.lora_B[name].weight.detach()
+            scaling[module] = state.spec.scaling
+        return AdapterWeights(lora_A, lora_B, scaling)
+
+    def _param_keys(self, name):
+        state = self._state(name)
+        out = {}
+        for module in state.module_names:
+            layer = self.engine.base.get_submodule(module)
+            out[f"{module}.lora_A"] = layer.lora_A[name].weight
+            out[f"{module}.lora_B"] = layer.lora_B[name].weight
+        return out
+
+    def optimizer_tensors(self, name):
+        opt, out = self._state(name).ensure_optimizer(), {}
+        for key, p in self._param_keys(name).items():
+            st = opt.state.get(p)
+            if st:
+                out[f"{key}.exp_avg"] = st["exp_avg"].detach().clone()
+                out[f"{key}.exp_avg_sq"] = st["exp_avg_sq"].detach().clone()
+                out[f"{key}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(1).clone()
+        return out
+
+    def load_adapter_tensors(self, name, weights, optimizer):
+        params = self._param_keys(name)
+        with torch.no_grad():
+            for module, a in weights.lora_A.items():
+                for suffix, t in (("lora_A", a), ("lora_B", weights.lora_B[module])):
+                    key = f"{module}.{suffix}"
+                    if key not in params or params[key].shape != t.shape:
+                        raise UserError(f"checkpoint tensor {key} {tuple(t.shape)} does not fit this model")
+                    params[key].copy_(t)
+        if optimizer:
+            opt = self._state(name).ensure_optimizer()
+            for key, p in params.items():
+                if f"{key}.exp_avg" in optimizer:
+                    opt.state[p] = {"step": optimizer[f"{key}.step"].reshape(()).clone(),
+                                    "exp_avg": optimizer[f"{key}.exp_avg"].clone(),
+                                    "exp_avg_sq": optimizer[f"{key}.exp_avg_sq"].clone()}

@@ -1,0 +1,58 @@
+"""Sampling shared by the backends: `twinkle.sampler.TorchSampler` on its own copy of the base weights.
+
+A sampler adapter is a *snapshot*: installing one copies the LoRA factors, so later training of the
+source adapter never changes what an existing sampling session sees.
+"""
+
+from __future__ import annotations
+
+from twinkle.serve.backend.base import SampledSeq, SampleParams, SampleResult, UserError
+
+
+class TorchSampling:
+    vocab_size: int
+    max_context: int
+
+    def _init_sampler(self, model_path: str, torch_dtype, max_batch_size: int) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from twinkle.sampler import TorchSampler
+
+        self.sampler = TorchSampler(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype),
+                                    tokenizer=AutoTokenizer.from_pretrained(model_path), max_batch_size=max_batch_size)
+
+    def install_sampler_from_adapter(self, sampler, adapter):
+        self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())
+
+    def install_sampler_from_folder(self, sampler, folder):
+        if sampler not in self.sampler.adapter_names:
+            self.sampler.load_adapter(sampler, folder)
+
+    def remove_sampler(self, sampler):
+        if sampler in self.sampler.adapter_names:
+            self.sampler.remove_adapter(sampler)
+
+    def sample(self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs) -> SampleResult:
+        from twinkle.sampler import SamplingParams
+
+        if not prompt:
+            raise UserError("prompt is empty")
+        if sampler is not None and sampler not in self.sampler.adapter_names:
+            raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise UserError(f"prompt token {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        max_tokens = params.max_tokens or 64
+        if len(prompt) + max_tokens > self.max_context:
+            raise UserError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the context "
+                            f"of {self.max_context}")
+        try:
+            sp = SamplingParams(max_tokens=max_tokens, temperature=params.temperature,
+                                top_k=max(params.top_k, 0), top_p=params.top_p, seed=params.seed,
+                                stop=params.stop or None, num_samples=num_samples, logprobs=True,
+                                prompt_logprobs=prompt_logprobs)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
+        seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason) for s in resp.sequences]
+        return SampleResult(seqs, resp.prompt_logprobs)
