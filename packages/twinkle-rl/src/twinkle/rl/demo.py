@@ -1,0 +1,90 @@
+"""The bundled arithmetic task, ready for RL on the embedded demo model.
+
+A freshly built embedded model is random: RL from it would see only zero rewards. `warm_start`
+gives it a brief full-parameter SFT on the bundled arithmetic *train* split (cached on disk, keyed
+by its settings) so that it answers in the right format and sometimes correctly — the state real
+RL runs start from. Evaluation uses the held-out *test* split, greedy decoding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+ARITHMETIC = "twinkle://arithmetic"
+
+
+def arithmetic_prompts(split: str = "train", limit: int | None = None) -> list[dict]:
+    """Rows `{"messages": [system, user], "ground_truth": "44", "question": ...}` of the bundled task."""
+    from twinkle.dataset import Dataset, DatasetMeta
+    from twinkle.preprocessor import ArithmeticProcessor
+
+    meta = DatasetMeta(ARITHMETIC, split=split, data_slice=range(limit) if limit else None)
+    raw = list(Dataset(meta))
+    return [{**row, **out} for row, out in zip(raw, ArithmeticProcessor()(raw))]
+
+
+def _sft_rows(template, rows) -> list[dict]:
+    from twinkle.preprocessor import ArithmeticProcessor
+
+    encoded = [template.encode(r) for r in ArithmeticProcessor(with_answer=True)(rows)]
+    return [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in encoded]
+
+
+def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, lr: float = 1e-3,
+               cache_dir: str | os.PathLike | None = None, seed: int = 0, log=print) -> str:
+    """Folder of `base` after `steps` of full-parameter SFT on arithmetic train; built once, then cached."""
+    import torch
+
+    from twinkle.hub import DEFAULT_MODEL, cache_root, resolve_model_path
+    from twinkle.model import TransformersModel
+    from twinkle.template import Template
+
+    base = base or DEFAULT_MODEL
+    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, 1]).encode()).hexdigest()[:12]
+    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"arithmetic-sft-{key}"
+    if (target / "config.json").exists():
+        return str(target)
+    start = time.perf_counter()
+    base_path = resolve_model_path(base)
+    template = Template(model_id=base_path)
+    rows = _sft_rows(template, arithmetic_prompts("train"))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = TransformersModel(model_id=base_path)
+        model.set_optimizer("AdamW", lr=lr, weight_decay=0.0)
+        order, rng = [], random.Random(seed)
+        for step in range(steps):
+            if len(order) < batch_size:
+                order += rng.sample(range(len(rows)), len(rows))
+            batch, order = [rows[i] for i in order[:batch_size]], order[batch_size:]
+            out = model.forward_backward(inputs=batch)
+            model.clip_grad_and_step()
+            if log and (step + 1) % max(1, steps // 5) == 0:
+                log(f"  warm-start SFT step {step + 1}/{steps}: loss {out['loss']:.3f} "
+                    f"({time.perf_counter() - start:.0f}s)")
+    staging = target.with_name(target.name + f".tmp{os.getpid()}")
+    model.save(staging)
+    template.tokenizer.save_pretrained(staging)
+    shutil.copy(Path(base_path) / "generation_config.json", staging / "generation_config.json")
+    try:
+        os.rename(staging, target)
+    except OSError:  # another process finished first: use theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def greedy_accuracy(sampler, prompt_rows, adapter_name=None, reward=None, max_tokens: int = 8) -> float:
+    """Mean reward (default: arithmetic exact match) of greedy answers to `prompt_rows`."""
+    from twinkle.reward import ArithmeticAccuracy
+    from twinkle.rl.rollout import sample_rollout
+
+    rollout = sample_rollout(sampler, prompt_rows, {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
+                             adapter_name=adapter_name)
+    result = (reward or ArithmeticAccuracy())(rollout.texts, rollout.reward_rows())
+    return sum(result.values) / len(result)
