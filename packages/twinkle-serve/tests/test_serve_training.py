@@ -103,3 +103,33 @@ def test_gradients_accumulate_until_optim_step(alice, sft):
     a = split.forward([sft(SEQ_A)], "cross_entropy").result().metrics["loss:sum"]
     b = joint.forward([sft(SEQ_A)], "cross_entropy").result().metrics["loss:sum"]
     assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_tenants_queued_together_share_one_fused_pass(server, alice, bob, sft):
+    """Work of two tenants queued at once runs as one multi-LoRA pass; each gets its own result."""
+    import threading
+    import time
+
+    a = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=1).result()
+    b = bob.create_lora_training_client(base_model=TEST_MODEL, rank=16, seed=2).result()
+    solo = [c.forward([sft(s)], "cross_entropy").result().metrics["loss:sum"] for c, s in ((a, SEQ_A), (b, SEQ_B))]
+    scheduler = server.runtime.engines[TEST_MODEL].scheduler
+    gate, held = threading.Event(), threading.Event()
+
+    def hold():  # occupies the worker so both requests are queued before it looks again
+        held.set()
+        gate.wait(30)
+        return "json", {}
+
+    scheduler.submit("test-gate", None, server.runtime.hub.create("alice"), hold)
+    held.wait(30)
+    before = scheduler.fused_passes
+    futures = [a.forward([sft(SEQ_A)], "cross_entropy"), b.forward([sft(SEQ_B)], "cross_entropy")]
+    deadline = time.monotonic() + 30
+    while scheduler.pending(a.model_id) + scheduler.pending(b.model_id) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    gate.set()
+    fused = [f.result().metrics["loss:sum"] for f in futures]
+    assert scheduler.fused_passes == before + 1
+    assert fused == pytest.approx(solo, rel=1e-5)
