@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 
@@ -25,15 +24,17 @@ class Routing:
     def __init__(self):
         self.names: tuple[str | None, ...] = ()
         self.sizes: tuple[int, ...] = ()
+        self.lengths: tuple[int, ...] = ()  # each segment's own (unpadded) time length
         self.training = False
 
-    def set(self, segments: list[tuple[str | None, int]], training: bool) -> None:
-        self.names = tuple(name for name, _ in segments)
-        self.sizes = tuple(rows for _, rows in segments)
+    def set(self, segments: list[tuple[str | None, int, int]], training: bool) -> None:
+        self.names = tuple(name for name, _, _ in segments)
+        self.sizes = tuple(rows for _, rows, _ in segments)
+        self.lengths = tuple(length for _, _, length in segments)
         self.training = training
 
     def clear(self) -> None:
-        self.names, self.sizes = (), ()
+        self.names, self.sizes, self.lengths = (), (), ()
 
 
 class LoraWeight(nn.Module):
@@ -86,28 +87,96 @@ class MultiLoraLinear(nn.Module):
         del self.lora_A[name], self.lora_B[name]
         del self.scaling[name], self.dropout[name], self.generators[name]
 
-    def _delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
+    def _segments(self, rows: int) -> list[tuple[int, int, str, int]]:
+        """(start, end, adapter, own length) for each run of rows whose adapter is on this layer."""
+        names, sizes, lengths = self.routing.names, self.routing.sizes, self.routing.lengths
+        if len(names) == 1:
+            return [(0, rows, names[0], lengths[0])] if names[0] in self.lora_A else []
+        if rows != sum(sizes):
+            raise RuntimeError(f"routing covers {sum(sizes)} rows but the layer got a batch of {rows}")
+        out, start = [], 0
+        for name, size, length in zip(names, sizes, lengths):
+            if name in self.lora_A:
+                out.append((start, start + size, name, length))
+            start += size
+        return out
+
+    def _keep_mask(self, name: str, x_seg: torch.Tensor, length: int) -> torch.Tensor | None:
+        """Inverted-dropout multiplier for one adapter's rows, drawn from that adapter's own
+        generator at the tenant's own (unpadded) shape: its masks do not depend on which other
+        tenants share the batch or how far the batch is padded."""
         p = self.dropout[name]
-        if p and self.routing.training:
-            # the adapter's own generator: its dropout masks do not depend on who else is in the batch
-            keep = torch.rand(x.shape, generator=self.generators[name], device=x.device) >= p
-            x = x * keep.to(x.dtype) / (1.0 - p)
-        low_rank = F.linear(x, self.lora_A[name].weight)
-        return F.linear(low_rank, self.lora_B[name].weight) * self.scaling[name]
+        if not p or not self.routing.training:
+            return None
+        shape = (x_seg.shape[0], length, *x_seg.shape[2:]) if x_seg.dim() == 3 else x_seg.shape
+        keep = (torch.rand(shape, generator=self.generators[name], device=x_seg.device) >= p).to(x_seg.dtype)
+        if keep.shape != x_seg.shape:  # padded positions: whatever they get is masked out downstream
+            keep = torch.nn.functional.pad(keep, (0, 0, 0, x_seg.shape[1] - length), value=1.0)
+        return keep / (1.0 - p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x)
-        names = self.routing.names
-        if len(names) == 1:
-            return out + self._delta(names[0], x) if names[0] in self.lora_A else out
-        if not any(name in self.lora_A for name in names):
+        segments = self._segments(x.shape[0])
+        if not segments:
             return out
-        sizes = self.routing.sizes
-        if x.shape[0] != sum(sizes):
-            raise RuntimeError(f"routing covers {sum(sizes)} rows but the layer got a batch of {x.shape[0]}")
-        pieces = [o + self._delta(name, xs) if name in self.lora_A else o
-                  for name, o, xs in zip(names, out.split(sizes), x.split(sizes))]
-        return torch.cat(pieces)
+        plan = [(start, end, self.scaling[name], self._keep_mask(name, x[start:end], length))
+                for start, end, name, length in segments]
+        weights = [w for _, _, name, _ in segments for w in (self.lora_A[name].weight, self.lora_B[name].weight)]
+        if not torch.is_grad_enabled():
+            _add_low_rank(x, out, plan, weights)
+            return out
+        return _MultiLoraAdd.apply(x, out, plan, *weights)
+
+
+def _add_low_rank(x, out, plan, weights) -> list[torch.Tensor]:
+    """out[rows] += scaling * (x[rows] * keep) @ A.T @ B.T for each segment, in place; returns the
+    rank-r activations (what B's gradient needs)."""
+    lows = []
+    for i, (start, end, scaling, keep) in enumerate(plan):
+        a_R_I, b_O_R = weights[2 * i], weights[2 * i + 1]
+        x_seg = x[start:end] if keep is None else x[start:end] * keep
+        low = x_seg.reshape(-1, x.shape[-1]) @ a_R_I.t()
+        out[start:end].view(-1, out.shape[-1]).addmm_(low, b_O_R.t(), alpha=scaling)
+        lows.append(low)
+    return lows
+
+
+class _MultiLoraAdd(torch.autograd.Function):
+    """Adds every segment's low-rank update into the base output in place: one autograd node per
+    layer however many tenants share the batch, no split/cat copies of the activations. Backward
+    hands the output gradient through unchanged (the base path) and adds the adapters' parts."""
+
+    @staticmethod
+    def forward(ctx, x, out, plan, *weights):
+        lows = _add_low_rank(x, out, plan, weights)
+        ctx.mark_dirty(out)
+        ctx.plan = plan
+        ctx.save_for_backward(x, *weights, *lows)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        plan = ctx.plan
+        x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
+        weights, lows = rest[:2 * len(plan)], rest[2 * len(plan):]
+        in_features, out_features = x.shape[-1], grad_out.shape[-1]
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            covered = sum(end - start for start, end, _, _ in plan)
+            grad_x = torch.empty_like(x) if covered == x.shape[0] else torch.zeros_like(x)
+        grad_weights = []
+        for i, (start, end, scaling, keep) in enumerate(plan):
+            a_R_I, b_O_R, low = weights[2 * i], weights[2 * i + 1], lows[i]
+            g_N_O = grad_out[start:end].reshape(-1, out_features)
+            x_seg = x[start:end] if keep is None else x[start:end] * keep
+            grad_b = torch.mm(g_N_O.t(), low) * scaling
+            g_low = torch.mm(g_N_O, b_O_R) * scaling
+            grad_a = torch.mm(g_low.t(), x_seg.reshape(-1, in_features))
+            if grad_x is not None:
+                g_x = torch.mm(g_low, a_R_I).view(x_seg.shape)
+                grad_x[start:end] = g_x if keep is None else g_x * keep
+            grad_weights += [grad_a, grad_b]
+        return grad_x, grad_out, None, *grad_weights
 
 
 def wrap_linear_layers(model: nn.Module, names: list[str], routing: Routing) -> list[MultiLoraLinear]:

@@ -164,7 +164,7 @@ class MultiLoraModel:
         ids_B_T, mask_B_T = fuse([b for _, b in segments], self.pad_id)
         if self.base.training != train:
             self.base.train(train)
-        self.routing.set([(name, b.rows) for name, b in segments], training=train)
+        self.routing.set([(name, b.rows, b.length) for name, b in segments], training=train)
         try:
             return self.base(input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device),
                              use_cache=False).logits
