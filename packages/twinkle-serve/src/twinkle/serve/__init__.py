@@ -5,9 +5,9 @@
     key = server.create_key("alice")          # or: twinkle-server keys create alice
 """
 
-from twinkle.serve.config import Limits, ModelEntry, RayPlacement, ServeConfig, load_config
+from twinkle.serve.config import Limits, ModelEntry, ServeConfig, load_config
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.server import Server, default_data_dir, free_port, initialize
 
-__all__ = ["KeyStore", "Limits", "ModelEntry", "RayPlacement", "Server", "ServeConfig", "default_data_dir",
+__all__ = ["KeyStore", "Limits", "ModelEntry", "Server", "ServeConfig", "default_data_dir",
            "free_port", "initialize", "load_config"]

@@ -11,8 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from twinkle.serve.backend import UserError
+from twinkle.serve.dashboard import build_dashboard_router
 from twinkle.serve.errors import ApiError
 from twinkle.serve.limits import LimitExceeded
+from twinkle.serve.native import build_native_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
 
@@ -46,6 +48,9 @@ def create_app(rt: Runtime) -> FastAPI:
         return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
 
     app.include_router(build_router(rt))
+    native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service
+    app.include_router(native)
+    app.include_router(build_dashboard_router(rt, native.native_service))
     return app
 
 

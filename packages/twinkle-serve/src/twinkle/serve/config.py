@@ -1,4 +1,4 @@
-"""Server configuration: base models, backend, sampler, limits, placement. Unknown keys are errors.
+"""Server configuration: base models, backend, sampler batch, limits. Unknown keys are errors.
 
 Read from a TOML, JSON or YAML file (`--config`), or built in code. With no file the server serves
 the embedded default model (`twinkle.hub.DEFAULT_MODEL`) with the `multi_lora` backend.
@@ -34,20 +34,11 @@ class Limits(_Strict):
     max_input_tokens: int | None = Field(None, ge=1)
 
 
-class RayPlacement(_Strict):
-    """Run each base model's backend as a Ray actor (twinkle-mesh's ray mode) instead of in-process."""
-
-    address: str | None = None  # None: start a local cluster
-    num_cpus: int | None = Field(None, ge=1)
-    cpus_per_backend: float = Field(1, gt=0)
-
-
 class ServeConfig(_Strict):
     models: list[ModelEntry] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
     tenant_limits: dict[str, Limits] = Field(default_factory=dict)  # per key name, replacing `limits`
     long_poll_s: float = Field(25.0, gt=0, le=40)
-    ray: RayPlacement | None = None
 
     def model_entries(self) -> list[ModelEntry]:
         if self.models:

@@ -46,13 +46,8 @@ class Runtime:
 
         for entry in self.config.model_entries():
             path = entry.path or resolve_model_path(entry.name)
-            if self.config.ray is not None:
-                from twinkle.serve.ray_backend import create_ray_backend
-
-                backend = create_ray_backend(self.config.ray, entry, str(path))
-            else:
-                backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
-                                         max_batch_size=entry.max_sampler_batch)
+            backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
+                                     max_batch_size=entry.max_sampler_batch)
             runner = backend.forward_backward_many if getattr(backend, "fuses", False) else None
             self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name, fuse_runner=runner))
             log.info("serving base model %s from %s (backend %s)", entry.name, path, entry.backend)

@@ -1,0 +1,56 @@
+"""The dashboard: one static page (`GET /dashboard`) and the JSON route it polls.
+
+The page holds no data of its own: it asks for an API key (kept in the browser's localStorage, or
+`/dashboard#key=tml-...`) and polls `GET /twinkle/v1/dashboard/summary` with it, so a viewer sees
+only their own tenant's runs, with live loss and reward curves, plus the server's queue depth and
+throughput.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel
+
+from twinkle.client.schema import PREFIX, CurvePoint, RunSummary, ServerStatus
+from twinkle.serve.native.routes import tenant_dependency
+from twinkle.serve.native.service import NativeService
+from twinkle.serve.native.views import NativeViews
+from twinkle.serve.runtime import Runtime
+
+CURVES = ("loss", "reward")
+
+
+class DashboardRun(RunSummary):
+    curves: dict[str, list[CurvePoint]]
+
+
+class DashboardSummary(BaseModel):
+    tenant: str
+    status: ServerStatus | None
+    runs: list[DashboardRun]
+
+
+def build_dashboard_router(rt: Runtime, service: NativeService) -> APIRouter:
+    views = NativeViews(service)
+    tenant = tenant_dependency(rt)
+    page = resources.files(__package__).joinpath("index.html").read_text()
+    r = APIRouter(tags=["dashboard"])
+
+    @r.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+    def dashboard():
+        return page
+
+    @r.get(f"{PREFIX}/dashboard/summary", response_model=DashboardSummary,
+           summary="The caller's runs with their loss/reward curves, and the server's queue and throughput")
+    def summary(limit: int = 20, t: str = Depends(tenant)):
+        runs = []
+        for run in views.runs(t, limit).runs:
+            curves = service.curves.of(run.model_id)
+            runs.append(DashboardRun(**run.model_dump(), curves={k: curves.get(k, []) for k in CURVES}))
+        status = views.status(t) if rt.ready.is_set() else None
+        return DashboardSummary(tenant=t, status=status, runs=runs)
+
+    return r
