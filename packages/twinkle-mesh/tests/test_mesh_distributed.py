@@ -48,9 +48,12 @@ def _assert_lora_close(got: dict, want: dict, atol: float):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def torchrun_launch(tmp_path_factory):
+def torchrun_launch(request, tmp_path_factory):
     """Started before anything else in this module and left running in the background: the launch
     overlaps the reference run and the Ray tests, which only wait on it when they need it."""
+    if not any("torchrun_result" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        yield None  # no torchrun test selected (-k): no launch
+        return
     folder = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(folder / "log.txt", "w") as log:
@@ -113,6 +116,23 @@ def test_ray_remote_failure_names_the_rank_and_carries_the_traceback(ray_trainer
     assert "deliberate failure on rank 1" in str(e.value)
     assert 'mesh_steps.py", line' in e.value.remote_traceback and "in fail_on_rank" in e.value.remote_traceback
     assert ray_trainer.fail_on_rank(5) == "ok"  # the group survives a failed call
+
+
+@tm.remote_class
+class FailsToBuildOnRank1:
+    def __init__(self, device_mesh=None):
+        if tm.get_global_mesh().rank == 1:
+            raise RuntimeError("no room on rank 1")
+
+
+def test_a_second_component_shares_the_group_and_a_failed_build_names_the_rank(ray_trainer):
+    with pytest.raises(tm.RemoteError, match=r"FailsToBuildOnRank1\(\) failed on rank 1 .*no room on rank 1"):
+        FailsToBuildOnRank1(remote_group="model")  # colocated with the trainer on 'model'
+    assert "FailsToBuildOnRank1" not in tm.get_device_placement(print_it=False)  # its actors are gone
+    with pytest.raises(ValueError, match=r"unknown remote_group 'sampler'.*\['model'\]"):
+        FailsToBuildOnRank1(remote_group="sampler")
+    with pytest.raises(ValueError, match=r"dp=3 .* do not match the size of DeviceGroup 'model' 2"):
+        FailsToBuildOnRank1(device_mesh=tm.DeviceMesh.from_sizes(dp_size=3), remote_group="model")
 
 
 def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):

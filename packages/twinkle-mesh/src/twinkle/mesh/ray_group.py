@@ -1,6 +1,6 @@
 """RemoteGroup: a component living as one Ray actor per rank of a DeviceGroup.
 
-The actors are placed with a Ray placement group (one bundle per rank), form their own
+The actors are placed in the DeviceGroup's Ray placement group (one bundle per rank), form their own
 torch.distributed world (gloo on CPU, nccl on CUDA) rendezvousing at rank 0's node, and each runs
 `twinkle.mesh.initialize(mode='local')` with the component's mesh, so the component's code is the
 same code that runs under torchrun.
@@ -26,6 +26,7 @@ from ray.util.placement_group import placement_group, remove_placement_group  # 
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("TWINKLE_PLACEMENT_TIMEOUT_S", "120"))
+ACTOR_SHARE = 0.01  # of a rank's CPU / GPU: up to 100 components per DeviceGroup
 
 
 class _GroupWorker:
@@ -95,6 +96,22 @@ def _pickle_class_by_value_if_needed(cls: type) -> None:
         ray.cloudpickle.register_pickle_by_value(module)
 
 
+def group_placement(group: DeviceGroup):
+    """The Ray placement group reserving `group`'s devices (one bundle per rank: 1 CPU, plus 1 GPU
+    for cuda, plus `resources_per_rank`), made on first use and shared by its components."""
+    rt = get_runtime()
+    if group.name not in rt.placements:
+        bundle = {"CPU": 1.0, **({"GPU": 1.0} if group.device_type == "cuda" else {}), **group.resources_per_rank}
+        pg = placement_group([dict(bundle) for _ in range(group.world_size)], strategy="PACK")
+        ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
+        if not ready:
+            remove_placement_group(pg)
+            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({group.world_size} x {bundle}) within "
+                               f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster resources: {ray.cluster_resources()}")
+        rt.placements[group.name] = pg
+    return rt.placements[group.name]
+
+
 class RemoteGroup:
     """Proxy for `cls` built on every rank of `group`. Methods keep their names and signatures."""
 
@@ -107,23 +124,19 @@ class RemoteGroup:
         mesh.check_world_size(n, f"size of DeviceGroup {group.name!r}")
         if mesh.device_type is None:
             mesh = DeviceMesh(dict(mesh.sizes), ep_size=mesh.ep_size, device_type=group.device_type)
+            if "device_mesh" in kwargs:  # the component sees the group's device type too
+                kwargs = {**kwargs, "device_mesh": mesh}
         self._cls, self._group, self._mesh, self._infos = cls, group, mesh, []
         _pickle_class_by_value_if_needed(cls)
 
-        device = {"GPU": 1.0} if group.device_type == "cuda" else {}
-        bundle = {"CPU": 1.0, **device, **group.resources_per_rank}
-        self._pg = placement_group([dict(bundle) for _ in range(n)], strategy="PACK")
-        ready, _ = ray.wait([self._pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-        if not ready:
-            remove_placement_group(self._pg)
-            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({n} x {bundle}) within "
-                               f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster resources: {ray.cluster_resources()}")
+        pg = group_placement(group)
+        # Each actor takes a sliver of its rank's bundle, so several components built on one
+        # DeviceGroup share its devices (colocated, as a model and its sampler often are).
+        share = {"num_cpus": ACTOR_SHARE, "num_gpus": ACTOR_SHARE if group.device_type == "cuda" else 0}
         self._actors = [
             _WorkerActor.options(
-                num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0),
-                resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")} or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-                name=None).remote(i, n)
+                **share, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
+            ).remote(i, n)
             for i in range(n)]
         try:
             self._infos = [ray.get(a.node_info.remote()) for a in self._actors]
@@ -200,13 +213,10 @@ class RemoteGroup:
                 for r, info in enumerate(self._infos)]
 
     def remote_shutdown(self) -> None:
-        """Stop the actors and free their placement."""
+        """Stop the actors (the DeviceGroup keeps its reservation for other components)."""
         for a in getattr(self, "_actors", []):
             ray.kill(a)
         self._actors = []
-        if getattr(self, "_pg", None) is not None:
-            remove_placement_group(self._pg)
-            self._pg = None
         rt = get_runtime()
         if rt is not None and self in rt.remote_groups.get(self._group.name, []):
             rt.remote_groups[self._group.name].remove(self)

@@ -27,6 +27,7 @@ class Runtime:
     nproc_per_node: int | None = None
     # ray mode: group name -> live remote groups built on it (for get_device_placement)
     remote_groups: dict[str, list] = field(default_factory=dict)
+    placements: dict[str, object] = field(default_factory=dict)  # ray mode: group name -> placement group
 
     def group(self, name: str) -> DeviceGroup:
         for g in self.groups:
@@ -96,7 +97,7 @@ def _init_ray(groups, nproc_per_node, address, ray_init_kwargs) -> None:
         return
     kwargs = dict(ray_init_kwargs)
     kwargs.setdefault("include_dashboard", False)
-    if address is None:
+    if address is None and not os.environ.get("RAY_ADDRESS"):
         # A local cluster: Ray's CPU count is logical, so give every CPU rank its own slot even on
         # a small machine (the ranks then share the cores, as torchrun processes would).
         cpu_ranks = sum(g.world_size for g in groups if g.device_type == "cpu")
