@@ -1,0 +1,96 @@
+"""Futures: every proxy call returns one at once; `.result()` (or `await`) waits for the server.
+
+A Future also stands in for its value — indexing, iterating, `float()`, `str()` wait for the result
+first — so a loop written for local objects (`out["loss"]`, `print(metrics)`) runs unchanged, while
+calls whose result is never looked at stay pipelined.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from twinkle.client.errors import TwinkleRequestFailed
+from twinkle.client.schema import FutureRef, FutureResult
+
+_UNSET = object()
+POLL_S = 25.0
+
+
+class Future:
+    def __init__(self, client, ref: FutureRef | dict, parse: Callable[[Any], Any] | None = None):
+        ref = ref if isinstance(ref, FutureRef) else FutureRef.model_validate(ref)
+        self.client, self.request_id, self.model_id = client, ref.request_id, ref.model_id
+        self._parse = parse or (lambda x: x)
+        self._value = _UNSET
+
+    def _settle(self, answer: dict) -> bool:
+        res = FutureResult.model_validate(answer)
+        if res.status == "pending":
+            return False
+        if res.status == "failed":
+            raise TwinkleRequestFailed(f"request {self.request_id} failed ({res.category}): {res.error}",
+                                       category=res.category)
+        self._value = self._parse(res.result)
+        return True
+
+    def done(self) -> bool:
+        return self._value is not _UNSET or self._settle(self.client.get(f"/futures/{self.request_id}", timeout=0))
+
+    def result(self, timeout: float | None = None):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._value is _UNSET:
+            wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
+            if not self._settle(self.client.get(f"/futures/{self.request_id}", timeout=wait)) and \
+                    deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"request {self.request_id} not done after {timeout} s")
+        return self._value
+
+    async def aresult(self):
+        while self._value is _UNSET:
+            self._settle(await self.client.arequest("GET", f"/futures/{self.request_id}", params={"timeout": POLL_S}))
+        return self._value
+
+    def __await__(self):
+        return self.aresult().__await__()
+
+    # ---- standing in for the value -------------------------------------------------------------
+    def __getitem__(self, key):
+        return self.result()[key]
+
+    def get(self, key, default=None):
+        return self.result().get(key, default)
+
+    def keys(self):
+        return self.result().keys()
+
+    def items(self):
+        return self.result().items()
+
+    def values(self):
+        return self.result().values()
+
+    def __iter__(self):
+        return iter(self.result())
+
+    def __len__(self):
+        return len(self.result())
+
+    def __contains__(self, item):
+        return item in self.result()
+
+    def __float__(self):
+        return float(self.result())
+
+    def __eq__(self, other):
+        return self.result() == (other.result() if isinstance(other, Future) else other)
+
+    __hash__ = object.__hash__
+
+    def __str__(self):
+        return str(self.result())
+
+    def __repr__(self):
+        state = repr(self._value) if self._value is not _UNSET else "pending"
+        return f"<Future {self.request_id[:8]} {state}>"

@@ -1,0 +1,84 @@
+"""The HTTP session to one Twinkle server: API key, retries on 429/503 (honouring Retry-After), sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import httpx
+
+from twinkle.client.errors import TwinkleAPIError
+from twinkle.client.schema import PREFIX
+
+RETRY_STATUSES = (429, 503)
+
+
+def _error(resp: httpx.Response) -> TwinkleAPIError:
+    try:
+        body = resp.json()
+        message = body.get("error") or body.get("detail") or resp.text
+        if isinstance(message, list):  # FastAPI validation errors: say which field is wrong
+            message = "; ".join(f"{'.'.join(map(str, e.get('loc', [])))}: {e.get('msg')}" for e in message)
+        category = body.get("category")
+    except ValueError:
+        message, category = resp.text, None
+    return TwinkleAPIError(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code}: {message}",
+                           resp.status_code, category)
+
+
+class TwinkleClient:
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
+                 max_retries: int = 30):
+        base_url = base_url or os.environ.get("TWINKLE_BASE_URL")
+        api_key = api_key or os.environ.get("TWINKLE_API_KEY")
+        if not base_url:
+            raise ValueError("no server: pass base_url= or set TWINKLE_BASE_URL")
+        if not api_key:
+            raise ValueError("no API key: pass api_key= or set TWINKLE_API_KEY (create one with "
+                             "`twinkle-server keys create NAME`)")
+        self.base_url, self.api_key, self.max_retries = base_url.rstrip("/"), api_key, max_retries
+        self._headers = {"X-API-Key": api_key}
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self.http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+        self._async: httpx.AsyncClient | None = None
+
+    # ---- sync ----------------------------------------------------------------------------------
+    def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False):
+        url = path if path.startswith(PREFIX) else PREFIX + path
+        for attempt in range(self.max_retries + 1):
+            resp = self.http.request(method, url, json=json, params=params, headers=headers)
+            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                time.sleep(float(resp.headers.get("retry-after", "1")))
+                continue
+            if resp.status_code >= 400:
+                raise _error(resp)
+            return resp.content if raw else resp.json()
+        raise AssertionError("unreachable")
+
+    def get(self, path: str, **params):
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+
+    def post(self, path: str, body=None, seq: int | None = None):
+        headers = {"X-Twinkle-Seq": str(seq)} if seq is not None else None
+        return self.request("POST", path, json=body, headers=headers)
+
+    # ---- async ---------------------------------------------------------------------------------
+    async def arequest(self, method: str, path: str, json=None, params=None):
+        if self._async is None:
+            self._async = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+        for attempt in range(self.max_retries + 1):
+            resp = await self._async.request(method, PREFIX + path, json=json, params=params)
+            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
+                continue
+            if resp.status_code >= 400:
+                raise _error(resp)
+            return resp.json()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __repr__(self) -> str:
+        return f"TwinkleClient({self.base_url!r})"
