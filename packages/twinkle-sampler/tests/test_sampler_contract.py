@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import hf_greedy, teacher_logprobs
+from contract_model import hf_greedy, teacher_logprobs
 
 from twinkle.sampler import SamplingParams, TorchSampler, extract_adapter
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import teacher_logprobs
+from contract_model import teacher_logprobs
 
 from twinkle.sampler import (AdapterWeights, SamplingParams, TorchSampler, extract_adapter, get_sampler_class,
                              load_adapter_folder)

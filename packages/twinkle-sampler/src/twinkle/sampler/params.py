@@ -26,6 +26,7 @@ class SamplingParams:
     num_samples: int = 1
     logprobs: bool | int = True
     prompt_logprobs: bool = False
+    ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks); stop entries still apply
 
     def __post_init__(self):
         problems = []

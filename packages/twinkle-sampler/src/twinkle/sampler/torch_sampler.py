@@ -139,7 +139,7 @@ class TorchSampler(Sampler):
         from transformers import DynamicCache
 
         n = len(prompts)
-        stop = StopChecker(params, self.eos_token_ids, self.tokenizer)
+        stop = StopChecker(params, [] if params.ignore_eos else self.eos_token_ids, self.tokenizer)
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         ids_B_T, mask_B_T = self._left_pad(prompts)
         pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)

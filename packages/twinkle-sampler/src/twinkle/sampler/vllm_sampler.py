@@ -37,7 +37,9 @@ class VLLMSampler(Sampler):
 
         engine_kwargs.pop("remote_group", None)
         self.model_path = resolve_model_path(model_id)
-        if vllm.platforms.current_platform.is_cpu():
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
             # vLLM reserves `gpu_memory_utilization` of *host* memory on CPU: ask for little.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
             engine_kwargs.setdefault("gpu_memory_utilization", 0.1)
@@ -82,7 +84,7 @@ class VLLMSampler(Sampler):
             n=1 if prompt_only else params.num_samples, max_tokens=max_tokens or params.max_tokens,
             temperature=params.temperature, top_k=params.top_k if params.top_k else -1, top_p=params.top_p,
             seed=params.seed, stop=params.stop_strings or None, stop_token_ids=params.stop_token_ids or None,
-            include_stop_str_in_output=True, skip_special_tokens=False,
+            include_stop_str_in_output=True, skip_special_tokens=False, ignore_eos=params.ignore_eos,
             logprobs=max(params.top_logprobs, 1) if params.logprobs is not False else None,
             prompt_logprobs=1 if params.prompt_logprobs else None)
 
