@@ -1,0 +1,110 @@
+"""`twinkle`: the client's command line — runs, checkpoints, download a checkpoint as a PEFT folder,
+server capacity and queue. Server and key from --base-url/--api-key or TWINKLE_BASE_URL/TWINKLE_API_KEY.
+
+    twinkle runs
+    twinkle checkpoints [--run MODEL_ID]
+    twinkle download tinker://<model_id>/weights/<name> -o ./my-lora
+    twinkle status
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+from twinkle.client.errors import TwinkleAPIError
+from twinkle.client.http import TwinkleClient
+from twinkle.client.schema import CheckpointList, RunList, ServerStatus
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _table(rows: list[list], header: list[str]) -> str:
+    cells = [header] + [[("-" if c is None else str(c)) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def cmd_runs(client: TwinkleClient, args) -> str:
+    runs = RunList.model_validate(client.get("/runs", limit=args.limit)).runs
+    if args.json:
+        return json.dumps([r.model_dump() for r in runs], indent=2)
+    return _table([[r.model_id, r.name, r.api, r.base_model, r.lora_rank, r.steps,
+                    None if r.last_loss is None else f"{r.last_loss:.4f}", _when(r.last_request_time)] for r in runs],
+                  ["RUN", "NAME", "API", "BASE MODEL", "RANK", "STEPS", "LAST LOSS", "LAST REQUEST"])
+
+
+def cmd_checkpoints(client: TwinkleClient, args) -> str:
+    ckpts = CheckpointList.model_validate(client.get("/checkpoints", model_id=args.run)).checkpoints
+    if args.json:
+        return json.dumps([c.model_dump() for c in ckpts], indent=2)
+    return _table([[c.path, c.kind, c.size_bytes, _when(c.created_at)] for c in ckpts],
+                  ["PATH", "KIND", "BYTES", "CREATED"])
+
+
+def cmd_download(client: TwinkleClient, args) -> str:
+    data = client.request("GET", "/checkpoints/archive", params={"path": args.path}, raw=True)
+    out = Path(args.output or args.path.rstrip("/").rsplit("/", 1)[-1])
+    out.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for member in zf.namelist():
+            if "/" in member or member.startswith("."):  # a flat PEFT folder: refuse anything else
+                raise TwinkleAPIError(f"unexpected archive member {member!r}")
+            (out / member).write_bytes(zf.read(member))
+    return f"downloaded {args.path} -> {out}/ (PEFT folder: {', '.join(sorted(zf.namelist()))})"
+
+
+def cmd_status(client: TwinkleClient, args) -> str:
+    s = ServerStatus.model_validate(client.get("/server"))
+    if args.json:
+        return s.model_dump_json(indent=2)
+    lines = [f"server {client.base_url}  ready={s.ready}  tenant={s.tenant}",
+             f"queue: {s.queue_depth} pending ({s.tenant_queue_depth} yours)  "
+             f"throughput: {s.requests_per_s:.2f} req/s, {s.tokens_per_s:.0f} tokens/s (last 60 s)",
+             f"models per tenant: {s.max_models_per_tenant or 'unlimited'}", ""]
+    lines.append(_table([[m.name, m.backend, m.max_context, m.vocab_size, m.live_adapters] for m in s.base_models],
+                        ["BASE MODEL", "BACKEND", "CONTEXT", "VOCAB", "LIVE ADAPTERS"]))
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="twinkle", description="Twinkle server client: runs, checkpoints, status.")
+    p.add_argument("--base-url", help="server URL (default: $TWINKLE_BASE_URL)")
+    p.add_argument("--api-key", help="API key (default: $TWINKLE_API_KEY)")
+    sub = p.add_subparsers(dest="command", required=True)
+    runs = sub.add_parser("runs", help="list your training runs")
+    runs.add_argument("--limit", type=int, default=100)
+    ck = sub.add_parser("checkpoints", help="list your checkpoints")
+    ck.add_argument("--run", help="only this run's")
+    dl = sub.add_parser("download", help="download a checkpoint as a PEFT folder")
+    dl.add_argument("path", help="tinker://<model_id>/weights/<name>")
+    dl.add_argument("-o", "--output", help="folder to write (default: the checkpoint's name)")
+    sub.add_parser("status", help="server capacity and queue")
+    for sp in (runs, ck, sub.choices["status"]):
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+COMMANDS = {"runs": cmd_runs, "checkpoints": cmd_checkpoints, "download": cmd_download, "status": cmd_status}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        client = TwinkleClient(args.base_url, args.api_key, max_retries=3)
+        print(COMMANDS[args.command](client, args))
+    except (TwinkleAPIError, ValueError) as e:
+        print(f"twinkle: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
