@@ -98,11 +98,27 @@ def sample_rollout(sampler, prompt_rows: Sequence[Mapping], sampling_params: Sam
     prompts = []
     for i, row in enumerate(rows):
         if "input_ids" not in row:
-            tpl = template or getattr(sampler, "template", None)
-            if tpl is None:
+            template = template or _template_of(sampler)
+            if template is None:
                 raise ValueError(f"prompt row {i} has no input_ids: pass template= to encode its messages")
-            row.update(tpl.encode_prompt(row))
+            row.update(template.encode_prompt(row))
         prompts.append(list(row["input_ids"]))
     responses = sampler.sample(prompts, params, adapter_name=adapter_name)
     tokenizer = getattr(sampler, "tokenizer", None) or getattr(template, "tokenizer", None)
     return Rollout(rows, responses, params.num_samples, tokenizer)
+
+
+def _template_of(sampler):
+    """The sampler's template, else one over its tokenizer's chat template (made once per sampler)."""
+    if getattr(sampler, "template", None) is not None:
+        return sampler.template
+    tokenizer = getattr(sampler, "tokenizer", None)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    cached = getattr(sampler, "_rollout_template", None)
+    if cached is None or cached.tokenizer is not tokenizer:
+        from twinkle.template import Template
+
+        cached = Template(tokenizer=tokenizer)
+        sampler._rollout_template = cached
+    return cached
