@@ -131,6 +131,12 @@ class MultiLoraModel:
         name = self._state(adapter_name).name
         return self.forward_fused({name: inputs})[name]
 
+    def logits(self, inputs, adapter_name: str | None = None, base_only: bool = False) -> torch.Tensor:
+        """No-grad logits [B, T, V] of one tenant's right-padded batch (`base_only`: adapter off)."""
+        name = None if base_only else self._state(adapter_name).name
+        with torch.no_grad():
+            return self._logits([(name, collate(inputs, self.pad_id))], train=False)
+
     def forward_backward_fused(self, batches: dict, raise_errors: bool = True, return_logprobs: bool = False) -> dict:
         """One forward+backward over several tenants' batches; {tenant: result}. With
         raise_errors=False a tenant whose input or loss fails maps to its exception and the others
