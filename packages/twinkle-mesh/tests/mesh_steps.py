@@ -130,7 +130,7 @@ class LoraTrainer:
     @remote_method(collect="all")
     def whoami(self) -> dict:
         return {"rank": self.mesh.rank, "data_rank": self.mesh.data_rank, "pid": os.getpid(),
-                "world": dist.get_world_size() if dist.is_initialized() else 1}
+                "world": dist.get_world_size() if dist.is_initialized() else 1, "threads": torch.get_num_threads()}
 
     @remote_method(dispatch="slice", collect="flatten")
     def row_lengths(self, rows: list[dict], extra: int = 0) -> list[int]:

@@ -96,7 +96,7 @@ def test_ray_remote_group_matches_the_local_run(ray_trainer, reference):
 
 def test_ray_remote_group_fans_out_and_collects(ray_trainer, capsys):
     ranks = ray_trainer.whoami()
-    assert [(r["rank"], r["data_rank"], r["world"]) for r in ranks] == [(0, 0, 2), (1, 1, 2)]
+    assert [(r["rank"], r["data_rank"], r["world"], r["threads"]) for r in ranks] == [(0, 0, 2, 1), (1, 1, 2, 1)]
     assert len({r["pid"] for r in ranks} | {os.getpid()}) == 3  # two actor processes, not this one
     rows = steps.make_rows(5)
     assert ray_trainer.row_lengths(rows, extra=1) == [len(r["input_ids"]) + 1 for r in rows]  # slice + flatten

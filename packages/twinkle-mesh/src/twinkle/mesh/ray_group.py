@@ -51,8 +51,14 @@ class _GroupWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int):
+    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int, threads: int):
         def run():
+            # As many torch threads as the rank reserved CPUs (not whatever OMP_NUM_THREADS the driver
+            # had): ranks sharing a machine must not oversubscribe it.
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+            import torch
+
+            torch.set_num_threads(threads)
             # torchrun's contract, so initialize(mode='local') and the component see a torchrun rank.
             os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
                               MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
@@ -141,8 +147,9 @@ class RemoteGroup:
         try:
             self._infos = [ray.get(a.node_info.remote()) for a in self._actors]
             port = ray.get(self._actors[0].free_port.remote())
-            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, mesh, rt.seed) for a in self._actors],
-                         "setup")
+            threads = max(1, int(group.resources_per_rank.get("CPU", 1)))
+            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, mesh, rt.seed, threads)
+                          for a in self._actors], "setup")
             self._gather([a.construct.remote(cls, args, kwargs) for a in self._actors], f"{cls.__name__}()")
         except BaseException:
             self.remote_shutdown()

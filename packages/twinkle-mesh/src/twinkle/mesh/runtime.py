@@ -98,10 +98,10 @@ def _init_ray(groups, nproc_per_node, address, ray_init_kwargs) -> None:
     kwargs = dict(ray_init_kwargs)
     kwargs.setdefault("include_dashboard", False)
     if address is None and not os.environ.get("RAY_ADDRESS"):
-        # A local cluster: Ray's CPU count is logical, so give every CPU rank its own slot even on
+        # A local cluster: Ray's CPU count is logical, so give every rank's bundle its CPUs even on
         # a small machine (the ranks then share the cores, as torchrun processes would).
-        cpu_ranks = sum(g.world_size for g in groups if g.device_type == "cpu")
-        kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, cpu_ranks + 1))
+        cpus = sum(g.world_size * g.resources_per_rank.get("CPU", 1) for g in groups)
+        kwargs.setdefault("num_cpus", max(os.cpu_count() or 1, int(cpus) + 1))
         if nproc_per_node and any(g.device_type == "cuda" for g in groups):
             kwargs.setdefault("num_gpus", nproc_per_node)
     ray.init(address=address, **kwargs)
