@@ -3,6 +3,14 @@
 In one process (or a mesh whose data dims have size 1) the model runs unwrapped. Wrapping happens
 once the trainable parameters are final (the first forward), because both DDP and FSDP2 fix the
 parameter set when they wrap.
+
+A data-parallel step must equal the one-process step on the same global batch. Two things make it so:
+- the loss: a 'mean' loss divides by the loss tokens (or pairs) of the *global* micro-batch, not
+  of this rank's share, and DDP/FSDP2 average gradients over the data ranks, so each rank
+  backpropagates `W * n_rank / n_global * loss_rank` (`data_parallel_loss`);
+- FSDP2 swaps every parameter for a sharded DTensor: optimizers and per-adapter parameter lists
+  made before the wrap are pointed at the new ones (`rebind_parameters`), and the gradient norm is
+  taken over the full (unsharded) gradients (`clip_grad_norm`).
 """
 
 from __future__ import annotations
@@ -23,13 +31,21 @@ def data_parallel_size(mesh) -> int:
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated transformer blocks (each becomes its own FSDP unit)."""
-    names = getattr(model, "_no_split_modules", None) or []
+    names: list[str] = []
     for m in model.modules():
-        names = names or getattr(m, "_no_split_modules", None) or []
+        names = names or list(getattr(m, "_no_split_modules", None) or [])
     return [m for m in model.modules() if type(m).__name__ in set(names)]
 
 
+def _fsdp_mesh(mesh):
+    """fsdp alone shards; dp x fsdp is HSDP (replicate over dp, shard over fsdp)."""
+    torch_mesh = mesh.to_torch()
+    return torch_mesh["fsdp"] if mesh.get_size("dp") == 1 else torch_mesh["dp", "fsdp"]
+
+
 def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module) -> torch.nn.Module:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     if data_parallel_size(mesh) == 1:
         return module
     if strategy == "ddp":
@@ -37,15 +53,75 @@ def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module
 
         device_ids = [torch.cuda.current_device()] if mesh.resolved_device_type == "cuda" else None
         return DistributedDataParallel(module, process_group=mesh.get_group("data"), device_ids=device_ids)
-    if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard
 
-        torch_mesh = mesh.to_torch()["fsdp"] if mesh.get_size("dp") == 1 else mesh.to_torch()["dp", "fsdp"]
-        for layer in _decoder_layers(hf_model):
-            fully_shard(layer, mesh=torch_mesh)
-        fully_shard(module, mesh=torch_mesh)
-        return module
-    raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    torch_mesh = _fsdp_mesh(mesh)
+    for layer in _decoder_layers(hf_model):
+        fully_shard(layer, mesh=torch_mesh)
+    fully_shard(module, mesh=torch_mesh)
+    return module
+
+
+def rebind_parameters(module: torch.nn.Module, states) -> None:
+    """Point each state's parameter list and optimizer at the module's current parameters (by
+    name). FSDP2 replaces parameters with sharded DTensors; DDP keeps them (then this is a no-op).
+    Optimizer state already built for the old tensors cannot follow a sharding: refuse it."""
+    current = dict(module.named_parameters())
+    for state in states:
+        swapped = {id(p): current[n] for n, p in state.params if n in current and current[n] is not p}
+        if not swapped:
+            continue
+        state.params = [(n, current.get(n, p)) for n, p in state.params]
+        optimizer = state.optimizer
+        if optimizer is None:
+            continue
+        if any(id(p) in swapped for p in optimizer.state):
+            raise RuntimeError(f"adapter {state.name!r} has optimizer state from before the FSDP2 wrap; "
+                               f"load checkpoints / resume after the first forward_backward")
+        for group in optimizer.param_groups:
+            group["params"] = [swapped.get(id(p), p) for p in group["params"]]
+
+
+def mean_units(loss, ctx) -> torch.Tensor:
+    """What a 'mean' loss divides by on this rank: loss tokens, or (chosen, rejected) pairs for the
+    preference losses. A loss class may say otherwise with a `mean_units(ctx)` method."""
+    if hasattr(loss, "mean_units"):
+        return torch.as_tensor(loss.mean_units(ctx), dtype=torch.float64)
+    from twinkle.loss.preference import _PairLoss
+
+    if isinstance(loss, _PairLoss):
+        return torch.tensor(ctx.targets_B_T.shape[0] // 2, dtype=torch.float64)
+    return ctx.mask_B_T.detach().sum().to(torch.float64).cpu()
+
+
+def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
+    """(what this rank backpropagates, the loss of the global micro-batch).
+
+    One all-reduce of two numbers per micro-batch (also on no-sync micro-batches: it is not the
+    gradient sync). A non-finite loss on any rank makes the global value non-finite on all ranks,
+    and it is returned as both, so every rank skips the same step."""
+    world = data_parallel_size(mesh)
+    if world == 1:
+        return loss, loss
+    if loss_fn.reduction == "sum":  # global sum: each rank's gradient counts fully
+        units = torch.tensor(1.0, dtype=torch.float64)
+        packed = torch.stack([torch.tensor(0.0, dtype=torch.float64), loss.detach().double().cpu()])
+    else:
+        units = mean_units(loss_fn, ctx)
+        packed = torch.stack([units, loss.detach().double().cpu() * units])
+    comm_device = torch.device("cuda", torch.cuda.current_device()) if mesh.resolved_device_type == "cuda" else "cpu"
+    packed = packed.to(comm_device)
+    dist.all_reduce(packed, group=mesh.get_group("data"))
+    total_units, total = packed.cpu().tolist()
+    if loss_fn.reduction == "sum":
+        weight, value = 1.0, total
+    else:
+        weight = float(units) / total_units if total_units > 0 else 1.0 / world
+        value = total / total_units if total_units > 0 else total / world
+    reported = torch.tensor(value, dtype=loss.dtype, device=loss.device)
+    if not torch.isfinite(reported):
+        return reported, reported
+    return loss * (world * weight), reported
 
 
 def no_sync(wrapped: torch.nn.Module, accumulate: bool):
@@ -64,6 +140,16 @@ def _restore_sync(wrapped):
         yield
     finally:
         wrapped.set_requires_gradient_sync(True)
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> float:
+    """Global gradient norm (over every shard when gradients are DTensors), then clip in place."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    total = full_tensor(torch.nn.utils.get_total_norm(grads, norm_type))
+    torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None], max_norm, total)
+    return float(total)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

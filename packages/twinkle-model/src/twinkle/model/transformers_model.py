@@ -21,7 +21,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import STRATEGIES, barrier, no_sync, wrap
+from twinkle.model.strategy import STRATEGIES, barrier, clip_grad_norm, data_parallel_loss, no_sync, rebind_parameters, wrap
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class TransformersModel(TwinkleModel):
             self.peft_model.set_adapter(state.name)
         if self._wrapped is None:
             self._wrapped = wrap(self.peft_model or self.hf_model, self.strategy, self.device_mesh, self.hf_model)
+            rebind_parameters(self.peft_model or self.hf_model, self.states.values())  # FSDP2 swapped them
         return self._wrapped
 
     @remote_method()
@@ -250,11 +251,13 @@ class TransformersModel(TwinkleModel):
         state = self._state(adapter_name)
         t0 = time.perf_counter()
         accumulate = (state.micro_step + 1) % state.gradient_accumulation_steps != 0
-        ctx = None
-        with no_sync(self._wrapped, accumulate) if self._wrapped is not None else contextlib.nullcontext():
+        wrapped = self._activate(state)  # wrapped before the first micro-batch, so it too skips the sync
+        with no_sync(wrapped, accumulate):
             ctx = self.forward(inputs, adapter_name)
             out = self.calculate_loss(ctx, adapter_name)
-            self.backward(out.loss, adapter_name)
+            # under DDP/FSDP2: this rank's share of the global micro-batch loss, which is reported
+            local, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
+            self.backward(local, adapter_name)
         self._record(state, ctx, out, time.perf_counter() - t0, training=True)
         return {"loss": float(out.loss.detach()), **out.metrics}
 
@@ -277,10 +280,7 @@ class TransformersModel(TwinkleModel):
 
     @remote_method()
     def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None) -> float:
-        params = [p for p in self._state(adapter_name).parameters() if p.grad is not None]
-        if not params:
-            return 0.0
-        return float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm, norm_type=norm_type))
+        return clip_grad_norm(self._state(adapter_name).parameters(), max_grad_norm, norm_type)
 
     def _optimizer(self, state: AdapterState) -> torch.optim.Optimizer:
         if state.optimizer is None:
