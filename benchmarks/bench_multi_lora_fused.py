@@ -1,0 +1,144 @@
+"""Four tenants' small steps fused into one pass vs sequential adapter switching, side by side.
+
+Four LoRA tenants (ranks 8/16/32/8, all-linear, AdamW, clip 1.0) on twinkle.hub.DEFAULT_MODEL,
+each step 2 sequences x 32 tokens per tenant. Three loops, alternating step by step so machine
+load hits all alike, medians compared:
+  fused       MultiLoraModel.forward_backward_fused (one pass over the base) + 4 optimizer steps
+  peft        one peft PeftModel holding 4 adapters: set_adapter(t), forward, backward, step, per tenant
+  sequential  MultiLoraModel, one tenant per pass (the engine without fusion)
+Final line: JSON with `speedup` = fused tokens/s / peft sequential tokens/s (goal >= 1.5).
+
+    uv run python benchmarks/bench_multi_lora_fused.py [--steps 12] [--threads 2]
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from twinkle.hub import DEFAULT_MODEL, resolve_model_path
+from twinkle.model.multi_lora import MultiLoraModel
+
+TENANTS = {"t0": 8, "t1": 16, "t2": 32, "t3": 8}
+LR = 1e-4
+
+
+def lora(rank):
+    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear")
+
+
+def make_batches(rows, seq, vocab, seed=0):
+    rng = random.Random(seed)
+    batches = {}
+    for tenant in TENANTS:
+        batch = []
+        for _ in range(rows):
+            ids = [rng.randrange(3, vocab) for _ in range(seq)]
+            batch.append({"input_ids": ids, "labels": [-100] * 4 + ids[4:]})
+        batches[tenant] = batch
+    return batches
+
+
+def make_engine(path_or_id):
+    engine = MultiLoraModel(path_or_id)
+    for tenant, rank in TENANTS.items():
+        engine.add_adapter_to_model(tenant, lora(rank))
+        engine.set_optimizer("AdamW", adapter_name=tenant, lr=LR)
+    return engine
+
+
+class PeftSwitching:
+    """The baseline: one peft model with every tenant's adapter, switched per tenant."""
+
+    def __init__(self, path, batches):
+        torch.manual_seed(0)
+        tenants = list(TENANTS)
+        self.model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                                    lora(TENANTS[tenants[0]]), adapter_name=tenants[0])
+        for tenant in tenants[1:]:
+            self.model.add_adapter(tenant, lora(TENANTS[tenant]))
+        self.params, self.optimizers, self.tensors = {}, {}, {}
+        for tenant in tenants:
+            self.model.set_adapter(tenant)
+            self.params[tenant] = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizers[tenant] = torch.optim.AdamW(self.params[tenant], lr=LR)
+            self.tensors[tenant] = (torch.tensor([r["input_ids"] for r in batches[tenant]]),
+                                    torch.tensor([r["labels"] for r in batches[tenant]]))
+
+    def step(self):
+        for tenant, (ids, labels) in self.tensors.items():
+            self.model.set_adapter(tenant)
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                     labels[:, 1:].reshape(-1), ignore_index=-100)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.params[tenant], 1.0)
+            self.optimizers[tenant].step()
+            self.optimizers[tenant].zero_grad(set_to_none=True)
+
+
+def fused_step(engine, batches):
+    engine.forward_backward_fused(batches)
+    for tenant in batches:
+        engine.clip_grad_and_step(adapter_name=tenant)
+
+
+def sequential_step(engine, batches):
+    for tenant, batch in batches.items():
+        engine.forward_backward(batch, adapter_name=tenant)
+        engine.clip_grad_and_step(adapter_name=tenant)
+
+
+def measure(loops: dict, steps: int, warmup: int) -> dict[str, list[float]]:
+    """Alternate the loops step by step; seconds per step of each."""
+    times = {name: [] for name in loops}
+    for i in range(warmup + steps):
+        for name, step in loops.items():
+            start = time.perf_counter()
+            step()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float], tokens: int) -> dict:
+    median = statistics.median(times)
+    return {"median_s": round(median, 5), "tokens_per_s": round(tokens / median, 1),
+            "all_s": [round(t, 5) for t in times]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=32)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    path = resolve_model_path(DEFAULT_MODEL)
+    engine = make_engine(DEFAULT_MODEL)
+    batches = make_batches(args.rows, args.seq, engine.base.config.vocab_size)
+    baseline = PeftSwitching(path, batches)
+    tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)
+    times = measure({"fused": lambda: fused_step(engine, batches), "peft": baseline.step,
+                     "sequential": lambda: sequential_step(engine, batches)}, args.steps, args.warmup)
+    result = {name: summary(t, tokens) for name, t in times.items()}
+    fused, peft, sequential = (result[k]["tokens_per_s"] for k in ("fused", "peft", "sequential"))
+    print(json.dumps({
+        "benchmark": "multi_lora_fused_small", "model": DEFAULT_MODEL, "tenants": TENANTS,
+        "rows_per_tenant": args.rows, "seq": args.seq, "threads": args.threads,
+        "load_avg": os.getloadavg()[0], **result,
+        "speedup_vs_engine_sequential": round(fused / sequential, 3),
+        "speedup": round(fused / peft, 3),
+    }))
+
+
+if __name__ == "__main__":
+    main()
