@@ -84,7 +84,9 @@ def test_broadcast_between_two_gloo_ranks(model_path, tmp_path):
     sys.path.insert(0, str(HERE))
     import dist_worker
 
-    mp.spawn(dist_worker.run, args=(2, _free_port(), model_path, str(tmp_path)), nprocs=2, join=True)
+    # fork: the ranks inherit torch/transformers/peft already imported (spawn re-imports them: ~10 s).
+    mp.start_processes(dist_worker.run, args=(2, _free_port(), model_path, str(tmp_path)), nprocs=2, join=True,
+                       start_method="fork")
     trainer = json.loads((tmp_path / "rank0.json").read_text())
     sampler = json.loads((tmp_path / "rank1.json").read_text())
     assert trainer["versions"] == sampler["versions"] == [1, 2] and sampler["weight_version"] == 2

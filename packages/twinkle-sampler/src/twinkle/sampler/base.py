@@ -6,12 +6,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
+from twinkle.mesh import remote_class
 from twinkle.sampler.adapters import AdapterWeights, extract_adapter, load_adapter_folder
 from twinkle.sampler.params import SampleResponse, SamplingParams
 
 Prompt = list[int]
 
 
+@remote_class  # `Sampler(..., remote_group='sampler')` is a Ray actor group in ray mode
 class Sampler(ABC):
     """`sample(inputs, sampling_params, adapter_name=None)` -> one SampleResponse per prompt.
 

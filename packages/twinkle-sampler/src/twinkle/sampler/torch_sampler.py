@@ -25,8 +25,7 @@ class TorchSampler(Sampler):
 
     def __init__(self, model_id: str | None = None, *, model=None, tokenizer=None, template=None,
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 max_batch_size: int = 64, **_ignored):
-        # `remote_group=` and other placement kwargs are accepted so one constructor serves every mode.
+                 max_batch_size: int = 64):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if (model_id is None) == (model is None):

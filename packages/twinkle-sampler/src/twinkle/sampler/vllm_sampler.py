@@ -35,7 +35,6 @@ class VLLMSampler(Sampler):
         vllm = _import_vllm()
         from twinkle.hub import resolve_model_path
 
-        engine_kwargs.pop("remote_group", None)
         self.model_path = resolve_model_path(model_id)
         from vllm.platforms import current_platform
 
