@@ -17,6 +17,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import httpx
+
 from twinkle.client.errors import TwinkleAPIError
 from twinkle.client.http import TwinkleClient
 from twinkle.client.schema import CheckpointList, RunList, ServerStatus
@@ -102,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(COMMANDS[args.command](client, args))
     except (TwinkleAPIError, ValueError) as e:
         print(f"twinkle: {e}", file=sys.stderr)
+        return 1
+    except httpx.HTTPError as e:
+        print(f"twinkle: cannot reach the server at {client.base_url}: {e}", file=sys.stderr)
         return 1
     return 0
 
