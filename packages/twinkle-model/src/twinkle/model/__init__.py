@@ -5,6 +5,7 @@ from __future__ import annotations
 _LAZY = {
     "TwinkleModel": "twinkle.model.base",
     "TransformersModel": "twinkle.model.transformers_model",
+    "MegatronModel": "twinkle.model.megatron.model",  # needs the megatron extra when built
     "AdapterState": "twinkle.model.state",
     "CosineWarmupScheduler": "twinkle.model.optim",
     "LinearWarmupScheduler": "twinkle.model.optim",

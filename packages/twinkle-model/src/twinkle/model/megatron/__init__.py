@@ -1,0 +1,26 @@
+"""MegatronModel: the TwinkleModel API on megatron-core's GPTModel (extra `twinkle-model[megatron]`).
+
+`convert` (HF Qwen3 <-> Megatron names, config translation, TP/PP shards) is pure torch and
+imports without the extra; `MegatronModel` imports megatron-core only when built.
+"""
+
+from __future__ import annotations
+
+EXTRA_HINT = "MegatronModel needs megatron-core: pip install 'twinkle-model[megatron]'"
+
+
+def require_megatron():
+    """megatron.core, or an ImportError naming the extra that provides it."""
+    try:
+        import megatron.core as mcore
+    except ImportError as e:
+        raise ImportError(f"{EXTRA_HINT} ({e})") from e
+    return mcore
+
+
+def __getattr__(name: str):
+    if name == "MegatronModel":
+        from twinkle.model.megatron.model import MegatronModel
+
+        return MegatronModel
+    raise AttributeError(f"module 'twinkle.model.megatron' has no attribute {name!r}")
