@@ -26,8 +26,8 @@ from twinkle.advantage import GRPOAdvantage
 from twinkle.checkpoint_engine import InProcessCheckpointEngine
 from twinkle.hub import DEFAULT_MODEL
 from twinkle.model import TransformersModel
-from twinkle.reward import ArithmeticAccuracy, FormatReward, WeightedReward
-from twinkle.rl.demo import arithmetic_prompts, greedy_accuracy, warm_start
+from twinkle.reward import ArithmeticAccuracy, FormatReward, NumericCloseness, WeightedReward
+from twinkle.rl.demo import arithmetic_prompts, greedy_scores, warm_start
 from twinkle.rl.metrics import importance_ratio_stats, reward_metrics, sampled_entropy
 from twinkle.rl.overlap import OverlappedRollouts
 from twinkle.rl.plot import save_curves
@@ -82,7 +82,9 @@ def main(argv=None) -> dict:
     engine = InProcessCheckpointEngine(copy=args.overlap)
     version = engine.sync(model, sampler, ADAPTER)
 
+    # Exact hits are rare at the start; closeness (exp(-|error|/5)) gives every group a gradient.
     reward = WeightedReward({"accuracy": (ArithmeticAccuracy(), 1.0),
+                             "closeness": (NumericCloseness(scale=5.0), 0.5),
                              "format": (FormatReward(r"-?\d+(<\|im_end\|>)?", match="full"), 0.1)})
     advantage = GRPOAdvantage(scale_by="group")
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, num_samples=args.group,
@@ -98,8 +100,12 @@ def main(argv=None) -> dict:
     def rollout_for(prompts):
         return sample_rollout(sampler, prompts, params, adapter_name=ADAPTER)
 
-    curve = [(0, greedy_accuracy(sampler, held_out, ADAPTER))]
-    print(f"step 0: held-out accuracy {curve[0][1]:.3f}")
+    def evaluate():
+        m = greedy_scores(sampler, held_out, reward, ADAPTER, max_tokens=args.max_tokens)
+        return {"reward": m["reward/mean"], "accuracy": m["reward/accuracy/mean"], "closeness": m["reward/closeness/mean"]}
+
+    curve = [(0, evaluate())]
+    print(f"step 0: held-out {curve[0][1]}")
     timer = PhaseTimer()
     rollouts = OverlappedRollouts(rollout_for, args.max_staleness, timer) if args.overlap else None
     if rollouts:
@@ -144,12 +150,13 @@ def main(argv=None) -> dict:
         if step % args.eval_every == 0 or step == args.steps:
             if rollouts:
                 rollouts.wait(policy_version=version)  # let the in-flight rollout finish before evaluating
-            curve.append((step, greedy_accuracy(sampler, held_out, ADAPTER)))
+            curve.append((step, evaluate()))
             if rollouts:
                 rollouts.start(next_prompts())
-        acc = f"  held-out {curve[-1][1]:.3f}" if curve[-1][0] == step else ""
+        acc = (f"  held-out reward {curve[-1][1]['reward']:.3f} acc {curve[-1][1]['accuracy']:.3f}"
+               if curve[-1][0] == step else "")
         print(f"step {step}: reward {metrics['reward/mean']:.3f} (acc {metrics['reward/accuracy/mean']:.3f}, "
-              f"fmt {metrics['reward/format/mean']:.2f}) loss {metrics['loss'] or 0:.4f} kl {metrics['kl'] or 0:.4f} "
+              f"close {metrics['reward/closeness/mean']:.3f} fmt {metrics['reward/format/mean']:.2f}) loss {metrics['loss'] or 0:.4f} kl {metrics['kl'] or 0:.4f} "
               f"clip {metrics['clip_fraction'] or 0:.3f} H {metrics['entropy']:.2f} "
               f"[{metrics['time/step']:.1f}s: " + " ".join(f"{k} {metrics.get('share/' + k, 0):.0%}"
                                                          for k in ("sample", "score", "train", "sync")) + f"]{acc}",
@@ -158,12 +165,14 @@ def main(argv=None) -> dict:
         rollouts.close()
 
     minutes = (time.perf_counter() - t_start) / 60
-    print("held-out accuracy curve: " + "  ".join(f"{s}:{a:.3f}" for s, a in curve))
+    print("held-out reward curve:   " + "  ".join(f"{s}:{m['reward']:.3f}" for s, m in curve))
+    print("held-out accuracy curve: " + "  ".join(f"{s}:{m['accuracy']:.3f}" for s, m in curve))
     window = max(1, args.steps // 8)
     train_curve = [(history[i]["step"], sum(h["reward/mean"] for h in history[i:i + window]) / len(history[i:i + window]))
                    for i in range(0, len(history), window)]
     print("train reward curve:      " + "  ".join(f"{s}:{r:.3f}" for s, r in train_curve))
-    plot = save_curves(args.plot, {"held-out accuracy (greedy)": tuple(zip(*curve)),
+    plot = save_curves(args.plot, {"held-out reward (greedy)": ([s for s, _ in curve], [m["reward"] for _, m in curve]),
+                                   "held-out accuracy (greedy)": ([s for s, _ in curve], [m["accuracy"] for _, m in curve]),
                                    "train reward (sampled)": ([h["step"] for h in history],
                                                               [h["reward/mean"] for h in history])},
                        title=f"GRPO on arithmetic ({'overlapped' if args.overlap else 'synchronous'})",
@@ -171,8 +180,10 @@ def main(argv=None) -> dict:
     print(f"plot: {plot or 'matplotlib not installed (uv run --extra plot ...)'}")
     summary = {"example": "grpo", "overlap": args.overlap, "steps": args.steps,
                "samples_per_step": args.prompts * args.group, "held_out_prompts": len(held_out),
-               "accuracy_start": curve[0][1], "accuracy_end": curve[-1][1],
-               "accuracy_gain": curve[-1][1] - curve[0][1], "minutes": round(minutes, 2),
+               "reward_start": curve[0][1]["reward"], "reward_end": curve[-1][1]["reward"],
+               "accuracy_start": curve[0][1]["accuracy"], "accuracy_end": curve[-1][1]["accuracy"],
+               "closeness_start": curve[0][1]["closeness"], "closeness_end": curve[-1][1]["closeness"],
+               "minutes": round(minutes, 2),
                "rl_steps_per_s": timer.summary()["steps_per_s"]}
     print(json.dumps(summary))
     return summary

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from twinkle.reward import (REWARDS, AnswerAccuracy, ArithmeticAccuracy, FormatReward, LengthPenalty, Reward,
-                            WeightedReward, create_reward, extract_final_answer)
+from twinkle.reward import (REWARDS, AnswerAccuracy, ArithmeticAccuracy, FormatReward, LengthPenalty,
+                            NumericCloseness, Reward, WeightedReward, create_reward, extract_final_answer)
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -99,3 +99,10 @@ def test_registry_names_pick_classes():
     assert combo(["1"], [{"answer": "1"}]).values == [1.0]
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         create_reward("nope")
+
+
+def test_numeric_closeness_decays_with_distance():
+    close = NumericCloseness(scale=5.0)
+    rows = [{"ground_truth": "44"}] * 4
+    assert close(["44", "The answer is 49", "no number", "34"], rows).values == pytest.approx(
+        [1.0, math.exp(-1.0), 0.0, math.exp(-2.0)])

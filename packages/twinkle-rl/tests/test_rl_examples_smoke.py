@@ -29,5 +29,5 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
     assert summary["steps"] == 3 and summary["samples_per_step"] == 6 and summary["overlap"] is overlap
     assert 0.0 <= summary["accuracy_start"] <= 1.0 and 0.0 <= summary["accuracy_end"] <= 1.0
     assert json.loads(out.strip().splitlines()[-1]) == summary
-    assert "step 3: reward" in out and "kl" in out and "held-out accuracy curve: 0:" in out
+    assert "step 3: reward" in out and "kl" in out and "held-out reward curve:   0:" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,6 +8,7 @@ case-folded, whitespace-collapsed text.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -91,6 +92,28 @@ class AnswerAccuracy(Reward):
 
     def score(self, text: str, **row) -> float:
         return float(answers_match(extract_final_answer(text), ground_truth(row, self.answer_key)))
+
+
+@register_reward
+class NumericCloseness(AnswerAccuracy):
+    """exp(−|predicted − truth| / scale) for a numeric final answer (1 when exact), 0 when the
+    completion states no number: a dense signal for tasks where exact hits are still rare."""
+
+    aliases = ("numeric_closeness",)
+
+    def __init__(self, scale: float = 5.0, answer_key: str | None = None, name: str | None = None):
+        super().__init__(answer_key, name or "closeness")
+        if scale <= 0:
+            raise ValueError(f"scale must be > 0, got {scale}")
+        self.scale = scale
+
+    def score(self, text: str, **row) -> float:
+        truth = parse_number(ground_truth(row, self.answer_key))
+        if truth is None:
+            raise ValueError(f"ground truth {row!r} is not a number")
+        predicted = extract_final_answer(text)
+        value = parse_number(predicted) if predicted is not None else None
+        return 0.0 if value is None else math.exp(-abs(float(value - truth)) / self.scale)
 
 
 _QUESTION = re.compile(r"(-?\d+)\s*([-+*/×x])\s*(-?\d+)")

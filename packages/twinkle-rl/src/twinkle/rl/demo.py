@@ -79,6 +79,16 @@ def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, 
     return str(target)
 
 
+def greedy_scores(sampler, prompt_rows, reward, adapter_name=None, max_tokens: int = 8) -> dict[str, float]:
+    """`reward_metrics` (total and per component) of greedy answers to `prompt_rows`."""
+    from twinkle.rl.metrics import reward_metrics
+    from twinkle.rl.rollout import sample_rollout
+
+    rollout = sample_rollout(sampler, prompt_rows, {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
+                             adapter_name=adapter_name)
+    return reward_metrics(reward(rollout.texts, rollout.reward_rows()))
+
+
 def greedy_accuracy(sampler, prompt_rows, adapter_name=None, reward=None, max_tokens: int = 8) -> float:
     """Mean reward (default: arithmetic exact match) of greedy answers to `prompt_rows`."""
     from twinkle.reward import ArithmeticAccuracy
