@@ -62,7 +62,7 @@ def make_trainer(model_path: str, adapters=("tenant", "other")):
 @torch.no_grad()
 def teacher_logprobs(model, prompt: list[int], completion: list[int], adapter: str | None = None) -> list[float]:
     """log p(completion_t | prompt, completion_<t) from one full forward of the trainer (fp32)."""
-    ids = torch.tensor([prompt + completion])
+    ids = torch.tensor([prompt + completion], device=next(model.parameters()).device)
     if adapter is None and hasattr(model, "disable_adapter"):
         with model.disable_adapter():
             logits = model(input_ids=ids).logits
@@ -76,7 +76,7 @@ def teacher_logprobs(model, prompt: list[int], completion: list[int], adapter: s
 
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, adapter: str | None = None) -> list[int]:
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
     if adapter is None:
         with model.disable_adapter():
             out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),

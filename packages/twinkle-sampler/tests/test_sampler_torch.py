@@ -133,3 +133,20 @@ def test_registry_finds_the_samplers():
 def test_load_adapter_folder_rejects_non_adapters(tmp_path):
     with pytest.raises(FileNotFoundError, match="adapter_config.json is missing"):
         load_adapter_folder(tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gathered by the gpu session)")
+def test_cuda_sampler_matches_the_trainer_on_the_same_device(model_path, prompts):
+    from contract_model import hf_greedy, make_trainer
+
+    trainer = make_trainer(model_path).to("cuda")
+    sampler = TorchSampler(model_path, device="cuda")
+    sampler.set_adapter("tenant", extract_adapter(trainer, "tenant"))
+    for adapter in (None, "tenant"):
+        greedy = sampler.sample(prompts, SamplingParams(max_tokens=12, temperature=0), adapter_name=adapter)
+        assert [r.sequences[0].tokens for r in greedy] == [hf_greedy(trainer, p, 12, adapter) for p in prompts]
+        sampled = sampler.sample(prompts, SamplingParams(max_tokens=8, seed=1), adapter_name=adapter)
+        for prompt, r in zip(prompts, sampled):
+            expected = teacher_logprobs(trainer, prompt, r.sequences[0].tokens, adapter)
+            assert max(abs(a - b) for a, b in zip(r.sequences[0].logprobs, expected)) < 1e-3
