@@ -50,6 +50,7 @@ def main():
         "seq": args.seq, "threads": args.threads, "load_avg": os.getloadavg()[0],
         "planner_passes": [[r.tenant for r in g.requests] for g in plan], **result,
         "forced_fusion_vs_peft": round(result["forced_fusion"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3),
+        "cpu_speedup": round(result["planner"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
         "speedup": round(result["planner"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3),
     }))
 
