@@ -29,13 +29,18 @@ def rows_for(model_id: str, n: int, length: int) -> list[dict]:
             for _ in range(n)]
 
 
-def loop(model, rows, steps: int, pipelined: bool) -> float:
+def prepare(model, rows):
     from peft import LoraConfig
 
     model.add_adapter_to_model("default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"))
     model.set_optimizer(optimizer_cls="AdamW", lr=1e-4)
-    model.forward_backward(inputs=rows)["loss"]  # warm-up (and, over HTTP, waits for the set-up)
+    float(model.forward_backward(inputs=rows)["loss"])  # warm-up (and, over HTTP, waits for the set-up)
     model.clip_grad_and_step()
+    return model
+
+
+def run_steps(model, rows, steps: int, pipelined: bool) -> float:
+    """Seconds for `steps` steps, every result read (pipelined: only after the last call)."""
     start, outs = time.perf_counter(), []
     for _ in range(steps):
         out = model.forward_backward(inputs=rows)
@@ -44,9 +49,8 @@ def loop(model, rows, steps: int, pipelined: bool) -> float:
         outs.append(out)
         model.clip_grad_and_step()
     losses = [float(o["loss"]) for o in outs]
-    elapsed = time.perf_counter() - start
-    assert all(l == l for l in losses)
-    return steps / elapsed
+    assert all(x == x for x in losses), "NaN loss"
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -57,8 +61,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--length", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=4, help="the three loops alternate in this many rounds")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rows = rows_for(args.model, args.batch, args.length)
 
     import twinkle.serve as ts
@@ -68,19 +74,26 @@ def main() -> None:
     from twinkle.model import TransformersModel
 
     initialize(mode="local", seed=42)
-    local = loop(TransformersModel(model_id=args.model), rows, args.steps, pipelined=False)
     server = ts.initialize(mode="http", port=0, data_dir=tempfile.mkdtemp(), block=False, log_level="warning",
                            config={"models": [{"name": args.model}]}).wait_ready()
+    seconds = {"local": 0.0, "native": 0.0, "pipelined": 0.0}
     try:
         client = TwinkleClient(server.url, server.create_key("bench"))
-        unpipelined = loop(RemoteModel(model_id=args.model, client=client), rows, args.steps, pipelined=False)
-        pipelined = loop(RemoteModel(model_id=args.model, client=client), rows, args.steps, pipelined=True)
+        models = {"local": prepare(TransformersModel(model_id=args.model), rows),
+                  "native": prepare(RemoteModel(model_id=args.model, client=client), rows),
+                  "pipelined": prepare(RemoteModel(model_id=args.model, client=client), rows)}
+        per_round = max(1, args.steps // args.rounds)
+        for _ in range(args.rounds):  # alternating, so load from other processes hits all three alike
+            for name, model in models.items():
+                seconds[name] += run_steps(model, rows, per_round, pipelined=name == "pipelined")
     finally:
         server.stop()
+    steps = per_round * args.rounds
+    local, unpipelined, pipelined = (steps / seconds[k] for k in ("local", "native", "pipelined"))
     print(json.dumps({"ratio": round(pipelined / local, 4), "ratio_unpipelined": round(unpipelined / local, 4),
                       "local_steps_per_s": round(local, 3), "native_steps_per_s": round(unpipelined, 3),
                       "native_pipelined_steps_per_s": round(pipelined, 3), "model": args.model,
-                      "steps": args.steps, "batch": args.batch, "length": args.length}))
+                      "steps": steps, "threads": args.threads, "batch": args.batch, "length": args.length}))
 
 
 if __name__ == "__main__":
