@@ -1,4 +1,4 @@
-"""Server configuration: base models, backend, sampler batch, limits. Unknown keys are errors.
+"""Server configuration: base models, backend, sampler batch, limits, Ray placement. Unknown keys are errors.
 
 Read from a TOML, JSON or YAML file (`--config`), or built in code. With no file the server serves
 the embedded default model (`twinkle.hub.DEFAULT_MODEL`) with the `multi_lora` backend.
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -23,6 +23,35 @@ class ModelEntry(_Strict):
     backend: Literal["multi_lora", "peft"] = "multi_lora"
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_sampler_batch: int = Field(64, ge=1)
+    # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
+    trust_remote_code: bool = False
+    # Ray mode (needs the `ray` section): the training model and/or the sampler as remote groups of
+    # actors on these DeviceGroups (twinkle.mesh); None keeps that part in the server process.
+    remote_group: str | None = None
+    sampler_remote_group: str | None = None
+
+
+class RayGroup(_Strict):
+    """A twinkle.mesh DeviceGroup: `ranks` Ray actors, one `device_type` device each."""
+
+    name: str = Field(min_length=1)
+    ranks: int = Field(ge=1)
+    device_type: Literal["cpu", "cuda"] = "cpu"
+    cpus_per_rank: float | None = Field(None, gt=0)  # Ray CPUs (= torch threads) per rank; default 1
+
+
+class RayConfig(_Strict):
+    """`twinkle.mesh.initialize(mode='ray', groups=..., address=...)` at server start."""
+
+    address: str | None = None  # "auto", "ray://host:10001"; None joins a running local Ray or starts one
+    groups: list[RayGroup] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self):
+        names = [g.name for g in self.groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ray.groups names must be unique, got {names}")
+        return self
 
 
 class Limits(_Strict):
@@ -39,6 +68,26 @@ class ServeConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)
     tenant_limits: dict[str, Limits] = Field(default_factory=dict)  # per key name, replacing `limits`
     long_poll_s: float = Field(25.0, gt=0, le=40)
+    max_request_bytes: int = Field(64 * 2**20, ge=1024)  # larger request bodies answer 413
+    # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
+    max_adapter_memory_mb: float | None = Field(None, gt=0)
+    ray: RayConfig | None = None
+
+    @model_validator(mode="after")
+    def _remote_groups_exist(self):
+        known = [g.name for g in self.ray.groups] if self.ray else []
+        for m in self.models:
+            for key in ("remote_group", "sampler_remote_group"):
+                group = getattr(m, key)
+                if group is None:
+                    continue
+                if self.ray is None:
+                    raise ValueError(f"model {m.name!r}: {key}={group!r} needs a `ray` section with that group")
+                if group not in known:
+                    raise ValueError(f"model {m.name!r}: {key}={group!r} is not one of ray.groups {known}")
+            if (m.remote_group or m.sampler_remote_group) and m.backend != "multi_lora":
+                raise ValueError(f"model {m.name!r}: remote groups run the 'multi_lora' backend, not {m.backend!r}")
+        return self
 
     def model_entries(self) -> list[ModelEntry]:
         if self.models:

@@ -46,12 +46,52 @@ class Runtime:
 
         for entry in self.config.model_entries():
             path = entry.path or resolve_model_path(entry.name)
+            remote = {}
+            if entry.remote_group or entry.sampler_remote_group:
+                # a configured path is every node's; a hub id each rank resolves on its own node
+                remote = dict(remote_group=entry.remote_group, sampler_remote_group=entry.sampler_remote_group,
+                              shard_model_path=entry.path)
             backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
-                                     max_batch_size=entry.max_sampler_batch)
+                                     max_batch_size=entry.max_sampler_batch, **remote)
             runner = backend.forward_backward_many if getattr(backend, "fuses", False) else None
             self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name, fuse_runner=runner))
-            log.info("serving base model %s from %s (backend %s)", entry.name, path, entry.backend)
+            log.info("serving base model %s from %s (backend %s%s)", entry.name, path, entry.backend,
+                     f", training on Ray group {entry.remote_group!r}, sampling on {entry.sampler_remote_group!r}"
+                     if remote else "")
         self.ready.set()
+
+    def start_cluster(self) -> None:
+        """With a `ray` section: `twinkle.mesh.initialize(mode='ray')` over its groups (joining the Ray
+        at `address`, a Ray this process already runs, or starting a local one); models then place
+        their training model / sampler on those groups as remote groups."""
+        if self.config.ray is None:
+            return
+        import twinkle.mesh as mesh
+        from twinkle.mesh.runtime import require_ray
+
+        self._owns_ray = not require_ray().is_initialized()
+        groups = [mesh.DeviceGroup(g.name, g.ranks, g.device_type,
+                                   {"CPU": g.cpus_per_rank} if g.cpus_per_rank else {})
+                  for g in self.config.ray.groups]
+        mesh.initialize(mode="ray", groups=groups, address=self.config.ray.address)
+        self._ray_started = True
+        log.info("Ray mode: groups %s", ", ".join(f"{g.name}={g.ranks}x{g.device_type}" for g in groups))
+
+    def _stop_cluster(self) -> None:
+        if not getattr(self, "_ray_started", False):
+            return
+        import twinkle.mesh as mesh
+
+        rt = mesh.get_runtime()
+        if self._owns_ray:
+            mesh.shutdown()  # our actors, then the Ray we started
+        elif rt is not None and rt.mode == "ray":  # a Ray someone else runs: release only what we took
+            from ray.util.placement_group import remove_placement_group
+
+            for pg in rt.placements.values():
+                remove_placement_group(pg)
+            rt.placements.clear()
+        self._ray_started = False
 
     def engine(self, base_model: str | None) -> Engine:
         if base_model is None and len(self.engines) == 1:
@@ -63,4 +103,7 @@ class Runtime:
     def close(self) -> None:
         for engine in self.engines.values():
             engine.scheduler.stop()
+            if hasattr(engine.backend, "close"):
+                engine.backend.close()
+        self._stop_cluster()
         self.store.close()

@@ -76,6 +76,7 @@ def initialize(mode: str = "http", *, host: str = "127.0.0.1", port: int | None 
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     port = port or free_port(host)
     runtime = Runtime(config, data_dir)
+    runtime.start_cluster()  # Ray (when configured) starts here, on the caller's thread, before serving
     if runtime.keys.count() == 0:
         log.warning("no API keys exist yet: every request will be refused (401). Create one with "
                     "`twinkle-server keys create NAME --data-dir %s`", data_dir)

@@ -1,0 +1,128 @@
+"""The server scaled out on Ray: the training model and the sampler as twinkle.mesh remote groups.
+
+One local Ray cluster for the module (started by the server from its `ray` config section): the
+model group has 2 CPU actors (data parallel), and the sampler is colocated on the same group (two
+replicas, requests round robin). Driven by the unmodified tinker SDK, it must give the same losses,
+log-probs and samples as a server with everything in one process.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from twinkle.hub import TEST_MODEL
+
+pytest.importorskip("ray")
+
+# Four datums of different lengths: the two data ranks get different slices and paddings.
+SEQS = [[5 + (7 * i + k) % 60 for i in range(n)] for k, n in enumerate((20, 13, 17, 9))]
+PROBE = [11 + (5 * i) % 70 for i in range(16)]
+RAY_CONFIG = {"ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "cpu"}]},
+              "models": [{"name": TEST_MODEL, "remote_group": "model", "sampler_remote_group": "model"}]}
+
+
+def run_tinker_loop(server, sft):
+    """Three SL steps, then a sampler from the trained weights: the numbers both servers must agree on."""
+    import tinker
+    from tinker import types
+
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.create_key("ray-tenant"))
+    tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=5).result()
+    losses = []
+    for _ in range(3):
+        fb = tc.forward_backward([sft(s) for s in SEQS], "cross_entropy")
+        step = tc.optim_step(types.AdamParams(learning_rate=5e-2, weight_decay=0.01, grad_clip_norm=5.0))
+        losses.append(fb.result().metrics["loss:sum"])
+        step.result()
+    out = tc.forward([sft(s) for s in SEQS], "cross_entropy").result()
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = types.ModelInput.from_ints(PROBE[:6])
+    samples = [sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
+        max_tokens=5, seed=17, temperature=1.0)).result() for _ in range(2)]  # both sampler replicas
+    return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
+            "forward_loss": out.metrics["loss:sum"], "tc": tc,
+            "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
+            "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples]}
+
+
+@pytest.fixture(scope="module")
+def ray_server(start, tmp_path_factory):
+    srv = start(tmp_path_factory.mktemp("serve-ray"), **RAY_CONFIG)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(ray_server, start, tmp_path_factory, sft):
+    local = start(tmp_path_factory.mktemp("serve-local"))
+    try:
+        expected = run_tinker_loop(local, sft)
+    finally:
+        local.stop()
+    return expected, run_tinker_loop(ray_server, sft)
+
+
+def test_model_and_sampler_run_as_ray_actor_groups(ray_server, runs):
+    import twinkle.mesh
+
+    placement = twinkle.mesh.get_device_placement(print_it=False)
+    assert "mode=ray" in placement
+    train = [line for line in placement.splitlines() if "TrainShard rank" in line]
+    samplers = [line for line in placement.splitlines() if "SamplerShard rank" in line]
+    assert len(train) == 2 and len(samplers) == 2, placement
+    pids = {line.split(" pid ")[1].split()[0] for line in train + samplers}
+    assert len(pids) == 4, placement  # four actor processes, none of them this one
+    assert str(__import__("os").getpid()) not in pids
+
+
+def test_data_parallel_losses_equal_one_process(runs):
+    expected, got = runs
+    assert got["losses"][-1] < got["losses"][0]
+    np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
+    assert got["forward_loss"] == pytest.approx(expected["forward_loss"], rel=1e-5)
+    assert [len(lp) for lp in got["logprobs"]] == [len(s) - 1 for s in SEQS]  # datum order kept
+    for g, e in zip(got["logprobs"], expected["logprobs"]):
+        np.testing.assert_allclose(g, e, atol=1e-5)
+
+
+def test_remote_sampler_matches_local_sampler(runs):
+    expected, got = runs
+    assert got["probe_logprobs"][0] is None
+    np.testing.assert_allclose(np.array(got["probe_logprobs"][1:], dtype=np.float32),
+                               np.array(expected["probe_logprobs"][1:], dtype=np.float32), atol=1e-4)
+    first, second = got["samples"]
+    assert [s[0] for s in first] == [s[0] for s in second]  # seeded: same on either replica
+    assert [s[0] for s in first] == [s[0] for s in expected["samples"][0]]
+    for tokens, logprobs, _ in first:
+        assert len(tokens) == len(logprobs) == 5 and all(lp <= 0 for lp in logprobs)
+
+
+def test_bad_request_fails_alone_and_training_goes_on(runs, sft):
+    from tinker import types
+
+    _, got = runs
+    tc = got["tc"]
+    bad = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 10**7]),
+                      loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
+    with pytest.raises(Exception, match="outside the vocabulary"):
+        tc.forward_backward([sft(SEQS[0]), bad], "cross_entropy").result()
+    # nothing from the failed request reached any rank's gradients: a clean step still works
+    fb = tc.forward_backward([sft(s) for s in SEQS], "cross_entropy").result()
+    assert np.isfinite(fb.metrics["loss:sum"])
+    assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm:mean"] > 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"ray": {"groups": [{"name": "model", "ranks": 2, "gpus": 1}]}}, "gpus"),
+    ({"ray": {"groups": [{"name": "model", "ranks": 2}], "adress": "auto"}}, "adress"),
+    ({"ray": {"groups": []}}, "groups"),
+    ({"ray": {"groups": [{"name": "a", "ranks": 1}, {"name": "a", "ranks": 2}]}}, "unique"),
+    ({"models": [{"name": TEST_MODEL, "remote_group": "model"}], "ray": None}, "needs a `ray` section"),
+    ({"models": [{"name": TEST_MODEL, "sampler_remote_group": "gpu"}]}, "not one of ray.groups"),
+    ({"models": [{"name": TEST_MODEL, "remote_group": "model", "backend": "peft"}]}, "multi_lora"),
+])
+def test_ray_config_is_validated(change, message):
+    from twinkle.serve.config import ServeConfig
+
+    with pytest.raises(ValueError, match=message):
+        ServeConfig.model_validate({**RAY_CONFIG, **change})
