@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from twinkle.serve.backend import UserError
+from twinkle.serve.body_limit import BodyLimit
 from twinkle.serve.dashboard import build_dashboard_router
 from twinkle.serve.errors import ApiError
 from twinkle.serve.limits import LimitExceeded
@@ -47,6 +48,7 @@ def create_app(rt: Runtime) -> FastAPI:
     async def user_error(request: Request, exc: UserError):
         return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
 
+    app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
     app.include_router(build_router(rt))
     native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service
     app.include_router(native)

@@ -28,7 +28,8 @@ class FutureHub:
         # Futures still pending when the last server stopped can never complete: say so, don't hang clients.
         store.execute("UPDATE futures SET status='failed', content_type=?, payload=?, completed_at=? "
                       "WHERE status='pending'",
-                      (JSON, json.dumps({"error": "the server restarted before this request ran; resubmit it",
+                      (JSON, json.dumps({"error": "the server restarted while this request was pending, so it may or may not have run; "
+                                          "check its effect (e.g. list checkpoints) and resubmit it",
                                          "category": "server"}).encode(), time.time()))
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:

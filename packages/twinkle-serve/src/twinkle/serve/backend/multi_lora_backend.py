@@ -33,6 +33,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         torch_dtype = getattr(torch, dtype)
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self.engine = MultiLoraModel(model=hf)
+        self.base_module = hf  # for the adapter memory estimate (twinkle.serve.adapter_memory)
         self.engine.model_id = base_model
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))

@@ -31,6 +31,7 @@ class PeftBackend(TorchSampling, Backend):
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
         self._base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
+        self.base_module = self._base  # for the adapter memory estimate (twinkle.serve.adapter_memory)
         for p in self._base.parameters():
             p.requires_grad_(False)
         self.vocab_size = self._base.get_input_embeddings().weight.shape[0]

@@ -15,6 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
+from twinkle.serve.adapter_memory import AdapterMemory
 from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Runtime
@@ -47,6 +48,9 @@ def parse_path(path: str) -> tuple[str, str, str]:
 class TinkerTraining:
     def __init__(self, rt: Runtime):
         self.rt = rt
+        if not hasattr(rt, "adapter_memory"):  # one server-wide account, shared by every route that builds adapters
+            rt.adapter_memory = AdapterMemory(rt.config.max_adapter_memory_mb)
+        self.memory = rt.adapter_memory
 
     # ---- sessions ----------------------------------------------------------------------------------
     def create_session(self, tenant: str, body: dict) -> dict:
@@ -83,6 +87,7 @@ class TinkerTraining:
             engine.backend.remove_adapter(live[1])
             with self.rt.live_lock:
                 self.rt.live.pop(model_id, None)
+            self.memory.release(model_id)
             return "json", {"type": "unload_model", "model_id": model_id}
 
         engine.scheduler.submit(model_id, None, request_id, unload)
@@ -120,6 +125,7 @@ class TinkerTraining:
         model_id = f"{session_id}:train:{model_seq_id}"
         if self.rt.store.one("SELECT model_id FROM models WHERE model_id=?", (model_id,)):
             raise BadRequest(f"model {model_id!r} already exists")
+        self.memory.reserve(model_id, engine.backend, spec)
         lora = {"rank": spec.rank, "seed": spec.seed, "train_attn": spec.train_attn, "train_mlp": spec.train_mlp,
                 "train_unembed": spec.train_unembed}
         self.rt.store.insert("models", model_id=model_id, tenant=tenant, session_id=session_id,

@@ -1,0 +1,65 @@
+"""The server-wide cap on LoRA adapter memory (`max_adapter_memory_mb`): estimate, reserve, refuse.
+
+An adapter's cost is known before it is built: rank x (in + out) parameters for every targeted
+Linear of the base model, each held four times (weights, gradients, two Adam moments). A new
+adapter that would push the live total past the cap is refused with a clear error, instead of
+letting the server run out of memory mid-step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+
+from twinkle.serve.errors import ApiError
+
+COPIES = 4  # weights, grads, Adam exp_avg, exp_avg_sq
+
+
+class AdapterMemoryFull(ApiError):
+    status = 409
+
+
+def linear_dims(module) -> dict[str, int]:
+    """{leaf name (q_proj, lm_head, ...): sum of in + out features over the base model's Linears}."""
+    import torch
+
+    dims: dict[str, int] = defaultdict(int)
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.Linear):
+            dims[name.rsplit(".", 1)[-1]] += m.in_features + m.out_features
+    return dict(dims)
+
+
+class AdapterMemory:
+    def __init__(self, cap_mb: float | None):
+        self.cap = None if cap_mb is None else int(cap_mb * 2**20)
+        self._held: dict[str, int] = {}
+        self._dims: dict[int, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def estimate(self, backend, spec, element_bytes: int = 4) -> int | None:
+        base = getattr(backend, "base_module", None)
+        if base is None:  # a backend that does not expose its base model: no estimate, no cap
+            return None
+        dims = self._dims.setdefault(id(backend), linear_dims(base))
+        return sum(dims.get(t, 0) for t in spec.target_modules()) * spec.rank * element_bytes * COPIES
+
+    def reserve(self, model_id: str, backend, spec) -> None:
+        if self.cap is None:
+            return
+        need = self.estimate(backend, spec)
+        if need is None:
+            return
+        with self._lock:
+            used = sum(self._held.values())
+            if used + need > self.cap:
+                raise AdapterMemoryFull(
+                    f"adapter memory is full: this LoRA (rank {spec.rank}) needs {need / 2**20:.2f} MiB, "
+                    f"{used / 2**20:.2f} MiB of the server's {self.cap / 2**20:.2f} MiB (max_adapter_memory_mb) "
+                    "are in use; finish a session to free its adapters, or use a smaller rank")
+            self._held[model_id] = need
+
+    def release(self, model_id: str) -> None:
+        with self._lock:
+            self._held.pop(model_id, None)
