@@ -25,8 +25,6 @@ class ModelEntry(_Strict):
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
     trust_remote_code: bool = False
-    # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
-    trust_remote_code: bool = False
     # Ray mode (needs the `ray` section): the training model and/or the sampler as remote groups of
     # actors on these DeviceGroups (twinkle.mesh); None keeps that part in the server process.
     remote_group: str | None = None
@@ -70,9 +68,6 @@ class ServeConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)
     tenant_limits: dict[str, Limits] = Field(default_factory=dict)  # per key name, replacing `limits`
     long_poll_s: float = Field(25.0, gt=0, le=40)
-    max_request_bytes: int = Field(64 * 2**20, ge=1024)  # larger request bodies answer 413
-    # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
-    max_adapter_memory_mb: float | None = Field(None, gt=0)
     max_request_bytes: int = Field(64 * 2**20, ge=1024)  # larger request bodies answer 413
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
