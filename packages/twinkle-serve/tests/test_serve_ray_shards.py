@@ -1,0 +1,72 @@
+"""The remote backend's shards built in this process (`remote_group=None`): the same calls, the same
+numbers as the plain multi-LoRA backend, and the per-rank fan-in (slices, metrics, failures)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from twinkle.hub import TEST_MODEL, resolve_model_path
+
+from twinkle.serve.backend import AdamParams, Datum, ForwardResult, LoraSpec, SampleParams, UserError
+
+
+def datum(tokens):
+    return Datum(tokens[:-1], {"target_tokens": np.array(tokens[1:], dtype=np.int64),
+                               "weights": np.ones(len(tokens) - 1, dtype=np.float32)})
+
+
+SEQS = [[3 + (5 * i + k) % 50 for i in range(n)] for k, n in enumerate((12, 7, 10))]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+    from twinkle.serve.backend.remote import RemoteBackend
+
+    path = str(resolve_model_path(TEST_MODEL))
+    return MultiLoraBackend(TEST_MODEL, path), RemoteBackend(TEST_MODEL, path)
+
+
+def test_in_process_shards_equal_plain_backend(backends):
+    spec = LoraSpec(rank=4, seed=9)
+    for b in backends:
+        b.create_adapter("t1", spec)
+    results = []
+    for b in backends:
+        losses = []
+        for _ in range(2):
+            losses.append(b.forward_backward("t1", [datum(s) for s in SEQS], "cross_entropy", {}, False)
+                          .metrics["loss:sum"])
+            b.optim_step("t1", AdamParams(learning_rate=5e-2))
+        b.install_sampler_from_adapter("s1", "t1")
+        sample = b.sample("s1", SEQS[0][:5], 2, SampleParams(max_tokens=4, seed=3), False)
+        results.append((losses, [s.tokens for s in sample.sequences]))
+    (plain_losses, plain_tokens), (remote_losses, remote_tokens) = results
+    np.testing.assert_allclose(remote_losses, plain_losses, rtol=1e-6)
+    assert remote_tokens == plain_tokens
+
+
+def test_user_errors_come_back_as_user_errors(backends):
+    _, remote = backends
+    with pytest.raises(UserError, match="not loaded"):
+        remote.forward_backward("nobody", [datum(SEQS[0])], "cross_entropy", {}, False)
+    with pytest.raises(UserError, match="unknown loss_fn"):
+        remote.forward_backward("t1", [datum(SEQS[0])], "hinge", {}, False)
+    with pytest.raises(UserError, match="lora rank"):
+        remote.create_adapter("t2", LoraSpec(rank=0))
+    with pytest.raises(UserError, match="weights are gone"):
+        remote.sample("never-installed", [1, 2], 1, SampleParams(max_tokens=2), False)
+
+
+def test_rank_results_merge_in_datum_order_and_fail_together():
+    from twinkle.serve.backend.remote import PeerFailed, merge_rank_results
+
+    r0 = ForwardResult([np.array([-1.0]), np.array([-2.0])], {"loss:sum": 3.0, "clip:mean": 0.5})
+    r1 = ForwardResult([np.array([-4.0])], {"loss:sum": 4.0, "clip:mean": 0.0})
+    ok, failed, tiny = merge_rank_results([
+        {"results": [r0, PeerFailed("peer"), r0], "tokens": [3, 1, 3]},
+        {"results": [r1, UserError("loss is nan"), None], "tokens": [1, 1, 0]}])
+    assert [float(lp[0]) for lp in ok.logprobs] == [-1.0, -2.0, -4.0]
+    assert ok.metrics == {"loss:sum": 7.0, "clip:mean": pytest.approx(0.375)}  # token-weighted mean
+    assert isinstance(failed, UserError) and not isinstance(failed, PeerFailed) and "nan" in str(failed)
+    assert tiny.metrics == r0.metrics  # a request smaller than the group: the empty rank adds nothing
