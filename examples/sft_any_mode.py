@@ -18,11 +18,10 @@ import os
 
 from peft import LoraConfig
 
-import twinkle
-from twinkle import DeviceGroup, DeviceMesh
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.hub import DEFAULT_MODEL
+from twinkle.mesh import DeviceGroup, DeviceMesh, initialize  # = twinkle.initialize, without the meta package
 from twinkle.preprocessor import Filter, SelfCognitionProcessor
 
 MODE = os.environ.get("TWINKLE_MODE", "local")
@@ -39,11 +38,11 @@ if MODE == "http":
 elif MODE == "ray":
     from twinkle.model import TransformersModel
 
-    twinkle.initialize(mode="ray", groups=[DeviceGroup(name="default", ranks=2, device_type="cpu")])
+    initialize(mode="ray", groups=[DeviceGroup(name="default", ranks=2, device_type="cpu")])
 else:  # local: one process, or one rank of a torchrun job
     from twinkle.model import TransformersModel
 
-    twinkle.initialize(mode="local", global_device_mesh=DeviceMesh.from_sizes(dp_size=int(os.environ.get("WORLD_SIZE", "1"))))
+    initialize(mode="local", global_device_mesh=DeviceMesh.from_sizes(dp_size=int(os.environ.get("WORLD_SIZE", "1"))))
 # ----------------------------------------------------------------------------------------------------
 
 
