@@ -247,8 +247,12 @@ class TinkerTraining:
         return path
 
     def _check_name(self, name) -> str:
-        if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-            raise BadRequest(f"checkpoint name {name!r} must be a non-empty string without '/'")
+        # A name becomes one directory under the tenant's folder: no separators, no '.'/'..', no NUL or
+        # other control characters (the OS would refuse them mid-write, as a server error).
+        if (not isinstance(name, str) or not name or len(name) > 128 or name in (".", "..")
+                or any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+            raise BadRequest(f"checkpoint name {name!r} must be 1-128 characters without '/', '\\', control "
+                             "characters, and not '.' or '..'")
         return name
 
     def save_weights(self, tenant: str, body: dict) -> dict:
