@@ -8,7 +8,7 @@ header orders a model's requests as the client issued them (pipelined clients se
 
 import json
 
-from fastapi import APIRouter, Depends, Header, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -144,7 +144,7 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
         return FutureResult(request_id=request_id, status="complete", result=payload)
 
     @r.get("/runs", response_model=RunList, summary="The caller's training runs (native and Tinker)")
-    def runs(limit: int = 100, t: str = Depends(tenant)):
+    def runs(limit: int = Query(100, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         return views.runs(t, limit)
 
     @r.get("/runs/{model_id}/curves", response_model=RunCurves, summary="A run's loss/reward/... curves")

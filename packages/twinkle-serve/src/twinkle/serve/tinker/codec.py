@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
 from twinkle.serve.tinker import wire_proto as pb
 
+MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has
 _NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
@@ -21,14 +24,27 @@ def _tensor(msg, where: str) -> np.ndarray:
         shape = list(msg.shape)
         if len(shape) != 2:
             raise UserError(f"{where}: a sparse tensor needs a 2-d shape, got {shape}")
+        if any(n < 0 for n in shape) or shape[0] * shape[1] > MAX_TENSOR_ELEMENTS:
+            raise UserError(f"{where}: sparse shape {shape} is negative or too large")
         dense = np.zeros(shape, dtype=dtype)
         for r in range(shape[0]):
             dense[r, col[crow[r]:crow[r + 1]]] = values[crow[r]:crow[r + 1]]
         return dense.reshape(-1)
     arr = np.frombuffer(msg.dense, dtype=dtype)
-    if msg.shape and int(np.prod(msg.shape)) != arr.size:
+    if msg.shape and math.prod(msg.shape) != arr.size:  # exact ints: a huge shape must not overflow to a match
         raise UserError(f"{where}: shape {list(msg.shape)} does not match {arr.size} values")
     return arr
+
+
+def _datum(i: int, d) -> Datum:
+    tokens: list[int] = []
+    for chunk in d.model_input:
+        kind = chunk.WhichOneof("chunk")
+        if kind != "encoded_text":
+            raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text only)")
+        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+    inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
+    return Datum(tokens, inputs)
 
 
 def decode_forward_backward(body: bytes):
@@ -40,14 +56,10 @@ def decode_forward_backward(body: bytes):
         raise UserError(f"forward_backward body is not a valid ForwardBackwardRequest protobuf: {e}") from None
     data = []
     for i, d in enumerate(msg.data):
-        tokens: list[int] = []
-        for chunk in d.model_input:
-            kind = chunk.WhichOneof("chunk")
-            if kind != "encoded_text":
-                raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text only)")
-            tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
-        inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
-        data.append(Datum(tokens, inputs))
+        try:
+            data.append(_datum(i, d))
+        except ValueError as e:  # numpy: a byte buffer that is not a whole number of elements, a bad shape
+            raise UserError(f"datum {i}: malformed tensor: {e}") from None
     config: dict = {k: v for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():
         config[k] = v.number if v.WhichOneof("value") == "number" else v.text

@@ -6,11 +6,11 @@ routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.serve.errors import ApiError, NotFound, Unauthorized
+from twinkle.serve.errors import ApiError, BadRequest, NotFound, Unauthorized
 from twinkle.serve.futures import PROTO
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.rest import TinkerRest
@@ -26,6 +26,17 @@ UNMETERED = {"/api/v1/retrieve_future", "/api/v1/session_heartbeat", "/api/v1/te
 
 class ServiceUnavailable(ApiError):
     status = 503
+
+
+async def json_body(request: Request) -> dict:
+    """The request's JSON object; a missing, malformed or non-object body is the client's error (400)."""
+    try:
+        body = await request.json()
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadRequest(f"request body must be a JSON object: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
 
 
 def build_router(rt: Runtime) -> APIRouter:
@@ -69,17 +80,17 @@ def build_router(rt: Runtime) -> APIRouter:
 
     @r.post("/create_session")
     async def create_session(request: Request, t: str = Depends(tenant)):
-        return await run_in_threadpool(training.create_session, t, await request.json())
+        return await run_in_threadpool(training.create_session, t, await json_body(request))
 
     @r.post("/session_heartbeat")
     async def heartbeat(request: Request, t: str = Depends(tenant)):
-        body = await request.json()
+        body = await json_body(request)
         training.session(t, body.get("session_id"))
         return {"type": "session_heartbeat"}
 
     @r.post("/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request, t: str = Depends(tenant)):
-        body = await request.json() if await request.body() else {}
+        body = await json_body(request) if await request.body() else {}
         await run_in_threadpool(training.finish_session, t, session_id, body)
         return {"status": "finished"}
 
@@ -88,7 +99,8 @@ def build_router(rt: Runtime) -> APIRouter:
         return {"status": "accepted"}
 
     @r.get("/sessions")
-    def sessions(limit: int = 20, offset: int = 0, t: str = Depends(tenant)):
+    def sessions(limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),
+                 t: str = Depends(tenant)):
         return rest.list_sessions(t, limit, offset)
 
     @r.get("/sessions/{session_id}")
@@ -98,7 +110,12 @@ def build_router(rt: Runtime) -> APIRouter:
     # ---- training ----
     def json_route(path: str, fn):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
-            return await run_in_threadpool(fn, t, await request.json())
+            body = await json_body(request)
+            try:
+                return await run_in_threadpool(fn, t, body)
+            except (TypeError, ValueError, AttributeError) as e:
+                # parsing a field of the wrong type (queued work runs later, on the worker, not here)
+                raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
         r.add_api_route(path, handler, methods=["POST"])
 
     json_route("/create_model", training.create_model)
@@ -120,7 +137,7 @@ def build_router(rt: Runtime) -> APIRouter:
 
     @r.post("/retrieve_future")
     async def retrieve_future(request: Request, t: str = Depends(tenant)):
-        body = await request.json()
+        body = await json_body(request)
         request_id = body.get("request_id")
         row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
         if row is None:
@@ -132,7 +149,7 @@ def build_router(rt: Runtime) -> APIRouter:
 
     # ---- REST: runs, checkpoints ----
     @r.get("/training_runs")
-    def runs(limit: int = 20, offset: int = 0, t: str = Depends(tenant)):
+    def runs(limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62), t: str = Depends(tenant)):
         return rest.list_runs(t, limit, offset)
 
     @r.get("/training_runs/{run_id}")
@@ -160,15 +177,16 @@ def build_router(rt: Runtime) -> APIRouter:
 
     @r.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
     async def ttl(run_id: str, kind: str, name: str, request: Request, t: str = Depends(tenant)):
-        rest.set_ttl(t, run_id, f"{kind}/{name}", (await request.json()).get("ttl_seconds"))
+        rest.set_ttl(t, run_id, f"{kind}/{name}", (await json_body(request)).get("ttl_seconds"))
         return {"status": "ok"}
 
     @r.post("/weights_info")
     async def weights_info(request: Request, t: str = Depends(tenant)):
-        return rest.weights_info(t, training, (await request.json()).get("tinker_path"))
+        return rest.weights_info(t, training, (await json_body(request)).get("tinker_path"))
 
     @r.get("/checkpoints")
-    def user_checkpoints(limit: int = 100, offset: int = 0, t: str = Depends(tenant)):
+    def user_checkpoints(limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),
+                         t: str = Depends(tenant)):
         return rest.list_user_checkpoints(t, limit, offset)
 
     return r
