@@ -50,7 +50,8 @@ def test_openapi_describes_every_native_route(server):
     assert {"/twinkle/v1/sample", "/twinkle/v1/futures/{request_id}", "/twinkle/v1/runs", "/twinkle/v1/server",
             "/twinkle/v1/checkpoints/archive", "/twinkle/v1/dashboard/summary"} <= set(native)
     schemas = spec["components"]["schemas"]
-    assert {"LoraConfigModel", "EncodedRow", "Trajectory", "FutureResult", "SampleRequest"} <= set(schemas)
+    assert {"LoraConfigModel", "EncodedRow", "Trajectory", "FutureResult", "SampleRequest", "ForwardResult",
+            "StepResult", "CheckpointRef", "SampleResult"} <= set(schemas)
 
 
 def test_train_save_download_resume(native, rows, tmp_path):

@@ -259,3 +259,13 @@ class ServerStatus(_Strict):
     tokens_per_s: float
     tenant: str
     max_models_per_tenant: int | None = None
+
+
+class ResultTypes(_Strict):
+    """What `FutureResult.result` holds, per operation (documentation: `GET /twinkle/v1/result_types`)."""
+
+    forward_backward: ForwardResult
+    clip_grad_and_step: StepResult
+    save: CheckpointRef
+    sample: SampleResult
+    calculate_metric: dict[str, float]

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from twinkle.client.schema import (PREFIX, AddAdapterRequest, AddMetricRequest, CheckpointList, CreateModelRequest,
                                    ForwardRequest, FutureRef, FutureResult, LoadRequest, LogRequest, MetricRequest,
-                                   ModelInfo, NamedComponent, RunCurves, RunList, SampleRequest, SaveRequest,
+                                   ModelInfo, NamedComponent, ResultTypes, RunCurves, RunList, SampleRequest, SaveRequest,
                                    ServerStatus, StepRequest)
 from twinkle.serve.errors import ApiError, NotFound, Unauthorized
 from twinkle.serve.native.service import NativeService
@@ -163,6 +163,13 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
     @r.get("/server", response_model=ServerStatus, summary="Capacity (base models, live adapters) and queue")
     def server(t: str = Depends(tenant)):
         return views.status(t)
+
+    @r.get("/result_types", response_model=ResultTypes,
+           summary="The result model of each future kind (an example of each; for schema readers)")
+    def result_types():
+        return ResultTypes(forward_backward={"loss": 2.5, "metrics": {}}, clip_grad_and_step={"stepped": True},
+                           save={"path": "tinker://s:train:0/weights/ckpt", "model_id": "s:train:0"},
+                           sample={"outputs": []}, calculate_metric={"loss": 2.5, "step": 1.0})
 
     r.native_service = svc  # the dashboard reads the same curves
     return r
