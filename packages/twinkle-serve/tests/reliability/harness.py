@@ -190,7 +190,8 @@ def fb_body(model_id: str, seq_id: int, data: list[tuple[list[int], dict]], loss
         d.model_input.add().encoded_text.tokens = np.asarray(tokens, dtype=np.int32).tobytes()
         for name, values in inputs.items():
             arr = np.asarray(values)
-            dtype = (dtypes or {}).get(name) or (pb.DTYPE_INT64 if arr.dtype.kind in "iu" else pb.DTYPE_FLOAT32)
+            dtypes = dtypes or {}
+            dtype = dtypes[name] if name in dtypes else (pb.DTYPE_INT64 if arr.dtype.kind in "iu" else pb.DTYPE_FLOAT32)
             np_dtype = {pb.DTYPE_INT64: np.int64, pb.DTYPE_FLOAT32: np.float32}.get(dtype, np.float32)
             t = d.loss_fn_inputs[name]
             t.dtype = dtype

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
@@ -45,7 +45,7 @@ def build_dashboard_router(rt: Runtime, service: NativeService) -> APIRouter:
 
     @r.get(f"{PREFIX}/dashboard/summary", response_model=DashboardSummary,
            summary="The caller's runs with their loss/reward curves, and the server's queue and throughput")
-    def summary(limit: int = 20, t: str = Depends(tenant)):
+    def summary(limit: int = Query(20, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         runs = []
         for run in views.runs(t, limit).runs:
             curves = service.curves.of(run.model_id)
