@@ -24,7 +24,8 @@ LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningf
 class MultiLoraBackend(TorchSampling, Backend):
     fuses = True
 
-    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64):
+    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
+                 device: str | None = None):
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
@@ -32,12 +33,12 @@ class MultiLoraBackend(TorchSampling, Backend):
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
-        self.engine = MultiLoraModel(model=hf)
+        self.engine = MultiLoraModel(model=hf, device=device)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.adapter_memory)
         self.engine.model_id = base_model
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, torch_dtype, max_batch_size)
+        self._init_sampler(model_path, torch_dtype, max_batch_size, device=device)
 
     # ---- adapters ----------------------------------------------------------------------------------
     def create_adapter(self, name: str, spec: LoraSpec) -> None:

@@ -60,6 +60,13 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _group_device() -> str | None:
+    """'cuda' on a rank of a cuda DeviceGroup (Ray gave the actor its GPU); else the default (CPU)."""
+    from twinkle.mesh import get_global_mesh
+
+    return "cuda" if get_global_mesh().device_type == "cuda" else None
+
+
 # -- forward_backward fan-out / fan-in ------------------------------------------------------------
 def _slice_items(args, kwargs, mesh, rank):
     """Rank `rank` gets its data rank's contiguous slice of every request's datums."""
@@ -102,9 +109,9 @@ class TrainShard(MultiLoraBackend):
             from twinkle.hub import resolve_model_path
 
             model_path = str(resolve_model_path(base_model))
-        super().__init__(base_model, model_path, dtype=dtype)
+        super().__init__(base_model, model_path, dtype=dtype, device=_group_device())
 
-    def _init_sampler(self, *args) -> None:
+    def _init_sampler(self, *args, **kwargs) -> None:
         pass  # sampling is the SamplerShard's
 
     def describe(self) -> dict:
@@ -112,9 +119,21 @@ class TrainShard(MultiLoraBackend):
 
     create_adapter = _returns_user_errors(MultiLoraBackend.create_adapter)
     remove_adapter = _returns_user_errors(MultiLoraBackend.remove_adapter)
-    adapter_tensors = _returns_user_errors(MultiLoraBackend.adapter_tensors)
-    optimizer_tensors = _returns_user_errors(MultiLoraBackend.optimizer_tensors)
-    load_adapter_tensors = _returns_user_errors(MultiLoraBackend.load_adapter_tensors)
+
+    # Tensors cross to the server on the CPU (it may have no GPU) and come back to the params' device.
+    @_returns_user_errors
+    def adapter_tensors(self, name):
+        return super().adapter_tensors(name).to(device="cpu")
+
+    @_returns_user_errors
+    def optimizer_tensors(self, name):
+        return {k: v.cpu() for k, v in super().optimizer_tensors(name).items()}
+
+    @_returns_user_errors
+    def load_adapter_tensors(self, name, weights, optimizer):
+        if optimizer:  # AdamW keeps `step` on the CPU, the moments beside their parameters
+            optimizer = {k: v if k.endswith(".step") else v.to(self.engine.device) for k, v in optimizer.items()}
+        return super().load_adapter_tensors(name, weights, optimizer)
 
     @remote_method(dispatch=_slice_items, collect=merge_rank_results)
     def forward_backward_many(self, items) -> dict:
@@ -129,7 +148,7 @@ class TrainShard(MultiLoraBackend):
             except Exception as e:  # noqa: BLE001 - every rank must still reach the collective below
                 for i in live:
                     results[i] = e
-        ok = torch.tensor([0.0 if isinstance(r, Exception) else 1.0 for r in results])
+        ok = torch.tensor([0.0 if isinstance(r, Exception) else 1.0 for r in results], device=self.engine.device)
         if _world() > 1:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         for i, (name, *_rest) in enumerate(items):
@@ -144,7 +163,7 @@ class TrainShard(MultiLoraBackend):
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         state = self._state(name)
         if _world() > 1:  # sum the ranks' gradients: the gradient of the whole batch's summed loss
-            has = torch.tensor([float(any(p.grad is not None for p in state.params))])
+            has = torch.tensor([float(any(p.grad is not None for p in state.params))], device=self.engine.device)
             dist.all_reduce(has, op=dist.ReduceOp.MAX)
             if has.item():
                 grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in state.params]
@@ -177,7 +196,7 @@ class SamplerShard(TorchSampling):
         config = AutoConfig.from_pretrained(model_path)
         self.vocab_size = config.vocab_size
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size)
+        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size, device=_group_device())
 
     def set_adapter(self, name: str, weights) -> None:
         self.sampler.set_adapter(name, weights)
@@ -265,7 +284,8 @@ class RemoteBackend(Backend):
 
     # ---- samplers: weights travel as tensors, so no rank needs the server's disk ---------------------
     def install_sampler_from_adapter(self, sampler, adapter):
-        self.samplers.set_adapter(sampler, self.adapter_tensors(adapter))
+        # a snapshot: an in-process shard hands out its live tensors, so copy before installing
+        self.samplers.set_adapter(sampler, self.adapter_tensors(adapter).clone())
         self._sampler_names.add(sampler)
 
     def install_sampler_from_folder(self, sampler, folder):
