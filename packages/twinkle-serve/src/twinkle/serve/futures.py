@@ -59,6 +59,8 @@ class FutureHub:
         self._finish(request_id, "failed", JSON, json.dumps({"error": message, "category": category}).encode())
 
     def _row(self, request_id: str, tenant: str) -> dict | None:
+        if not isinstance(request_id, str):
+            return None
         return self.store.one("SELECT status, content_type, payload FROM futures WHERE request_id=? AND tenant=?",
                               (request_id, tenant))
 

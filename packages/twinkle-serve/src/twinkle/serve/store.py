@@ -69,6 +69,8 @@ class Store:
 
     def owned(self, table: str, key: str, value: str, tenant: str) -> dict | None:
         """The row if it exists *and* belongs to `tenant`; otherwise None (callers answer 404 either way)."""
+        if not isinstance(value, str):  # an id of another JSON type names nothing (and SQLite can't bind a dict)
+            return None
         return self.one(f"SELECT * FROM {table} WHERE {key} = ? AND tenant = ?", (value, tenant))
 
     def touch_model(self, model_id: str) -> None:

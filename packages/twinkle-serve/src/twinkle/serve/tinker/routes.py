@@ -6,6 +6,8 @@ routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
 
 from __future__ import annotations
 
+import sqlite3
+
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -113,7 +115,7 @@ def build_router(rt: Runtime) -> APIRouter:
             body = await json_body(request)
             try:
                 return await run_in_threadpool(fn, t, body)
-            except (TypeError, ValueError, AttributeError) as e:
+            except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
                 # parsing a field of the wrong type (queued work runs later, on the worker, not here)
                 raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
         r.add_api_route(path, handler, methods=["POST"])
@@ -139,6 +141,8 @@ def build_router(rt: Runtime) -> APIRouter:
     async def retrieve_future(request: Request, t: str = Depends(tenant)):
         body = await json_body(request)
         request_id = body.get("request_id")
+        if not isinstance(request_id, str):
+            raise BadRequest(f"request_id must be a string, got {type(request_id).__name__}")
         row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
