@@ -45,13 +45,23 @@ def _member_session(name: str, dist: str, folder: str) -> None:
     def run(session: nox.Session) -> None:
         # Only this distribution and what it declares: an undeclared sibling is simply absent.
         _sync(session, "--package", dist)
-        _pytest(session, f"{folder}/tests")
+        _pytest(session, f"{folder}/tests", *(f"--ignore={p}" for p in OWN_SESSION.get(name, ())))
 
     run.__doc__ = f"{dist} alone, with only its declared dependencies"
 
 
+# Suites with a session of their own, left out of their member's session.
+OWN_SESSION = {"serve": ["packages/twinkle-serve/tests/reliability"]}
+
 for _name, (_dist, _folder) in MEMBERS.items():
     _member_session(_name, _dist, _folder)
+
+
+@nox.session(name="reliability")
+def reliability(session: nox.Session) -> None:
+    """The real `twinkle-server` under load, kill -9, fuzzing, isolation, bad data, limits (prints a summary)."""
+    _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
+    _pytest(session, "packages/twinkle-serve/tests/reliability")
 
 
 @nox.session(name="all", default=False)

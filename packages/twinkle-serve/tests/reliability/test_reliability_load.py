@@ -6,7 +6,7 @@ trained alone, one tenant at a time, on a fresh server: loss k depends on every 
 order). Prints throughput and p50/p99 step latency.
 
 The issue asks 100 steps per tenant; CI shares 2 cores and 90 minutes with everything else, so
-N = RELIABILITY_LOAD_STEPS (default 12) -- the output says N against 100.
+N = RELIABILITY_LOAD_STEPS (default 4: measured ~4.4 min for this test on the shared 2 cores) -- the output says N against 100.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from harness import SUMMARY
 
 TENANTS = [f"tenant{i}" for i in range(8)]
-STEPS = int(os.environ.get("RELIABILITY_LOAD_STEPS", "12"))
+STEPS = int(os.environ.get("RELIABILITY_LOAD_STEPS", "4"))
 WINDOW = 3  # steps submitted before waiting on the first: the SDK pipelines, seq_id must keep the order
 LR = 2e-2
 
