@@ -22,7 +22,7 @@ RAY_CONFIG = {"ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "c
 
 
 def run_tinker_loop(server, sft):
-    """Three SL steps, then a sampler from the trained weights: the numbers both servers must agree on."""
+    """Three SL steps, a step after a failed request, a sampler: the numbers both servers must agree on."""
     import tinker
     from tinker import types
 
@@ -35,12 +35,22 @@ def run_tinker_loop(server, sft):
         losses.append(fb.result().metrics["loss:sum"])
         step.result()
     out = tc.forward([sft(s) for s in SEQS], "cross_entropy").result()
+    # A request whose loss overflows only in the last datum (data rank 1's slice) fails as a whole:
+    # rank 0's part of it must leave no gradient behind, so the next step equals one process's.
+    poisoned = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]), loss_fn_inputs={
+        "target_tokens": s[1:], "advantages": [1.0] * (len(s) - 1),  # sampled at logprob -200: ratio e^190
+        "logprobs": [-200.0 if k == len(SEQS) - 1 else -1.0] * (len(s) - 1)}) for k, s in enumerate(SEQS)]
+    clean = tc.forward_backward([sft(s) for s in SEQS[:2]], "cross_entropy")
+    with pytest.raises(Exception, match="not finite"):
+        tc.forward_backward(poisoned, "importance_sampling").result()
+    clean.result()
+    grad_norm = tc.optim_step(types.AdamParams(learning_rate=1e-4)).result().metrics["grad_norm:mean"]
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(PROBE[:6])
     samples = [sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
         max_tokens=5, seed=17, temperature=1.0)).result() for _ in range(2)]  # both sampler replicas
     return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
-            "forward_loss": out.metrics["loss:sum"], "tc": tc,
+            "forward_loss": out.metrics["loss:sum"], "tc": tc, "grad_norm_after_failure": grad_norm,
             "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
             "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples]}
 
@@ -79,6 +89,7 @@ def test_data_parallel_losses_equal_one_process(runs):
     expected, got = runs
     assert got["losses"][-1] < got["losses"][0]
     np.testing.assert_allclose(got["losses"], expected["losses"], rtol=1e-5)
+    assert got["grad_norm_after_failure"] == pytest.approx(expected["grad_norm_after_failure"], rel=1e-5)
     assert got["forward_loss"] == pytest.approx(expected["forward_loss"], rel=1e-5)
     assert [len(lp) for lp in got["logprobs"]] == [len(s) - 1 for s in SEQS]  # datum order kept
     for g, e in zip(got["logprobs"], expected["logprobs"]):
