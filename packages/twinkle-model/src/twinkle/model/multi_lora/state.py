@@ -6,7 +6,6 @@ optimizer only ever sees its own adapter's parameters, and a metric only its own
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -16,47 +15,7 @@ from twinkle.loss import CrossEntropyLoss, Loss, create_loss
 from twinkle.metric import LossMetric, Metric, OptimizerMetric, TokenAccuracy
 
 from twinkle.model.multi_lora.spec import AdapterSpec
-
-
-def _warmup_then(decay):
-    def schedule(num_warmup_steps: int = 0, num_training_steps: int = 1, min_lr_ratio: float = 0.0):
-        def factor(step: int) -> float:
-            if step < num_warmup_steps:
-                return (step + 1) / max(1, num_warmup_steps)
-            progress = min(1.0, (step - num_warmup_steps) / max(1, num_training_steps - num_warmup_steps))
-            return min_lr_ratio + (1.0 - min_lr_ratio) * decay(progress)
-        return factor
-    return schedule
-
-
-# Warm-up schedules by the names users write; anything else is looked up in torch.optim.lr_scheduler.
-_WARMUP_SCHEDULES = {
-    "CosineWarmupScheduler": _warmup_then(lambda p: 0.5 * (1.0 + math.cos(math.pi * p))),
-    "LinearWarmupScheduler": _warmup_then(lambda p: 1.0 - p),
-    "ConstantWarmupScheduler": _warmup_then(lambda p: 1.0),
-}
-
-
-def build_optimizer(optimizer_cls, params: list[nn.Parameter], **kwargs) -> torch.optim.Optimizer:
-    if isinstance(optimizer_cls, str):
-        cls = getattr(torch.optim, optimizer_cls, None)
-        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
-            raise ValueError(f"unknown optimizer {optimizer_cls!r}: expected a torch.optim class name "
-                             "such as 'AdamW' or 'SGD', or an Optimizer subclass")
-        optimizer_cls = cls
-    return optimizer_cls(params, **kwargs)
-
-
-def build_scheduler(scheduler_cls, optimizer: torch.optim.Optimizer, **kwargs):
-    if isinstance(scheduler_cls, str):
-        if scheduler_cls in _WARMUP_SCHEDULES:
-            return torch.optim.lr_scheduler.LambdaLR(optimizer, _WARMUP_SCHEDULES[scheduler_cls](**kwargs))
-        cls = getattr(torch.optim.lr_scheduler, scheduler_cls, None)
-        if not isinstance(cls, type):
-            raise ValueError(f"unknown lr scheduler {scheduler_cls!r}: expected one of "
-                             f"{sorted(_WARMUP_SCHEDULES)} or a torch.optim.lr_scheduler class name")
-        scheduler_cls = cls
-    return scheduler_cls(optimizer, **kwargs)
+from twinkle.model.optim import build_optimizer, resolve_scheduler
 
 
 def default_metrics() -> list[Metric]:
@@ -81,7 +40,8 @@ class AdapterState:
     dropout_generator: torch.Generator | None = None
 
     def set_optimizer(self, optimizer_cls="AdamW", **kwargs) -> None:
-        self.optimizer = build_optimizer(optimizer_cls, self.params, **kwargs)
+        # LoRA factors are all matrices: every one lands in the decay group, as in TransformersModel.
+        self.optimizer = build_optimizer(optimizer_cls, [(f"lora.{i}", p) for i, p in enumerate(self.params)], **kwargs)
         self.scheduler = None  # a scheduler is bound to one optimizer
 
     def ensure_optimizer(self) -> torch.optim.Optimizer:
@@ -90,7 +50,8 @@ class AdapterState:
         return self.optimizer
 
     def set_scheduler(self, scheduler_cls, **kwargs) -> None:
-        self.scheduler = build_scheduler(scheduler_cls, self.ensure_optimizer(), **kwargs)
+        # One schedule implementation for both engines, so a tenant's lr curve does not depend on which runs it.
+        self.scheduler = resolve_scheduler(scheduler_cls)(self.ensure_optimizer(), **kwargs)
 
     def set_loss(self, name_or_cls, **kwargs) -> None:
         self.loss = create_loss(name_or_cls, **kwargs)
