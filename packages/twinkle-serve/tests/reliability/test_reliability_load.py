@@ -130,4 +130,5 @@ def test_eight_tenants_lose_and_reorder_nothing(load_run, launch):
     assert worst_weight <= 1e-5, worst_weight
     SUMMARY["steps under load (0 lost, 0 reordered)"] = (
         f"{steps} ({len(TENANTS)} tenants x {STEPS}, SDK; {steps / wall:.1f} steps/s, "
-        f"p50 {np.percentile(lat, 50) * 1e3:.0f} ms, p99 {np.percentile(lat, 99) * 1e3:.0f} ms)")
+        f"p50 {np.percentile(lat, 50) * 1e3:.0f} ms, p99 {np.percentile(lat, 99) * 1e3:.0f} ms; "
+        f"vs alone: loss {worst_loss:.1e}, adapter {worst_weight:.1e})")
