@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import time
 
 import torch
@@ -35,13 +36,33 @@ ADAPTER = "dpo"
 PAIR_KEYS = ("input_ids", "labels", "rejected_input_ids", "rejected_labels")
 
 
-def preference_pairs(split: str, template: Template, limit: int | None, seed: int) -> list[dict]:
-    """Encoded (chosen, rejected) rows: the right answer against a near miss."""
+REJECTED = ("wrong-op", "near", "mixed")
+QUESTION = re.compile(r"(-?\d+)\s*([-+])\s*(-?\d+)")
+
+
+def wrong_answer(question: str, truth: int, mode: str, rng: random.Random) -> int:
+    """The rejected answer. `near`: off by 1, 2 or 10 (telling them apart takes exact arithmetic);
+    `wrong-op`: the other operation's result (a+b for a-b and back: a learnable, systematic error);
+    `mixed`: either, half and half."""
+    if mode == "mixed":
+        mode = rng.choice(["near", "wrong-op"])
+    if mode == "wrong-op":
+        a, op, b = QUESTION.search(question).groups()
+        wrong = int(a) - int(b) if op == "+" else int(a) + int(b)
+        if wrong != truth:
+            return wrong
+    return truth + rng.choice([-10, -2, -1, 1, 2, 10])
+
+
+def preference_pairs(split: str, template: Template, limit: int | None, seed: int, mode: str = "wrong-op") -> list[dict]:
+    """Encoded (chosen, rejected) rows: the right answer against a wrong one (see `wrong_answer`)."""
+    if mode not in REJECTED:
+        raise ValueError(f"unknown rejected-answer mode {mode!r}; expected one of {REJECTED}")
     rng = random.Random(seed)
     raw = []
     for row in arithmetic_prompts(split, limit):
         truth = int(row["ground_truth"])
-        wrong = truth + rng.choice([-10, -2, -1, 1, 2, 10])
+        wrong = wrong_answer(row["question"], truth, mode, rng)
         raw.append({"prompt": row["question"], "chosen": str(truth), "rejected": str(wrong)})
     encoded = [template.encode(r) for r in PreferenceProcessor(system=ARITHMETIC_SYSTEM)(raw)]
     return [{k: e[k] for k in PAIR_KEYS} for e in encoded]
@@ -79,6 +100,7 @@ def main(argv=None) -> dict:
     p.add_argument("--batch-pairs", type=int, default=16)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--rejected", choices=REJECTED, default="wrong-op", help="how the rejected answer is wrong")
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--eval-pairs", type=int, default=200)
     p.add_argument("--eval-every", type=int, default=10)
@@ -92,8 +114,8 @@ def main(argv=None) -> dict:
 
     base = warm_start(args.model, steps=args.warm_start_steps) if args.warm_start_steps else args.model
     template = Template(model_id=base)
-    train_pairs = preference_pairs("train", template, None, args.seed)
-    held_out = preference_pairs("test", template, args.eval_pairs, args.seed + 1)
+    train_pairs = preference_pairs("train", template, None, args.seed, args.rejected)
+    held_out = preference_pairs("test", template, args.eval_pairs, args.seed + 1, args.rejected)
 
     model = TransformersModel(model_id=base)
     model.add_adapter_to_model(ADAPTER, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
@@ -130,7 +152,9 @@ def main(argv=None) -> dict:
     summary = {"example": "dpo", "steps": args.steps, "pairs_per_step": args.batch_pairs, "held_out_pairs": len(held_out),
                "preference_accuracy_start": curve[0][1]["preference_accuracy"],
                "preference_accuracy_end": curve[-1][1]["preference_accuracy"],
-               "reward_accuracy_end": curve[-1][1]["reward_accuracy"], "minutes": round(minutes, 2)}
+               "reward_accuracy_start": curve[0][1]["reward_accuracy"],
+               "reward_accuracy_end": curve[-1][1]["reward_accuracy"], "rejected": args.rejected, "lr": args.lr,
+               "beta": args.beta, "minutes": round(minutes, 2)}
     print(json.dumps(summary))
     return summary
 

@@ -2,15 +2,18 @@
 
     uv run --extra plot examples/gkd.py
 
-Teacher: the demo model after a longer SFT on arithmetic; student: the demo model after a shorter
-one, plus a LoRA (both warm starts are cached). Each step the student samples answers with its
-current adapter, the teacher scores every position of those sequences (its top-k next-token
-log-probs), and the student minimises the generalised JSD to the teacher there (`GKDLoss`):
+Teacher: the demo model after a brief SFT on arithmetic (the cached warm start the GRPO and DPO
+examples use); student: the untrained demo model plus a LoRA. Each step the student samples
+answers with its current adapter, the teacher scores every position of those sequences (its top-k
+next-token log-probs), and the student minimises the generalised JSD to the teacher there
+(`GKDLoss`):
 
     sample (student adapter) -> teacher top-k -> forward_backward -> clip_grad_and_step -> sync weights
 
-Measures greedy held-out accuracy of student and teacher; prints the curve, saves a PNG, ends with
-one JSON line.
+Measures on held-out test prompts: the student's GKD loss to the teacher on fixed sequences (the
+prompt and the teacher's greedy answer; the number to watch), the same on the student's own
+greedy answers, and how often the student's greedy answer equals the teacher's. Prints the curve,
+saves a PNG, ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 
 from twinkle.checkpoint_engine import InProcessCheckpointEngine
-from twinkle.hub import DEFAULT_MODEL
+from twinkle.hub import DEFAULT_MODEL, resolve_model_path
 from twinkle.model import TransformersModel
+from twinkle.reward import ArithmeticAccuracy
 from twinkle.rl.demo import arithmetic_prompts, greedy_accuracy, warm_start
 from twinkle.rl.plot import save_curves
 from twinkle.rl.rollout import sample_rollout
@@ -59,12 +63,16 @@ def teacher_topk(teacher, rows: list[dict], k: int) -> list[dict]:
     return out
 
 
+def _fmt(metrics: dict) -> str:
+    return " ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=DEFAULT_MODEL)
-    p.add_argument("--student-warm-start", type=int, default=100)
-    p.add_argument("--teacher-warm-start", type=int, default=300)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--student-warm-start", type=int, default=0, help="SFT steps for the student's base (0: none)")
+    p.add_argument("--teacher-warm-start", type=int, default=200, help="SFT steps for the teacher (cached)")
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=2)
     p.add_argument("--top-k", type=int, default=16)
@@ -80,24 +88,39 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
 
-    student_base = warm_start(args.model, steps=args.student_warm_start)
-    teacher_path = warm_start(args.model, steps=args.teacher_warm_start)
+    student_base = warm_start(args.model, steps=args.student_warm_start) if args.student_warm_start else args.model
+    teacher_path = warm_start(args.model, steps=args.teacher_warm_start) if args.teacher_warm_start else args.model
+    teacher_path = resolve_model_path(teacher_path)
     teacher = AutoModelForCausalLM.from_pretrained(teacher_path, dtype=torch.float32).eval()
 
     model = TransformersModel(model_id=student_base)
-    model.add_adapter_to_model(ADAPTER, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
+    model.add_adapter_to_model(ADAPTER, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0))
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
     model.set_loss("GKDLoss", adapter_name=ADAPTER, beta=args.beta)
     sampler = TorchSampler(model_id=student_base)
     engine = InProcessCheckpointEngine()
     engine.sync(model, sampler, ADAPTER)
-    teacher_sampler = TorchSampler(model=teacher)
+    teacher_sampler = TorchSampler(model_id=teacher_path)  # with the teacher's tokenizer and template
 
     held_out = arithmetic_prompts("test", limit=args.eval_prompts)
     pool, rng = arithmetic_prompts("train"), random.Random(args.seed)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, num_samples=1)
+    teacher_answers = sample_rollout(teacher_sampler, held_out, greedy)
     teacher_acc = greedy_accuracy(teacher_sampler, held_out)
-    curve = [(0, greedy_accuracy(sampler, held_out, ADAPTER))]
-    print(f"teacher held-out accuracy {teacher_acc:.3f}; student step 0: {curve[0][1]:.3f}")
+    # fixed held-out sequences: prompt + the teacher's greedy answer, with the teacher's top-k there
+    teacher_rows = teacher_topk(teacher, teacher_answers.training_rows([0.0] * len(teacher_answers)), args.top_k)
+
+    def evaluate() -> dict:
+        own = sample_rollout(sampler, held_out, greedy, adapter_name=ADAPTER)
+        own_rows = teacher_topk(teacher, own.training_rows([0.0] * len(own)), args.top_k)
+        agree = sum(a == b for a, b in zip(own.texts, teacher_answers.texts)) / len(held_out)
+        reward = ArithmeticAccuracy()(own.texts, own.reward_rows())
+        return {"loss_on_teacher_answers": model.forward_only(inputs=teacher_rows, adapter_name=ADAPTER)["loss"],
+                "loss_on_own_answers": model.forward_only(inputs=own_rows, adapter_name=ADAPTER)["loss"],
+                "agreement": agree, "accuracy": sum(reward.values) / len(reward)}
+
+    curve = [(0, evaluate())]
+    print(f"teacher held-out accuracy {teacher_acc:.3f}; student step 0: {_fmt(curve[0][1])}")
     params = SamplingParams(max_tokens=6, temperature=1.0, num_samples=args.group)
     timer = PhaseTimer()
     for step in range(1, args.steps + 1):
@@ -112,17 +135,26 @@ def main(argv=None) -> dict:
             engine.sync(model, sampler, ADAPTER)
         line = f"step {step}: gkd loss {out['loss']:.4f} [{timer.step_metrics()['time/step']:.1f}s]"
         if step % args.eval_every == 0 or step == args.steps:
-            curve.append((step, greedy_accuracy(sampler, held_out, ADAPTER)))
-            line += f"  held-out {curve[-1][1]:.3f}"
+            curve.append((step, evaluate()))
+            line += f"  held-out {_fmt(curve[-1][1])}"
         print(line, flush=True)
 
-    print("student held-out accuracy: " + "  ".join(f"{s}:{a:.3f}" for s, a in curve) + f"  (teacher {teacher_acc:.3f})")
-    plot = save_curves(args.plot, {"student (greedy)": tuple(zip(*curve)),
-                                   "teacher": ([0, args.steps], [teacher_acc, teacher_acc])},
-                       title="On-policy distillation (GKD)", ylabel="held-out accuracy")
+    steps = [s for s, _ in curve]
+    for key in ("loss_on_teacher_answers", "loss_on_own_answers", "agreement", "accuracy"):
+        print(f"held-out {key}: " + "  ".join(f"{s}:{m[key]:.3f}" for s, m in curve))
+    print(f"teacher held-out accuracy {teacher_acc:.3f}")
+    plot = save_curves(args.plot, {
+        "held-out GKD loss, teacher's answers": (steps, [m["loss_on_teacher_answers"] for _, m in curve]),
+        "held-out GKD loss, student's answers": (steps, [m["loss_on_own_answers"] for _, m in curve]),
+        "held-out agreement with teacher": (steps, [m["agreement"] for _, m in curve]),
+    }, title="On-policy distillation (GKD)", ylabel="JSD to teacher / agreement")
     print(f"plot: {plot or 'matplotlib not installed (uv run --extra plot ...)'}")
-    summary = {"example": "gkd", "steps": args.steps, "teacher_accuracy": teacher_acc,
-               "student_accuracy_start": curve[0][1], "student_accuracy_end": curve[-1][1],
+    summary = {"example": "gkd", "steps": args.steps, "prompts_per_step": args.prompts, "group": args.group,
+               "held_out_prompts": len(held_out), "teacher_accuracy": teacher_acc,
+               "loss_start": curve[0][1]["loss_on_teacher_answers"], "loss_end": curve[-1][1]["loss_on_teacher_answers"],
+               "own_loss_start": curve[0][1]["loss_on_own_answers"], "own_loss_end": curve[-1][1]["loss_on_own_answers"],
+               "agreement_start": curve[0][1]["agreement"], "agreement_end": curve[-1][1]["agreement"],
+               "student_accuracy_start": curve[0][1]["accuracy"], "student_accuracy_end": curve[-1][1]["accuracy"],
                "minutes": round((time.perf_counter() - t_start) / 60, 2)}
     print(json.dumps(summary))
     return summary

@@ -31,3 +31,38 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
     assert json.loads(out.strip().splitlines()[-1]) == summary
     assert "step 3: reward" in out and "kl" in out and "held-out reward curve:   0:" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dpo_example_overfits_its_training_pairs_and_reports_both_accuracies(tmp_path, capsys):
+    dpo = load("dpo")
+    summary = dpo.main(["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "3", "--batch-pairs", "4",
+                        "--eval-pairs", "8", "--eval-every", "2", "--lr", "1e-2", "--plot", str(tmp_path / "dpo.png")])
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1]) == summary
+    # step 0: policy == reference, so no pair has a positive implicit-reward margin
+    assert summary["reward_accuracy_start"] == 0.0
+    assert 0.0 <= summary["preference_accuracy_end"] <= 1.0 and 0.0 <= summary["reward_accuracy_end"] <= 1.0
+    assert (tmp_path / "dpo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dpo_rejected_answers_are_wrong_and_of_the_asked_kind():
+    dpo = load("dpo")
+    rng = __import__("random").Random(0)
+    assert dpo.wrong_answer("What is 8 + 36?", 44, "wrong-op", rng) == 8 - 36
+    assert dpo.wrong_answer("What is 16 - 7?", 9, "wrong-op", rng) == 23
+    assert dpo.wrong_answer("What is 5 - 0?", 5, "wrong-op", rng) != 5  # a+b == a-b: falls back to a near miss
+    assert all(dpo.wrong_answer("What is 1 + 2?", 3, "near", rng) - 3 in (-10, -2, -1, 1, 2, 10) for _ in range(20))
+    with pytest.raises(ValueError, match="rejected-answer mode"):
+        dpo.preference_pairs("test", None, 1, 0, "random")
+
+
+def test_gkd_example_runs_and_reports_held_out_loss_to_teacher(tmp_path, capsys):
+    gkd = load("gkd")
+    summary = gkd.main(["--model", TEST_MODEL, "--teacher-warm-start", "0", "--steps", "2", "--prompts", "2",
+                        "--eval-prompts", "4", "--eval-every", "2", "--plot", str(tmp_path / "gkd.png")])
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1]) == summary
+    # teacher == the student's base and the LoRA starts at zero: the student begins as the teacher
+    assert summary["loss_start"] < 1e-6 and summary["agreement_start"] == 1.0
+    assert "held-out loss_on_teacher_answers: 0:" in out
+    assert (tmp_path / "gkd.png").read_bytes()[:4] == b"\x89PNG"
