@@ -50,7 +50,7 @@ def run_tinker_loop(server, sft):
     samples = [sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
         max_tokens=5, seed=17, temperature=1.0)).result() for _ in range(2)]  # both sampler replicas
     return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
-            "forward_loss": out.metrics["loss:sum"], "tc": tc, "grad_norm_after_failure": grad_norm,
+            "forward_loss": out.metrics["loss:sum"], "tc": tc, "client": client, "grad_norm_after_failure": grad_norm,
             "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
             "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples]}
 
@@ -137,3 +137,21 @@ def test_ray_config_is_validated(change, message):
 
     with pytest.raises(ValueError, match=message):
         ServeConfig.model_validate({**RAY_CONFIG, **change})
+
+
+def test_state_saved_from_the_ranks_resumes_on_them(runs, sft):
+    """save_state gathers rank 0's LoRA and AdamW moments; loading puts them on every rank: the
+    resumed model's next step equals the original's."""
+    from tinker import types
+
+    _, got = runs
+    tc = got["tc"]
+    path = tc.save_state("ray-resume").result().path
+    resumed = got["client"].create_training_client_from_state_with_optimizer(path).result()
+    batch = [sft(s) for s in SEQS]
+    steps = []
+    for c in (tc, resumed):
+        fb = c.forward_backward(batch, "cross_entropy").result()
+        c.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        steps.append((fb.metrics["loss:sum"], c.forward(batch, "cross_entropy").result().metrics["loss:sum"]))
+    assert steps[1] == pytest.approx(steps[0], rel=1e-6)
