@@ -4,9 +4,10 @@
 
 Teacher: the demo model after a brief SFT on arithmetic (the cached warm start the GRPO and DPO
 examples use); student: the untrained demo model plus a LoRA. Each step the student samples
-answers with its current adapter, the teacher scores every position of those sequences (its top-k
-next-token log-probs), and the student minimises the generalised JSD to the teacher there
-(`GKDLoss`):
+answers with its current adapter (or, with probability 1 - `--on-policy`, GKD's lambda, the teacher
+samples them: answers the student cannot yet reach by itself), the teacher scores every position
+of those sequences (its top-k next-token log-probs), and the student minimises the generalised JSD
+to the teacher there (`GKDLoss`):
 
     sample (student adapter) -> teacher top-k -> forward_backward -> clip_grad_and_step -> sync weights
 
@@ -76,6 +77,8 @@ def main(argv=None) -> dict:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=2)
     p.add_argument("--top-k", type=int, default=16)
+    p.add_argument("--on-policy", type=float, default=0.5,
+                   help="GKD's lambda: the share of steps trained on the student's samples; the rest on the teacher's")
     p.add_argument("--beta", type=float, default=0.5, help="GKD's JSD mix (0: forward KL, 1: reverse KL)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--eval-prompts", type=int, default=100)
@@ -125,7 +128,11 @@ def main(argv=None) -> dict:
     timer = PhaseTimer()
     for step in range(1, args.steps + 1):
         with timer.phase("sample"):
-            rollout = sample_rollout(sampler, rng.sample(pool, args.prompts), params, adapter_name=ADAPTER)
+            prompts = rng.sample(pool, args.prompts)
+            if rng.random() < args.on_policy:  # on-policy: the student's own answers (current adapter)
+                rollout = sample_rollout(sampler, prompts, params, adapter_name=ADAPTER)
+            else:  # off-policy: the teacher's answers, which the student may not yet reach by itself
+                rollout = sample_rollout(teacher_sampler, prompts, params)
         with timer.phase("score"):
             rows = teacher_topk(teacher, rollout.training_rows([0.0] * len(rollout)), args.top_k)
         with timer.phase("train"):

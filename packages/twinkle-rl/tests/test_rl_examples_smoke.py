@@ -33,9 +33,10 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_dpo_example_overfits_its_training_pairs_and_reports_both_accuracies(tmp_path, capsys):
+def test_dpo_example_runs_and_reports_both_accuracies(tmp_path, capsys):
     dpo = load("dpo")
     summary = dpo.main(["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "3", "--batch-pairs", "4",
+                        "--train-pairs", "8",
                         "--eval-pairs", "8", "--eval-every", "2", "--lr", "1e-2", "--plot", str(tmp_path / "dpo.png")])
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1]) == summary
@@ -43,6 +44,31 @@ def test_dpo_example_overfits_its_training_pairs_and_reports_both_accuracies(tmp
     assert summary["reward_accuracy_start"] == 0.0
     assert 0.0 <= summary["preference_accuracy_end"] <= 1.0 and 0.0 <= summary["reward_accuracy_end"] <= 1.0
     assert (tmp_path / "dpo.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dpo_overfits_four_pairs_policy_and_implicit_reward_margins_move_the_right_way():
+    """The debugging check: on the pairs it trains on, chosen must overtake rejected."""
+    from peft import LoraConfig
+
+    from twinkle.model import TransformersModel
+    from twinkle.template import Template
+
+    dpo = load("dpo")
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    pairs = dpo.preference_pairs("train", Template(model_id=TEST_MODEL), 4, 0, "near")
+    model = TransformersModel(model_id=TEST_MODEL)
+    model.add_adapter_to_model(dpo.ADAPTER, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    model.set_optimizer("AdamW", lr=1e-2, adapter_name=dpo.ADAPTER)
+    model.set_loss("DPOLoss", adapter_name=dpo.ADAPTER, beta=0.1)
+    before = dpo.evaluate(model, pairs)
+    for _ in range(8):
+        out = model.forward_backward(inputs=pairs, adapter_name=dpo.ADAPTER)
+        model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=dpo.ADAPTER)
+    after = dpo.evaluate(model, pairs)
+    assert before["reward_accuracy"] == 0.0  # policy == reference: no margin yet
+    assert after["reward_accuracy"] == 1.0 and out["reward_margin"] > 0 and out["loss"] < 0.69
+    assert after["preference_accuracy"] >= before["preference_accuracy"]
 
 
 def test_dpo_rejected_answers_are_wrong_and_of_the_asked_kind():
