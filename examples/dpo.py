@@ -88,6 +88,8 @@ def evaluate(model, pairs, batch_size: int = 50) -> dict:
         "preference_accuracy": sum(c > r for c, r in zip(chosen_p, rejected_p)) / n,
         "reward_accuracy": sum((c - cr) > (r - rr) for c, r, cr, rr in zip(chosen_p, rejected_p, chosen_r, rejected_r)) / n,
         "chosen_logp": sum(chosen_p) / n,
+        # mean log π(chosen) − log π(rejected): the preference's strength, not just its sign
+        "policy_margin": sum(c - r for c, r in zip(chosen_p, rejected_p)) / n,
     }
 
 
@@ -147,6 +149,7 @@ def main(argv=None) -> dict:
     minutes = (time.perf_counter() - t_start) / 60
     print("held-out preference accuracy: " + "  ".join(f"{s}:{m['preference_accuracy']:.3f}" for s, m in curve))
     print("held-out reward accuracy:     " + "  ".join(f"{s}:{m['reward_accuracy']:.3f}" for s, m in curve))
+    print("held-out policy margin:       " + "  ".join(f"{s}:{m['policy_margin']:.3f}" for s, m in curve))
     plot = save_curves(args.plot, {
         "held-out preference accuracy": ([s for s, _ in curve], [m["preference_accuracy"] for _, m in curve]),
         "held-out implicit-reward accuracy": ([s for s, _ in curve], [m["reward_accuracy"] for _, m in curve]),
@@ -157,6 +160,7 @@ def main(argv=None) -> dict:
                "preference_accuracy_start": curve[0][1]["preference_accuracy"],
                "preference_accuracy_end": curve[-1][1]["preference_accuracy"],
                "reward_accuracy_start": curve[0][1]["reward_accuracy"],
+               "policy_margin_start": curve[0][1]["policy_margin"], "policy_margin_end": curve[-1][1]["policy_margin"],
                "reward_accuracy_end": curve[-1][1]["reward_accuracy"], "rejected": args.rejected, "lr": args.lr,
                "beta": args.beta, "minutes": round(minutes, 2)}
     print(json.dumps(summary))

@@ -4,8 +4,8 @@
 
 Teacher: the demo model after a brief SFT on arithmetic (the cached warm start the GRPO and DPO
 examples use); student: the untrained demo model plus a LoRA. Each step the student samples
-answers with its current adapter (or, with probability 1 - `--on-policy`, GKD's lambda, the teacher
-samples them: answers the student cannot yet reach by itself), the teacher scores every position
+answers with its current adapter (for a share 1 - `--on-policy` of the prompts, GKD's lambda, the
+teacher answers instead: answers the student cannot yet reach by itself), the teacher scores every position
 of those sequences (its top-k next-token log-probs), and the student minimises the generalised JSD
 to the teacher there (`GKDLoss`):
 
@@ -78,9 +78,9 @@ def main(argv=None) -> dict:
     p.add_argument("--group", type=int, default=2)
     p.add_argument("--top-k", type=int, default=16)
     p.add_argument("--on-policy", type=float, default=0.5,
-                   help="GKD's lambda: the share of steps trained on the student's samples; the rest on the teacher's")
+                   help="GKD's lambda: the share of each step's prompts answered by the student; the rest by the teacher")
     p.add_argument("--beta", type=float, default=0.5, help="GKD's JSD mix (0: forward KL, 1: reverse KL)")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--eval-prompts", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
@@ -129,12 +129,14 @@ def main(argv=None) -> dict:
     for step in range(1, args.steps + 1):
         with timer.phase("sample"):
             prompts = rng.sample(pool, args.prompts)
-            if rng.random() < args.on_policy:  # on-policy: the student's own answers (current adapter)
-                rollout = sample_rollout(sampler, prompts, params, adapter_name=ADAPTER)
-            else:  # off-policy: the teacher's answers, which the student may not yet reach by itself
-                rollout = sample_rollout(teacher_sampler, prompts, params)
+            n_own = round(args.on_policy * len(prompts))
+            # on-policy: the student's own answers (current adapter); the rest: the teacher's answers,
+            # which the student may not yet reach by itself. Both in every step keeps the gradient steady.
+            rollouts = [sample_rollout(sampler, prompts[:n_own], params, adapter_name=ADAPTER)] if n_own else []
+            if n_own < len(prompts):
+                rollouts.append(sample_rollout(teacher_sampler, prompts[n_own:], params))
         with timer.phase("score"):
-            rows = teacher_topk(teacher, rollout.training_rows([0.0] * len(rollout)), args.top_k)
+            rows = teacher_topk(teacher, [r for ro in rollouts for r in ro.training_rows([0.0] * len(ro))], args.top_k)
         with timer.phase("train"):
             out = model.forward_backward(inputs=rows, adapter_name=ADAPTER)
             model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER)
