@@ -79,6 +79,8 @@ class AdapterSpec:
     def select(self, model: nn.Module) -> list[str]:
         """Names of the base model's Linear layers this adapter targets; an error if none."""
         output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        # once another adapter (train_unembed) has wrapped the head, the head is its inner Linear
+        output = getattr(output, "base_layer", output)
         names = []
         for name, module in model.named_modules():
             # a layer another adapter already wrapped counts as its Linear; its inner copy does not
