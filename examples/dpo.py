@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--batch-pairs", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--beta", type=float, default=0.5)
     p.add_argument("--rejected", choices=REJECTED, default="wrong-op", help="how the rejected answer is wrong")
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--train-pairs", type=int, default=None, help="use only the first N training questions")
