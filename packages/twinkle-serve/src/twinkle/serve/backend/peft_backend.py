@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+from twinkle.serve.backend.adapter_state import adam_state_tensors, load_adapter_state
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 from twinkle.serve.backend.base import (AdamParams, Backend, Datum, ForwardResult, LoraSpec, UserError)
@@ -149,29 +150,9 @@ class PeftBackend(TorchSampling, Backend):
         return extract_adapter(self._peft, name)
 
     def optimizer_tensors(self, name):
-        opt, out = self._optims[name], {}
-        params = self._adapter_params(name)
-        for key, p in params.items():
-            state = opt.state.get(p)
-            if state:
-                out[f"{key}.exp_avg"] = state["exp_avg"].detach().clone()
-                out[f"{key}.exp_avg_sq"] = state["exp_avg_sq"].detach().clone()
-                out[f"{key}.step"] = torch.as_tensor(state["step"], dtype=torch.float32).reshape(1).clone()
-        return out
+        return adam_state_tensors(self._optims[name], self._adapter_params(name))
 
     def load_adapter_tensors(self, name, weights, optimizer):
-        params = self._adapter_params(name)
-        with torch.no_grad():
-            for module, a in weights.lora_A.items():
-                for suffix, t in (("lora_A", a), ("lora_B", weights.lora_B[module])):
-                    key = f"{module}.{suffix}"
-                    if key not in params or params[key].shape != t.shape:
-                        raise UserError(f"checkpoint tensor {key} {tuple(t.shape)} does not fit this model")
-                    params[key].copy_(t)
-        if optimizer:
-            opt = self._optims[name]
-            for key, p in params.items():
-                if f"{key}.exp_avg" in optimizer:
-                    opt.state[p] = {"step": optimizer[f"{key}.step"].reshape(()).clone(),
-                                    "exp_avg": optimizer[f"{key}.exp_avg"].clone(),
-                                    "exp_avg_sq": optimizer[f"{key}.exp_avg_sq"].clone()}
+        # the optimizer is only touched when there are moments to restore
+        load_adapter_state(self._adapter_params(name), weights, optimizer,
+                           self._optims[name] if optimizer else None)
