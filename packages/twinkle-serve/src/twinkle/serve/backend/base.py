@@ -138,3 +138,15 @@ class Backend(ABC):
     @abstractmethod
     def sample(self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams,
                prompt_logprobs: bool) -> SampleResult: ...
+
+
+class FusedBackend(Backend):
+    """A backend whose unit of work is the fused pass: one request alone is a pass of one."""
+
+    fuses = True
+
+    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
+        (result,) = self.forward_backward_many([(name, data, loss_fn, loss_config, forward_only)])
+        if isinstance(result, Exception):
+            raise result
+        return result

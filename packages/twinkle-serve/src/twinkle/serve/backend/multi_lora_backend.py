@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from twinkle.serve.backend.base import AdamParams, Backend, Datum, ForwardResult, LoraSpec, UserError
+from twinkle.serve.backend.base import AdamParams, Datum, FusedBackend, ForwardResult, LoraSpec, UserError
 from twinkle.serve.backend.adapter_state import adam_state_tensors, load_adapter_state
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
@@ -22,8 +22,7 @@ from twinkle.serve.backend.validate import check_datums, make_loss
 LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningful across ranks
 
 
-class MultiLoraBackend(TorchSampling, Backend):
-    fuses = True
+class MultiLoraBackend(TorchSampling, FusedBackend):
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
                  device: str | None = None):
@@ -74,12 +73,6 @@ class MultiLoraBackend(TorchSampling, Backend):
                     row[key] = [0.0] + arr.astype(np.float32).reshape(-1).tolist()
             rows.append(row)
         return rows
-
-    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
-        (result,) = self.forward_backward_many([(name, data, loss_fn, loss_config, forward_only)])
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def forward_backward_many(self, items) -> list:
         """Several adapters' requests (one each) in one fused pass per kind (train / forward-only)."""

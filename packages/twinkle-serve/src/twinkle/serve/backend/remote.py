@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from twinkle.mesh import remote_class, remote_method
 from twinkle.mesh.device_mesh import split_bounds
-from twinkle.serve.backend.base import AdamParams, Backend, ForwardResult, LoraSpec, UserError
+from twinkle.serve.backend.base import AdamParams, ForwardResult, FusedBackend, LoraSpec, UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
@@ -208,10 +208,8 @@ class SamplerShard(TorchSampling):
         return _returns_user_errors(self.sample)(*args)
 
 
-class RemoteBackend(Backend):
+class RemoteBackend(FusedBackend):
     """The `multi_lora` backend over a TrainShard and a SamplerShard, each local or a remote group."""
-
-    fuses = True
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
                  remote_group: str | None = None, sampler_remote_group: str | None = None,
@@ -242,12 +240,6 @@ class RemoteBackend(Backend):
         self._adapters.discard(name)
 
     # ---- training ----------------------------------------------------------------------------------
-    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
-        (result,) = self.forward_backward_many([(name, data, loss_fn, loss_config, forward_only)])
-        if isinstance(result, Exception):
-            raise result
-        return result
-
     def forward_backward_many(self, items) -> list:
         """Bad requests are answered here, before any rank sees them (so none trains on part of one)."""
         results: list = [None] * len(items)
