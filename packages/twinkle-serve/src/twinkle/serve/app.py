@@ -14,6 +14,7 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.body_limit import BodyLimit
 from twinkle.serve.dashboard import build_dashboard_router
 from twinkle.serve.errors import ApiError
+from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
 from twinkle.serve.runtime import Runtime
@@ -48,6 +49,9 @@ def create_app(rt: Runtime) -> FastAPI:
     async def user_error(request: Request, exc: UserError):
         return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
 
+    # Starlette wraps middleware in reverse order: BodyLimit runs first, so Idempotency never buffers
+    # an oversized body.
+    app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
     app.include_router(build_router(rt))
     native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service

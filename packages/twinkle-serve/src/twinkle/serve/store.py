@@ -1,7 +1,7 @@
 """The server's durable state: one SQLite file in the data dir.
 
-Sessions, training models (= Tinker training runs), samplers, checkpoint metadata, futures and API
-keys. Checkpoint *files* live beside it under `tenants/<tenant>/...`; this file says which exist.
+Sessions, training models (= Tinker training runs), samplers, checkpoint metadata, futures, API
+keys and the answers to idempotent submissions. Checkpoint *files* live beside it under `tenants/<tenant>/...`; this file says which exist.
 Everything a client was told (a future's result, a checkpoint path) is committed here before the
 client can see it, so a restart on the same data dir loses nothing that was acknowledged.
 """
@@ -28,6 +28,8 @@ CREATE TABLE IF NOT EXISTS checkpoints (tinker_path TEXT PRIMARY KEY, tenant TEX
     dir TEXT, user_metadata TEXT);
 CREATE TABLE IF NOT EXISTS futures (request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, status TEXT,
     content_type TEXT, payload BLOB, created_at REAL, completed_at REAL);
+CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    status INTEGER, content_type TEXT, body BLOB, created_at REAL, PRIMARY KEY (tenant, key));
 """
 
 

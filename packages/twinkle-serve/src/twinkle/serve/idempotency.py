@@ -1,0 +1,112 @@
+"""Retried submissions run once: `X-Idempotency-Key` (the Tinker SDK sends one per call, reused on retries).
+
+The first request with a given (tenant, key) runs; its 2xx answer is stored in SQLite and every later
+request with that key gets the stored answer (status, content type, body) without reaching a route.
+A retry that arrives while the first is still being handled waits for it. Only 2xx answers are
+stored: a refused request (4xx, 429) accepted nothing, so running its retry again is what the client
+wants. The same key on a different request (method, path or body) is a client bug: 409.
+
+Crash window: the answer is stored when the route returns, so a kill -9 between a route queueing
+work and that write (microseconds) can still let a retry run twice. Stored answers are kept 24 h.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+
+from twinkle.serve.keys import KeyStore
+from twinkle.serve.store import Store
+
+HEADER = b"x-idempotency-key"
+KEEP_S = 24 * 3600
+MAX_KEY_LEN = 200
+# Reads and liveness calls (POST only because the SDK says so) are answered afresh every time.
+NOT_REPLAYED = ("/retrieve_future", "/session_heartbeat", "/telemetry", "/client/config", "/client/dynamic_config")
+
+
+class Idempotency:
+    """Pure ASGI middleware (it must see the raw body to fingerprint it)."""
+
+    def __init__(self, app, store: Store, keys: KeyStore):
+        self.app, self.store, self.keys = app, store, keys
+        self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
+        store.execute("DELETE FROM idempotency WHERE created_at < ?", (time.time() - KEEP_S,))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].endswith(NOT_REPLAYED):
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        key = headers.get(HEADER, b"").decode("latin-1")
+        tenant = self.keys.tenant_for(headers.get(b"x-api-key", b"").decode("latin-1") or None)
+        if not key or tenant is None:  # no key: nothing to dedupe; no tenant: auth answers 401 downstream
+            return await self.app(scope, receive, send)
+        if len(key) > MAX_KEY_LEN:
+            return await _send_json(send, 400, {"error": f"X-Idempotency-Key is longer than {MAX_KEY_LEN} characters"})
+
+        body, disconnected = await _read_body(receive)
+        fingerprint = hashlib.sha256(b"%s %s\n" % (scope["method"].encode(), scope["path"].encode()) + body).hexdigest()
+        slot = (tenant, key)
+        while (event := self._in_flight.get(slot)) is not None:  # a retry racing the original
+            await event.wait()
+        stored = self.store.one("SELECT fingerprint, status, content_type, body FROM idempotency "
+                                "WHERE tenant=? AND key=?", slot)
+        if stored is not None:
+            if stored["fingerprint"] != fingerprint:
+                return await _send_json(send, 409, {"error": f"X-Idempotency-Key {key!r} was already used for a "
+                                                             "different request; use a new key per request"})
+            return await _send_raw(send, stored["status"], stored["content_type"], stored["body"])
+
+        self._in_flight[slot] = event = asyncio.Event()
+        answer = {"status": 0, "content_type": b"", "body": []}
+
+        unread = [body]
+
+        async def replay_receive():
+            if unread:
+                return {"type": "http.request", "body": unread.pop(), "more_body": False}
+            return await receive() if not disconnected else {"type": "http.disconnect"}
+
+        async def capture_send(message):
+            if message["type"] == "http.response.start":
+                answer["status"] = message["status"]
+                answer["content_type"] = dict(message.get("headers", [])).get(b"content-type", b"")
+            elif message["type"] == "http.response.body":
+                answer["body"].append(message.get("body", b""))
+            await send(message)
+
+        try:
+            await self.app(scope, replay_receive, capture_send)
+            if 200 <= answer["status"] < 300:
+                self.store.execute("INSERT OR REPLACE INTO idempotency (tenant, key, fingerprint, status, content_type, "
+                                   "body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                   (tenant, key, fingerprint, answer["status"], answer["content_type"].decode("latin-1"),
+                                    b"".join(answer["body"]), time.time()))
+        finally:
+            self._in_flight.pop(slot, None)
+            event.set()
+
+
+async def _read_body(receive) -> tuple[bytes, bool]:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks), True
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+
+
+async def _send_raw(send, status: int, content_type: str, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type.encode("latin-1")),
+                            (b"content-length", str(len(body)).encode()), (b"idempotent-replayed", b"true")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _send_json(send, status: int, payload: dict) -> None:
+    payload.setdefault("detail", payload["error"])
+    await _send_raw(send, status, "application/json", json.dumps(payload).encode())
