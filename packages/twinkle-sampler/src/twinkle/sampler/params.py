@@ -15,6 +15,9 @@ class SamplingParams:
     `logprobs`: True returns the log-prob of each sampled token; an int k > 0 also returns the k most
     likely tokens at each step. Log-probs are always the model's own distribution (temperature 1, no
     top-k/top-p truncation), so they equal a teacher-forced forward of the trainer: the on-policy quantity.
+    `prompt_logprobs`: True returns log p(prompt token | prefix) at every prompt position; an int k > 0
+    also returns the k most likely tokens at each position (0 is False: nothing).
+    `ignore_eos`: keep going past end-of-sequence tokens; stop entries still apply.
     """
 
     max_tokens: int = 64
@@ -25,8 +28,8 @@ class SamplingParams:
     stop: str | int | list[str | int] | None = None
     num_samples: int = 1
     logprobs: bool | int = True
-    prompt_logprobs: bool = False
-    ignore_eos: bool = False  # keep going past end-of-sequence tokens (benchmarks); stop entries still apply
+    prompt_logprobs: bool | int = False
+    ignore_eos: bool = False
 
     def __post_init__(self):
         problems = []
@@ -44,6 +47,8 @@ class SamplingParams:
             problems.append(f"num_samples must be an int >= 1, got {self.num_samples!r}")
         if not isinstance(self.logprobs, (bool, int)) or self.logprobs < 0:
             problems.append(f"logprobs must be a bool or an int >= 0, got {self.logprobs!r}")
+        if not isinstance(self.prompt_logprobs, (bool, int)) or self.prompt_logprobs < 0:
+            problems.append(f"prompt_logprobs must be a bool or an int >= 0, got {self.prompt_logprobs!r}")
         for item in self.stop_strings + self.stop_token_ids:
             if item == "" or (isinstance(item, int) and item < 0):
                 problems.append(f"stop entries must be non-empty strings or token ids >= 0, got {item!r}")
@@ -70,6 +75,11 @@ class SamplingParams:
     def top_logprobs(self) -> int:
         """How many alternatives per step to return (0: none). `True` means the sampled token only."""
         return 0 if isinstance(self.logprobs, bool) else int(self.logprobs)
+
+    @property
+    def prompt_top_logprobs(self) -> int:
+        """How many alternatives per prompt position to return (0: none)."""
+        return 0 if isinstance(self.prompt_logprobs, bool) else int(self.prompt_logprobs)
 
     @classmethod
     def from_dict(cls, data: dict | SamplingParams | None) -> SamplingParams:
@@ -100,6 +110,8 @@ class SampleResponse:
     """The sequences of one prompt (`num_samples` of them) and the weights that produced them.
 
     `prompt_logprobs[0]` is None (the first token has no context); the rest are log p(token | prefix).
+    `prompt_top_logprobs[t]` (when `prompt_logprobs=k`) are the k most likely (token id, log-prob) pairs
+    of the distribution that predicts prompt token t, most likely first; `[0]` is None.
     """
 
     sequences: list[SampledSequence]
@@ -107,4 +119,5 @@ class SampleResponse:
     adapter_name: str | None = None
     weight_version: int = 0
     prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     meta: dict = field(default_factory=dict)

@@ -82,14 +82,20 @@ class TorchSampler(Sampler):
         return ids_B_T.to(self.device), mask_B_T.to(self.device)
 
     @staticmethod
-    def _token_logprobs(logits_B_T_V, ids_B_T, mask_B_T) -> list[list[float | None]]:
-        logp_B_T = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1).gather(
-            -1, ids_B_T[:, 1:, None]).squeeze(-1)
-        out = []
+    def _token_logprobs(logits_B_T_V, ids_B_T, mask_B_T, top_k: int = 0) -> tuple[list, list | None]:
+        """(log p(token_t | tokens_<t) per row, first None; with top_k > 0 each position's k most likely
+        (id, log-prob) pairs per row, most likely first, first None, else None). Rows are left-padded."""
+        logp_B_T_V = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1)
+        logp_B_T = logp_B_T_V.gather(-1, ids_B_T[:, 1:, None]).squeeze(-1)
+        top = logp_B_T_V.topk(min(top_k, logp_B_T_V.shape[-1]), dim=-1) if top_k else None
+        lps, tops = [], []
         for i in range(ids_B_T.shape[0]):
             start = int((mask_B_T[i] == 0).sum())  # left padding
-            out.append([None] + logp_B_T[i, start:].tolist())
-        return out
+            lps.append([None] + logp_B_T[i, start:].tolist())
+            if top is not None:
+                tops.append([None] + [list(zip(ids, vals)) for ids, vals in
+                                      zip(top.indices[i, start:].tolist(), top.values[i, start:].tolist())])
+        return lps, tops if top_k else None
 
     @torch.no_grad()
     def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
@@ -102,7 +108,7 @@ class TorchSampler(Sampler):
             with self.router.route(chunk_adapters, self.device):
                 logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
                                     position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
-            result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T))
+            result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T)[0])
         return result
 
     # ---- sampling --------------------------------------------------------------------------------
@@ -115,7 +121,7 @@ class TorchSampler(Sampler):
         # One row per (prompt, sample); rows of a prompt are adjacent.
         rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
         sequences: list[SampledSequence | None] = [None] * len(rows)
-        prompt_lps: dict[int, list] = {}
+        prompt_lps: dict[int, tuple] = {}
         for lo in range(0, len(rows), self.max_batch_size):
             chunk = rows[lo:lo + self.max_batch_size]
             seqs, lps = self._decode([prompts[p] for p, _ in chunk], [adapters[p] for p, _ in chunk],
@@ -123,18 +129,19 @@ class TorchSampler(Sampler):
             for k, (p, _) in enumerate(chunk):
                 sequences[lo + k] = seqs[k]
                 if lps is not None:
-                    prompt_lps.setdefault(p, lps[k])
+                    prompt_lps.setdefault(p, (lps[0][k], lps[1][k] if lps[1] is not None else None))
         responses = []
         for p, prompt in enumerate(prompts):
             n = params.num_samples
+            lps, tops = prompt_lps.get(p, (None, None))
             responses.append(SampleResponse(
                 sequences=sequences[p * n:(p + 1) * n], prompt_tokens=prompt, adapter_name=adapters[p],
-                weight_version=self.weight_version(adapters[p]),
-                prompt_logprobs=prompt_lps.get(p) if params.prompt_logprobs else None))
+                weight_version=self.weight_version(adapters[p]), prompt_logprobs=lps, prompt_top_logprobs=tops))
         return responses
 
     def _decode(self, prompts: list[Prompt], adapters: list[str | None], seeds: list[int],
-                params: SamplingParams) -> tuple[list[SampledSequence], list | None]:
+                params: SamplingParams) -> tuple[list[SampledSequence], tuple | None]:
+        """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None))."""
         from transformers import DynamicCache
 
         n = len(prompts)
@@ -155,14 +162,15 @@ class TorchSampler(Sampler):
                              use_cache=True, **{self._cache_kw: cache},
                              logits_to_keep=0 if params.prompt_logprobs else 1)
             if params.prompt_logprobs:
-                prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T)
+                prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T, params.prompt_top_logprobs)
             logits_B_V = out.logits[:, -1].float()
             next_pos_B = pos_B_T[:, -1] + 1
             for step in range(params.max_tokens):
                 logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
                 next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
                 chosen_lp = logp_B_V.gather(-1, next_B[:, None]).squeeze(-1).tolist()
-                top = logp_B_V.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
+                top = (logp_B_V.topk(min(params.top_logprobs, logp_B_V.shape[-1]), dim=-1)
+                       if params.top_logprobs else None)
                 keep = []
                 for b, r in enumerate(active):
                     tok = int(next_B[b])

@@ -85,7 +85,7 @@ class VLLMSampler(Sampler):
             seed=params.seed, stop=params.stop_strings or None, stop_token_ids=params.stop_token_ids or None,
             include_stop_str_in_output=True, skip_special_tokens=False, ignore_eos=params.ignore_eos,
             logprobs=max(params.top_logprobs, 1) if params.logprobs is not False else None,
-            prompt_logprobs=1 if params.prompt_logprobs else None)
+            prompt_logprobs=max(params.prompt_top_logprobs, 1) if params.prompt_logprobs else None)
 
     def _generate(self, prompts, vparams, adapters):
         from vllm.inputs import TokensPrompt
@@ -104,16 +104,18 @@ class VLLMSampler(Sampler):
             seqs = []
             for c in sorted(out.outputs, key=lambda c: c.index):
                 lps = [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)] if c.logprobs else None
-                tops = ([sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank <= params.top_logprobs),
-                                key=lambda x: -x[1]) for step in c.logprobs] if params.top_logprobs else None)
+                tops = [_top(step, params.top_logprobs) for step in c.logprobs] if params.top_logprobs else None
                 seqs.append(SampledSequence(tokens=list(c.token_ids), logprobs=lps,
                                             stop_reason="length" if c.finish_reason == "length" else "stop",
                                             text=c.text, top_logprobs=tops))
-            prompt_lps = None
+            prompt_lps = prompt_tops = None
             if params.prompt_logprobs and out.prompt_logprobs is not None:
                 prompt_lps = [None] + [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], prompt[1:])]
+                if params.prompt_top_logprobs:
+                    prompt_tops = [None] + [_top(step, params.prompt_top_logprobs) for step in out.prompt_logprobs[1:]]
             responses.append(SampleResponse(sequences=seqs, prompt_tokens=prompt, adapter_name=adapter,
-                                            weight_version=self.weight_version(adapter), prompt_logprobs=prompt_lps))
+                                            weight_version=self.weight_version(adapter), prompt_logprobs=prompt_lps,
+                                            prompt_top_logprobs=prompt_tops))
         return responses
 
     def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
@@ -131,3 +133,8 @@ class VLLMSampler(Sampler):
             shutdown = getattr(engine.llm_engine, "shutdown", None)
             if callable(shutdown):
                 shutdown()
+
+
+def _top(step: dict, k: int) -> list[tuple[int, float]]:
+    """vLLM's per-position logprob dict (the k best by rank plus the chosen token) -> the k best, best first."""
+    return sorted(((t, lp.logprob) for t, lp in step.items() if lp.rank <= k), key=lambda x: -x[1])

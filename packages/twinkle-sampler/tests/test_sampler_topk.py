@@ -1,0 +1,83 @@
+"""Top-k log-probs (prompt and sampled) and ignore_eos on TorchSampler, against a full peft forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from twinkle.sampler import SamplingParams, TorchSampler, extract_adapter
+
+
+@pytest.fixture(scope="module")
+def sampler(model_path, trainer):
+    s = TorchSampler(model_path)
+    s.set_adapter("tenant", extract_adapter(trainer, "tenant"))
+    return s
+
+
+@torch.no_grad()
+def full_logp(trainer, tokens: list[int], adapter: str | None) -> torch.Tensor:
+    """log-softmax of the peft trainer's logits at every position of one unpadded sequence: [T, V]."""
+    ids = torch.tensor([tokens])
+    if adapter is None:
+        with trainer.disable_adapter():
+            logits = trainer(input_ids=ids).logits
+    else:
+        trainer.set_adapter(adapter)
+        logits = trainer(input_ids=ids).logits
+    return torch.log_softmax(logits[0].float(), dim=-1)
+
+
+def assert_topk_rows(rows, logp_T_V, k):
+    """rows[i] are the k best (id, log-prob) of logp_T_V[i]: ids exact, values to 1e-5, best first."""
+    assert len(rows) == logp_T_V.shape[0]
+    for row, logp_V in zip(rows, logp_T_V):
+        want = logp_V.topk(k)
+        assert [t for t, _ in row] == want.indices.tolist()
+        assert max(abs(lp - w) for (_, lp), w in zip(row, want.values.tolist())) < 1e-5
+
+
+def test_prompt_top_logprobs_match_a_full_forward_in_a_padded_mixed_batch(sampler, trainer, prompts):
+    # Prompts of different lengths (left padding) and different adapters share one prefill.
+    rows, adapters = [prompts[1], prompts[2], prompts[3]], ["tenant", None, "tenant"]
+    out = sampler.sample(rows, SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=4), adapter_name=adapters)
+    for prompt, adapter, response in zip(rows, adapters, out):
+        tops = response.prompt_top_logprobs
+        assert len(tops) == len(prompt) and tops[0] is None
+        logp_T_V = full_logp(trainer, prompt, adapter)
+        assert_topk_rows(tops[1:], logp_T_V[:-1], 4)
+        # the prompt token's own log-prob is the same distribution read at that token
+        for t, lp in enumerate(response.prompt_logprobs[1:], start=1):
+            assert abs(lp - float(logp_T_V[t - 1, prompt[t]])) < 1e-5
+
+
+def test_sampled_top_logprobs_match_a_full_forward_of_the_completion(sampler, trainer, prompts):
+    prompt = prompts[0]
+    seq = sampler.sample([prompt], SamplingParams(max_tokens=6, temperature=1.0, seed=4, logprobs=5),
+                         adapter_name="tenant")[0].sequences[0]
+    logp_T_V = full_logp(trainer, prompt + seq.tokens, "tenant")[len(prompt) - 1:-1]
+    assert_topk_rows(seq.top_logprobs, logp_T_V, 5)
+    assert max(abs(lp - float(logp_T_V[i, t])) for i, (t, lp) in enumerate(zip(seq.tokens, seq.logprobs))) < 1e-5
+
+
+def test_prompt_logprobs_flag_forms(sampler, prompts):
+    plain = sampler.sample([prompts[1]], SamplingParams(max_tokens=1, prompt_logprobs=True))[0]
+    assert plain.prompt_top_logprobs is None and len(plain.prompt_logprobs) == len(prompts[1])
+    off = sampler.sample([prompts[1]], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+    assert off.prompt_logprobs is None and off.prompt_top_logprobs is None
+    # k beyond the vocabulary: every token, in order (no error)
+    vocab = sampler.model.config.vocab_size
+    wide = sampler.sample([prompts[1][:3]], SamplingParams(max_tokens=1, prompt_logprobs=vocab + 10))[0]
+    assert all(len(row) == vocab for row in wide.prompt_top_logprobs[1:])
+    with pytest.raises(ValueError, match="prompt_logprobs must be a bool or an int >= 0"):
+        SamplingParams(prompt_logprobs=-1)
+
+
+def test_ignore_eos_runs_to_max_tokens(model_path, prompts):
+    s = TorchSampler(model_path)
+    greedy = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0))[0].sequences[0].tokens
+    s.eos_token_ids = [greedy[1]]  # make the second greedy token this model's end of sequence
+    stopped = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0))[0].sequences[0]
+    assert stopped.tokens == greedy[:greedy.index(greedy[1]) + 1] and stopped.stop_reason == "stop"
+    through = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].sequences[0]
+    assert through.tokens == greedy and through.stop_reason == "length"
