@@ -84,3 +84,39 @@ def test_cli_reports_missing_server(monkeypatch, capsys):
     assert "TWINKLE_BASE_URL" in capsys.readouterr().err
     assert main(["--base-url", "http://127.0.0.1:9", "--api-key", "tml-x", "status"]) == 1
     assert "cannot reach the server at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_a_lost_answer_is_retried_with_the_same_idempotency_key(monkeypatch):
+    import httpx
+
+    from twinkle.client import http as client_http
+
+    monkeypatch.setattr(client_http, "_backoff", lambda attempt: 0)
+    seen = []
+
+    def handler(request: httpx.Request):
+        seen.append((request.method, request.headers.get("x-idempotency-key")))
+        if len(seen) in (1, 2):  # the server ran it, the answer was lost on the way back
+            raise httpx.ReadTimeout("answer lost", request=request)
+        return httpx.Response(200, json={"request_id": "f1"})
+
+    client = client_http.TwinkleClient("http://twinkle.invalid", "tml-x")
+    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(handler))
+    assert client.post("/models/m/forward_backward", {"inputs": []}) == {"request_id": "f1"}
+    assert [m for m, _ in seen] == ["POST"] * 3
+    assert len({k for _, k in seen}) == 1 and len(seen[0][1]) == 32  # one key for every attempt
+    first_key = seen[0][1]
+    client.post("/models/m/forward_backward", {"inputs": []})  # a new call: a new key
+    assert seen[-1][1] not in (None, first_key)
+    client.get("/runs")
+    assert seen[-1] == ("GET", None)  # reads carry no key
+
+    def refused(request):
+        seen.append((request.method, None))
+        raise httpx.ConnectError("refused", request=request)
+
+    seen.clear()
+    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(refused))
+    with pytest.raises(httpx.ConnectError):
+        client.get("/runs")
+    assert len(seen) == 1 + client_http.TRANSPORT_RETRIES

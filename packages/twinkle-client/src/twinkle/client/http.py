@@ -1,10 +1,16 @@
-"""The HTTP session to one Twinkle server: API key, retries on 429/503 (honouring Retry-After), sync and async."""
+"""The HTTP session to one Twinkle server: API key, retries, sync and async.
+
+Retries: a 429/503 (nothing was accepted) after its Retry-After; a lost connection or a timed-out
+answer a few times with backoff. Every non-GET call carries one X-Idempotency-Key for all its
+attempts, so a submission whose answer was lost on the wire runs once on the server.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
+import uuid
 
 import httpx
 
@@ -12,6 +18,17 @@ from twinkle.client.errors import TwinkleAPIError
 from twinkle.client.schema import PREFIX
 
 RETRY_STATUSES = (429, 503)
+TRANSPORT_RETRIES = 3  # lost connections / timeouts; then the error reaches the caller
+
+
+def _with_key(method: str, headers: dict | None) -> dict | None:
+    if method.upper() == "GET":
+        return headers
+    return {"X-Idempotency-Key": uuid.uuid4().hex, **(headers or {})}
+
+
+def _backoff(attempt: int) -> float:
+    return 0.5 * 2 ** attempt
 
 
 def _error(resp: httpx.Response) -> TwinkleAPIError:
@@ -46,8 +63,16 @@ class TwinkleClient:
     # ---- sync ----------------------------------------------------------------------------------
     def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False):
         url = path if path.startswith(PREFIX) else PREFIX + path
+        headers, lost = _with_key(method, headers), 0
         for attempt in range(self.max_retries + 1):
-            resp = self.http.request(method, url, json=json, params=params, headers=headers)
+            try:
+                resp = self.http.request(method, url, json=json, params=params, headers=headers)
+            except httpx.TransportError:
+                if lost >= TRANSPORT_RETRIES:
+                    raise
+                time.sleep(_backoff(lost))
+                lost += 1
+                continue
             if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
                 time.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
@@ -67,8 +92,16 @@ class TwinkleClient:
     async def arequest(self, method: str, path: str, json=None, params=None):
         if self._async is None:
             self._async = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+        headers, lost = _with_key(method, None), 0
         for attempt in range(self.max_retries + 1):
-            resp = await self._async.request(method, PREFIX + path, json=json, params=params)
+            try:
+                resp = await self._async.request(method, PREFIX + path, json=json, params=params, headers=headers)
+            except httpx.TransportError:
+                if lost >= TRANSPORT_RETRIES:
+                    raise
+                await asyncio.sleep(_backoff(lost))
+                lost += 1
+                continue
             if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
                 await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
