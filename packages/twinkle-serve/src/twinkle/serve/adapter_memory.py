@@ -20,18 +20,28 @@ class AdapterMemoryFull(ApiError):
     status = 409
 
 
-def linear_dims(module) -> dict[str, int]:
-    """{leaf name (q_proj, lm_head, ...): sum of in + out features over the base model's Linears}."""
+def _linears(module):
+    """(name, Linear) for the base model's Linears; a layer a LoRA already wraps counts as its inner Linear."""
     import torch
 
-    dims: dict[str, int] = defaultdict(int)
     for name, m in module.named_modules():
-        if isinstance(m, torch.nn.Linear):
-            dims[name.rsplit(".", 1)[-1]] += m.in_features + m.out_features
+        linear = getattr(m, "base_layer", m)
+        if isinstance(linear, torch.nn.Linear) and not name.endswith(".base_layer"):
+            yield name, linear
+
+
+def linear_dims(module) -> dict[str, int]:
+    """{leaf name (q_proj, lm_head, ...): sum of in + out features over the base model's Linears}."""
+    dims: dict[str, int] = defaultdict(int)
+    for name, m in _linears(module):
+        dims[name.rsplit(".", 1)[-1]] += m.in_features + m.out_features
     return dict(dims)
 
 
 class AdapterMemory:
+    """One server-wide account: every route that builds an adapter (Tinker create_model, native
+    add_adapter_to_model / load) reserves under its own key first and releases it when freed."""
+
     def __init__(self, cap_mb: float | None):
         self.cap = None if cap_mb is None else int(cap_mb * 2**20)
         self._held: dict[str, int] = {}
@@ -39,27 +49,36 @@ class AdapterMemory:
         self._lock = threading.Lock()
 
     def estimate(self, backend, spec, element_bytes: int = 4) -> int | None:
+        """Bytes for a Tinker `LoraSpec`, or for a peft `LoraConfig` (the native API's, which may name
+        modules by list, regex or 'all-linear'; matched exactly as the multi-LoRA engine will)."""
         base = getattr(backend, "base_module", None)
         if base is None:  # a backend that does not expose its base model: no estimate, no cap
             return None
-        dims = self._dims.setdefault(id(backend), linear_dims(base))
-        return sum(dims.get(t, 0) for t in spec.target_modules()) * spec.rank * element_bytes * COPIES
+        if callable(getattr(spec, "target_modules", None)):
+            dims = self._dims.setdefault(id(backend), linear_dims(base))
+            return sum(dims.get(t, 0) for t in spec.target_modules()) * spec.rank * element_bytes * COPIES
+        from twinkle.model.multi_lora.spec import AdapterSpec
 
-    def reserve(self, model_id: str, backend, spec) -> None:
+        chosen = set(AdapterSpec.from_lora_config(spec).select(base))  # ValueError: the caller's config
+        width = sum(m.in_features + m.out_features for name, m in _linears(base) if name in chosen)
+        return width * spec.r * element_bytes * COPIES
+
+    def reserve(self, key: str, backend, spec) -> None:
         if self.cap is None:
             return
         need = self.estimate(backend, spec)
         if need is None:
             return
+        rank = getattr(spec, "rank", None) or getattr(spec, "r", None)
         with self._lock:
-            used = sum(self._held.values())
+            used = sum(v for k, v in self._held.items() if k != key)
             if used + need > self.cap:
                 raise AdapterMemoryFull(
-                    f"adapter memory is full: this LoRA (rank {spec.rank}) needs {need / 2**20:.2f} MiB, "
+                    f"adapter memory is full: this LoRA (rank {rank}) needs {need / 2**20:.2f} MiB, "
                     f"{used / 2**20:.2f} MiB of the server's {self.cap / 2**20:.2f} MiB (max_adapter_memory_mb) "
-                    "are in use; finish a session to free its adapters, or use a smaller rank")
-            self._held[model_id] = need
+                    "are in use; finish a session (or close a model) to free its adapters, or use a smaller rank")
+            self._held[key] = need
 
-    def release(self, model_id: str) -> None:
+    def release(self, key: str) -> None:
         with self._lock:
-            self._held.pop(model_id, None)
+            self._held.pop(key, None)

@@ -26,6 +26,16 @@ class Engine:
     scheduler: Scheduler
 
 
+def _load_failure(entry: ModelEntry, path, error: Exception) -> str:
+    """The operator-facing reason a base model did not load (custom model code refused, named as such)."""
+    text = str(error)
+    if "trust_remote_code" in text and not entry.trust_remote_code:
+        return (f"base model {entry.name!r} ({path}) ships its own code (config.json auto_map), which this server "
+                "does not run unless the operator opts in: set `trust_remote_code: true` on that model's entry in "
+                f"the server config if you trust it. transformers said: {text}")
+    return f"loading base model {entry.name!r} from {path} failed: {type(error).__name__}: {text}"
+
+
 class Runtime:
     def __init__(self, config: ServeConfig, data_dir: str | Path):
         self.config = config
@@ -39,6 +49,7 @@ class Runtime:
         # model_id -> (base model name, backend adapter name), for adapters alive in this process
         self.live: dict[str, tuple[str, str]] = {}
         self.live_lock = threading.Lock()
+        self.load_error: str | None = None  # why load_models failed, for the routes that answer 503
 
     def load_models(self) -> None:
         """Load every configured base model (slow: done once, before /healthz says ok)."""
@@ -51,8 +62,13 @@ class Runtime:
                 # a configured path is every node's; a hub id each rank resolves on its own node
                 remote = dict(remote_group=entry.remote_group, sampler_remote_group=entry.sampler_remote_group,
                               shard_model_path=entry.path)
-            backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
-                                     max_batch_size=entry.max_sampler_batch, **remote)
+            try:
+                backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
+                                         max_batch_size=entry.max_sampler_batch,
+                                         trust_remote_code=entry.trust_remote_code, **remote)
+            except Exception as e:
+                self.load_error = _load_failure(entry, path, e)
+                raise RuntimeError(self.load_error) from e
             runner = backend.forward_backward_many if getattr(backend, "fuses", False) else None
             self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name, fuse_runner=runner))
             log.info("serving base model %s from %s (backend %s%s)", entry.name, path, entry.backend,

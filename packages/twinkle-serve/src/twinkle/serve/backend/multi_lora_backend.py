@@ -25,20 +25,20 @@ LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningf
 class MultiLoraBackend(TorchSampling, FusedBackend):
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
-                 device: str | None = None):
+                 device: str | None = None, trust_remote_code: bool = False):
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
-        hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         self.engine = MultiLoraModel(model=hf, device=device)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.adapter_memory)
         self.engine.model_id = base_model
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, torch_dtype, max_batch_size, device=device)
+        self._init_sampler(model_path, torch_dtype, max_batch_size, device=device, trust_remote_code=trust_remote_code)
 
     # ---- adapters ----------------------------------------------------------------------------------
     def create_adapter(self, name: str, spec: LoraSpec) -> None:

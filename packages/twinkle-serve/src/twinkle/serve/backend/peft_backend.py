@@ -26,12 +26,14 @@ LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningf
 
 
 class PeftBackend(TorchSampling, Backend):
-    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64):
+    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
+                 trust_remote_code: bool = False):
         from transformers import AutoModelForCausalLM
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
-        self._base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).eval()
+        self._base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype,
+                                                          trust_remote_code=trust_remote_code).eval()
         self.base_module = self._base  # for the adapter memory estimate (twinkle.serve.adapter_memory)
         for p in self._base.parameters():
             p.requires_grad_(False)
@@ -40,7 +42,7 @@ class PeftBackend(TorchSampling, Backend):
         self._peft = None  # PeftModel, created with the first adapter
         self._specs: dict[str, LoraSpec] = {}
         self._optims: dict[str, torch.optim.AdamW] = {}
-        self._init_sampler(model_path, torch_dtype, max_batch_size)
+        self._init_sampler(model_path, torch_dtype, max_batch_size, trust_remote_code=trust_remote_code)
 
     # ---- adapters ----------------------------------------------------------------------------------
     def create_adapter(self, name: str, spec: LoraSpec) -> None:

@@ -104,12 +104,14 @@ def merge_rank_results(per_rank: list[dict]) -> list:
 class TrainShard(MultiLoraBackend):
     """One data-parallel rank of the training model (MultiLoraModel, no sampler of its own)."""
 
-    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32"):
+    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
+                 trust_remote_code: bool = False):
         if model_path is None:  # resolved on this rank's node, as a hub id is
             from twinkle.hub import resolve_model_path
 
             model_path = str(resolve_model_path(base_model))
-        super().__init__(base_model, model_path, dtype=dtype, device=_group_device())
+        super().__init__(base_model, model_path, dtype=dtype, device=_group_device(),
+                         trust_remote_code=trust_remote_code)
 
     def _init_sampler(self, *args, **kwargs) -> None:
         pass  # sampling is the SamplerShard's
@@ -186,17 +188,18 @@ class SamplerShard(TorchSampling):
     """One replica of the sampler (TorchSampler on its own copy of the base weights)."""
 
     def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
-                 max_batch_size: int = 64):
+                 max_batch_size: int = 64, trust_remote_code: bool = False):
         from transformers import AutoConfig
 
         if model_path is None:
             from twinkle.hub import resolve_model_path
 
             model_path = str(resolve_model_path(base_model))
-        config = AutoConfig.from_pretrained(model_path)
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.vocab_size = config.vocab_size
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size, device=_group_device())
+        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size, device=_group_device(),
+                           trust_remote_code=trust_remote_code)
 
     def set_adapter(self, name: str, weights) -> None:
         self.sampler.set_adapter(name, weights)
@@ -213,17 +216,20 @@ class RemoteBackend(FusedBackend):
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
                  remote_group: str | None = None, sampler_remote_group: str | None = None,
-                 shard_model_path: str | None = None):
+                 shard_model_path: str | None = None, trust_remote_code: bool = False):
         from transformers import AutoTokenizer
 
         self.base_model, self.tokenizer_path = base_model, model_path
-        self.trainer = TrainShard(base_model, shard_model_path, dtype=dtype, remote_group=remote_group)
+        # the operator's trust_remote_code travels to every rank with the other construction options
+        self.trainer = TrainShard(base_model, shard_model_path, dtype=dtype, trust_remote_code=trust_remote_code,
+                                  remote_group=remote_group)
         self.samplers = SamplerShard(base_model, shard_model_path, dtype=dtype, max_batch_size=max_batch_size,
-                                     remote_group=sampler_remote_group)
+                                     trust_remote_code=trust_remote_code, remote_group=sampler_remote_group)
         info = self.trainer.describe()
         self.vocab_size, self.max_context = info["vocab_size"], info["max_context"]
         # what the native API's sampling view reads (`backend.sampler.tokenizer`), in this process
-        self.sampler = types.SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(model_path))
+        self.sampler = types.SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(
+            model_path, trust_remote_code=trust_remote_code))
         self._adapters: set[str] = set()
         self._sampler_names: set[str] = set()
         self._route = itertools.count()

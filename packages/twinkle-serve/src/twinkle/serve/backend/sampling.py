@@ -13,14 +13,16 @@ class TorchSampling:
     vocab_size: int
     max_context: int
 
-    def _init_sampler(self, model_path: str, torch_dtype, max_batch_size: int, device: str | None = None) -> None:
+    def _init_sampler(self, model_path: str, torch_dtype, max_batch_size: int, device: str | None = None,
+                      trust_remote_code: bool = False) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from twinkle.sampler import TorchSampler
 
-        self.sampler = TorchSampler(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype),
-                                    tokenizer=AutoTokenizer.from_pretrained(model_path), max_batch_size=max_batch_size,
-                                    device=device)
+        trust = {"trust_remote_code": trust_remote_code}  # the operator's opt-in (ModelEntry), never the client's
+        self.sampler = TorchSampler(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, **trust),
+                                    tokenizer=AutoTokenizer.from_pretrained(model_path, **trust),
+                                    max_batch_size=max_batch_size, device=device)
 
     def install_sampler_from_adapter(self, sampler, adapter):
         self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())

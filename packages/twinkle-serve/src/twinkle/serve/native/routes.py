@@ -47,6 +47,8 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
     tenant = tenant_dependency(rt)
 
     def ready(t: str = Depends(tenant)) -> str:
+        if rt.load_error is not None:  # the operator's problem, said as such (no Retry-After: it will not fix itself)
+            raise ServiceUnavailable(f"this server could not load its models: {rt.load_error}")
         if not rt.ready.is_set():
             raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
         return t

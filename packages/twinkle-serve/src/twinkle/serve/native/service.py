@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import shutil
 import tempfile
 import threading
@@ -28,6 +29,28 @@ from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.training import TinkerTraining
 
 STATE_FILE = "training_state.pt"
+
+
+def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
+    """Encoded rows a forward may run on: in the vocabulary and context, loss fields finite and aligned."""
+    if not rows:
+        raise UserError("inputs.rows is empty: forward needs at least one row")
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        if n > max_context:
+            raise UserError(f"row {i}: {n} tokens are longer than the model's context of {max_context}")
+        bad = [t for t in row["input_ids"] if not 0 <= t < vocab_size]
+        bad += [t for t in row.get("labels") or () if t != -100 and not 0 <= t < vocab_size]
+        if bad:
+            raise UserError(f"row {i}: token {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        for key, value in row.items():
+            if key == "input_ids":
+                continue
+            values = value if isinstance(value, list) else [value]
+            if key != "labels" and not all(math.isfinite(v) for v in values):
+                raise UserError(f"row {i}: {key} contains NaN or inf")
+            if isinstance(value, list) and len(value) != n:
+                raise UserError(f"row {i}: {key} has {len(value)} values for {n} input_ids (shape mismatch)")
 
 
 def _internal(model_id: str, adapter: str) -> str:
@@ -48,6 +71,7 @@ class NativeService:
     def __init__(self, rt: Runtime):
         self.rt = rt
         self.tinker = TinkerTraining(rt)  # sessions, checkpoint lookup and layout are shared with Tinker
+        self.memory = self.tinker.memory  # the server-wide adapter memory account (max_adapter_memory_mb)
         self.curves = Curves(rt.store)
         self._adapters: dict[str, dict[str, str]] = {}  # model_id -> {adapter name -> engine adapter}
         self._fb_counts: dict[tuple[str, str], int] = {}
@@ -65,8 +89,15 @@ class NativeService:
     def engine_of(self, row: dict):
         engine = self.rt.engine(row["base_model"])
         if not hasattr(engine.backend, "engine"):
-            raise BadRequest(f"base model {row['base_model']!r} runs the {engine.entry.backend!r} backend; the native "
-                             "API needs backend 'multi_lora'")
+            entry = engine.entry
+            if entry.remote_group or entry.sampler_remote_group:
+                where = (f"runs on the Ray remote group {entry.remote_group!r}" if entry.remote_group else
+                         f"samples on the Ray remote group {entry.sampler_remote_group!r}")
+                raise BadRequest(f"base model {row['base_model']!r} {where}; the native API trains the "
+                                 "'multi_lora' backend in the server process only (no remote_group / "
+                                 "sampler_remote_group on the model entry): use the Tinker API (/api/v1) for it")
+            raise BadRequest(f"base model {row['base_model']!r} runs the {entry.backend!r} backend; the native "
+                             "API needs backend 'multi_lora' (in the server process, without remote groups)")
         return engine
 
     def submit(self, tenant: str, model_id: str, seq: int | None, fn) -> dict:
@@ -109,18 +140,35 @@ class NativeService:
                              user_metadata={"name": req.name} if req.name else {})
         return ModelInfo(model_id=model_id, base_model=engine.entry.name, session_id=session_id, name=req.name)
 
+    def _reserve(self, row: dict, internal: str, config) -> None:
+        """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
+        backend = self.engine_of(row).backend
+        _user_errors(self.memory.reserve)(internal, backend, config)
+
+    def _unreserve_unless_built(self, engine, internal: str) -> None:
+        if internal not in engine.adapters:  # a duplicate's failure must not free the original's share
+            self.memory.release(internal)
+
     def add_adapter(self, tenant: str, model_id: str, seq, req: AddAdapterRequest) -> dict:
-        seed = json.loads(self.model(tenant, model_id)["lora"])["seed"]
+        from peft import LoraConfig
+
+        row = self.model(tenant, model_id)
+        seed = json.loads(row["lora"])["seed"]
+        config = _user_errors(LoraConfig)(**req.lora_config.model_dump())
+        internal = _internal(model_id, req.adapter_name)
+        with self._lock:
+            if req.adapter_name in self._adapters.get(model_id, {}):
+                raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
+        self._reserve(row, internal, config)
 
         @_user_errors
         def run(engine, row):
-            from peft import LoraConfig
-
-            internal = _internal(model_id, req.adapter_name)
             if internal in engine.adapters:
                 raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
-            config = LoraConfig(**req.lora_config.model_dump())
-            engine.add_adapter_to_model(internal, config, req.gradient_accumulation_steps, seed=seed)
+            try:
+                engine.add_adapter_to_model(internal, config, req.gradient_accumulation_steps, seed=seed)
+            finally:
+                self._unreserve_unless_built(engine, internal)
             peft_like_init(engine, internal, seed)
             with self._lock:
                 self._adapters.setdefault(model_id, {})[req.adapter_name] = internal
@@ -190,12 +238,8 @@ class NativeService:
         def run(engine, row):
             batch = rows if rows is not None else self.rows(backend, req)
             internal = self.adapter(model_id, req.adapter_name)
+            check_rows(batch, backend.vocab_size, backend.max_context)  # before any compute: bad input is cheap
             tokens = sum(len(r["input_ids"]) for r in batch)
-            if max(len(r["input_ids"]) for r in batch) > backend.max_context:
-                raise UserError(f"a row is longer than the model's context of {backend.max_context}")
-            bad = [t for r in batch for t in r["input_ids"] if not 0 <= t < backend.vocab_size]
-            if bad:
-                raise UserError(f"token {bad[0]} is outside the vocabulary [0, {backend.vocab_size})")
             if backward:
                 out = engine.forward_backward(batch, adapter_name=internal)
                 result = ForwardResult(loss=out["loss"], metrics=out.get("metrics", {}))
@@ -290,18 +334,28 @@ class NativeService:
         folder = Path(ckpt["dir"])
         if req.resume and not (folder / STATE_FILE).exists():
             raise BadRequest(f"checkpoint {req.path} was saved without save_training_state: it cannot resume")
+        label = req.adapter_name or "default"
+        with self._lock:
+            new = label not in self._adapters.get(model_id, {})
+        if new:  # a new adapter from the folder's own LoraConfig: counted like add_adapter's
+            from peft import LoraConfig
+
+            row = self.model(tenant, model_id)
+            self._reserve(row, _internal(model_id, label), _user_errors(LoraConfig.from_pretrained)(str(folder)))
 
         @_user_errors
         def run(engine, row):
             import torch
             from safetensors.torch import load_file
 
-            label = req.adapter_name or "default"
             with self._lock:
                 exists = label in self._adapters.get(model_id, {})
             if not exists:  # a new adapter from the folder's own LoraConfig
                 internal = _internal(model_id, label)
-                engine.load(str(folder), internal)
+                try:
+                    engine.load(str(folder), internal)
+                finally:
+                    self._unreserve_unless_built(engine, internal)
                 with self._lock:
                     self._adapters.setdefault(model_id, {})[label] = internal
                 with self.rt.live_lock:
@@ -338,6 +392,7 @@ class NativeService:
                 adapters = self._adapters.pop(model_id, {})
             for internal in adapters.values():
                 engine.remove_adapter(internal)
+                self.memory.release(internal)
             with self.rt.live_lock:
                 self.rt.live.pop(model_id, None)
             self.rt.store.execute("UPDATE sessions SET finished_at=?, finish_reason='success' WHERE session_id=?",

@@ -13,7 +13,7 @@ from pathlib import Path
 from twinkle.client.schema import (BaseModelInfo, CheckpointInfo, CheckpointList, RunCurves, RunList, RunSummary,
                                    SampledSequence, SampleOutput, SampleRequest, SampleResult, ServerStatus)
 from twinkle.serve.backend import SampleParams, UserError
-from twinkle.serve.errors import BadRequest
+from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.service import NativeService
 
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -96,18 +96,21 @@ class NativeViews:
                                   steps=steps, last_loss=last["value"] if last else None))
         return RunList(runs=out)
 
-    def curves(self, tenant: str, model_id: str, since_step: int = -1) -> RunCurves:
+    def _owned_run(self, tenant: str, model_id: str) -> dict:
         row = self.rt.store.owned("models", "model_id", model_id, tenant)
         if row is None:
-            from twinkle.serve.errors import NotFound
-
             raise NotFound(f"run {model_id!r} not found")
+        return row
+
+    def curves(self, tenant: str, model_id: str, since_step: int = -1) -> RunCurves:
+        self._owned_run(tenant, model_id)
         return RunCurves(model_id=model_id, curves=self.svc.curves.of(model_id, since_step))
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def checkpoints(self, tenant: str, model_id: str | None = None) -> CheckpointList:
         sql, args = "SELECT * FROM checkpoints WHERE tenant=?", [tenant]
         if model_id:
+            self._owned_run(tenant, model_id)  # another tenant's run id: 404, as every id-taking route answers
             sql, args = sql + " AND model_id=?", args + [model_id]
         rows = self.rt.store.all(sql + " ORDER BY created_at DESC", tuple(args))
         return CheckpointList(checkpoints=[
