@@ -13,10 +13,9 @@ import sqlite3
 
 import httpx
 import pytest
-from _util_isolation import NativeWire, native_row
+from _util_isolation import SEQ, NativeWire, native_row
 from harness import SUMMARY, Wire, fb_body, revoke_key, sft_pair
 
-SEQ = [5 + (7 * i) % 60 for i in range(16)]
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,17 @@
-"""Security properties that need no running server: nothing on the request path can unpickle or
-evaluate what a client sends, and code inside a model folder is not run unless the operator opts in."""
+"""Security: nothing on the request path can unpickle or evaluate what a client sends (a scan of the
+source), and code inside a model folder is not run unless the operator opts in (a real server)."""
 
 from __future__ import annotations
 
 import ast
 import json
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
-import pytest
+import httpx
+from harness import HOST, SUMMARY, ServerProcess, Wire, _cli, create_key, fb_body, sft_pair
 
 import twinkle.client
 import twinkle.serve
@@ -66,24 +69,74 @@ def test_nothing_on_the_request_path_unpickles_or_evaluates():
     assert not found, found
 
 
-def test_model_folder_code_is_not_run_by_default(tmp_path):
-    """A model folder whose config names custom code (auto_map) is refused, and the code never runs."""
+def evil_model_folder(root: Path) -> tuple[Path, Path]:
+    """The embedded tiny model, plus custom code named by config.json's auto_map that writes a marker
+    file when imported; its model_type is unknown to transformers, so only that code could load it."""
     from twinkle.hub import TEST_MODEL, resolve_model_path
-    from twinkle.serve.backend import create_backend
+
+    folder, marker = root / "evil-model", root / "code-ran"
+    shutil.copytree(resolve_model_path(TEST_MODEL), folder)
+    (folder / "evil_qwen3.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
+        "class EvilConfig(Qwen3Config):\n    model_type = 'evil-qwen3'\n"
+        "class EvilForCausalLM(Qwen3ForCausalLM):\n    config_class = EvilConfig\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil_qwen3.EvilConfig", "AutoModelForCausalLM": "evil_qwen3.EvilForCausalLM"}
+    config["model_type"] = "evil-qwen3"
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder, marker
+
+
+def _spawn(srv: ServerProcess) -> None:
+    """Start the server without waiting for /healthz (a server that cannot load never says ok)."""
+    log = open(srv.log_path, "ab")
+    srv.proc = subprocess.Popen([*_cli(), "--host", HOST, "--port", str(srv.port), "--data-dir", str(srv.data_dir),
+                                 "--config", str(srv.config_path), "--log-level", "warning"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+
+
+def test_model_folder_code_runs_only_if_the_operator_opts_in(tmp_path, monkeypatch, launch):
+    """Default: loading refuses, the folder's code never runs, and the server says why (503 on the
+    API, the log). `trust_remote_code: true` on the model's entry: the same folder loads and trains."""
     from twinkle.serve.config import ModelEntry
 
-    folder = tmp_path / "evil-model"
-    shutil.copytree(resolve_model_path(TEST_MODEL), folder)
-    marker = tmp_path / "code-ran"
-    (folder / "evil_config.py").write_text(
-        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
-        "from transformers import Qwen3Config\nclass EvilConfig(Qwen3Config):\n    model_type = 'evil-qwen3'\n")
-    config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {"AutoConfig": "evil_config.EvilConfig"}
-    config["model_type"] = "evil-qwen3"  # unknown to transformers: only the folder's own code could load it
-    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # where transformers copies the code
+    folder, marker = evil_model_folder(tmp_path)
     assert ModelEntry(name="evil").trust_remote_code is False  # the operator's opt-in defaults to off
-    with pytest.raises(Exception) as err:
-        create_backend("multi_lora", "evil", str(folder))
-    assert "trust_remote_code" in str(err.value), err.value
-    assert not marker.exists()
+    data_dir = tmp_path / "refusing"
+    data_dir.mkdir()
+    key = create_key(data_dir, "op")
+    srv = ServerProcess(data_dir, {"models": [{"name": "evil", "path": str(folder)}]}, key)
+    _spawn(srv)
+    try:
+        deadline, answer = time.monotonic() + 180, None
+        while time.monotonic() < deadline and srv.proc.poll() is None:
+            try:
+                answer = httpx.post(f"{srv.url}/twinkle/v1/models", json={}, headers={"X-API-Key": key}, timeout=5)
+                if "could not load" in answer.text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        assert answer is not None and answer.status_code == 503, (answer and answer.text, srv.log_tail())
+        message = answer.json()["error"]
+        assert "ships its own code" in message and "trust_remote_code: true" in message, message
+        assert "trust_remote_code: true" in srv.log_tail(20000)
+        health = httpx.get(f"{srv.url}/api/v1/healthz", headers={"X-API-Key": key}, timeout=5)
+        assert health.status_code == 503  # never ok
+    finally:
+        srv.stop()
+    assert not marker.exists(), "the model folder's code ran without the operator's opt-in"
+    # the operator opts in: the same folder loads (its code runs) and trains
+    srv, keys = launch(["op"], models=[{"name": "evil", "path": str(folder), "trust_remote_code": True}])
+    assert marker.read_text() == "ran"
+    w = Wire(srv.url, keys["op"])
+    mid = w.create_model(w.session(), base_model="evil")
+    out = w.done(w.http.post("/api/v1/forward_backward", content=fb_body(mid, 1, [sft_pair(list(range(5, 21)))]),
+                             headers={"content-type": "application/x-protobuf"}))
+    assert out  # a forward_backward result (protobuf) from the custom-code model
+    print(f"\ntrust_remote_code: default refused before the folder's code ran (503: {message[:70]}...); "
+          "opted in: loaded and trained")
+    SUMMARY["model folder code (auto_map)"] = "not run by default (503 naming trust_remote_code); runs when opted in"
