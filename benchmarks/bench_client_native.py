@@ -1,6 +1,6 @@
 """Native-client training speed against local mode on the same loop: forward_backward +
 clip_grad_and_step on the same rows, (a) a local TransformersModel in this process, (b) the
-twinkle-client proxy against a real twinkle-server (uvicorn on loopback, in this process), reading
+twinkle-client proxy against a real twinkle-server (its own process on loopback, see _server.py), reading
 each step's loss before the next call (no pipelining), and (c) reading the losses only at the end
 (pipelined: the client queues calls while the server computes). Prints a final JSON line with
 `ratio` = pipelined native steps/s / local steps/s, the unpipelined ratio, and the raw numbers.
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import tempfile
+import os
 import time
 
 import torch
+from _server import start_server
 
 
 def rows_for(model_id: str, n: int, length: int) -> list[dict]:
@@ -64,21 +65,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="the three loops alternate in this many rounds")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
     torch.set_num_threads(args.threads)
     rows = rows_for(args.model, args.batch, args.length)
 
-    import twinkle.serve as ts
     from twinkle.client import TwinkleClient
     from twinkle.client.model import TransformersModel as RemoteModel
     from twinkle.mesh import initialize
     from twinkle.model import TransformersModel
 
     initialize(mode="local", seed=42)
-    server = ts.initialize(mode="http", port=0, data_dir=tempfile.mkdtemp(), block=False, log_level="warning",
-                           config={"models": [{"name": args.model}]}).wait_ready()
+    proc, url, (key,) = start_server(args.model, 1)  # the server process inherits OMP_NUM_THREADS
     seconds = {"local": 0.0, "native": 0.0, "pipelined": 0.0}
     try:
-        client = TwinkleClient(server.url, server.create_key("bench"))
+        client = TwinkleClient(url, key)
         models = {"local": prepare(TransformersModel(model_id=args.model), rows),
                   "native": prepare(RemoteModel(model_id=args.model, client=client), rows),
                   "pipelined": prepare(RemoteModel(model_id=args.model, client=client), rows)}
@@ -87,7 +87,8 @@ def main() -> None:
             for name, model in models.items():
                 seconds[name] += run_steps(model, rows, per_round, pipelined=name == "pipelined")
     finally:
-        server.stop()
+        proc.terminate()
+        proc.wait(timeout=60)
     steps = per_round * args.rounds
     local, unpipelined, pipelined = (steps / seconds[k] for k in ("local", "native", "pipelined"))
     print(json.dumps({"ratio": round(pipelined / local, 4), "ratio_unpipelined": round(unpipelined / local, 4),

@@ -6,10 +6,7 @@ the unmodified tinker SDK with both calls submitted before either is awaited (th
 pipelining). Local side: the same backend class, called directly in this process's main thread.
 Then the same with 4 tenants at once (4 SDK clients in threads vs 4 adapters in turn).
 
-The server runs in a separate process on purpose: torch ops run from a second thread of a process
-whose main thread has already run torch ops are ~25% slower (measured on 2 cores: the second
-thread's OpenMP team no longer gets its workers' full spin-wait), which is a property of sharing a
-process with the benchmark, not of serving.
+The server runs in its own process (benchmarks/_server.py says why).
 
     python benchmarks/bench_serve_tinker.py [--model twinkle://qwen3-demo] [--steps 6] [--batch 8] [--seq 128]
 
@@ -21,14 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
+from _server import start_server
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
@@ -71,35 +65,6 @@ def sdk_steps(url, key, model, rows, steps, barrier=None):
     for f in pending:
         f.result()
     return steps / (time.perf_counter() - start), time.perf_counter() - start
-
-
-def start_server(model: str, n_keys: int) -> tuple[subprocess.Popen, str, list[str]]:
-    """`twinkle-server` on a free loopback port with a fresh data dir; returns (process, url, keys)."""
-    import httpx
-
-    from twinkle.serve import free_port
-
-    data_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    cli = [sys.executable, "-m", "twinkle_server.cli"]
-    keys = [subprocess.run([*cli, "keys", "create", f"bench{i}", "--data-dir", str(data_dir)], check=True,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1] for i in range(n_keys)]
-    (data_dir / "config.json").write_text(json.dumps({"models": [{"name": model}]}))
-    port = free_port()
-    proc = subprocess.Popen([*cli, "--port", str(port), "--data-dir", str(data_dir), "--config",
-                             str(data_dir / "config.json"), "--log-level", "warning"])
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"twinkle-server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/api/v1/healthz", headers={"X-API-Key": keys[0]}).status_code == 200:
-                return proc, url, keys
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise TimeoutError("twinkle-server did not become healthy within 300 s")
 
 
 def main():

@@ -82,8 +82,13 @@ def tenant_b(client, model, steps):
     return losses[-1] < 0.8 * losses[0], f"next-token r=32: per-token loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def tenant_c(client, model, steps, group=4):
-    """GRPO: reward = share of digits in the answer; the policy learns to answer with digits."""
+def tenant_c(client, model, steps, group=8):
+    """GRPO: reward = share of digits in the answer; the policy learns to answer with digits.
+
+    The base model almost never samples a digit (reward ~0.003), so the signal starts sparse: groups
+    of 8 give most prompts one rewarded sample, and lr 3e-3 keeps the unrewarded majority's negative
+    advantages from drifting the policy away first (at 3e-2 the reward fell to 0).
+    """
     from tinker import types
 
     tc = client.create_lora_training_client(base_model=model, rank=16, seed=3).result()
@@ -112,7 +117,7 @@ def tenant_c(client, model, steps, group=4):
                     loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": [0.0] * n + list(s.logprobs),
                                     "advantages": [0.0] * n + [reward - mean] * len(s.tokens)}))
         tc.forward_backward(data, "importance_sampling")
-        tc.optim_step(types.AdamParams(learning_rate=3e-2)).result()
+        tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
         rewards_per_iter.append(sum(rewards) / len(rewards))
     half = max(1, len(rewards_per_iter) // 2)
     first, last = sum(rewards_per_iter[:half]) / half, sum(rewards_per_iter[-half:]) / half
