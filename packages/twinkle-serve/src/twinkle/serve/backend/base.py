@@ -64,12 +64,26 @@ class ForwardResult:
 
 @dataclass
 class SampleParams:
-    max_tokens: int = 64
+    """One sampling request's options (Tinker semantics).
+
+    `max_tokens` None: up to the model's context. `stop` None: stop at the model's EOS tokens; `[]`: no
+    stopping at all (not even EOS), run to `max_tokens`; a string, or a list of strings or token ids:
+    those *and* EOS. `topk_prompt` / `topk_sample` > 0: the k most likely tokens at every prompt /
+    sampled position. `prompt_logprobs_last_n`: score only the last N prompt positions (the rest None).
+    """
+
+    max_tokens: int | None = 64
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
     seed: int | None = None
     stop: list | None = None
+    topk_prompt: int = 0
+    topk_sample: int = 0
+    prompt_logprobs_last_n: int | None = None
+
+
+TopK = list[tuple[int, float]]  # (token id, log-prob) pairs, most likely first
 
 
 @dataclass
@@ -77,12 +91,14 @@ class SampledSeq:
     tokens: list[int]
     logprobs: list[float]
     stop_reason: str
+    topk_logprobs: list[TopK] | None = None  # one row per sampled token when `topk_sample` > 0
 
 
 @dataclass
 class SampleResult:
     sequences: list[SampledSeq]
     prompt_logprobs: list[float | None] | None = None
+    topk_prompt_logprobs: list[TopK | None] | None = None  # one row per prompt position (None: not scored)
 
 
 class Backend(ABC):

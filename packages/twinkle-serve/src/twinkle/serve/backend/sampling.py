@@ -45,17 +45,41 @@ class TorchSampling:
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise UserError(f"prompt token {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        max_tokens = params.max_tokens or 64
+        max_tokens = params.max_tokens
+        if max_tokens is None:  # as many as the context leaves
+            max_tokens = self.max_context - len(prompt)
+            if max_tokens < 1:
+                raise UserError(f"prompt ({len(prompt)}) fills the context of {self.max_context}: no room to sample")
         if len(prompt) + max_tokens > self.max_context:
             raise UserError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the context "
                             f"of {self.max_context}")
+        stop = [params.stop] if isinstance(params.stop, (str, int)) else params.stop
+        bad = [t for t in stop or [] if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < self.vocab_size]
+        if bad:
+            raise UserError(f"stop token {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        for name, k in (("topk_prompt_logprobs", params.topk_prompt), ("topk_sample_logprobs", params.topk_sample)):
+            if not 0 <= k <= self.vocab_size:
+                raise UserError(f"{name} must be between 0 and the vocabulary size {self.vocab_size}, got {k}")
+        last_n = params.prompt_logprobs_last_n
+        if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
+            raise UserError(f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {len(prompt) - 1}, "
+                            f"got {last_n}")
         try:
             sp = SamplingParams(max_tokens=max_tokens, temperature=params.temperature,
-                                top_k=max(params.top_k, 0), top_p=params.top_p, seed=params.seed,
-                                stop=params.stop or None, num_samples=num_samples, logprobs=True,
-                                prompt_logprobs=prompt_logprobs)
+                                top_k=0 if params.top_k == -1 else params.top_k, top_p=params.top_p, seed=params.seed,
+                                # Tinker: an explicit empty list turns off every stop, EOS included
+                                stop=stop or None, ignore_eos=stop == [], num_samples=num_samples,
+                                logprobs=params.topk_sample or True,
+                                prompt_logprobs=params.topk_prompt or bool(prompt_logprobs))
         except ValueError as e:
             raise UserError(str(e)) from None
         (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
-        seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason) for s in resp.sequences]
-        return SampleResult(seqs, resp.prompt_logprobs)
+        seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
+        scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
+        return SampleResult(seqs, scored(resp.prompt_logprobs) if prompt_logprobs else None,
+                            scored(resp.prompt_top_logprobs) if params.topk_prompt else None)
+
+
+def _from_position(first: int):
+    """A function that blanks (None) a per-prompt-position list before `first` (prompt_logprobs_last_n)."""
+    return lambda rows: None if rows is None else [None] * first + list(rows[first:])

@@ -9,6 +9,7 @@ import numpy as np
 from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
 from twinkle.serve.tinker import wire_proto as pb
 
+TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
 MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has
 _NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
@@ -80,14 +81,29 @@ def encode_forward_result(result: ForwardResult) -> bytes:
     return out.SerializeToString()
 
 
-def encode_sample_result(result: SampleResult) -> bytes:
+def _topk(msg, rows: list, k: int) -> None:
+    """Rows of (id, log-prob) pairs (None: not scored) -> Tinker's dense [length, k] TopkLogprobs; missing
+    cells hold the SDK's sentinel (token 0, log-prob -99999), which it reads back as None / a shorter row."""
+    ids = np.zeros((len(rows), k), dtype=np.int32)
+    lps = np.full((len(rows), k), TOPK_MASK_LOGPROB, dtype=np.float32)
+    for i, row in enumerate(rows):
+        for j, (tok, lp) in enumerate((row or [])[:k]):
+            ids[i, j], lps[i, j] = tok, lp
+    msg.token_ids, msg.logprobs, msg.k, msg.length = ids.tobytes(), lps.tobytes(), k, len(rows)
+
+
+def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0) -> bytes:
     out = pb.SampleResponse()
     for s in result.sequences:
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_STOP if s.stop_reason == "stop" else pb.STOP_REASON_LENGTH
         seq.tokens = np.asarray(s.tokens, dtype=np.int32).tobytes()
         seq.logprobs = np.asarray(s.logprobs, dtype=np.float32).tobytes()
+        if topk_sample and s.topk_logprobs is not None:
+            _topk(seq.topk_sampled_logprobs, s.topk_logprobs, topk_sample)
     if result.prompt_logprobs is not None:
         lps = np.array([np.nan if v is None else v for v in result.prompt_logprobs], dtype=np.float32)
         out.prompt_logprobs = lps.tobytes()
+    if topk_prompt and result.topk_prompt_logprobs is not None:
+        _topk(out.topk_prompt_logprobs, result.topk_prompt_logprobs, topk_prompt)
     return out.SerializeToString()

@@ -22,6 +22,10 @@ from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker import codec
 
 SEGMENT = {"training": "weights", "sampler": "sampler_weights"}
+# A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
+MAX_TOPK_LOGPROBS = 256
+MAX_TOPK_PROMPT_CELLS = 1 << 22  # len(prompt) x topk_prompt_logprobs: 32 MB of response
+MAX_NUM_SAMPLES = 1024
 KIND = {v: k for k, v in SEGMENT.items()}
 
 
@@ -367,16 +371,16 @@ class TinkerTraining:
         if row is None:
             raise NotFound(f"sampler {sampler_id!r} not found")
         engine = self.rt.engine(row["base_model"])
-        prompt = [t for c in (body.get("prompt") or {}).get("chunks", []) for t in _chunk_tokens(c)]
-        num_samples = int(body.get("num_samples", 1))
-        if num_samples < 1:
-            raise BadRequest("num_samples must be >= 1")
+        model_input = body.get("prompt") or {}
+        chunks = model_input.get("chunks", []) if isinstance(model_input, dict) else None
+        if not isinstance(chunks, list):
+            raise BadRequest("prompt must be a ModelInput: {\"chunks\": [...]}")
+        prompt = [t for c in chunks for t in _chunk_tokens(c)]
+        num_samples = _int(body, "num_samples", 1, lo=1)
+        if num_samples > MAX_NUM_SAMPLES:
+            raise BadRequest(f"num_samples must be at most {MAX_NUM_SAMPLES}, got {num_samples}")
         self.rt.limits.input_tokens(tenant, len(prompt))
-        sp = body.get("sampling_params") or {}
-        stop = sp.get("stop")
-        params = SampleParams(max_tokens=sp.get("max_tokens") or 64, temperature=float(sp.get("temperature", 1.0)),
-                              top_k=int(sp.get("top_k", -1)), top_p=float(sp.get("top_p", 1.0)), seed=sp.get("seed"),
-                              stop=[stop] if isinstance(stop, str) else stop)
+        params = _sample_params(body, len(prompt), engine.backend.vocab_size)
         want_prompt_lps = bool(body.get("prompt_logprobs"))
         if row["model_path"]:
             ckpt = self.readable_checkpoint(tenant, row["model_path"])
@@ -390,7 +394,7 @@ class TinkerTraining:
             if folder is not None:
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, num_samples, params, want_prompt_lps)
-            return "proto", codec.encode_sample_result(result)
+            return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample)
 
         out = self._submit(tenant, engine, sampler_id, body.get("seq_id"), run)
         out["sample_sequence_ids"] = [uuid.uuid4().hex for _ in range(num_samples)]
@@ -398,9 +402,88 @@ class TinkerTraining:
 
 
 def _chunk_tokens(chunk: dict) -> list[int]:
+    if not isinstance(chunk, dict):
+        raise BadRequest(f"prompt chunks must be objects, got {chunk!r}")
     if chunk.get("type", "encoded_text") != "encoded_text":
         raise BadRequest(f"{chunk.get('type')} prompt chunks are not supported by this server (text only)")
-    return [int(t) for t in chunk.get("tokens", [])]
+    tokens = chunk.get("tokens", [])
+    if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
+        raise BadRequest("prompt chunk tokens must be a list of integer token ids")
+    return tokens
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(d: dict, name: str, default, *, lo: int | None = None, where: str = ""):
+    """d[name] as an int (absent or null: `default`), else a 400 naming the field."""
+    v = d.get(name)
+    if v is None:
+        return default
+    if not _is_int(v) or (lo is not None and v < lo):
+        raise BadRequest(f"{where}{name} must be an integer{f' >= {lo}' if lo is not None else ''}, got {v!r}")
+    return v
+
+
+def _float(d: dict, name: str, default: float) -> float:
+    v = d.get(name, default)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
+        raise BadRequest(f"sampling_params.{name} must be a number, got {v!r}")
+    return float(v)
+
+
+# Request fields of SDK 0.38 this server does not compute: refused, never silently ignored.
+_UNSUPPORTED = {
+    "target_prompt_logprobs": "target_prompt_logprobs is not supported by this server; use "
+                              "topk_prompt_logprobs or prompt_logprobs",
+    "prompt_alt_tokens_k": "prompt_alt_tokens_k is not supported by this server",
+    "record_stability_info": "record_stability_info (stable_reinforce provenance) is not supported by this "
+                             "server; sample without it and train with importance_sampling",
+}
+
+
+def _sample_params(body: dict, prompt_len: int, vocab_size: int) -> SampleParams:
+    """The asample body's sampling options, checked (a 400 naming the field) -> SampleParams."""
+    for name, why in _UNSUPPORTED.items():
+        if body.get(name) not in (None, 0, False):
+            raise BadRequest(why)
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise BadRequest("sampling_params must be an object")
+    stop = sp.get("stop")
+    if stop is not None:
+        items = [stop] if isinstance(stop, str) else stop
+        if (not isinstance(items, list) or not all(isinstance(s, str) and s or _is_int(s) and s >= 0 for s in items)
+                or not (all(isinstance(s, str) for s in items) or all(_is_int(s) for s in items))):
+            raise BadRequest("sampling_params.stop must be a string, a list of non-empty strings, or a list of "
+                             f"token ids >= 0, got {stop!r}")
+        stop = items
+    top_k = _int(sp, "top_k", -1, lo=-1, where="sampling_params.")
+    temperature, top_p = _float(sp, "temperature", 1.0), _float(sp, "top_p", 1.0)
+    if temperature < 0:
+        raise BadRequest(f"sampling_params.temperature must be >= 0 (0 is greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise BadRequest(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    topk_prompt = _int(body, "topk_prompt_logprobs", 0, lo=0)
+    topk_sample = _int(body, "topk_sample_logprobs", 0, lo=0)
+    for name, k in (("topk_prompt_logprobs", topk_prompt), ("topk_sample_logprobs", topk_sample)):
+        if k > min(vocab_size, MAX_TOPK_LOGPROBS):
+            raise BadRequest(f"{name} must be at most {min(vocab_size, MAX_TOPK_LOGPROBS)}, got {k}")
+    if prompt_len * topk_prompt > MAX_TOPK_PROMPT_CELLS:
+        raise BadRequest(f"topk_prompt_logprobs {topk_prompt} x prompt length {prompt_len} exceeds "
+                         f"{MAX_TOPK_PROMPT_CELLS} cells")
+    last_n = _int(body, "prompt_logprobs_last_n", None, lo=1)
+    if last_n is not None:
+        if not body.get("prompt_logprobs"):
+            raise BadRequest("prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs")
+        if last_n > prompt_len - 1:
+            raise BadRequest(f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, "
+                             f"got {last_n}")
+    return SampleParams(max_tokens=_int(sp, "max_tokens", None, lo=1, where="sampling_params."),
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=_int(sp, "seed", None, where="sampling_params."), stop=stop,
+                        topk_prompt=topk_prompt, topk_sample=topk_sample, prompt_logprobs_last_n=last_n)
 
 
 def _str_dict(d) -> dict:

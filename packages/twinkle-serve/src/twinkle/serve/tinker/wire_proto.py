@@ -3,7 +3,7 @@
 The SDK (0.38) sends `forward_backward` bodies as protobuf and expects ForwardBackwardOutput and
 SampleResponse results as protobuf. We declare the subset we need as a FileDescriptorProto built in
 code (no protoc step, no dependency on the SDK): only field numbers and types matter on the wire,
-and fields we do not declare (provenance spans, top-k logprobs) are skipped by the parser.
+and fields we do not declare (provenance spans) are skipped by the parser.
 """
 
 from __future__ import annotations
@@ -110,14 +110,24 @@ def _build():
     _field(m, "loss_fn_outputs", 2, _F.TYPE_MESSAGE, repeated=True, type_name="ArrayRecord")
     _map(fd, m, "metrics", 3, _F.TYPE_DOUBLE)
 
+    m = fd.message_type.add(name="TopkLogprobs")  # dense row-major [length, k]
+    _field(m, "token_ids", 1, _F.TYPE_BYTES)  # int32
+    _field(m, "logprobs", 2, _F.TYPE_BYTES)  # float32
+    _field(m, "k", 3, _F.TYPE_UINT32)
+    _field(m, "length", 4, _F.TYPE_UINT32)
+
     m = fd.message_type.add(name="SampledSequence")
     _field(m, "stop_reason", 1, _F.TYPE_ENUM, type_name="StopReason")
     _field(m, "tokens", 2, _F.TYPE_BYTES)
     _field(m, "logprobs", 3, _F.TYPE_BYTES, oneof=_optional_oneof(m, "logprobs"), optional=True)
+    _field(m, "topk_sampled_logprobs", 4, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
+           oneof=_optional_oneof(m, "topk_sampled_logprobs"), optional=True)
 
     m = fd.message_type.add(name="SampleResponse")
     _field(m, "sequences", 1, _F.TYPE_MESSAGE, repeated=True, type_name="SampledSequence")
     _field(m, "prompt_logprobs", 2, _F.TYPE_BYTES, oneof=_optional_oneof(m, "prompt_logprobs"), optional=True)
+    _field(m, "topk_prompt_logprobs", 3, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
+           oneof=_optional_oneof(m, "topk_prompt_logprobs"), optional=True)
     _field(m, "prompt_cache_hit_tokens", 4, _F.TYPE_INT32)
 
     pool = descriptor_pool.DescriptorPool()

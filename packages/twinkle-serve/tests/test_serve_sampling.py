@@ -1,0 +1,233 @@
+"""Tinker sampling through the unmodified SDK: top-k log-probs, prompt_logprobs_last_n, stop (None vs []),
+max_tokens None, seeds, and the request fields this server refuses."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from twinkle.hub import TEST_MODEL
+
+PROMPT = [5 + (7 * i) % 60 for i in range(10)]
+ANSWER = [311, 312, 2]  # two tokens, then <|im_end|> (the tiny model's EOS ids are 2 and 0)
+
+
+@pytest.fixture(scope="module")
+def eos_trained(alice):
+    """A LoRA trained (loss on the answer only) until greedy decoding of PROMPT answers ANSWER, ending in EOS."""
+    from tinker import types
+
+    seq = PROMPT + ANSWER
+    datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
+                        loss_fn_inputs={"target_tokens": seq[1:],
+                                        "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * len(ANSWER)})
+    tc = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=5).result()
+    for _ in range(40):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    path = tc.save_weights_for_sampler("eos").result().path
+    return tc, path, tc.create_sampling_client(path).result()
+
+
+@pytest.fixture(scope="module")
+def reference(server, eos_trained):
+    """logp(prefix) -> [T, V] log-softmax of a plain transformers + peft forward of the saved adapter (fp32)."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.hub import resolve_model_path
+
+    _, path, _ = eos_trained
+    folder = server.runtime.store.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"]
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, folder).eval()
+
+    @torch.no_grad()
+    def logp(tokens):
+        return torch.log_softmax(model(input_ids=torch.tensor([tokens])).logits[0].float(), dim=-1)
+
+    return logp
+
+
+def greedy(max_tokens=8, **kw):
+    from tinker import types
+
+    return types.SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)
+
+
+def assert_topk(rows, logp_T_V, k):
+    """rows[i] hold the k best token ids of logp_T_V[i], best first, and their log-probs to 1e-5 (fp32: a
+    log-prob of -20 carries ~1e-6 of rounding, so 1e-6 relative on top)."""
+    assert len(rows) == logp_T_V.shape[0]
+    for row, logp_V in zip(rows, logp_T_V):
+        want = logp_V.topk(k)
+        assert [t for t, _ in row] == want.indices.tolist()
+        np.testing.assert_allclose([lp for _, lp in row], want.values.tolist(), atol=1e-5, rtol=1e-6)
+
+
+def test_topk_prompt_and_sample_logprobs_equal_a_peft_forward(eos_trained, reference):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    out = sampler.sample(types.ModelInput.from_ints(PROMPT), 2,
+                         types.SamplingParams(max_tokens=5, temperature=1.0, seed=3, stop=[]),
+                         include_prompt_logprobs=True, topk_prompt_logprobs=6, topk_sample_logprobs=4).result()
+    logp = reference(PROMPT)
+    tops = out.topk_prompt_logprobs
+    assert len(tops) == len(PROMPT) and tops[0] is None and all(len(r) == 6 for r in tops[1:])
+    assert_topk(tops[1:], logp[:-1], 6)
+    want_prompt = [float(logp[t - 1, PROMPT[t]]) for t in range(1, len(PROMPT))]
+    assert out.prompt_logprobs[0] is None
+    np.testing.assert_allclose(out.prompt_logprobs[1:], want_prompt, atol=1e-5, rtol=1e-6)
+    for seq in out.sequences:
+        assert len(seq.tokens) == 5 and len(seq.topk_logprobs) == 5
+        full = reference(PROMPT + seq.tokens)[len(PROMPT) - 1:-1]
+        assert_topk(seq.topk_logprobs, full, 4)
+        np.testing.assert_allclose(seq.logprobs, [float(full[i, t]) for i, t in enumerate(seq.tokens)],
+                                   atol=1e-5, rtol=1e-6)
+
+
+def test_topk_alone_and_absent(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    only_topk = sampler.sample(prompt, 1, greedy(2), topk_prompt_logprobs=3).result()
+    assert only_topk.prompt_logprobs is None and len(only_topk.topk_prompt_logprobs) == len(PROMPT)
+    assert only_topk.sequences[0].topk_logprobs is None
+    plain = sampler.sample(prompt, 1, greedy(2), include_prompt_logprobs=True).result()
+    assert plain.topk_prompt_logprobs is None and plain.prompt_logprobs is not None
+    # the top-1 sampled alternative under greedy decoding is the token that was chosen
+    seq = sampler.sample(prompt, 1, greedy(3, stop=[]), topk_sample_logprobs=1).result().sequences[0]
+    assert [row[0][0] for row in seq.topk_logprobs] == seq.tokens
+
+
+def test_prompt_logprobs_last_n_scores_only_the_suffix(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    full = sampler.compute_logprobs(prompt).result()
+    last3 = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=3).result()
+    assert last3[:-3] == [None] * (len(PROMPT) - 3) and last3[-3:] == full[-3:]
+    out = sampler.sample(prompt, 1, greedy(1), include_prompt_logprobs=True, topk_prompt_logprobs=2,
+                         prompt_logprobs_last_n=2).result()
+    assert out.topk_prompt_logprobs[:-2] == [None] * (len(PROMPT) - 2)
+    assert all(len(row) == 2 for row in out.topk_prompt_logprobs[-2:])
+    with pytest.raises(Exception, match=r"prompt_logprobs_last_n must be between 1 and len\(prompt\) - 1 = 9"):
+        sampler.compute_logprobs(prompt, prompt_logprobs_last_n=10).result()
+
+
+def test_stop_none_keeps_eos_and_empty_list_disables_it(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    at_eos = sampler.sample(prompt, 1, greedy(8)).result().sequences[0]
+    assert at_eos.tokens == ANSWER and at_eos.stop_reason == "stop"  # EOS kept, as Tinker returns it
+    through = sampler.sample(prompt, 1, greedy(8, stop=[])).result().sequences[0]
+    assert len(through.tokens) == 8 and through.tokens[:3] == ANSWER and through.stop_reason == "length"
+    by_id = sampler.sample(prompt, 1, greedy(8, stop=[ANSWER[0]])).result().sequences[0]
+    assert by_id.tokens == ANSWER[:1] and by_id.stop_reason == "stop"
+    no_room = sampler.sample(prompt, 1, greedy(2)).result().sequences[0]
+    assert no_room.tokens == ANSWER[:2] and no_room.stop_reason == "length"
+    # max_tokens None: until a stop (here EOS) or the end of the context
+    assert sampler.sample(prompt, 1, greedy(None)).result().sequences[0].tokens == ANSWER
+
+
+def test_stop_strings(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained  # ANSWER decodes as " develop", " +", then EOS
+    prompt = types.ModelInput.from_ints(PROMPT)
+    for stop, want in (("elop", ANSWER[:1]), (" develop +", ANSWER[:2]), ([" +", "never"], ANSWER[:2]),
+                       (["never"], ANSWER)):
+        got = sampler.sample(prompt, 1, greedy(8, stop=stop)).result().sequences[0]
+        assert got.tokens == want and got.stop_reason == "stop", stop
+
+
+def test_max_tokens_none_fills_the_context(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    long_prompt = types.ModelInput.from_ints([7 + i % 50 for i in range(1020)])  # context 1024
+    seq = sampler.sample(long_prompt, 1, greedy(None, stop=[])).result().sequences[0]
+    assert len(seq.tokens) == 4 and seq.stop_reason == "length"
+    full = types.ModelInput.from_ints([7 + i % 50 for i in range(1024)])
+    with pytest.raises(Exception, match="fills the context of 1024"):
+        sampler.sample(full, 1, greedy(None)).result()
+
+
+def test_seed_gives_the_same_tokens_and_num_samples_sequences(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT[:4])
+    params = lambda seed: types.SamplingParams(max_tokens=10, temperature=1.5, seed=seed, stop=[])  # noqa: E731
+    tokens = lambda r: [s.tokens for s in r.sequences]  # noqa: E731
+    a, b = sampler.sample(prompt, 4, params(21)).result(), sampler.sample(prompt, 4, params(21)).result()
+    c = sampler.sample(prompt, 4, params(22)).result()
+    assert len(a.sequences) == 4 and tokens(a) == tokens(b) and tokens(a) != tokens(c)
+    assert len({tuple(t) for t in tokens(a)}) > 1  # the samples of one request are independent draws
+    assert sampler.sample(prompt, 1, params(21)).result().sequences[0].tokens == tokens(a)[0]
+
+
+def test_refused_fields_answer_400(eos_trained, alice):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    with pytest.raises(Exception, match="prompt_alt_tokens_k is not supported by this server"):
+        sampler.sample(prompt, 1, greedy(1), prompt_alt_tokens_k=2).result()
+    target = types.TensorData(data=[3] * (len(PROMPT) - 1), dtype="int64", shape=[len(PROMPT) - 1, 1])
+    with pytest.raises(Exception, match="target_prompt_logprobs is not supported by this server"):
+        sampler.sample(prompt, 1, greedy(1), target_prompt_logprobs=target).result()
+    stable = alice.create_sampling_client(base_model=TEST_MODEL, record_stability_info=True).result()
+    with pytest.raises(Exception, match="record_stability_info .* is not supported"):
+        stable.sample(prompt, 1, greedy(1)).result()
+
+
+@pytest.fixture(scope="module")
+def raw(server, keys):
+    """post(body overrides) -> the HTTP response of a hand-written /asample on a base-model sampler."""
+    headers = {"X-API-Key": keys["alice"]}
+
+    def call(path, body):
+        return httpx.post(f"{server.url}/api/v1/{path}", json=body, headers=headers, timeout=60)
+
+    session = call("create_session", {"tags": [], "sdk_version": "0.38.0", "type": "create_session"}).json()
+    sampler = call("create_sampling_session", {"session_id": session["session_id"], "sampling_session_seq_id": 0,
+                                               "base_model": TEST_MODEL, "type": "create_sampling_session"}).json()
+
+    def post(**overrides):
+        body = {"sampling_session_id": sampler["sampling_session_id"], "seq_id": 0, "num_samples": 1,
+                "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+                "sampling_params": {"max_tokens": 2}, "type": "sample", **overrides}
+        return call("asample", body)
+
+    return post
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"sampling_params": {"stop": [""]}}, "sampling_params.stop must be"),
+    ({"sampling_params": {"stop": ["x", 3]}}, "sampling_params.stop must be"),
+    ({"sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens must be an integer >= 1"),
+    ({"sampling_params": {"top_k": -2}}, "sampling_params.top_k must be an integer >= -1"),
+    ({"sampling_params": {"temperature": -0.5}}, "sampling_params.temperature must be >= 0"),
+    ({"sampling_params": {"top_p": 0}}, r"sampling_params.top_p must be in \(0, 1\]"),
+    ({"num_samples": 0}, "num_samples must be an integer >= 1"),
+    ({"topk_prompt_logprobs": 257}, "topk_prompt_logprobs must be at most 256"),
+    ({"num_samples": 1025}, "num_samples must be at most 1024"),
+    ({"sampling_params": "greedy"}, "sampling_params must be an object"),
+    ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
+    ({"topk_sample_logprobs": -1}, "topk_sample_logprobs must be an integer >= 0"),
+    ({"prompt_logprobs_last_n": 2}, "prompt_logprobs_last_n applies to prompt logprobs"),
+    ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, True]}]}}, "integer token ids"),
+])
+def test_bad_sampling_requests_are_400s_naming_the_field(raw, override, message):
+    r = raw(**override)
+    assert r.status_code == 400, r.text
+    assert re.search(message, r.text), r.text
