@@ -81,3 +81,15 @@ def test_ignore_eos_runs_to_max_tokens(model_path, prompts):
     assert stopped.tokens == greedy[:greedy.index(greedy[1]) + 1] and stopped.stop_reason == "stop"
     through = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].sequences[0]
     assert through.tokens == greedy and through.stop_reason == "length"
+
+
+def test_prompt_logprob_tables_are_the_full_forward_of_each_padded_prompt(sampler, trainer, prompts):
+    rows, adapters = [prompts[1], prompts[2], [prompts[0][0]]], ["tenant", None, "tenant"]
+    tables = sampler.prompt_logprob_tables(rows, adapter_name=adapters)
+    for prompt, adapter, table in zip(rows, adapters, tables):
+        assert table.shape == (len(prompt) - 1, sampler.model.config.vocab_size) and table.dtype == torch.float32
+        if len(prompt) > 1:
+            assert (table - full_logp(trainer, prompt, adapter)[:-1]).abs().max() < 1e-5
+    # the same numbers compute_logprobs reads at the prompt's own tokens
+    lps = sampler.compute_logprobs([prompts[1]], adapter_name="tenant")[0]
+    assert max(abs(lps[t] - float(tables[0][t - 1, prompts[1][t]])) for t in range(1, len(prompts[1]))) < 1e-6

@@ -1,5 +1,5 @@
-"""Tinker sampling through the unmodified SDK: top-k log-probs, prompt_logprobs_last_n, stop (None vs []),
-max_tokens None, seeds, and the request fields this server refuses."""
+"""Tinker sampling through the unmodified SDK: top-k log-probs, prompt_logprobs_last_n, target_prompt_logprobs,
+prompt_alt_tokens_k, stop (None vs []), max_tokens None, seeds, and 400s for bad requests."""
 
 from __future__ import annotations
 
@@ -175,19 +175,59 @@ def test_seed_gives_the_same_tokens_and_num_samples_sequences(eos_trained):
     assert sampler.sample(prompt, 1, params(21)).result().sequences[0].tokens == tokens(a)[0]
 
 
-def test_refused_fields_answer_400(eos_trained, alice):
+def test_target_prompt_logprobs_dense_and_sparse(eos_trained, reference):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    rows = len(PROMPT) - 1
+    ids = torch.full((rows, 3), -1, dtype=torch.int64)
+    ids[:, 0] = torch.tensor(PROMPT[1:])  # row i scores prompt position i + 1: its own token first
+    ids[2, 1], ids[5, 2], ids[rows - 1, 1] = 7, 849, ANSWER[0]
+    table = reference(PROMPT)[:-1]
+    want = torch.where(ids >= 0, table.gather(1, ids.clamp(min=0)), torch.zeros(())).numpy()
+    prompt = types.ModelInput.from_ints(PROMPT)
+    dense = sampler.sample(prompt, 1, greedy(1), include_prompt_logprobs=True,
+                           target_prompt_logprobs=types.TensorData.from_torch(ids)).result()
+    got = dense.target_prompt_logprobs
+    assert got.shape == [rows, 3] and got.sparse_crow_indices is None
+    np.testing.assert_allclose(got.to_numpy(), want, atol=1e-5, rtol=1e-6)
+    np.testing.assert_allclose(got.to_numpy()[:, 0], dense.prompt_logprobs[1:], atol=1e-6)
+    sparse_ids = types.TensorData.from_torch_sparse(ids[:, 1:], pad_value=-1)  # 3 named cells of 18
+    assert sparse_ids.sparse_crow_indices is not None
+    sparse = sampler.sample(prompt, 1, greedy(1), target_prompt_logprobs=sparse_ids).result().target_prompt_logprobs
+    assert sparse.sparse_crow_indices == sparse_ids.sparse_crow_indices
+    assert sparse.sparse_col_indices == sparse_ids.sparse_col_indices
+    np.testing.assert_allclose(sparse.to_numpy(), want[:, 1:], atol=1e-5, rtol=1e-6)
+
+
+def test_prompt_alt_tokens_are_seeded_draws_with_their_logprobs(eos_trained, reference):
     from tinker import types
 
     _, _, sampler = eos_trained
     prompt = types.ModelInput.from_ints(PROMPT)
-    with pytest.raises(Exception, match="prompt_alt_tokens_k is not supported by this server"):
-        sampler.sample(prompt, 1, greedy(1), prompt_alt_tokens_k=2).result()
-    target = types.TensorData(data=[3] * (len(PROMPT) - 1), dtype="int64", shape=[len(PROMPT) - 1, 1])
-    with pytest.raises(Exception, match="target_prompt_logprobs is not supported by this server"):
-        sampler.sample(prompt, 1, greedy(1), target_prompt_logprobs=target).result()
+    draw = lambda seed, temperature=1.0: sampler.sample(  # noqa: E731
+        prompt, 1, types.SamplingParams(max_tokens=1, temperature=temperature, seed=seed),
+        prompt_alt_tokens_k=64).result().prompt_alt_tokens
+    a, b, c = draw(1), draw(1), draw(2)
+    tokens, logprobs = a.tokens.to_numpy(), a.logprobs.to_numpy()
+    assert tokens.shape == logprobs.shape == (len(PROMPT) - 1, 64)
+    assert (b.tokens.to_numpy() == tokens).all() and (c.tokens.to_numpy() != tokens).any()
+    table = reference(PROMPT)[:-1]
+    np.testing.assert_allclose(logprobs, table.gather(1, torch.from_numpy(tokens)).numpy(), atol=1e-5, rtol=1e-6)
+    # draws follow the model: the row's most likely token is drawn about as often as its probability says
+    top_p, top_id = table.exp().max(-1)
+    freq = (tokens == top_id.numpy()[:, None]).mean(axis=1)
+    assert np.abs(freq - top_p.numpy()).mean() < 0.12, (freq, top_p)
+    greedy_draw = draw(None, temperature=0.0).tokens.to_numpy()
+    assert (greedy_draw == top_id.numpy()[:, None]).all()
+
+
+def test_record_stability_info_is_refused(eos_trained, alice):
+    from tinker import types
+
     stable = alice.create_sampling_client(base_model=TEST_MODEL, record_stability_info=True).result()
     with pytest.raises(Exception, match="record_stability_info .* is not supported"):
-        stable.sample(prompt, 1, greedy(1)).result()
+        stable.sample(types.ModelInput.from_ints(PROMPT), 1, greedy(1)).result()
 
 
 @pytest.fixture(scope="module")
@@ -223,6 +263,14 @@ def raw(server, keys):
     ({"num_samples": 1025}, "num_samples must be at most 1024"),
     ({"sampling_params": "greedy"}, "sampling_params must be an object"),
     ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
+    ({"prompt_alt_tokens_k": -1}, "prompt_alt_tokens_k must be an integer >= 0"),
+    ({"target_prompt_logprobs": {"data": [1] * 8, "dtype": "int64", "shape": [8, 1]}},
+     r"target_prompt_logprobs must have shape \[len\(prompt\) - 1 = 9, K >= 1\]"),
+    ({"target_prompt_logprobs": {"data": [-1] * 9, "dtype": "int64", "shape": [9, 1]}}, "names no token id"),
+    ({"target_prompt_logprobs": {"data": [850] * 9, "dtype": "int64", "shape": [9, 1]}},
+     r"token ids in \[0, 850\) or -1"),
+    ({"target_prompt_logprobs": {"data": [3], "dtype": "int64", "shape": [9, 2], "sparse_crow_indices": [0, 1],
+                                 "sparse_col_indices": [0]}}, "not a CSR layout of shape"),
     ({"topk_sample_logprobs": -1}, "topk_sample_logprobs must be an integer >= 0"),
     ({"prompt_logprobs_last_n": 2}, "prompt_logprobs_last_n applies to prompt logprobs"),
     ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, True]}]}}, "integer token ids"),

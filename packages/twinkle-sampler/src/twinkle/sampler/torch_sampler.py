@@ -97,19 +97,37 @@ class TorchSampler(Sampler):
                                       zip(top.indices[i, start:].tolist(), top.values[i, start:].tolist())])
         return lps, tops if top_k else None
 
-    @torch.no_grad()
-    def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
+    def _prefill_chunks(self, inputs, adapter_name):
+        """(prompts of a chunk, their logits [B, T, V], ids, mask) per max_batch_size chunk: no cache."""
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
-        result = []
         for lo in range(0, len(prompts), self.max_batch_size):
             chunk, chunk_adapters = prompts[lo:lo + self.max_batch_size], adapters[lo:lo + self.max_batch_size]
             ids_B_T, mask_B_T = self._left_pad(chunk)
             with self.router.route(chunk_adapters, self.device):
                 logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
                                     position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
+            yield chunk, logits, ids_B_T, mask_B_T
+
+    @torch.no_grad()
+    def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
+        result = []
+        for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name):
             result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T)[0])
         return result
+
+    @torch.no_grad()
+    def prompt_logprob_tables(self, inputs, adapter_name=None) -> list[torch.Tensor]:
+        """Per prompt, the model's log-softmax over the vocabulary at every position that predicts a prompt
+        token: row t-1 is log p(. | tokens_<t), a float32 [len(prompt) - 1, V] tensor on the CPU. For
+        scoring chosen ids or drawing alternatives at every prompt position (a full table: V floats a row)."""
+        tables = []
+        for chunk, logits, _, _ in self._prefill_chunks(inputs, adapter_name):
+            width = logits.shape[1]
+            for i, prompt in enumerate(chunk):  # left padding: a prompt's rows are the last len(prompt) ones
+                rows_T_V = logits[i, width - len(prompt):-1].float()
+                tables.append(torch.log_softmax(rows_T_V, dim=-1).cpu())
+        return tables
 
     # ---- sampling --------------------------------------------------------------------------------
     @torch.no_grad()

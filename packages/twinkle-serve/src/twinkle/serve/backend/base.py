@@ -70,6 +70,8 @@ class SampleParams:
     stopping at all (not even EOS), run to `max_tokens`; a string, or a list of strings or token ids:
     those *and* EOS. `topk_prompt` / `topk_sample` > 0: the k most likely tokens at every prompt /
     sampled position. `prompt_logprobs_last_n`: score only the last N prompt positions (the rest None).
+    `target_prompt_ids` (int64 [len(prompt) - 1, K], -1: nothing): score these ids, row i at prompt
+    position i + 1. `prompt_alt_tokens_k` > 0: that many draws at `temperature` at every such position.
     """
 
     max_tokens: int | None = 64
@@ -81,6 +83,8 @@ class SampleParams:
     topk_prompt: int = 0
     topk_sample: int = 0
     prompt_logprobs_last_n: int | None = None
+    target_prompt_ids: np.ndarray | None = None
+    prompt_alt_tokens_k: int = 0
 
 
 TopK = list[tuple[int, float]]  # (token id, log-prob) pairs, most likely first
@@ -99,6 +103,8 @@ class SampleResult:
     sequences: list[SampledSeq]
     prompt_logprobs: list[float | None] | None = None
     topk_prompt_logprobs: list[TopK | None] | None = None  # one row per prompt position (None: not scored)
+    target_prompt_logprobs: np.ndarray | None = None  # float32, target_prompt_ids' shape; 0.0 where it has -1
+    prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None  # (int64 ids, float32 log-probs) [len - 1, k]
 
 
 class Backend(ABC):

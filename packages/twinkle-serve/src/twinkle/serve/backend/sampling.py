@@ -73,11 +73,47 @@ class TorchSampling:
                                 prompt_logprobs=params.topk_prompt or bool(prompt_logprobs))
         except ValueError as e:
             raise UserError(str(e)) from None
+        targets = params.target_prompt_ids
+        if targets is not None and (targets.ndim != 2 or targets.shape[0] != len(prompt) - 1
+                                    or not ((targets >= -1) & (targets < self.vocab_size)).all()):
+            raise UserError(f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
+                            f"in [0, {self.vocab_size}) or -1")
         (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
-        return SampleResult(seqs, scored(resp.prompt_logprobs) if prompt_logprobs else None,
-                            scored(resp.prompt_top_logprobs) if params.topk_prompt else None)
+        result = SampleResult(seqs, scored(resp.prompt_logprobs) if prompt_logprobs else None,
+                              scored(resp.prompt_top_logprobs) if params.topk_prompt else None)
+        if targets is not None or params.prompt_alt_tokens_k:
+            import torch
+
+            # a second prefill: these need the whole distribution at every prompt position
+            (table_T_V,) = self.sampler.prompt_logprob_tables([prompt], adapter_name=sampler)
+            if targets is not None:
+                ids = torch.from_numpy(targets).clamp(min=0)
+                scores = table_T_V.gather(1, ids).masked_fill(torch.from_numpy(targets) < 0, 0.0)
+                result.target_prompt_logprobs = scores.numpy()
+            if params.prompt_alt_tokens_k:
+                result.prompt_alt_tokens = _draw_alternatives(table_T_V, params.prompt_alt_tokens_k,
+                                                              params.temperature, params.seed)
+        return result
+
+
+def _draw_alternatives(table_T_V, k: int, temperature: float, seed: int | None):
+    """k draws with replacement at `temperature` from each row's distribution -> (ids, their model log-probs)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from twinkle.sampler.decoding import row_seed
+
+    if temperature == 0 or table_T_V.shape[0] == 0:
+        ids_T_K = table_T_V.argmax(-1, keepdim=True).expand(-1, k)
+    else:
+        # seeded like the request's samples, on a stream of its own (sample index -1)
+        g = torch.Generator().manual_seed(row_seed(seed if seed is not None else random.randrange(2**62), -1))
+        ids_T_K = torch.multinomial(torch.softmax(table_T_V / temperature, dim=-1), k, replacement=True, generator=g)
+    return ids_T_K.numpy().astype(np.int64), table_T_V.gather(1, ids_T_K).numpy().astype(np.float32)
 
 
 def _from_position(first: int):

@@ -92,7 +92,63 @@ def _topk(msg, rows: list, k: int) -> None:
     msg.token_ids, msg.logprobs, msg.k, msg.length = ids.tobytes(), lps.tobytes(), k, len(rows)
 
 
-def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0) -> bytes:
+def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
+    """asample's `target_prompt_logprobs` (TensorData JSON, dense or sparse CSR) -> (int64 [prompt_len - 1, K]
+    with -1 where nothing is asked, the CSR layout (crow, col) to answer in, or None for dense)."""
+    rows = prompt_len - 1
+    where = "target_prompt_logprobs"
+    if not isinstance(obj, dict) or obj.get("dtype") != "int64":
+        raise UserError(f"{where} must be an int64 TensorData of token ids")
+    shape, data = obj.get("shape"), obj.get("data")
+    if (not isinstance(shape, list) or len(shape) != 2 or not all(_is_int(n) for n in shape) or shape[0] != rows
+            or shape[1] < 1):
+        raise UserError(f"{where} must have shape [len(prompt) - 1 = {rows}, K >= 1], got {shape!r}")
+    if shape[0] * shape[1] > max_cells:
+        raise UserError(f"{where} shape {shape} exceeds {max_cells} cells")
+    if not isinstance(data, list) or not all(_is_int(v) and -1 <= v < vocab_size for v in data):
+        raise UserError(f"{where} data must be token ids in [0, {vocab_size}) or -1")
+    crow, col = obj.get("sparse_crow_indices"), obj.get("sparse_col_indices")
+    ids = np.full(shape, -1, dtype=np.int64)
+    layout = None
+    if crow is None and col is None:
+        if len(data) != rows * shape[1]:
+            raise UserError(f"{where}: {len(data)} values for shape {shape}")
+        ids[:] = np.asarray(data, dtype=np.int64).reshape(shape)
+    else:
+        ok = (isinstance(crow, list) and isinstance(col, list) and len(crow) == rows + 1 and len(col) == len(data)
+              and all(_is_int(c) for c in crow + col) and crow[0] == 0 and crow[-1] == len(data)
+              and all(a <= b for a, b in zip(crow, crow[1:])) and all(0 <= c < shape[1] for c in col))
+        if not ok:
+            raise UserError(f"{where}: sparse_crow_indices / sparse_col_indices are not a CSR layout of shape {shape}")
+        crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
+        ids[np.repeat(np.arange(rows), np.diff(crow_a)), col_a] = data
+        layout = (crow_a, col_a)
+    if not (ids >= 0).any():
+        raise UserError(f"{where} names no token id (every cell is -1)")
+    distinct = len(np.unique(ids[ids >= 0]))
+    if prompt_len * distinct > max_cells:
+        raise UserError(f"{where}: len(prompt) {prompt_len} x {distinct} distinct ids exceeds {max_cells}")
+    return ids, layout
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _tensor_out(msg, array: np.ndarray, dtype: int, layout=None) -> None:
+    """A response Tensor: dense, or the request's CSR layout (its cells' values only)."""
+    if layout is None:
+        msg.dense = np.ascontiguousarray(array).tobytes()
+    else:
+        crow, col = layout
+        msg.sparse_csr.values = array[np.repeat(np.arange(len(crow) - 1), np.diff(crow)), col].tobytes()
+        msg.sparse_csr.crow_indices, msg.sparse_csr.col_indices = crow.tobytes(), col.tobytes()
+    msg.dtype = dtype
+    msg.shape.extend(array.shape)
+
+
+def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0,
+                         target_layout=None) -> bytes:
     out = pb.SampleResponse()
     for s in result.sequences:
         seq = out.sequences.add()
@@ -106,4 +162,11 @@ def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample
         out.prompt_logprobs = lps.tobytes()
     if topk_prompt and result.topk_prompt_logprobs is not None:
         _topk(out.topk_prompt_logprobs, result.topk_prompt_logprobs, topk_prompt)
+    if result.target_prompt_logprobs is not None:
+        _tensor_out(out.target_prompt_logprobs, result.target_prompt_logprobs.astype(np.float32), pb.DTYPE_FLOAT32,
+                    target_layout)
+    if result.prompt_alt_tokens is not None:
+        ids, lps = result.prompt_alt_tokens
+        _tensor_out(out.prompt_alt_tokens.tokens, ids.astype(np.int64), pb.DTYPE_INT64)
+        _tensor_out(out.prompt_alt_tokens.logprobs, lps.astype(np.float32), pb.DTYPE_FLOAT32)
     return out.SerializeToString()

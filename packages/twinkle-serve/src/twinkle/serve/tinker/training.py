@@ -380,7 +380,7 @@ class TinkerTraining:
         if num_samples > MAX_NUM_SAMPLES:
             raise BadRequest(f"num_samples must be at most {MAX_NUM_SAMPLES}, got {num_samples}")
         self.rt.limits.input_tokens(tenant, len(prompt))
-        params = _sample_params(body, len(prompt), engine.backend.vocab_size)
+        params, target_layout = _sample_params(body, len(prompt), engine.backend.vocab_size)
         want_prompt_lps = bool(body.get("prompt_logprobs"))
         if row["model_path"]:
             ckpt = self.readable_checkpoint(tenant, row["model_path"])
@@ -394,7 +394,7 @@ class TinkerTraining:
             if folder is not None:
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, num_samples, params, want_prompt_lps)
-            return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample)
+            return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
 
         out = self._submit(tenant, engine, sampler_id, body.get("seq_id"), run)
         out["sample_sequence_ids"] = [uuid.uuid4().hex for _ in range(num_samples)]
@@ -433,21 +433,12 @@ def _float(d: dict, name: str, default: float) -> float:
     return float(v)
 
 
-# Request fields of SDK 0.38 this server does not compute: refused, never silently ignored.
-_UNSUPPORTED = {
-    "target_prompt_logprobs": "target_prompt_logprobs is not supported by this server; use "
-                              "topk_prompt_logprobs or prompt_logprobs",
-    "prompt_alt_tokens_k": "prompt_alt_tokens_k is not supported by this server",
-    "record_stability_info": "record_stability_info (stable_reinforce provenance) is not supported by this "
-                             "server; sample without it and train with importance_sampling",
-}
-
-
-def _sample_params(body: dict, prompt_len: int, vocab_size: int) -> SampleParams:
-    """The asample body's sampling options, checked (a 400 naming the field) -> SampleParams."""
-    for name, why in _UNSUPPORTED.items():
-        if body.get(name) not in (None, 0, False):
-            raise BadRequest(why)
+def _sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleParams, tuple | None]:
+    """The asample body's sampling options, checked (a 400 naming the field) -> (SampleParams, the CSR layout
+    of a sparse target_prompt_logprobs, to answer in, or None)."""
+    if body.get("record_stability_info") not in (None, False):  # refused, never silently ignored
+        raise BadRequest("record_stability_info (stable_reinforce provenance) is not supported by this server; "
+                         "sample without it and train with importance_sampling")
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise BadRequest("sampling_params must be an object")
@@ -473,6 +464,16 @@ def _sample_params(body: dict, prompt_len: int, vocab_size: int) -> SampleParams
     if prompt_len * topk_prompt > MAX_TOPK_PROMPT_CELLS:
         raise BadRequest(f"topk_prompt_logprobs {topk_prompt} x prompt length {prompt_len} exceeds "
                          f"{MAX_TOPK_PROMPT_CELLS} cells")
+    alt_k = _int(body, "prompt_alt_tokens_k", 0, lo=0)
+    if prompt_len * alt_k > MAX_TOPK_PROMPT_CELLS:
+        raise BadRequest(f"prompt_alt_tokens_k {alt_k} x prompt length {prompt_len} exceeds {MAX_TOPK_PROMPT_CELLS}")
+    targets = layout = None
+    if body.get("target_prompt_logprobs") is not None:
+        try:
+            targets, layout = codec.decode_target_ids(body["target_prompt_logprobs"], prompt_len, vocab_size,
+                                                      MAX_TOPK_PROMPT_CELLS)
+        except UserError as e:
+            raise BadRequest(str(e)) from None
     last_n = _int(body, "prompt_logprobs_last_n", None, lo=1)
     if last_n is not None:
         if not body.get("prompt_logprobs"):
@@ -483,7 +484,8 @@ def _sample_params(body: dict, prompt_len: int, vocab_size: int) -> SampleParams
     return SampleParams(max_tokens=_int(sp, "max_tokens", None, lo=1, where="sampling_params."),
                         temperature=temperature, top_k=top_k, top_p=top_p,
                         seed=_int(sp, "seed", None, where="sampling_params."), stop=stop,
-                        topk_prompt=topk_prompt, topk_sample=topk_sample, prompt_logprobs_last_n=last_n)
+                        topk_prompt=topk_prompt, topk_sample=topk_sample, prompt_logprobs_last_n=last_n,
+                        target_prompt_ids=targets, prompt_alt_tokens_k=alt_k), layout
 
 
 def _str_dict(d) -> dict:

@@ -123,12 +123,20 @@ def _build():
     _field(m, "topk_sampled_logprobs", 4, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
            oneof=_optional_oneof(m, "topk_sampled_logprobs"), optional=True)
 
+    m = fd.message_type.add(name="PromptAltTokens")  # both dense [len(prompt) - 1, k]
+    _field(m, "tokens", 1, _F.TYPE_MESSAGE, type_name="Tensor")
+    _field(m, "logprobs", 2, _F.TYPE_MESSAGE, type_name="Tensor")
+
     m = fd.message_type.add(name="SampleResponse")
     _field(m, "sequences", 1, _F.TYPE_MESSAGE, repeated=True, type_name="SampledSequence")
     _field(m, "prompt_logprobs", 2, _F.TYPE_BYTES, oneof=_optional_oneof(m, "prompt_logprobs"), optional=True)
     _field(m, "topk_prompt_logprobs", 3, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
            oneof=_optional_oneof(m, "topk_prompt_logprobs"), optional=True)
     _field(m, "prompt_cache_hit_tokens", 4, _F.TYPE_INT32)
+    _field(m, "target_prompt_logprobs", 5, _F.TYPE_MESSAGE, type_name="Tensor",
+           oneof=_optional_oneof(m, "target_prompt_logprobs"), optional=True)
+    _field(m, "prompt_alt_tokens", 6, _F.TYPE_MESSAGE, type_name="PromptAltTokens",
+           oneof=_optional_oneof(m, "prompt_alt_tokens"), optional=True)
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
