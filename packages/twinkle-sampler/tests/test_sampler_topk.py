@@ -93,3 +93,9 @@ def test_prompt_logprob_tables_are_the_full_forward_of_each_padded_prompt(sample
     # the same numbers compute_logprobs reads at the prompt's own tokens
     lps = sampler.compute_logprobs([prompts[1]], adapter_name="tenant")[0]
     assert max(abs(lps[t] - float(tables[0][t - 1, prompts[1][t]])) for t in range(1, len(prompts[1]))) < 1e-6
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(sampler, prompts):
+    greedy = sampler.sample(prompts, SamplingParams(max_tokens=5, temperature=0))
+    tiny = sampler.sample(prompts, SamplingParams(max_tokens=5, temperature=1e-40, seed=1))
+    assert [r.sequences[0].tokens for r in tiny] == [r.sequences[0].tokens for r in greedy]

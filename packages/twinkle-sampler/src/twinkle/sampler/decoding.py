@@ -17,7 +17,9 @@ def row_seed(seed: int, sample_index: int) -> int:
 
 def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf."""
-    logits_B_V = logits_B_V / params.temperature
+    # Shift each row's best logit to 0 first (softmax does not change): a tiny temperature then sends the
+    # others to -inf instead of overflowing every logit to inf (a NaN distribution).
+    logits_B_V = (logits_B_V - logits_B_V.max(dim=-1, keepdim=True).values) / params.temperature
     if params.top_k and params.top_k < logits_B_V.shape[-1]:
         kth_B_1 = logits_B_V.topk(params.top_k, dim=-1).values[:, -1:]
         logits_B_V = logits_B_V.masked_fill(logits_B_V < kth_B_1, float("-inf"))
