@@ -279,3 +279,13 @@ def test_bad_sampling_requests_are_400s_naming_the_field(raw, override, message)
     r = raw(**override)
     assert r.status_code == 400, r.text
     assert re.search(message, r.text), r.text
+
+
+def test_a_one_token_prompt_has_no_scored_positions(eos_trained):
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    out = sampler.sample(types.ModelInput.from_ints(PROMPT[:1]), 1, greedy(2), include_prompt_logprobs=True,
+                         topk_prompt_logprobs=2, prompt_alt_tokens_k=3).result()
+    assert out.prompt_logprobs == [None] and out.topk_prompt_logprobs == [None]
+    assert out.prompt_alt_tokens.tokens.to_numpy().shape == (0, 3) and len(out.sequences[0].tokens) == 2
