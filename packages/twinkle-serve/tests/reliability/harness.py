@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +51,17 @@ def revoke_key(data_dir: Path, name: str) -> None:
                    check=True)
 
 
+def server_env() -> dict[str, str]:
+    """The server's environment. One torch thread: on 2 shared cores, with clients in the same machine,
+    OpenMP's spin-waiting second thread starves the HTTP and scheduler threads (measured: an SDK step
+    ~300 ms with 2 threads, ~28 ms with 1). Bytecode cached under the session's temp dir (not the venv),
+    so the restarts of the crash test don't recompile torch and transformers each time (~12 s -> ~5 s)."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("RELIABILITY_SERVER_THREADS", "1"),
+           "PYTHONPYCACHEPREFIX": str(Path(tempfile.gettempdir()) / "twinkle-reliability-pycache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
 class ServerProcess:
     """`twinkle-server --port P --data-dir D --config C` in its own process group (so kill -9 is real)."""
 
@@ -66,7 +78,7 @@ class ServerProcess:
         self.starts = 0
 
     def start(self, timeout: float = 180) -> "ServerProcess":
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}
+        env = server_env()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([*_cli(), "--host", HOST, "--port", str(self.port), "--data-dir",
                                       str(self.data_dir), "--config", str(self.config_path), "--log-level", "warning"],
