@@ -5,8 +5,8 @@ The Tinker routes read their JSON bodies by hand (the SDK is the specification),
 declares no body for them; the fuzzer adds one, an object with the fields those routes read and
 values of any type, so schemathesis exercises the routes' parsing too.
 
-Counts: RELIABILITY_FUZZ_REQUESTS (default 1500, ~3 min here) schemathesis requests and
-RELIABILITY_PROTO_FUZZ (default 300) protobuf bodies; the issue's 5,000 was run by hand (README).
+Counts: RELIABILITY_FUZZ_REQUESTS (default 5000, the issue's floor) schemathesis requests over every
+operation of both APIs and RELIABILITY_PROTO_FUZZ (default 1000) protobuf bodies: ~100 s together here.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from harness import SUMMARY, Wire, fb_body, sft_pair
 
-REQUESTS = int(os.environ.get("RELIABILITY_FUZZ_REQUESTS", "1500"))
-PROTO_CASES = int(os.environ.get("RELIABILITY_PROTO_FUZZ", "300"))
+REQUESTS = int(os.environ.get("RELIABILITY_FUZZ_REQUESTS", "5000"))
+PROTO_CASES = int(os.environ.get("RELIABILITY_PROTO_FUZZ", "1000"))
 TIME_BUDGET_S = float(os.environ.get("RELIABILITY_FUZZ_SECONDS", "600"))
 FIELDS = ["session_id", "model_id", "model_seq_id", "base_model", "lora_config", "path", "seq_id", "adam_params",
           "optimizer_params", "sampling_session_id", "sampling_session_seq_id", "model_path", "prompt", "num_samples",
@@ -88,7 +88,7 @@ def test_schemathesis_no_5xx_no_hang(fuzz_server):
     print(f"\nschemathesis: {sent} requests over {len(operations)} operations in {elapsed:.0f} s; "
           f"statuses {dict(sorted(statuses.items()))}; 5xx/hangs: {len(failures)}")
     assert not failures, failures[:20]
-    assert sent >= min(REQUESTS, 1000), sent
+    assert sent >= REQUESTS, f"only {sent} of {REQUESTS} requests within {TIME_BUDGET_S:.0f} s"
     assert srv.proc.poll() is None
     SUMMARY["requests fuzzed (schemathesis), 0 5xx"] = f"{sent} over {len(operations)} operations"
 
