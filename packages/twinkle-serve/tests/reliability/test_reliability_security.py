@@ -140,3 +140,49 @@ def test_model_folder_code_runs_only_if_the_operator_opts_in(tmp_path, monkeypat
     print(f"\ntrust_remote_code: default refused before the folder's code ran (503: {message[:70]}...); "
           "opted in: loaded and trained")
     SUMMARY["model folder code (auto_map)"] = "not run by default (503 naming trust_remote_code); runs when opted in"
+
+
+BACKENDS_SCRIPT = """
+import sys
+from twinkle.serve.backend import create_backend
+folder, marker = sys.argv[1], sys.argv[2]
+from pathlib import Path
+kinds = ["multi_lora", "peft", "multi_lora on remote groups (local shards)"]
+
+
+def build(kind, trust):
+    if "remote" in kind:  # the Ray path's classes, as plain objects (remote_group=None): what each actor runs
+        from twinkle.serve.backend.remote import RemoteBackend
+
+        return RemoteBackend("evil", folder, shard_model_path=folder, trust_remote_code=trust)
+    return create_backend(kind, "evil", folder, trust_remote_code=trust)
+
+
+for kind in kinds:
+    try:
+        build(kind, False)
+        print("LOADED-WITHOUT-OPT-IN", kind)
+    except ValueError as e:
+        assert "trust_remote_code" in str(e), (kind, e)
+    assert not Path(marker).exists(), kind
+for kind in kinds:
+    backend = build(kind, True)
+    assert backend.vocab_size > 0, kind
+    print("OPTED-IN-OK", kind)
+"""
+
+
+def test_every_backend_passes_the_opt_in_to_every_from_pretrained(tmp_path):
+    """multi_lora, peft and the remote-group shards (TrainShard, SamplerShard, the driver's tokenizer)
+    each refuse the folder's code by default and run it when the operator opts in. A fresh process, so
+    transformers copies the code under this test's HF_MODULES_CACHE and nothing was imported before."""
+    import os
+    import sys
+
+    folder, marker = evil_model_folder(tmp_path)
+    out = subprocess.run([sys.executable, "-c", BACKENDS_SCRIPT, str(folder), str(marker)], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf-modules")})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "LOADED-WITHOUT-OPT-IN" not in out.stdout, out.stdout
+    assert out.stdout.count("OPTED-IN-OK") == 3, out.stdout
+    assert marker.read_text() == "ran"
