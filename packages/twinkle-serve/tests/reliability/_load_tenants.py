@@ -111,7 +111,11 @@ class SdkClient:
         return self.tc.save_state(name)
 
     def load(self, path: str):
-        return self.tc.load_state_with_optimizer(path)
+        import warnings
+
+        with warnings.catch_warnings():  # deprecated in 0.38 but served: one model can load many checkpoints
+            warnings.simplefilter("ignore", FutureWarning)
+            return self.tc.load_state_with_optimizer(path)
 
     def result(self, kind: str, future):
         out = future.result(timeout=RESULT_TIMEOUT_S)
@@ -136,7 +140,7 @@ class NativeClient:
         from twinkle.client import TwinkleClient
 
         self.index = index
-        self.client = TwinkleClient(url, key, timeout=RESULT_TIMEOUT_S, max_retries=3)
+        self.client = TwinkleClient(url, key, timeout=RESULT_TIMEOUT_S)
         self.model = None
 
     def open(self, resume: str | None) -> str:
@@ -243,14 +247,15 @@ class TenantRun:
     def settle(self, item: Pending) -> None:
         self.accept(item, self.api.result(item.kind, item.future))
 
-    def accept(self, item: Pending, value) -> None:
+    def accept(self, item: Pending, value, progress: bool = True) -> None:
         if item.kind == "forward_backward":
             self.losses[item.step] = float(value)
             self.loss_log.append((item.step, float(value)))
         elif item.kind == "optim_step":
             self.steps_done = item.step + 1
             self.latencies.append(time.perf_counter() - item.t0)
-            self.progress.set()
+            if progress:
+                self.progress.set()
         else:
             folder = folder_of(self.data_dir, self.name, value)
             self.acked.append(Ack(value, item.step, folder, files_digest(folder)))

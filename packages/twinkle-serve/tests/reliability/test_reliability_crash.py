@@ -1,174 +1,280 @@
-"""Crash: `kill -9` the real server at 10 seeded random moments while tenants train, restart it on
-the same data dir each time, and check what a user was promised:
+"""Crash: the load of test_reliability_load (8 tenants, 4 through the Tinker SDK and 4 through the
+native client, 100 steps each, sampling half-way) with a checkpoint every few steps, while the real
+server is `kill -9`ed at 10 seeded random moments and restarted on the same data dir each time.
+Tenants carry on as a user would: poll what was in flight, then resume from their last acknowledged
+checkpoint (weights and optimizer state) and replay the steps after it. Checked:
 
-- every checkpoint acknowledged before a kill is byte-identical on disk afterwards, and the last one
-  of each tenant loads into a fresh model whose saved adapter equals it bit for bit;
-- every training run ever created is still listed;
-- the SQLite database passes `PRAGMA integrity_check`;
-- every future that was in flight at a kill answers, after the restart, either its completed result
-  (of the right kind) or a clear server-category error saying the server restarted -- never a
-  silently wrong result and never an endless "try again".
-
-Tenants resume after each restart from their last acknowledged checkpoint (with optimizer state),
-as a user would. The raw wire client is used (bounded timeouts) because the SDK retries for minutes.
+- the SQLite database passes `PRAGMA integrity_check` after every kill;
+- after every restart, every checkpoint acknowledged so far is byte-identical on disk and every
+  training run ever created is still listed; each resume loads its checkpoint bit-exact (weights and
+  optimizer state saved right after the load equal the checkpoint's), and at the end every
+  acknowledged checkpoint loads bit-exact;
+- every future in flight at a kill answers, after the restart, either its completed result (a loss
+  equal to the one the tenant trained alone got at that step, a checkpoint that is really there) or a
+  clear error saying the server restarted -- never a silently wrong result, never an endless wait;
+- nothing is lost or reordered across the kills: each tenant's 100 losses and final adapter equal,
+  within 1e-5, the same tenant trained alone on a fresh server.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import sqlite3
 import threading
 import time
-from pathlib import Path
+import traceback
 
 import httpx
 import numpy as np
-from harness import SUMMARY, Wire, fb_body, sft_pair
+import pytest
+from _load_tenants import (STEPS, TENANTS, Ack, NativeClient, TenantRun, adapter_diff, alone_reference, bit_equal,
+                           checkpoint_tensors, files_digest, folder_of, loss_tolerance)
+from harness import SUMMARY, Wire
 
 KILLS = int(os.environ.get("RELIABILITY_KILLS", "10"))
-TENANTS = ["crash0", "crash1", "crash2"]
+CHECKPOINT_EVERY = 5
 SEED = 1129
 
 
-def files_digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+class Generation:
+    """Counts kills and server restarts; a tenant that lost the server waits here for the next one."""
+
+    def __init__(self):
+        self.n, self.kills, self._cond = 0, 0, threading.Condition()
+
+    def bump(self) -> None:
+        with self._cond:
+            self.n += 1
+            self._cond.notify_all()
+
+    def wait_past(self, n: int, timeout: float = 300) -> int:
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.n > n, timeout), "the server did not come back"
+            return self.n
 
 
-class Tenant:
-    def __init__(self, name: str, index: int, key: str):
-        self.name, self.index, self.key = name, index, key
-        self.runs: list[str] = []
-        self.acked: dict[str, tuple[Path, dict]] = {}  # tinker path -> (folder, file digests at ack time)
-        self.last: str | None = None
-        self.pending: dict[str, str] = {}  # request id -> op, submitted but not yet seen finished
-        self.steps = 0
-        self.error: str | None = None
+def went_away(e: Exception) -> bool:
+    """The connection failed: the server is down (the native client does not retry; the SDK gave up)."""
+    import tinker
 
-    def folder(self, data_dir: Path, model_id: str, name: str) -> Path:
-        return data_dir / "tenants" / self.name / model_id.replace(":", "_") / "weights" / name
+    return isinstance(e, (httpx.TransportError, tinker.APIConnectionError))
 
-    def train(self, url: str, data_dir: Path, round_: int, stop: threading.Event, started: threading.Event):
-        w = Wire(url, self.key, timeout=20)
+
+def says_restarted(e: Exception) -> bool:
+    """The clear error a request caught by a restart gets (in flight: server category; sent to a model
+    the restart unloaded: user category, "resume it")."""
+    import tinker
+
+    from twinkle.client import TwinkleRequestFailed
+
+    return isinstance(e, (tinker.RequestFailedError, TwinkleRequestFailed)) and "restarted" in str(e)
+
+
+def lost_model_error(e: Exception) -> bool:
+    """What the native API answers today to a call that reached the restarted server for a model the
+    restart unloaded (the client library re-sends a call whose connection broke): a failure, so
+    nothing wrong is trained, but a misleading one -- see test_native_call_after_restart_says_so."""
+    from twinkle.client import TwinkleRequestFailed
+
+    return isinstance(e, TwinkleRequestFailed) and e.category == "user" and "has adapters []" in str(e)
+
+
+class Survivor:
+    """One tenant's thread through every kill: train, and on losing the server wait for it, poll
+    what was in flight, resume from the last acknowledged checkpoint, and go on."""
+
+    def __init__(self, run: TenantRun, alone: TenantRun, tol: float, gen: Generation):
+        self.run, self.alone, self.tol, self.gen = run, alone, tol, gen
+        self.live_gen = -1  # the generation this tenant resumed in (the driver kills only once all have)
+        self.finished, self.error = False, None
+        self.in_flight = {"completed": 0, "failed clearly": 0, "never sent": 0}
+        self.resent = 0  # calls re-sent to the restarted server, answered with lost_model_error
+        self.resumes_verified = 0
+        self.thread = threading.Thread(target=self.main, daemon=True, name=run.name)
+
+    def main(self) -> None:
+        gen = self.gen.n
         try:
-            sid = w.session()
-            if self.last is None:
-                mid = w.create_model(sid, seed=self.index)
-            else:  # resume from the last acknowledged checkpoint, optimizer included
-                mid = w.done(w.post("/load_weights", {"session_id": sid, "model_seq_id": 0, "path": self.last,
-                                                      "optimizer": True}))["model_id"]
-            self.runs.append(mid)
-            seq, n = 1, 0
-            rng = np.random.default_rng(self.index)
-            while not stop.is_set():
-                tokens = rng.integers(9, 800, size=14).tolist()
-                name = f"r{round_}-{n}"
-                subs = [("forward_backward", w.http.post("/api/v1/forward_backward",
-                                                         content=fb_body(mid, seq, [sft_pair(tokens)]),
-                                                         headers={"content-type": "application/x-protobuf"})),
-                        ("optim_step", w.post("/optim_step", {"model_id": mid, "seq_id": seq + 1,
-                                                              "adam_params": {"learning_rate": 1e-2}})),
-                        ("save_weights", w.post("/save_weights", {"model_id": mid, "seq_id": seq + 2, "path": name}))]
-                ids = [(op, w.ok(r)["request_id"]) for op, r in subs]
-                self.pending.update({rid: op for op, rid in ids})
-                for op, rid in ids:
-                    kind, out = w.result(rid, 120)
-                    assert kind in ("json", "proto"), (op, kind, out)
-                    if op == "save_weights":
-                        folder = self.folder(data_dir, mid, name)
-                        self.acked[out["path"]] = (folder, files_digest(folder))  # what the client was told exists
-                        self.last = out["path"]
-                    self.pending.pop(rid)
-                seq, n = seq + 3, n + 1
-                self.steps += 1
-                started.set()
-        except (httpx.HTTPError, OSError):
-            pass  # the server was killed under us: expected
+            while True:
+                kills = self.gen.kills
+                try:
+                    resume = self.run.open()
+                    if resume is not None:
+                        self.verify_resume(resume)
+                    self.live_gen = gen
+                    self.run.run()
+                    self.finished = True
+                    return
+                except Exception as e:  # noqa: BLE001 - sorted below: only a lost server or a clear error is fine
+                    if self.gen.kills == kills or not (went_away(e) or says_restarted(e) or lost_model_error(e)):
+                        raise  # no kill since this model was opened, or an error that hides what happened
+                gen = self.gen.wait_past(gen)
+                self.poll_in_flight()
         except Exception as e:  # noqa: BLE001 - reported by the test
-            self.error = repr(e)
+            self.error = f"{self.run.name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
         finally:
-            w.close()
+            self.run.progress.set()
+
+    def verify_resume(self, resume: Ack) -> None:
+        """Weights and optimizer state right after the load equal the checkpoint's, bit for bit."""
+        api = self.run.api
+        path = api.result("save", api.submit_save(f"resumed-{len(self.run.model_ids)}"))
+        again = folder_of(self.run.data_dir, self.run.name, path)
+        assert bit_equal(checkpoint_tensors(resume.folder), checkpoint_tensors(again)), (resume.path, path)
+        self.resumes_verified += 1
+
+    def poll_in_flight(self) -> None:
+        """Every future still pending from before the kill: its true result or a clear error."""
+        run = self.run
+        while run.pending:
+            item = run.pending.popleft()
+            try:
+                value = run.api.result(item.kind, item.future)
+            except Exception as e:  # noqa: BLE001 - sorted below
+                if went_away(e):  # the SDK could not send it at all: the caller was told so
+                    self.in_flight["never sent"] += 1
+                    continue
+                if lost_model_error(e):
+                    self.resent += 1
+                    continue
+                assert says_restarted(e), (run.name, item.kind, item.step, repr(e))
+                self.in_flight["failed clearly"] += 1
+                continue
+            if item.kind == "forward_backward":  # a completed result must be the right one
+                assert abs(value - self.alone.losses[item.step]) <= self.tol, (run.name, item.step, value)
+            run.accept(item, value, progress=False)  # a completed save is checked on disk there
+            self.in_flight["completed"] += 1
 
 
-def check_in_flight(w: Wire, t: Tenant, data_dir: Path) -> dict[str, int]:
-    """After a restart: every future in flight at the kill finished, or failed clearly."""
-    tally = {"completed": 0, "failed clearly": 0}
-    for rid, op in list(t.pending.items()):
-        kind, out = w.result(rid, 30)
-        if kind == "error":
-            assert out["category"] == "server" and "restarted" in out["error"], (op, out)
-            tally["failed clearly"] += 1
-        else:
-            assert kind == ("proto" if op == "forward_backward" else "json"), (op, kind)
-            if op != "forward_backward":
-                assert out["type"] == op, (op, out)
-            if op == "save_weights":  # completed: it must really be there, listed and on disk
-                mid = out["path"].split("/")[2]
-                listed = w.ok(w.get(f"/training_runs/{mid}/checkpoints"))["checkpoints"]
-                assert out["path"] in {c["tinker_path"] for c in listed}, out
-            tally["completed"] += 1
-        t.pending.pop(rid)
-    return tally
-
-
-def test_kill9_loses_nothing_acknowledged(launch):
-    srv, keys = launch(TENANTS, long_poll_s=2.0, limits={"max_models": 64})
-    tenants = [Tenant(n, i, keys[n]) for i, n in enumerate(TENANTS)]
-    rng = random.Random(SEED)
-    moments, in_flight, restarts = [], {"completed": 0, "failed clearly": 0}, []
-    for round_ in range(KILLS):
-        stop, started = threading.Event(), [threading.Event() for _ in tenants]
-        threads = [threading.Thread(target=t.train, args=(srv.url, srv.data_dir, round_, stop, s), daemon=True)
-                   for t, s in zip(tenants, started)]
-        for th in threads:
-            th.start()
-        for s in started:
-            assert s.wait(180), "a tenant did not finish a step within 180 s"
-        moment = rng.uniform(0.2, 3.0)
-        time.sleep(moment)
-        srv.kill9()
-        moments.append(moment)
-        stop.set()
-        for th in threads:
-            th.join(timeout=60)
-        assert not any(th.is_alive() for th in threads)
-        assert not [t.error for t in tenants if t.error], [t.error for t in tenants]
-        db = sqlite3.connect(srv.data_dir / "twinkle.db")
-        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+def integrity_ok(data_dir) -> bool:
+    db = sqlite3.connect(data_dir / "twinkle.db")
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
         db.close()
+
+
+def check_after_restart(srv, keys, survivors) -> int:
+    """Every acknowledged checkpoint byte-identical, every run listed; returns the checkpoints checked."""
+    checked = 0
+    for s in survivors:
+        for ack in list(s.run.acked):
+            assert files_digest(ack.folder) == ack.digest, ack.path
+            checked += 1
+        w = Wire(srv.url, keys[s.run.name])
+        listed = {r["training_run_id"] for r in
+                  w.ok(w.get("/training_runs", params={"limit": 1000}))["training_runs"]}
+        w.close()
+        assert set(s.run.model_ids) <= listed, (s.run.name, set(s.run.model_ids) - listed)
+    return checked
+
+
+def reload_every_checkpoint(run: TenantRun) -> int:
+    """Load each acknowledged checkpoint into a fresh model and save it again: bit-exact, all of them."""
+    api = run.api
+    api.open(None)
+    pairs = [(ack, api.load(ack.path), api.submit_save(f"reload-{i}")) for i, ack in enumerate(run.acked)]
+    for ack, load, save in pairs:
+        api.result("load", load)
+        again = folder_of(run.data_dir, run.name, api.result("save", save))
+        assert bit_equal(checkpoint_tensors(ack.folder), checkpoint_tensors(again)), ack.path
+    return len(pairs)
+
+
+def test_kill9_during_load_loses_nothing_acknowledged(launch):
+    alone, _ = alone_reference(launch)
+    tol = loss_tolerance(alone)
+    names = [name for name, _ in TENANTS]
+    srv, keys = launch(names, long_poll_s=2.0, limits={"max_models": 64})
+    gen = Generation()
+    survivors = [Survivor(TenantRun(name, i, kind, srv.url, keys[name], srv.data_dir, CHECKPOINT_EVERY),
+                          alone[name], tol, gen) for i, (name, kind) in enumerate(TENANTS)]
+    for s in survivors:
+        s.thread.start()
+    rng = random.Random(SEED)
+    moments, busy, restarts, digests_checked = [], [], [], 0
+    t_start = time.perf_counter()
+    for kill in range(KILLS):
+        # every tenant still training has resumed on this server and answered a step
+        deadline = time.monotonic() + 300
+        while any(not (s.finished or s.error) and not (s.live_gen == gen.n and s.run.progress.is_set())
+                  for s in survivors):
+            assert time.monotonic() < deadline, f"a tenant made no progress after restart {kill}"
+            time.sleep(0.05)
+        assert not [s.error for s in survivors if s.error], [s.error for s in survivors if s.error]
+        moment = rng.uniform(0.1, 1.5)
+        time.sleep(moment)
+        training = sum(not s.finished for s in survivors)
+        assert training, f"the load ended before kill {kill + 1}"
+        srv.kill9()
+        gen.kills += 1
+        moments.append(moment)
+        busy.append(training)
+        for s in survivors:
+            s.run.progress.clear()
+        assert integrity_ok(srv.data_dir), f"integrity_check failed after kill {kill + 1}"
         t0 = time.monotonic()
         srv.start()
         restarts.append(time.monotonic() - t0)
-        for t in tenants:
-            w = Wire(srv.url, t.key)
-            for k, v in check_in_flight(w, t, srv.data_dir).items():
-                in_flight[k] += v
-            listed = {r["training_run_id"] for r in w.ok(w.get("/training_runs", params={"limit": 1000}))["training_runs"]}
-            assert set(t.runs) <= listed, (t.name, set(t.runs) - listed)
-            for path, (folder, digest) in t.acked.items():
-                assert files_digest(folder) == digest, path
-            w.close()
-    # the last acknowledged checkpoint of each tenant loads into a fresh model bit for bit
-    from safetensors.numpy import load_file
+        digests_checked += check_after_restart(srv, keys, survivors)
+        gen.bump()
+    for s in survivors:
+        s.thread.join(timeout=600)
+    assert not any(s.thread.is_alive() for s in survivors), "a tenant did not finish within 600 s"
+    assert not [s.error for s in survivors if s.error], [s.error for s in survivors if s.error]
+    wall = time.perf_counter() - t_start
 
-    for t in tenants:
-        w = Wire(srv.url, t.key)
-        sid = w.session()
-        mid = w.done(w.post("/load_weights", {"session_id": sid, "model_seq_id": 0, "path": t.last,
-                                              "optimizer": True}))["model_id"]
-        w.done(w.post("/save_weights", {"model_id": mid, "seq_id": 1, "path": "reloaded"}))
-        a = load_file(str(t.acked[t.last][0] / "adapter_model.safetensors"))
-        b = load_file(str(t.folder(srv.data_dir, mid, "reloaded") / "adapter_model.safetensors"))
-        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), t.name
-        w.close()
-    acked = sum(len(t.acked) for t in tenants)
-    steps = sum(t.steps for t in tenants)
-    print(f"\ncrash: {KILLS} kill -9 at seeded moments {[round(m, 2) for m in moments]} s into load; "
-          f"{steps} acknowledged steps, {acked} acknowledged checkpoints all byte-identical after every restart, "
-          f"{sum(len(t.runs) for t in tenants)} runs all listed, integrity_check ok x{KILLS}; in-flight futures "
-          f"after restart: {in_flight}; restart-to-ready {np.median(restarts):.1f} s median")
-    SUMMARY["kills survived (kill -9, restart)"] = (f"{KILLS}; {acked} acked checkpoints intact, "
-                                                    f"{sum(in_flight.values())} in-flight futures answered "
-                                                    f"({in_flight['completed']} result, "
-                                                    f"{in_flight['failed clearly']} clear error)")
+    worst_loss, worst_weight, reloaded = 0.0, 0.0, 0
+    for s in survivors:
+        run, ref = s.run, s.alone
+        assert s.finished and sorted(run.losses) == list(range(STEPS)), run.name  # every step answered
+        worst_loss = max(worst_loss, max(abs(v - ref.losses[step]) for step, v in run.loss_log))
+        worst_weight = max(worst_weight, adapter_diff(run.final.folder, ref.final.folder))
+        reloaded += reload_every_checkpoint(run)
+        run.api.close()
+    digests_checked += check_after_restart(srv, keys, survivors)
+    assert integrity_ok(srv.data_dir)
+    assert worst_loss <= tol, worst_loss  # no answer, in flight or replayed, carried a wrong loss
+    assert worst_weight <= 1e-5, worst_weight  # nothing lost or reordered across the kills
+
+    in_flight = {k: sum(s.in_flight[k] for s in survivors) for k in survivors[0].in_flight}
+    acked = sum(len(s.run.acked) for s in survivors)
+    resumes = sum(s.resumes_verified for s in survivors)
+    runs = sum(len(s.run.model_ids) for s in survivors)
+    resent = sum(s.resent for s in survivors)
+    print(f"\ncrash: {KILLS} kill -9 at seeded moments {[round(m, 2) for m in moments]} s after all tenants resumed "
+          f"(tenants still training at each kill: {busy}); {len(TENANTS)} tenants x {STEPS} steps done in {wall:.0f} s; "
+          f"integrity_check ok x{KILLS + 1}; {acked} acknowledged checkpoints, byte-identical at every restart "
+          f"({digests_checked} checks), {reloaded} reloaded bit-exact at the end, {resumes} resumes bit-exact; "
+          f"{runs} runs all listed; in-flight futures after restart: {in_flight}; native calls re-sent to the "
+          f"restarted server and refused: {resent}; max |loss - alone| "
+          f"{worst_loss:.1e}, max |final adapter - alone| {worst_weight:.1e}; restart-to-ready "
+          f"{np.median(restarts):.1f} s median")
+    SUMMARY["kills survived (kill -9 during load, restart)"] = (
+        f"{KILLS}; {acked} acked checkpoints intact and reloaded bit-exact, "
+        f"{in_flight['completed'] + in_flight['failed clearly']} in-flight futures answered "
+        f"({in_flight['completed']} right result, {in_flight['failed clearly']} clear error); "
+        f"final adapters vs alone {worst_weight:.1e}")
+
+
+@pytest.mark.xfail(strict=True, reason="server bug: after a restart the native API answers a call for a model the "
+                   "restart unloaded with \"model ... has adapters []: pass adapter_name\" "
+                   "(twinkle/serve/native/service.py NativeService.adapter), not that the server restarted")
+def test_native_call_after_restart_says_so(launch):
+    """A native call that reaches the restarted server for a model the restart unloaded fails, and
+    says why (the Tinker routes do: "... is not loaded (its session finished or the server restarted)")."""
+    from twinkle.client import TwinkleRequestFailed
+
+    srv, keys = launch(["lost0"])
+    api = NativeClient(srv.url, keys["lost0"], 0)
+    api.open(None)
+    fb, step = api.submit_step(0)
+    api.result("optim_step", step)
+    srv.kill9()
+    srv.start()
+    fb, step = api.submit_step(1)
+    with pytest.raises(TwinkleRequestFailed) as failed:
+        api.result("forward_backward", fb)
+    api.close()
+    assert failed.value.category == "user" and "restarted" in str(failed.value), str(failed.value)
