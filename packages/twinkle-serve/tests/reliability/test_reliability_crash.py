@@ -55,7 +55,7 @@ class Generation:
 
 
 def went_away(e: Exception) -> bool:
-    """The connection failed: the server is down (the native client does not retry; the SDK gave up)."""
+    """The connection failed: the server is down (the native client gave up after its few retries)."""
     import tinker
 
     return isinstance(e, (httpx.TransportError, tinker.APIConnectionError))

@@ -64,7 +64,7 @@ class TwinkleClient:
     def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False):
         url = path if path.startswith(PREFIX) else PREFIX + path
         headers, lost = _with_key(method, headers), 0
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(self.max_retries + TRANSPORT_RETRIES + 1):  # room for both kinds: ends in return or raise
             try:
                 resp = self.http.request(method, url, json=json, params=params, headers=headers)
             except httpx.TransportError:
@@ -93,7 +93,7 @@ class TwinkleClient:
         if self._async is None:
             self._async = httpx.AsyncClient(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
         headers, lost = _with_key(method, None), 0
-        for attempt in range(self.max_retries + 1):
+        for attempt in range(self.max_retries + TRANSPORT_RETRIES + 1):  # room for both kinds: ends in return or raise
             try:
                 resp = await self._async.request(method, PREFIX + path, json=json, params=params, headers=headers)
             except httpx.TransportError:
