@@ -125,7 +125,10 @@ def test_model_folder_code_runs_only_if_the_operator_opts_in(tmp_path, monkeypat
         assert "ships its own code" in message and "trust_remote_code: true" in message, message
         assert "trust_remote_code: true" in srv.log_tail(20000)
         health = httpx.get(f"{srv.url}/api/v1/healthz", headers={"X-API-Key": key}, timeout=5)
-        assert health.status_code == 503  # never ok
+        assert health.status_code == 503 and health.json()["status"] == "failed"  # never ok, and says why
+        assert "trust_remote_code: true" in health.json()["error"]
+        tinker_route = httpx.post(f"{srv.url}/api/v1/create_model", json={}, headers={"X-API-Key": key}, timeout=5)
+        assert tinker_route.status_code == 503 and "could not load" in tinker_route.json()["error"]
     finally:
         srv.stop()
     assert not marker.exists(), "the model folder's code ran without the operator's opt-in"

@@ -54,6 +54,8 @@ def build_router(rt: Runtime) -> APIRouter:
         return name
 
     def ready_tenant(t: str = Depends(tenant)) -> str:
+        if rt.load_error is not None:  # the operator must fix the config: no Retry-After
+            raise ServiceUnavailable(f"this server could not load its models: {rt.load_error}")
         if not rt.ready.is_set():
             raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
         return t
@@ -71,6 +73,8 @@ def build_router(rt: Runtime) -> APIRouter:
 
     @r.get("/healthz")
     def healthz(t: str = Depends(tenant)):
+        if rt.load_error is not None:
+            return JSONResponse({"status": "failed", "error": rt.load_error}, status_code=503)
         if not rt.ready.is_set():
             return JSONResponse({"status": "loading"}, status_code=503)
         return {"status": "ok"}
