@@ -232,7 +232,8 @@ class TenantRun:
             while submitted < STEPS and sum(p.kind == "optim_step" for p in self.pending) < WINDOW:
                 t0 = time.perf_counter()
                 fb, opt = self.api.submit_step(submitted)
-                self.pending += [Pending("forward_backward", submitted, t0, fb), Pending("optim_step", submitted, t0, opt)]
+                self.pending += [Pending("forward_backward", submitted, t0, fb),
+                                 Pending("optim_step", submitted, t0, opt)]
                 submitted += 1
                 if submitted == STEPS or (self.checkpoint_every and submitted % self.checkpoint_every == 0):
                     name = "final" if submitted == STEPS else f"step-{submitted}"

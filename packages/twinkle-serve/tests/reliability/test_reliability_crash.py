@@ -1,6 +1,6 @@
 """Crash: the load of test_reliability_load (8 tenants, 4 through the Tinker SDK and 4 through the
 native client, 100 steps each, sampling half-way) with a checkpoint every few steps, while the real
-server is `kill -9`ed at 10 seeded random moments and restarted on the same data dir each time.
+server is `kill -9`ed at 10 seeded random points of that load and restarted on the same data dir.
 Tenants carry on as a user would: poll what was in flight, then resume from their last acknowledged
 checkpoint (weights and optimizer state) and replay the steps after it. Checked:
 
@@ -192,19 +192,24 @@ def test_kill9_during_load_loses_nothing_acknowledged(launch):
                           alone[name], tol, gen) for i, (name, kind) in enumerate(TENANTS)]
     for s in survivors:
         s.thread.start()
-    rng = random.Random(SEED)
+    # The kill moments, as points of the load's progress (steps answered, all tenants together, counted
+    # from each one's last checkpoint): seeded, random, and all before the load can end, whatever the
+    # machine's speed.
+    total = len(TENANTS) * STEPS
+    kill_at = sorted(random.Random(SEED).sample(range(total // 20, total * 9 // 10), KILLS))
     moments, busy, restarts, digests_checked = [], [], [], 0
     t_start = time.perf_counter()
     for kill in range(KILLS):
-        # every tenant still training has resumed on this server and answered a step
-        deadline = time.monotonic() + 300
+        # every tenant still training has resumed on this server and answered a step; the load is there
+        deadline, resumed = time.monotonic() + 300, None
         while any(not (s.finished or s.error) and not (s.live_gen == gen.n and s.run.progress.is_set())
-                  for s in survivors):
-            assert time.monotonic() < deadline, f"a tenant made no progress after restart {kill}"
-            time.sleep(0.05)
-        assert not [s.error for s in survivors if s.error], [s.error for s in survivors if s.error]
-        moment = rng.uniform(0.1, 1.5)
-        time.sleep(moment)
+                  for s in survivors) or sum(s.run.steps_done for s in survivors) < kill_at[kill]:
+            assert not [s.error for s in survivors if s.error], [s.error for s in survivors if s.error]
+            assert time.monotonic() < deadline, f"the load made no progress after restart {kill}"
+            if resumed is None and all(s.finished or s.live_gen == gen.n for s in survivors):
+                resumed = time.monotonic()
+            time.sleep(0.01)
+        moment = time.monotonic() - resumed if resumed is not None else 0.0
         training = sum(not s.finished for s in survivors)
         assert training, f"the load ended before kill {kill + 1}"
         srv.kill9()
@@ -243,8 +248,10 @@ def test_kill9_during_load_loses_nothing_acknowledged(launch):
     resumes = sum(s.resumes_verified for s in survivors)
     runs = sum(len(s.run.model_ids) for s in survivors)
     resent = sum(s.resent for s in survivors)
-    print(f"\ncrash: {KILLS} kill -9 at seeded moments {[round(m, 2) for m in moments]} s after all tenants resumed "
-          f"(tenants still training at each kill: {busy}); {len(TENANTS)} tenants x {STEPS} steps done in {wall:.0f} s; "
+    print(f"\ncrash: {KILLS} kill -9 at seeded points of the load {kill_at} (steps answered of {total}), "
+          f"{[round(m, 2) for m in moments]} s after all tenants resumed "
+          f"(tenants still training at each kill: {busy}); {len(TENANTS)} tenants x {STEPS} steps done in "
+          f"{wall:.0f} s; "
           f"integrity_check ok x{KILLS + 1}; {acked} acknowledged checkpoints, byte-identical at every restart "
           f"({digests_checked} checks), {reloaded} reloaded bit-exact at the end, {resumes} resumes bit-exact; "
           f"{runs} runs all listed; in-flight futures after restart: {in_flight}; native calls re-sent to the "

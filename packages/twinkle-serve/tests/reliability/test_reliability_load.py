@@ -37,5 +37,6 @@ def test_eight_tenants_lose_and_reorder_nothing(launch):
     assert worst_loss <= loss_tolerance(alone), worst_loss  # nothing reordered
     assert worst_weight <= 1e-5, worst_weight
     SUMMARY["steps under load (0 lost, 0 reordered)"] = (
-        f"{steps} ({len(TENANTS)} tenants x {STEPS}: {sdk} SDK + {len(TENANTS) - sdk} native; {steps / wall:.1f} steps/s, "
+        f"{steps} ({len(TENANTS)} tenants x {STEPS}: {sdk} SDK + {len(TENANTS) - sdk} native; "
+        f"{steps / wall:.1f} steps/s, "
         f"p50 {p50:.0f} ms, p99 {p99:.0f} ms; vs alone: loss {worst_loss:.1e}, adapter {worst_weight:.1e})")
