@@ -156,7 +156,8 @@ def integrity_ok(data_dir) -> bool:
 
 
 def check_after_restart(srv, keys, survivors) -> int:
-    """Every acknowledged checkpoint byte-identical, every run listed; returns the checkpoints checked."""
+    """Every acknowledged checkpoint byte-identical, every run listed (by the Tinker and the native API);
+    returns the checkpoints checked."""
     checked = 0
     for s in survivors:
         for ack in list(s.run.acked):
@@ -165,8 +166,11 @@ def check_after_restart(srv, keys, survivors) -> int:
         w = Wire(srv.url, keys[s.run.name])
         listed = {r["training_run_id"] for r in
                   w.ok(w.get("/training_runs", params={"limit": 1000}))["training_runs"]}
-        w.close()
         assert set(s.run.model_ids) <= listed, (s.run.name, set(s.run.model_ids) - listed)
+        api = {r["model_id"]: r["api"] for r in w.ok(w.http.get("/twinkle/v1/runs", params={"limit": 1000}))["runs"]}
+        w.close()
+        want = "native" if s.run.kind == "native" else "tinker"
+        assert all(api.get(m) == want for m in s.run.model_ids), (s.run.name, want, api)  # and in the native list
     return checked
 
 
