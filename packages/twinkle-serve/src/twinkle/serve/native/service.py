@@ -78,6 +78,7 @@ class NativeService:
         self._seqs: dict[str, itertools.count] = {}
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
+        self._started_at = time.time()  # adapters of models created before this are gone (kept in memory only)
 
     # ---- plumbing ------------------------------------------------------------------------------
     def model(self, tenant: str, model_id: str) -> dict:
@@ -113,6 +114,13 @@ class NativeService:
     def adapter(self, model_id: str, name: str | None) -> str:
         with self._lock:
             adapters = self._adapters.get(model_id, {})
+        if not adapters:
+            created = self.rt.store.one("SELECT created_at FROM models WHERE model_id=?", (model_id,))
+            if created and created["created_at"] < self._started_at:
+                raise UserError(f"model {model_id!r} has no adapter in this server process: the server restarted "
+                                "since it was created (or the model was closed); add the adapter again and resume it "
+                                "from a checkpoint (resume_from_checkpoint / load)")
+            raise UserError(f"model {model_id!r} has no adapter yet; call add_adapter_to_model first")
         if name is None:
             if len(adapters) != 1:
                 raise UserError(f"model {model_id!r} has adapters {sorted(adapters)}: pass adapter_name")
