@@ -8,7 +8,7 @@ Then the same with 4 tenants at once (4 SDK clients in threads vs 4 adapters in 
 
 The server runs in its own process (benchmarks/_server.py says why).
 
-    python benchmarks/bench_serve_tinker.py [--model twinkle://qwen3-demo] [--steps 6] [--batch 8] [--seq 128]
+    python benchmarks/bench_serve_tinker.py [--model twinkle://qwen3-demo] [--steps 12] [--rounds 3] [--batch 8] [--seq 128]
 
 Prints a final JSON line: {"ratio": server/local steps/s (1 tenant), "ratio_4_tenants": ..., raw numbers}.
 """
@@ -32,7 +32,7 @@ def make_batch(batch, seq, vocab, seed):
     return [rng.integers(10, vocab, size=seq + 1).tolist() for _ in range(batch)]
 
 
-def local_steps(backend, adapters, rows, steps):
+def local_seconds(backend, adapters, rows, steps) -> float:
     from twinkle.serve.backend import AdamParams, Datum
 
     data = [Datum(r[:-1], {"target_tokens": np.array(r[1:]), "weights": np.ones(len(r) - 1, np.float32)})
@@ -42,29 +42,34 @@ def local_steps(backend, adapters, rows, steps):
         for name in adapters:
             backend.forward_backward(name, data, "cross_entropy", {}, False)
             backend.optim_step(name, AdamParams(learning_rate=1e-4))
-    return steps * len(adapters) / (time.perf_counter() - start)
+    return time.perf_counter() - start
 
 
-def sdk_steps(url, key, model, rows, steps, barrier=None):
-    import tinker
-    from tinker import types
+class SdkTenant:
+    """One Tinker-SDK training client on the server, warmed up; `seconds(steps)` times pipelined steps."""
 
-    data = [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
-                        loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)}) for r in rows]
-    client = tinker.ServiceClient(base_url=url, api_key=key)
-    tc = client.create_lora_training_client(base_model=model, rank=16, seed=0).result()
-    tc.forward_backward(data, "cross_entropy").result()  # warm-up
-    tc.optim_step(types.AdamParams(learning_rate=1e-4)).result()
-    if barrier is not None:
-        barrier.wait()
-    start = time.perf_counter()
-    pending = []
-    for _ in range(steps):
-        pending.append(tc.forward_backward(data, "cross_entropy"))
-        pending.append(tc.optim_step(types.AdamParams(learning_rate=1e-4)))
-    for f in pending:
-        f.result()
-    return steps / (time.perf_counter() - start), time.perf_counter() - start
+    def __init__(self, url, key, model, rows):
+        import tinker
+        from tinker import types
+
+        self.types = types
+        self.data = [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
+                                 loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)})
+                     for r in rows]
+        self.tc = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
+            base_model=model, rank=16, seed=0).result()
+        self.seconds(1)  # warm-up
+
+    def seconds(self, steps, barrier=None) -> float:
+        if barrier is not None:
+            barrier.wait()
+        start, pending = time.perf_counter(), []
+        for _ in range(steps):  # both calls of every step submitted before anything is awaited
+            pending.append(self.tc.forward_backward(self.data, "cross_entropy"))
+            pending.append(self.tc.optim_step(self.types.AdamParams(learning_rate=1e-4)))
+        for f in pending:
+            f.result()
+        return time.perf_counter() - start
 
 
 def main():
@@ -75,7 +80,8 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=12, help="per side and case, split over --rounds")
+    ap.add_argument("--rounds", type=int, default=3, help="local and server alternate this many times")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=128)
     args = ap.parse_args()
@@ -83,35 +89,40 @@ def main():
     torch.set_num_threads(torch_threads)
 
     proc, url, keys = start_server(args.model, 4)
-    backend = create_backend("multi_lora", args.model, resolve_model_path(args.model))  # what the server runs
-    rows = make_batch(args.batch, args.seq, backend.vocab_size, 0)
-    for i in range(4):
-        backend.create_adapter(f"local{i}", LoraSpec(rank=16, seed=0))
-    local_steps(backend, ["local0"], rows, 1)  # warm-up
+    try:
+        backend = create_backend("multi_lora", args.model, resolve_model_path(args.model))  # what the server runs
+        rows = make_batch(args.batch, args.seq, backend.vocab_size, 0)
+        for i in range(4):
+            backend.create_adapter(f"local{i}", LoraSpec(rank=16, seed=0))
+        local_seconds(backend, ["local0"], rows, 1)  # warm-up
+        tenants = [SdkTenant(url, key, args.model, rows) for key in keys]
+        per_round = max(1, args.steps // args.rounds)
+        seconds = {"local_1": 0.0, "server_1": 0.0, "local_4": 0.0, "server_4": 0.0}
+        for _ in range(args.rounds):  # alternating, so load changes on the machine hit both sides alike
+            seconds["local_1"] += local_seconds(backend, ["local0"], rows, per_round)
+            seconds["server_1"] += tenants[0].seconds(per_round)
+            seconds["local_4"] += local_seconds(backend, [f"local{i}" for i in range(4)], rows, per_round)
+            barrier, spans = threading.Barrier(4), [0.0] * 4
 
-    # interleave local and server runs so load changes on the machine hit both alike
-    local_1 = local_steps(backend, ["local0"], rows, args.steps)
-    server_1, _ = sdk_steps(url, keys[0], args.model, rows, args.steps)
-    local_4 = local_steps(backend, [f"local{i}" for i in range(4)], rows, args.steps)
-    barrier, rates = threading.Barrier(4), [None] * 4
+            def run(i):
+                spans[i] = tenants[i].seconds(per_round, barrier)
 
-    def tenant(i):
-        rates[i] = sdk_steps(url, keys[i], args.model, rows, args.steps, barrier)
-
-    threads = [threading.Thread(target=tenant, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    server_4 = 4 * args.steps / max(r[1] for r in rates)  # aggregate steps/s over the slowest tenant's window
-    proc.terminate()
-    proc.wait(timeout=60)
-    result = {"ratio": server_1 / local_1, "ratio_4_tenants": server_4 / local_4,
-              "server_steps_per_s": server_1, "local_steps_per_s": local_1,
-              "server_4_tenants_steps_per_s": server_4, "local_4_adapters_steps_per_s": local_4,
-              "local_step_ms": 1000 / local_1, "model": args.model, "torch_threads": torch_threads,
-              "batch": args.batch, "seq": args.seq, "steps": args.steps}
-    print(json.dumps(result))
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds["server_4"] += max(spans)  # the 4 tenants' aggregate, over the slowest one's window
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    steps = per_round * args.rounds
+    rate = {k: steps * (4 if k.endswith("_4") else 1) / v for k, v in seconds.items()}
+    print(json.dumps({"ratio": rate["server_1"] / rate["local_1"], "ratio_4_tenants": rate["server_4"] / rate["local_4"],
+                      "server_steps_per_s": rate["server_1"], "local_steps_per_s": rate["local_1"],
+                      "server_4_tenants_steps_per_s": rate["server_4"], "local_4_adapters_steps_per_s": rate["local_4"],
+                      "local_step_ms": 1000 / rate["local_1"], "model": args.model, "torch_threads": torch_threads,
+                      "batch": args.batch, "seq": args.seq, "steps": steps, "rounds": args.rounds}))
 
 
 if __name__ == "__main__":
