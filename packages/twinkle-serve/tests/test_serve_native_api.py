@@ -156,3 +156,17 @@ def test_errors_are_clear_and_scoped(native, rows, server):
         TransformersModel.attach(model.model_id, client=native["nat-b"]).calculate_metric()
     r = httpx.post(f"{server.url}/twinkle/v1/models", json={}, headers={"X-API-Key": "tml-nope"})
     assert r.status_code == 401 and "API key" in r.json()["error"]
+
+
+def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_api(native, rows, server):
+    """The Tinker finish route on the session behind a native model must not free that model's
+    adapter: the native API owns it (and its adapter-memory share) and frees it on DELETE."""
+    client = native["nat-a"]
+    model = new_model(client)
+    before = float(model.forward_backward(inputs=rows)["loss"])
+    model.clip_grad_and_step()
+    session = server.runtime.store.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))["session_id"]
+    r = httpx.post(f"{server.url}/api/v1/sessions/{session}/finish", headers={"X-API-Key": client.api_key}, json={})
+    assert r.status_code == 200
+    after = float(model.forward_backward(inputs=rows)["loss"])  # still trains: the adapter is still there
+    assert after < before

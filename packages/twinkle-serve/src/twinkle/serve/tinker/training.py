@@ -76,8 +76,10 @@ class TinkerTraining:
         self.rt.store.execute("UPDATE sessions SET finished_at=?, finish_reason=? WHERE session_id=?",
                               (time.time(), reason, session_id))
         # Free the session's adapters once their queued work has drained (runs and checkpoints stay).
-        for row in self.rt.store.all("SELECT model_id, base_model FROM models WHERE session_id=?", (session_id,)):
-            self._submit_unload(tenant, row["model_id"], row["base_model"])
+        # A native model's adapters are the native API's to free (DELETE /twinkle/v1/models/{id}).
+        for row in self.rt.store.all("SELECT model_id, base_model, lora FROM models WHERE session_id=?", (session_id,)):
+            if not json.loads(row["lora"] or "{}").get("native"):
+                self._submit_unload(tenant, row["model_id"], row["base_model"])
 
     def _submit_unload(self, tenant, model_id, base_model):
         with self.rt.live_lock:
