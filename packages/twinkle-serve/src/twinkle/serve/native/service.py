@@ -215,9 +215,14 @@ class NativeService:
     def template(self, backend):
         with self._lock:
             if backend.base_model not in self._templates:
+                from transformers import AutoTokenizer
+
                 from twinkle.template import Template
 
-                self._templates[backend.base_model] = Template(model_id=backend.tokenizer_path)
+                # the operator's trust_remote_code covers a custom tokenizer class too
+                trust = self.rt.engines[backend.base_model].entry.trust_remote_code
+                tokenizer = AutoTokenizer.from_pretrained(backend.tokenizer_path, trust_remote_code=trust)
+                self._templates[backend.base_model] = Template(model_id=backend.tokenizer_path, tokenizer=tokenizer)
             return self._templates[backend.base_model]
 
     def rows(self, backend, req: ForwardRequest) -> list[dict]:
