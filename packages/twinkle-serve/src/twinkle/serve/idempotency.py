@@ -6,8 +6,10 @@ A retry that arrives while the first is still being handled waits for it. Only 2
 stored: a refused request (4xx, 429) accepted nothing, so running its retry again is what the client
 wants. The same key on a different request (method, path or body) is a client bug: 409.
 
-Crash window: the answer is stored when the route returns, so a kill -9 between a route queueing
-work and that write (microseconds) can still let a retry run twice. Stored answers are kept 24 h.
+Crashes: the answer is stored when the route returns. A server killed between a route queueing work
+and that write loses the queued work with its memory (the future is reported failed on restart), so
+the client's retry, which then runs afresh, does not run anything twice; only a side effect already
+on disk in those microseconds (a checkpoint written) could be written again. Answers are kept 24 h.
 """
 
 from __future__ import annotations
