@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
+from harness import HttpWire
 
 PREFIX = "/twinkle/v1"
 SEQ = [5 + (7 * i) % 60 for i in range(16)]
@@ -15,20 +16,8 @@ def native_row(tokens: list[int] = SEQ) -> dict:
     return {"input_ids": list(tokens), "labels": list(tokens)}
 
 
-class NativeWire:
-    def __init__(self, url: str, key: str | None, timeout: float = 60):
-        self.http = httpx.Client(base_url=url, headers={"X-API-Key": key} if key else {}, timeout=timeout)
-
-    def post(self, path: str, body=None, **kw) -> httpx.Response:
-        return self.http.post(f"{PREFIX}{path}", json=body, **kw)
-
-    def get(self, path: str, **kw) -> httpx.Response:
-        return self.http.get(f"{PREFIX}{path}", **kw)
-
-    @staticmethod
-    def ok(r: httpx.Response) -> dict:
-        assert r.status_code == 200, (r.request.method, r.request.url, r.status_code, r.text[:300])
-        return r.json()
+class NativeWire(HttpWire):
+    prefix = PREFIX
 
     def wait(self, request_id: str, deadline_s: float = 120) -> dict:
         """A future's final FutureResult (status 'complete' or 'failed'); bounded in time."""
@@ -51,5 +40,3 @@ class NativeWire:
         return self.post(f"/models/{model_id}/add_adapter_to_model",
                          {"adapter_name": name, "lora_config": {"r": r, "lora_alpha": 2 * r}})
 
-    def close(self):
-        self.http.close()

@@ -139,21 +139,33 @@ def launch(tmp_path_factory):
         srv.stop()
 
 
-class Wire:
-    """The Tinker wire protocol by hand (httpx, bounded timeouts): for routes the SDK would retry forever."""
+class HttpWire:
+    """One API's routes by hand (httpx, bounded timeouts), under `prefix`."""
+
+    prefix = ""
 
     def __init__(self, url: str, key: str | None, timeout: float = 60):
         self.http = httpx.Client(base_url=url, headers={"X-API-Key": key} if key else {}, timeout=timeout)
 
     def post(self, path: str, body=None, **kw) -> httpx.Response:
-        return self.http.post(f"/api/v1{path}", json=body, **kw)
+        return self.http.post(f"{self.prefix}{path}", json=body, **kw)
 
     def get(self, path: str, **kw) -> httpx.Response:
-        return self.http.get(f"/api/v1{path}", **kw)
+        return self.http.get(f"{self.prefix}{path}", **kw)
 
-    def ok(self, r: httpx.Response) -> dict:
-        assert r.status_code == 200, (r.request.url, r.status_code, r.text[:300])
+    @staticmethod
+    def ok(r: httpx.Response) -> dict:
+        assert r.status_code == 200, (r.request.method, r.request.url, r.status_code, r.text[:300])
         return r.json()
+
+    def close(self):
+        self.http.close()
+
+
+class Wire(HttpWire):
+    """The Tinker wire protocol by hand: for routes the SDK would retry forever."""
+
+    prefix = "/api/v1"
 
     def session(self) -> str:
         return self.ok(self.post("/create_session", {"tags": [], "sdk_version": "0.38.0"}))["session_id"]
@@ -184,9 +196,6 @@ class Wire:
         body = {"session_id": session_id, "model_seq_id": seq, "base_model": base_model or TEST_MODEL,
                 "lora_config": {"rank": rank, "seed": seed}}
         return self.done(self.post("/create_model", body))["model_id"]
-
-    def close(self):
-        self.http.close()
 
 
 def fb_body(model_id: str, seq_id: int, data: list[tuple[list[int], dict]], loss_fn: str = "cross_entropy",

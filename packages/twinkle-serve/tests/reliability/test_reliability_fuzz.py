@@ -16,7 +16,6 @@ import random
 import time
 
 import httpx
-import numpy as np
 import pytest
 from harness import SUMMARY, Wire, fb_body, sft_pair
 

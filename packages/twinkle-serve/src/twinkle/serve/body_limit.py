@@ -9,7 +9,7 @@ validation and answered 400, so the limit must be decided before the route runs.
 
 from __future__ import annotations
 
-import json
+from twinkle.serve.errors import send_asgi_error
 
 
 class BodyLimit:
@@ -17,11 +17,7 @@ class BodyLimit:
         self.app, self.max_bytes = app, max_bytes
 
     async def _refuse(self, send, detail: str) -> None:
-        body = json.dumps({"error": detail, "detail": detail}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+        await send_asgi_error(send, 413, detail, headers=[(b"connection", b"close")])
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 class ApiError(Exception):
     status = 400
@@ -27,3 +29,18 @@ class NotFound(ApiError):
 
 class Conflict(ApiError):
     status = 409
+
+
+class ServiceUnavailable(ApiError):
+    status = 503
+
+
+# ---- answers written by the pure ASGI middlewares (before FastAPI's exception handlers exist) ----
+async def send_asgi(send, status: int, body: bytes, content_type: bytes = b"application/json", headers=()) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_asgi_error(send, status: int, message: str, headers=()) -> None:
+    await send_asgi(send, status, json.dumps({"error": message, "detail": message}).encode(), headers=headers)

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 
+from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.store import Store
 
@@ -46,7 +46,7 @@ class Idempotency:
         if not key or tenant is None:  # no key: nothing to dedupe; no tenant: auth answers 401 downstream
             return await self.app(scope, receive, send)
         if len(key) > MAX_KEY_LEN:
-            return await _send_json(send, 400, {"error": f"X-Idempotency-Key is longer than {MAX_KEY_LEN} characters"})
+            return await send_asgi_error(send, 400, f"X-Idempotency-Key is longer than {MAX_KEY_LEN} characters")
 
         body, disconnected = await _read_body(receive)
         fingerprint = hashlib.sha256(b"%s %s\n" % (scope["method"].encode(), scope["path"].encode()) + body).hexdigest()
@@ -57,9 +57,10 @@ class Idempotency:
                                 "WHERE tenant=? AND key=?", slot)
         if stored is not None:
             if stored["fingerprint"] != fingerprint:
-                return await _send_json(send, 409, {"error": f"X-Idempotency-Key {key!r} was already used for a "
-                                                             "different request; use a new key per request"})
-            return await _send_raw(send, stored["status"], stored["content_type"], stored["body"])
+                return await send_asgi_error(send, 409, f"X-Idempotency-Key {key!r} was already used for a "
+                                                        "different request; use a new key per request")
+            return await send_asgi(send, stored["status"], stored["body"], stored["content_type"].encode("latin-1"),
+                                   headers=[(b"idempotent-replayed", b"true")])
 
         self._in_flight[slot] = event = asyncio.Event()
         answer = {"status": 0, "content_type": b"", "body": []}
@@ -100,15 +101,3 @@ async def _read_body(receive) -> tuple[bytes, bool]:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks), False
-
-
-async def _send_raw(send, status: int, content_type: str, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type.encode("latin-1")),
-                            (b"content-length", str(len(body)).encode()), (b"idempotent-replayed", b"true")]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _send_json(send, status: int, payload: dict) -> None:
-    payload.setdefault("detail", payload["error"])
-    await _send_raw(send, status, "application/json", json.dumps(payload).encode())

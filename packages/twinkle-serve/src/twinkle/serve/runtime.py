@@ -9,7 +9,7 @@ from pathlib import Path
 
 from twinkle.serve.backend import Backend, create_backend
 from twinkle.serve.config import ModelEntry, ServeConfig
-from twinkle.serve.errors import BadRequest
+from twinkle.serve.errors import BadRequest, ServiceUnavailable
 from twinkle.serve.futures import FutureHub
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.limits import TenantLimits
@@ -108,6 +108,14 @@ class Runtime:
                 remove_placement_group(pg)
             rt.placements.clear()
         self._ray_started = False
+
+    def require_ready(self) -> None:
+        """503 unless the models are loaded: a failed load says why (no Retry-After: it will not fix
+        itself, the operator must), a load in progress asks the client to come back."""
+        if self.load_error is not None:
+            raise ServiceUnavailable(f"this server could not load its models: {self.load_error}")
+        if not self.ready.is_set():
+            raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
 
     def engine(self, base_model: str | None) -> Engine:
         if base_model is None and len(self.engines) == 1:

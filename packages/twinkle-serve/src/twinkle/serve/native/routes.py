@@ -16,16 +16,12 @@ from twinkle.client.schema import (PREFIX, AddAdapterRequest, AddMetricRequest, 
                                    ForwardRequest, FutureRef, FutureResult, LoadRequest, LogRequest, MetricRequest,
                                    ModelInfo, NamedComponent, ResultTypes, RunCurves, RunList, SampleRequest, SaveRequest,
                                    ServerStatus, StepRequest)
-from twinkle.serve.errors import ApiError, NotFound, Unauthorized
+from twinkle.serve.errors import NotFound, Unauthorized
 from twinkle.serve.native.service import NativeService
 from twinkle.serve.native.views import NativeViews
 from twinkle.serve.runtime import Runtime
 
 UNMETERED_SUFFIXES = ("/futures", "/server")
-
-
-class ServiceUnavailable(ApiError):
-    status = 503
 
 
 def tenant_dependency(rt: Runtime):
@@ -47,10 +43,7 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
     tenant = tenant_dependency(rt)
 
     def ready(t: str = Depends(tenant)) -> str:
-        if rt.load_error is not None:  # the operator's problem, said as such (no Retry-After: it will not fix itself)
-            raise ServiceUnavailable(f"this server could not load its models: {rt.load_error}")
-        if not rt.ready.is_set():
-            raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
+        rt.require_ready()
         return t
 
     r = APIRouter(prefix=PREFIX, tags=["twinkle"])

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from twinkle.client.schema import (AddAdapterRequest, AddMetricRequest, CheckpointRef, CreateModelRequest,
+from twinkle.client.schema import (AddAdapterRequest, CheckpointRef, CreateModelRequest,
                                    ForwardRequest, ForwardResult, LoadRequest, LogRequest, MetricRequest,
                                    ModelInfo, NamedComponent, SaveRequest, StepRequest, StepResult)
 from twinkle.serve.backend import UserError

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.serve.errors import ApiError, BadRequest, NotFound, Unauthorized
+from twinkle.serve.errors import BadRequest, NotFound, Unauthorized
 from twinkle.serve.futures import PROTO
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.rest import TinkerRest
@@ -24,10 +24,6 @@ CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_k
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
 # Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
 UNMETERED = {"/api/v1/retrieve_future", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
-
-
-class ServiceUnavailable(ApiError):
-    status = 503
 
 
 async def json_body(request: Request) -> dict:
@@ -54,10 +50,7 @@ def build_router(rt: Runtime) -> APIRouter:
         return name
 
     def ready_tenant(t: str = Depends(tenant)) -> str:
-        if rt.load_error is not None:  # the operator must fix the config: no Retry-After
-            raise ServiceUnavailable(f"this server could not load its models: {rt.load_error}")
-        if not rt.ready.is_set():
-            raise ServiceUnavailable("the server is still loading its models", {"Retry-After": "2"})
+        rt.require_ready()
         return t
 
     r = APIRouter(prefix="/api/v1")
