@@ -1,10 +1,18 @@
 """Test sessions: one per workspace member (that member alone, with only its declared dependencies,
 from uv.lock), plus `all` (every member in one environment). `nox` with no arguments runs what CI runs.
+
+Every session starts cold: its own empty TWINKLE_CACHE and HF_HOME, removed afterwards, so nothing
+a developer's machine has accumulated (a built embedded model, a hub download) can hide a missing
+build step. `nox -s bench -- NAME...` runs benchmarks (not part of the default run).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -34,10 +42,20 @@ def _sync(session: nox.Session, *args: str) -> None:
                         env=env, external=True)
 
 
+@contextlib.contextmanager
+def _cold_caches() -> Iterator[dict[str, str]]:
+    root = Path(tempfile.mkdtemp(prefix="twinkle-nox-"))
+    try:
+        yield {"TWINKLE_CACHE": str(root / "twinkle"), "HF_HOME": str(root / "hf")}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _pytest(session: nox.Session, *paths: str) -> None:
     # Two cores here: say so explicitly instead of letting every library guess.
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"}
-    session.run("pytest", *paths, *session.posargs, env=env, success_codes=[0, 5])
+    with _cold_caches() as caches:
+        session.run("pytest", *paths, *session.posargs, env={**env, **caches}, success_codes=[0, 5])
 
 
 def _member_session(name: str, dist: str, folder: str) -> None:
@@ -76,8 +94,9 @@ def all_members(session: nox.Session) -> None:
 def gpu(session: nox.Session) -> None:
     """The CUDA-only checks (tests marked `gpu`), for a machine with a GPU: Megatron, nccl, Ray on CUDA."""
     _sync(session, "--all-packages", "--extra", "megatron")
-    session.run("pytest", "-m", "gpu", "-rs", *(f"{folder}/tests" for _, folder in MEMBERS.values()),
-                *session.posargs, success_codes=[0, 5])
+    with _cold_caches() as caches:
+        session.run("pytest", "-m", "gpu", "-rs", *(f"{folder}/tests" for _, folder in MEMBERS.values()),
+                    *session.posargs, env=caches, success_codes=[0, 5])
 
 
 @nox.session(name="vllm", venv_backend="venv", default=False)
@@ -89,6 +108,17 @@ def vllm(session: nox.Session) -> None:
     session.install("--no-deps", "-e", "packages/twinkle-mesh", "-e", "packages/twinkle-data",
                     "-e", "packages/twinkle-model", "-e", "packages/twinkle-sampler")
     session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66")
-    session.run("pytest", "packages/twinkle-sampler/tests/test_sampler_contract.py", "-k", "vllm",
-                "-p", "no:cacheprovider", *session.posargs,
-                env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"})
+    with _cold_caches() as caches:
+        session.run("pytest", "packages/twinkle-sampler/tests/test_sampler_contract.py", "-k", "vllm",
+                    "-p", "no:cacheprovider", *session.posargs,
+                    env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", **caches})
+
+
+@nox.session(name="bench", default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks (`nox -s bench -- bench_model_sft_step ...`; none named: all): each one's final JSON
+    line is appended to benchmarks/results.jsonl and the README's Results table is rebuilt from it."""
+    # Every member plus the root `examples` group: the Tinker SDK, Ray, matplotlib.
+    _sync(session, "--all-packages", "--group", "examples")
+    session.run("python", "benchmarks/run.py", *session.posargs,
+                env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"})

@@ -4,7 +4,7 @@ actor one thread, so both sides use the machine's two cores). Prints a final JSO
 `ratio` = ray step time / local step time (medians) and the raw per-step times. The two
 alternate step by step, so load from other processes on the machine hits both alike.
 
-    uv run --package twinkle-mesh --extra ray --group test python benchmarks/bench_ray_remote_group.py
+    uv run benchmarks/bench_ray_remote_group.py
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Then the same with 4 tenants at once (4 SDK clients in threads vs 4 adapters in 
 
 The server runs in its own process (benchmarks/_server.py says why).
 
-    python benchmarks/bench_serve_tinker.py [--model twinkle://qwen3-demo] [--steps 12] [--rounds 3] [--batch 8] [--seq 128]
+    uv run benchmarks/bench_serve_tinker.py [--model twinkle://qwen3-demo] [--steps 12] [--rounds 3] [--batch 8] [--seq 128]
 
 Prints a final JSON line: {"ratio": server/local steps/s (1 tenant), "ratio_4_tenants": ..., raw numbers}.
 """

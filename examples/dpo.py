@@ -1,6 +1,6 @@
 """DPO with a LoRA on arithmetic preference pairs; the reference is the base (adapter disabled).
 
-    uv run --extra plot examples/dpo.py                   # ~3 min on 2 CPU cores
+    uv run examples/dpo.py                                # ~3 min on 2 CPU cores
 
 Pairs: the question, the correct answer (chosen) and a wrong one (rejected). `--rejected wrong-op`
 (default) rejects the other operation's result (a+b asked, a-b rejected): a systematic error whose
@@ -155,7 +155,7 @@ def main(argv=None) -> dict:
         "held-out implicit-reward accuracy": ([s for s, _ in curve], [m["reward_accuracy"] for _, m in curve]),
         "train reward accuracy": (list(range(1, len(history) + 1)), [h["reward_accuracy"] for h in history]),
     }, title="DPO (LoRA; reference = adapter disabled)", ylabel="accuracy")
-    print(f"plot: {plot or 'matplotlib not installed (uv run --extra plot ...)'}")
+    print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
     summary = {"example": "dpo", "steps": args.steps, "pairs_per_step": args.batch_pairs, "held_out_pairs": len(held_out),
                "preference_accuracy_start": curve[0][1]["preference_accuracy"],
                "preference_accuracy_end": curve[-1][1]["preference_accuracy"],

@@ -1,6 +1,6 @@
 """On-policy distillation (GKD): a student LoRA learns from a stronger teacher on its own samples.
 
-    uv run --extra plot examples/gkd.py
+    uv run examples/gkd.py
 
 Teacher: the demo model after a brief SFT on arithmetic (the cached warm start the GRPO and DPO
 examples use); student: the untrained demo model plus a LoRA. Each step the student samples
@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
         "held-out GKD loss, student's answers": (steps, [m["loss_on_own_answers"] for _, m in curve]),
         "held-out agreement with teacher": (steps, [m["agreement"] for _, m in curve]),
     }, title="On-policy distillation (GKD)", ylabel="JSD to teacher / agreement")
-    print(f"plot: {plot or 'matplotlib not installed (uv run --extra plot ...)'}")
+    print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
     summary = {"example": "gkd", "steps": args.steps, "prompts_per_step": args.prompts, "group": args.group,
                "held_out_prompts": len(held_out), "teacher_accuracy": teacher_acc,
                "loss_start": curve[0][1]["loss_on_teacher_answers"], "loss_end": curve[-1][1]["loss_on_teacher_answers"],

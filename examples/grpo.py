@@ -1,6 +1,6 @@
 """GRPO on the bundled arithmetic task: the loop is yours, every phase a visible call.
 
-    uv run --extra plot examples/grpo.py                  # ~5 min on 2 CPU cores
+    uv run examples/grpo.py                               # ~5 min on 2 CPU cores
     uv run examples/grpo.py --overlap                     # sample step k+1 while step k trains
 
 Starts from the embedded demo model after a brief SFT on the arithmetic train split (cached after
@@ -177,7 +177,7 @@ def main(argv=None) -> dict:
                                                               [h["reward/mean"] for h in history])},
                        title=f"GRPO on arithmetic ({'overlapped' if args.overlap else 'synchronous'})",
                        ylabel="accuracy / reward")
-    print(f"plot: {plot or 'matplotlib not installed (uv run --extra plot ...)'}")
+    print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
     summary = {"example": "grpo", "overlap": args.overlap, "steps": args.steps,
                "samples_per_step": args.prompts * args.group, "held_out_prompts": len(held_out),
                "reward_start": curve[0][1]["reward"], "reward_end": curve[-1][1]["reward"],

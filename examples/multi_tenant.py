@@ -6,9 +6,9 @@ and work at the same time, each with its own API key, through the unmodified Tin
     C  GRPO: sample groups from its own LoRA, reward, group-relative advantages, importance_sampling loss
     D  log-prob inference only on the base model (no training), checked against a local forward
 
-    python examples/multi_tenant.py                       # starts a server in-process on a free port
-    python examples/multi_tenant.py --model twinkle://qwen3-tiny --steps 6   # quick
-    python examples/multi_tenant.py --base-url http://127.0.0.1:8000      # keys from TWINKLE_KEY_A..D
+    uv run examples/multi_tenant.py                       # starts a server in-process on a free port
+    uv run examples/multi_tenant.py --model twinkle://qwen3-tiny --steps 6   # quick
+    uv run examples/multi_tenant.py --base-url http://127.0.0.1:8000      # keys from TWINKLE_KEY_A..D
 
 Each tenant prints its result line and the script exits non-zero if any tenant's check fails.
 """

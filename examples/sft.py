@@ -1,7 +1,7 @@
 """Supervised fine-tuning with a LoRA: the seed's SFT loop, run on the embedded default model.
 
     uv run python examples/sft.py                      # one process
-    torchrun --nproc_per_node=2 examples/sft.py        # data parallel over two ranks
+    uv run torchrun --nproc_per_node=2 examples/sft.py # data parallel over two ranks
 
 On a GPU machine with hub access, set BASE to a hub id (e.g. 'ms://Qwen/Qwen3.5-4B').
 """

@@ -1,10 +1,9 @@
 """One SFT loop, four ways to run it. Only the set-up block below differs between modes.
 
-    python examples/sft_any_mode.py                                   # local: one process
-    torchrun --nproc_per_node=2 examples/sft_any_mode.py              # torchrun: DDP over 2 ranks
-    TWINKLE_MODE=ray python examples/sft_any_mode.py                  # ray: a group of 2 actors
-    TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... \
-        python examples/sft_any_mode.py                               # http: a running twinkle-server
+    uv run examples/sft_any_mode.py                                   # local: one process
+    uv run torchrun --nproc_per_node=2 examples/sft_any_mode.py       # torchrun: DDP over 2 ranks
+    TWINKLE_MODE=ray uv run examples/sft_any_mode.py                  # ray: a group of 2 actors
+    TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py
 
 With the same global batch the loss curves agree: local, torchrun and ray to ~1e-6 (DDP's gradient
 all-reduce vs one process), http exactly as local (the server's adapter starts from the weights peft

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -13,22 +12,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from twinkle.hub import DEFAULT_MODEL, TEST_MODEL, OfflineError, embedded_path, resolve_model_path
-from twinkle.hub.embedded import ASSETS
+from twinkle.hub.embedded import ASSETS, PINNED_WEIGHTS, weights_digest, write_folder
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools" / "build_assets.py"
-# sha256 over every tensor (name, dtype, shape, bytes) in sorted order. A change here means the
-# embedded weights changed for everyone: a new torch/transformers init, or an edited preset.
-PINNED_WEIGHTS = {
-    "qwen3-tiny": "72666c4e610617bfbfb551fdf12306d2b1d54c416042e9c09771c99c6c7fc227",
-}
-
-
-def weights_digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for name, t in sorted(load_file(folder / "model.safetensors").items()):
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def _build_assets_module():
@@ -45,9 +31,26 @@ def test_two_fresh_builds_are_bit_identical_and_match_the_pin(tmp_path, monkeypa
         folders.append(embedded_path(TEST_MODEL))
     a, b = folders
     assert a != b and a.name == b.name
-    assert weights_digest(a) == weights_digest(b) == PINNED_WEIGHTS["qwen3-tiny"]
+    assert (weights_digest(a / "model.safetensors") == weights_digest(b / "model.safetensors")
+            == PINNED_WEIGHTS["qwen3-tiny"])
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
-    assert not [p for p in a.parent.iterdir() if p.name.startswith(".")], "staging folder left behind"
+    assert not [p for p in a.parent.iterdir() if p.is_dir() and p.name.startswith(".")], "staging left behind"
+
+
+def test_hand_written_files_equal_what_save_pretrained_writes_in_one_process(tmp_path):
+    """The builder writes every file itself (save_pretrained skips weights off rank 0); in a plain
+    process the two must agree byte for byte, so a folder is the same whoever built it."""
+    from twinkle.hub.embedded import build_model, build_tokenizer
+
+    (tmp_path / "ours").mkdir()
+    write_folder("qwen3-tiny", tmp_path / "ours")
+    tokenizer = build_tokenizer()
+    build_model("qwen3-tiny", tokenizer).save_pretrained(tmp_path / "hf", safe_serialization=True)
+    for name in ("config.json", "generation_config.json"):
+        assert (tmp_path / "ours" / name).read_bytes() == (tmp_path / "hf" / name).read_bytes(), name
+    ours, theirs = load_file(tmp_path / "ours" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(ours) == sorted(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
 def test_building_leaves_the_callers_rng_alone(tmp_path, monkeypatch):

@@ -11,15 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from twinkle.hub.cache_folder import publish
 
 ASSETS = Path(__file__).parent / "assets"
 SCHEME = "twinkle://"
 # Bump when the build itself changes (not the presets): it is part of every cache key.
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
+EXPECTED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                  "tokenizer_config.json", "chat_template.jinja", "twinkle_embedded.json")
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,13 @@ PRESETS: dict[str, EmbeddedPreset] = {
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=24),
     "qwen3-demo": EmbeddedPreset(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+}
+# sha256 over every tensor (`weights_digest`). A build that disagrees is refused, not published: a
+# change here means the embedded weights change for everyone (a new init in torch/transformers, or
+# an edited preset).
+PINNED_WEIGHTS = {
+    "qwen3-tiny": "72666c4e610617bfbfb551fdf12306d2b1d54c416042e9c09771c99c6c7fc227",
+    "qwen3-demo": "7764d66af5b3bf906fe3bf2e9492839e1add35bebd98192e8d2fd57143b18242",
 }
 DEFAULT_MODEL = SCHEME + "qwen3-demo"
 TEST_MODEL = SCHEME + "qwen3-tiny"
@@ -93,27 +102,61 @@ def build_model(name: str, tokenizer):
     return model
 
 
+def weights_digest(weights_file: Path) -> str:
+    """sha256 over every tensor (name, dtype, shape, bytes) in name order: the weights, not the file."""
+    import torch
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for key, t in sorted(load_file(weights_file).items()):
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def write_folder(name: str, folder: Path) -> None:
+    """Every file of the checkpoint, written by hand.
+
+    transformers' `save_pretrained` decides by itself whether "this rank" should write (with
+    torch.distributed initialized, rank 1 writes no weights at all), so it is not used here: an
+    embedded build must come out the same from any process.
+    """
+    from safetensors.torch import save_file
+
+    tokenizer = build_tokenizer()
+    model = build_model(name, tokenizer)
+    model.config.architectures = [type(model).__name__]
+    model.config.to_json_file(folder / "config.json")
+    model.generation_config.to_json_file(folder / "generation_config.json")
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in tied}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    tokenizer.save_pretrained(folder)
+    (folder / "twinkle_embedded.json").write_text(
+        json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2))
+
+
+def check_folder(name: str, folder: Path) -> None:
+    missing = [f for f in EXPECTED_FILES if not (folder / f).is_file()]
+    if missing:
+        raise RuntimeError(f"building {SCHEME}{name} left out {', '.join(missing)} in {folder}")
+    digest = weights_digest(folder / "model.safetensors")
+    if digest != PINNED_WEIGHTS[name]:
+        import torch
+        import transformers
+
+        raise RuntimeError(
+            f"building {SCHEME}{name} gave weights {digest[:16]}..., not the pinned "
+            f"{PINNED_WEIGHTS[name][:16]}... (torch {torch.__version__}, transformers "
+            f"{transformers.__version__}): this torch/transformers initializes the model differently, "
+            f"so results here would not match other machines")
+
+
 def embedded_path(model_id: str) -> Path:
-    """Local folder of an embedded model id, building it on first use (atomic, race-safe)."""
+    """Local folder of an embedded model id, built on first use by exactly one process, verified."""
     name = model_id.removeprefix(SCHEME).strip("/")
     if name not in PRESETS:
         raise ValueError(f"unknown embedded model {model_id!r}; known: "
                          f"{', '.join(SCHEME + n for n in PRESETS)}")
     target = cache_root() / "models" / f"{name}-{_fingerprint(name)}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
-        tokenizer = build_tokenizer()
-        build_model(name, tokenizer).save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
-        (staging / "twinkle_embedded.json").write_text(
-            json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2))
-        os.rename(staging, target)
-    except OSError:
-        if not (target / "config.json").exists():  # not a lost race: a real failure
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return publish(target, lambda folder: write_folder(name, folder), lambda folder: check_folder(name, folder))
