@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -88,7 +89,11 @@ class TransformersModel(TwinkleModel):
             raise RuntimeError("the whole model is already being trained; add adapters before set_optimizer")
         self.states.pop(FULL_MODEL, None)
         if self.peft_model is None:
-            self.peft_model = get_peft_model(self.hf_model, config, adapter_name=adapter_name)
+            with warnings.catch_warnings():
+                # peft reads transformers 5's deprecated `is_gradient_checkpointing`: not ours to fix,
+                # and not worth a warning in every user's output.
+                warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
+                self.peft_model = get_peft_model(self.hf_model, config, adapter_name=adapter_name)
         else:
             self.peft_model.add_adapter(adapter_name, config)
         marker = f".{adapter_name}."
