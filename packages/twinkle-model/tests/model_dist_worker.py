@@ -25,6 +25,7 @@ SCENARIOS = (("ddp", 1), ("fsdp2", 1), ("ddp", 2), ("fsdp2", 2))  # (strategy, g
 # SGD with momentum: linear in the gradient, so fp32 reduction-order noise (~1e-7) stays that small;
 # Adam would amplify it on near-zero gradient entries (its update is ~lr whatever the size).
 OPTIMIZER = dict(lr=0.5, momentum=0.9, weight_decay=0.01)
+FULL_OPTIMIZER = dict(lr=0.05, momentum=0.9)  # every weight moves: a smaller step keeps the loss finite
 
 
 def make_rows(n: int, vocab: int = 850) -> list[dict]:
@@ -59,20 +60,24 @@ def _grad_probe(model) -> dict:
     return {"has_grad": True, "digest": sum(float(full_tensor(p.grad).double().sum()) for p in params)}
 
 
-def lora_weights(model) -> dict[str, list]:
+def trained_weights(model) -> dict[str, list]:
     from twinkle.model.strategy import full_tensor
 
     return {n: full_tensor(p.detach()).tolist() for n, p in model._state(None).params}
 
 
-def run_scenario(strategy: str, gas: int, mesh, save_dir: Path | None = None) -> dict:
+def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True) -> dict:
+    """LoRA (or, with lora=False, full-parameter) training; `strategy=None` lets the mesh choose."""
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
     model = TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, strategy=strategy)
     torch.manual_seed(0)  # identical LoRA init on every rank and in the one-process run
-    model.add_adapter_to_model("default", lora_config(), gradient_accumulation_steps=gas)
-    model.set_optimizer("SGD", **OPTIMIZER)
+    if lora:
+        model.add_adapter_to_model("default", lora_config(), gradient_accumulation_steps=gas)
+    elif gas != 1:
+        raise ValueError("the full-parameter scenarios step every micro-batch")
+    model.set_optimizer("SGD", **(OPTIMIZER if lora else FULL_OPTIMIZER))
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=1, num_training_steps=STEPS + 1)
     out = {"losses": [], "grad_norms": [], "probes": [], "stepped": []}
     for batch in micro_batches(gas):
@@ -82,7 +87,7 @@ def run_scenario(strategy: str, gas: int, mesh, save_dir: Path | None = None) ->
         out["stepped"].append(step["stepped"])
         if step["stepped"]:
             out["grad_norms"].append(step["grad_norm"])
-    out["lora"] = lora_weights(model)
+    out["weights"] = trained_weights(model)
     if save_dir is not None:
         model.save(save_dir)
     return out

@@ -1,0 +1,49 @@
+"""Tensor-parallel scenarios under torchrun: `torchrun --nproc_per_node=N model_tp_worker.py OUT`
+runs every scenario of SCENARIOS[N] (TransformersModel on a mesh with tp=2, LoRA and
+full-parameter, alone and with dp) and writes OUT/rank{r}.json plus one save per scenario. The
+scenario steps are model_dist_worker.run_scenario's, so the one-process reference is the same code.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+# (name, mesh sizes, gradient accumulation, LoRA?) per world size
+SCENARIOS = {
+    2: (("tp2-lora-gas2", {"tp_size": 2}, 2, True), ("tp2-full", {"tp_size": 2}, 1, False)),
+    4: (("dp2-tp2-lora", {"dp_size": 2, "tp_size": 2}, 1, True),
+        ("fsdp2-tp2-full", {"dp_size": 1, "fsdp_size": 2, "tp_size": 2}, 1, False)),
+}
+
+
+def load_dist_worker():
+    # From its file: the tests folder is not a package and its name must not clash with other members'.
+    if "model_dist_worker" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("model_dist_worker", Path(__file__).with_name("model_dist_worker.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model_dist_worker"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["model_dist_worker"]
+
+
+def main(folder: Path) -> None:
+    import twinkle.mesh as tm
+
+    torch.set_num_threads(1)
+    tm.initialize(mode="local", seed=0)  # joins the gloo group torchrun set up
+    worker = load_dist_worker()
+    results = {}
+    for name, sizes, gas, lora in SCENARIOS[int(os.environ["WORLD_SIZE"])]:
+        mesh = tm.DeviceMesh.from_sizes(**sizes)
+        results[name] = worker.run_scenario(None, gas, mesh, folder / name, lora=lora)
+    (folder / f"rank{os.environ['RANK']}.json").write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
