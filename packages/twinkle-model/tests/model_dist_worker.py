@@ -1,7 +1,7 @@
 """TransformersModel LoRA training, the same code in one process and under torchrun.
 
 `torchrun --nproc_per_node=2 model_dist_worker.py OUT` runs every scenario (DDP and FSDP2, with and
-without gradient accumulation) in one launch and writes OUT/rank{r}.json plus one PEFT save per
+without gradient accumulation; FSDP2 chosen by the mesh's fsdp_size alone) in one launch and writes OUT/rank{r}.json plus one PEFT save per
 scenario; the tests run `run_scenario` in their own process with a one-rank mesh and compare.
 
 Each scenario: a fixed global micro-batch sequence, every rank training on its data slice of it.
@@ -88,6 +88,9 @@ def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = N
         if step["stepped"]:
             out["grad_norms"].append(step["grad_norm"])
     out["weights"] = trained_weights(model)
+    out["strategy"], out["wrapped"] = model.strategy, type(model._wrapped).__name__
+    out["layout"] = {n: [[repr(x) for x in p.placements], list(p.to_local().shape)] for n, p in model._state(None).params
+                     if hasattr(p, "placements")}  # how each DTensor parameter is placed and what this rank holds
     if save_dir is not None:
         model.save(save_dir)
     return out
@@ -100,11 +103,16 @@ def main(folder: Path) -> None:
     tm.initialize(mode="local", seed=0)  # joins the gloo group torchrun set up
     world = int(os.environ["WORLD_SIZE"])
     results = {}
+    fsdp_mesh = tm.DeviceMesh.from_sizes(dp_size=1, fsdp_size=world)
     for strategy, gas in SCENARIOS:
-        mesh = (tm.DeviceMesh.from_sizes(dp_size=world) if strategy == "ddp"
-                else tm.DeviceMesh.from_sizes(dp_size=1, fsdp_size=world))
+        mesh = tm.DeviceMesh.from_sizes(dp_size=world) if strategy == "ddp" else fsdp_mesh
         name = f"{strategy}-gas{gas}"
-        results[name] = run_scenario(strategy, gas, mesh, folder / name)
+        # FSDP2 scenarios pass no strategy: fsdp_size alone must select it
+        results[name] = run_scenario(strategy if strategy == "ddp" else None, gas, mesh, folder / name)
+    try:
+        run_scenario("ddp", 1, fsdp_mesh)
+    except ValueError as e:
+        results["ddp-on-fsdp-mesh"] = str(e)
     rank = int(os.environ["RANK"])
     (folder / f"rank{rank}.json").write_text(json.dumps(results))
 

@@ -85,6 +85,17 @@ def test_global_micro_batch_loss_and_grad_norm_match_one_process(ranks, referenc
     assert max(ref["grad_norms"]) > 0.5  # gradients of real size (and clipping at 1.0 is exercised)
 
 
+def test_fsdp_size_alone_selects_fsdp2_and_ddp_on_an_fsdp_mesh_is_refused(ranks):
+    (r0, r1), _ = ranks
+    for name in ("fsdp2-gas1", "fsdp2-gas2"):
+        assert r0[name]["strategy"] == r1[name]["strategy"] == "fsdp2"
+        assert r0[name]["wrapped"].startswith("FSDP")  # fully_shard's class swap, not DDP
+        assert all(placements == ["Shard(dim=0)"] for placements, _ in r0[name]["layout"].values())
+    assert r0["ddp-gas1"]["wrapped"] == "DistributedDataParallel" and not r0["ddp-gas1"]["layout"]
+    assert "strategy='ddp' replicates the model" in r0["ddp-on-fsdp-mesh"]
+    assert "fsdp_size=2" in r0["ddp-on-fsdp-mesh"] and "strategy='fsdp2'" in r0["ddp-on-fsdp-mesh"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_lora_weights_match_one_process_after_three_steps(ranks, reference, name):
     (r0, r1), _ = ranks
