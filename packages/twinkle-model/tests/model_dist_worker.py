@@ -66,12 +66,15 @@ def trained_weights(model) -> dict[str, list]:
     return {n: full_tensor(p.detach()).tolist() for n, p in model._state(None).params}
 
 
-def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True) -> dict:
+def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True,
+                 patch: str | None = None) -> dict:
     """LoRA (or, with lora=False, full-parameter) training; `strategy=None` lets the mesh choose."""
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
     model = TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, strategy=strategy)
+    if patch is not None:
+        model.apply_patch(patch)
     torch.manual_seed(0)  # identical LoRA init on every rank and in the one-process run
     if lora:
         model.add_adapter_to_model("default", lora_config(), gradient_accumulation_steps=gas)
@@ -88,6 +91,7 @@ def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = N
         if step["stepped"]:
             out["grad_norms"].append(step["grad_norm"])
     out["weights"] = trained_weights(model)
+    out["logprobs"] = model.forward_only(inputs=mesh.slice_for_data_rank(make_rows(GLOBAL_MICRO_BATCH)))["logprobs"]
     out["strategy"], out["wrapped"] = model.strategy, type(model._wrapped).__name__
     out["layout"] = {n: [[repr(x) for x in p.placements], list(p.to_local().shape)] for n, p in model._state(None).params
                      if hasattr(p, "placements")}  # how each DTensor parameter is placed and what this rank holds

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 
-# (name, mesh sizes, gradient accumulation, LoRA?) per world size
+# (name, mesh sizes, gradient accumulation, LoRA?, patch) per world size
 SCENARIOS = {
-    2: (("tp2-lora-gas2", {"tp_size": 2}, 2, True), ("tp2-full", {"tp_size": 2}, 1, False)),
-    4: (("dp2-tp2-lora", {"dp_size": 2, "tp_size": 2}, 1, True),
-        ("fsdp2-tp2-full", {"dp_size": 1, "fsdp_size": 2, "tp_size": 2}, 1, False)),
+    2: (("tp2-lora-gas2", {"tp_size": 2}, 2, True, None), ("tp2-full", {"tp_size": 2}, 1, False, None),
+        ("tp2-lora-chunked-ce", {"tp_size": 2}, 1, True, "ChunkedCrossEntropy")),
+    4: (("dp2-tp2-lora", {"dp_size": 2, "tp_size": 2}, 1, True, None),
+        ("fsdp2-tp2-full", {"dp_size": 1, "fsdp_size": 2, "tp_size": 2}, 1, False, None)),
 }
 
 
@@ -39,9 +40,9 @@ def main(folder: Path) -> None:
     tm.initialize(mode="local", seed=0)  # joins the gloo group torchrun set up
     worker = load_dist_worker()
     results = {}
-    for name, sizes, gas, lora in SCENARIOS[int(os.environ["WORLD_SIZE"])]:
+    for name, sizes, gas, lora, patch in SCENARIOS[int(os.environ["WORLD_SIZE"])]:
         mesh = tm.DeviceMesh.from_sizes(**sizes)
-        results[name] = worker.run_scenario(None, gas, mesh, folder / name, lora=lora)
+        results[name] = worker.run_scenario(None, gas, mesh, folder / name, lora=lora, patch=patch)
     (folder / f"rank{os.environ['RANK']}.json").write_text(json.dumps(results))
 
 

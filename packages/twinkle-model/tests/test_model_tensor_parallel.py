@@ -1,6 +1,6 @@
 """TransformersModel with tp=2 under real torchrun (gloo, CPU, fp32, qwen3-tiny): LoRA and
-full-parameter, tp alone (2 ranks) and with dp or fsdp (4 ranks), against the same steps in this
-process. model_tp_worker.py runs the scenarios; a launch starts when its first test needs it and
+full-parameter, tp alone (2 ranks, also with the ChunkedCrossEntropy head) and with dp or fsdp
+(4 ranks), against the same steps (unpatched) in this process. model_tp_worker.py runs the scenarios; a launch starts when its first test needs it and
 runs in the background while this process computes the one-process reference.
 """
 
@@ -95,8 +95,8 @@ def _worst(got: dict, want: dict) -> float:
     return max((torch.tensor(got[n]) - torch.tensor(want[n])).abs().max().item() for n in want)
 
 
-@pytest.mark.parametrize("world,name,sizes,gas,lora", CASES, ids=IDS)
-def test_losses_grad_norms_and_weights_match_one_process(launches, reference, world, name, sizes, gas, lora):
+@pytest.mark.parametrize("world,name,sizes,gas,lora,patch", CASES, ids=IDS)
+def test_losses_grad_norms_and_weights_match_one_process(launches, reference, world, name, sizes, gas, lora, patch):
     ref = reference(gas, lora)
     ranks, _ = launches.ranks(world)
     got = ranks[0][name]
@@ -108,6 +108,10 @@ def test_losses_grad_norms_and_weights_match_one_process(launches, reference, wo
     assert len(got["weights"]) == (28 if lora else 24)  # 2 layers x 7 linears x (A, B); every model weight
     assert _worst(got["weights"], ref["weights"]) <= TOL
     assert all(r[name]["weights"] == got["weights"] for r in ranks)  # gathered: every rank sees the same model
+    # this rank's data slice of a forward_only batch after training: the log-probs of the same rows
+    want = ref["logprobs"][: len(got["logprobs"])]
+    assert len(got["logprobs"]) == worker.GLOBAL_MICRO_BATCH // sizes.get("dp_size", 1) // sizes.get("fsdp_size", 1)
+    assert _worst(dict(enumerate(got["logprobs"])), dict(enumerate(want))) <= TOL
     assert _moved(got["weights"], lora) > 100 * TOL  # it trained: the comparison is not of untouched weights
 
 
@@ -127,8 +131,8 @@ def _tp(placements: list[str]) -> str:
     return placements[-1]  # tp is the fastest mesh dim: its placement comes last
 
 
-@pytest.mark.parametrize("world,name,sizes,gas,lora", CASES, ids=IDS)
-def test_projections_are_sharded_and_lora_follows_its_base_layer(launches, world, name, sizes, gas, lora):
+@pytest.mark.parametrize("world,name,sizes,gas,lora,patch", CASES, ids=IDS)
+def test_projections_are_sharded_and_lora_follows_its_base_layer(launches, world, name, sizes, gas, lora, patch):
     layout = launches.ranks(world)[0][0][name]["layout"]
     hidden, q_width, mlp, r = 96, 4 * 24, 192, 4
     if lora:
@@ -153,8 +157,8 @@ def test_projections_are_sharded_and_lora_follows_its_base_layer(launches, world
             assert layout[f"{layer}.mlp.up_proj.weight"][1] == [mlp // 4, hidden]
 
 
-@pytest.mark.parametrize("world,name,sizes,gas,lora", CASES, ids=IDS)
-def test_save_writes_the_full_gathered_weights(launches, world, name, sizes, gas, lora):
+@pytest.mark.parametrize("world,name,sizes,gas,lora,patch", CASES, ids=IDS)
+def test_save_writes_the_full_gathered_weights(launches, world, name, sizes, gas, lora, patch):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -205,6 +205,12 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's piece of a DTensor (all of it when replicated, as tp keeps the lm_head); gradients
+    flow back with the same placement. Plain tensors pass through."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def is_main_process() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 

@@ -21,7 +21,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, no_sync, rebind_parameters, resolve_strategy, wrap
+from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, local_tensor, no_sync, rebind_parameters, resolve_strategy, wrap
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class TransformersModel(TwinkleModel):
             out = module(**model_kwargs, use_cache=False)
         if self.head_chunk_size:  # the patched model returned hidden states
             proj = self.hf_model.get_output_embeddings()
-            return ChunkedHead(out.logits[:, :-1], proj.weight, proj.bias, self.head_chunk_size)
+            return ChunkedHead(out.logits[:, :-1], local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size)
         return LogitsHead(out.logits[:, :-1])
 
     def _reference_logps(self, module, batch, targets_B_T):
