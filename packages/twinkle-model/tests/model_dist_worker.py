@@ -60,10 +60,10 @@ def _grad_probe(model) -> dict:
     return {"has_grad": True, "digest": sum(float(full_tensor(p.grad).double().sum()) for p in params)}
 
 
-def trained_weights(model) -> dict[str, list]:
+def trained_weights(model, adapter_name: str | None = None) -> dict[str, list]:
     from twinkle.model.strategy import full_tensor
 
-    return {n: full_tensor(p.detach()).tolist() for n, p in model._state(None).params}
+    return {n: full_tensor(p.detach()).tolist() for n, p in model._state(adapter_name).params}
 
 
 def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True,

@@ -33,6 +33,34 @@ def load_dist_worker():
     return sys.modules["model_dist_worker"]
 
 
+def two_adapters(mesh) -> dict:
+    """Adapter 'a' steps, then 'b' is added (after the first forward: the tp plan places it on
+    its first forward) and steps, then 'a' again."""
+    from peft import LoraConfig
+
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    worker = load_dist_worker()
+    model = TransformersModel(model_id=TEST_MODEL, device_mesh=mesh)
+    torch.manual_seed(0)
+    batches = [mesh.slice_for_data_rank(b) for b in worker.micro_batches(1)]
+    losses = []
+
+    def train(name: str, batch) -> None:
+        losses.append(model.forward_backward(inputs=batch, adapter_name=name)["loss"])
+        model.clip_grad_and_step(adapter_name=name)
+
+    model.add_adapter_to_model("a", worker.lora_config())
+    model.set_optimizer("SGD", adapter_name="a", **worker.OPTIMIZER)
+    train("a", batches[0])
+    model.add_adapter_to_model("b", LoraConfig(r=2, lora_alpha=4, target_modules=["k_proj", "o_proj", "up_proj"]))
+    model.set_optimizer("SGD", adapter_name="b", **worker.OPTIMIZER)
+    train("b", batches[1])
+    train("a", batches[2])
+    return {"losses": losses, "a": worker.trained_weights(model, "a"), "b": worker.trained_weights(model, "b")}
+
+
 def main(folder: Path) -> None:
     import twinkle.mesh as tm
 
@@ -43,6 +71,8 @@ def main(folder: Path) -> None:
     for name, sizes, gas, lora, patch in SCENARIOS[int(os.environ["WORLD_SIZE"])]:
         mesh = tm.DeviceMesh.from_sizes(**sizes)
         results[name] = worker.run_scenario(None, gas, mesh, folder / name, lora=lora, patch=patch)
+    if int(os.environ["WORLD_SIZE"]) == 2:
+        results["two-adapters"] = two_adapters(tm.DeviceMesh.from_sizes(tp_size=2))
     (folder / f"rank{os.environ['RANK']}.json").write_text(json.dumps(results))
 
 

@@ -173,3 +173,14 @@ def test_save_writes_the_full_gathered_weights(launches, world, name, sizes, gas
     params = dict(model.named_parameters())
     for n, values in ranks[0][name]["weights"].items():  # full shapes, exactly what the run trained
         assert torch.equal(params[n], torch.tensor(values)), n
+
+
+def test_an_adapter_added_after_the_first_forward_is_placed_and_trains_like_one_process(launches):
+    from twinkle.mesh import DeviceMesh
+
+    got = launches.ranks(2)[0][0]["two-adapters"]
+    torch.set_num_threads(2)
+    want = tp_worker.two_adapters(DeviceMesh.from_sizes(dp_size=1))
+    assert got["losses"] == pytest.approx(want["losses"], abs=TOL)
+    assert len(want["b"]) == 12 and _worst(got["b"], want["b"]) <= TOL  # 2 layers x 3 targets x (A, B)
+    assert _worst(got["a"], want["a"]) <= TOL and _moved(got["b"], lora=True) > 100 * TOL

@@ -67,6 +67,12 @@ def check_tensor_parallel(mesh, config) -> None:
         check_divisible(config, tensor_parallel_size(mesh))
 
 
+def shards_on_wrap(strategy: str, mesh) -> bool:
+    """Whether wrapping hands the model to FSDP2 (fsdp2, or any data parallelism with tp > 1):
+    then the parameter set is final, and adapters cannot be added after the first forward."""
+    return data_parallel_size(mesh) > 1 and (strategy == "fsdp2" or tensor_parallel_size(mesh) > 1)
+
+
 def data_parallel_size(mesh) -> int:
     if mesh is None or not (dist.is_available() and dist.is_initialized()):
         return 1
@@ -96,7 +102,7 @@ def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module
         parallelize(module, mesh.to_torch()["tp"])
     if data_parallel_size(mesh) == 1:
         return module
-    if strategy == "ddp" and tensor_parallel_size(mesh) == 1:
+    if not shards_on_wrap(strategy, mesh):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.cuda.current_device()] if mesh.resolved_device_type == "cuda" else None

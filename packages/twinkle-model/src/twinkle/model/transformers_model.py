@@ -21,7 +21,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, local_tensor, no_sync, rebind_parameters, resolve_strategy, wrap
+from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, local_tensor, no_sync, rebind_parameters, resolve_strategy, shards_on_wrap, wrap
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class TransformersModel(TwinkleModel):
 
         if not adapter_name or adapter_name in self.states:
             raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
-        if self._wrapped is not None and self.strategy == "fsdp2":
+        if self._wrapped is not None and shards_on_wrap(self.strategy, self.device_mesh):
             raise RuntimeError("add every adapter before the first forward: FSDP2 has already sharded the model")
         if self.states.get(FULL_MODEL) and self.states[FULL_MODEL].optimizer is not None:
             raise RuntimeError("the whole model is already being trained; add adapters before set_optimizer")
