@@ -4,6 +4,7 @@ implement: otherwise the extra ranks would silently repeat the work."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from twinkle.hub import TEST_MODEL
 from twinkle.mesh import DeviceMesh
@@ -53,3 +54,21 @@ def test_tp_must_divide_the_heads_and_mlp_width():
         TransformersModel(model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(tp_size=4))
     with pytest.raises(ValueError, match=r"tp_size=3 must divide num_attention_heads=4, num_key_value_heads=2"):
         TransformersModel(model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(tp_size=3))
+
+
+def test_tp_plan_refuses_what_it_cannot_split(tiny_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.model.tensor_parallel import parallelize
+
+    def tiny():
+        return AutoModelForCausalLM.from_pretrained(tiny_path)
+
+    dora = get_peft_model(tiny(), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
+    with pytest.raises(ValueError, match=r"tp_size > 1 does not support DoRA \(use_dora=True\)"):
+        parallelize(dora, tp_mesh=None)  # refused while planning, before any rank is touched
+    odd = tiny()
+    odd.model.layers[0].mlp.down_proj = torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.down_proj is a Identity"):
+        parallelize(odd, tp_mesh=None)

@@ -63,9 +63,15 @@ def _role(name: str) -> tuple[str | None, str | None]:
 def _style(module: torch.nn.Module, name: str):
     if name.rsplit(".", 1)[-1] in HEAD_NORMS:
         return SequenceParallel(sequence_dim=2, use_local_output=True)  # input [B, T, heads, head_dim]
-    if not isinstance(module, torch.nn.Linear):
-        return None
+    if "lora_magnitude_vector" in name.split(".")[:-1]:  # an adapter's entry in peft's (always present) dict
+        raise ValueError("tp_size > 1 does not support DoRA (use_dora=True): its magnitude needs the "
+                         "norm of the whole base weight; train it without tp")
+    if hasattr(module, "base_layer"):
+        return None  # a peft wrapper: its base_layer and lora_A/B are placed one by one
     kind, part = _role(name)
+    if kind is not None and not isinstance(module, torch.nn.Linear):
+        raise ValueError(f"tp_size > 1 splits the attention and MLP projections as torch.nn.Linear, but {name} "
+                         f"is a {type(module).__name__}")
     if (kind, part) in (("col", "base"), ("col", "lora_B")):
         return ColwiseParallel()
     if (kind, part) in (("row", "base"), ("row", "lora_A")):
