@@ -33,8 +33,6 @@ import torch
 import torch.distributed as dist
 
 STRATEGIES = ("ddp", "fsdp2")
-
-
 UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "cp": "context parallelism", "ep": "expert parallelism"}
 
 
