@@ -85,14 +85,25 @@ def test_global_micro_batch_loss_and_grad_norm_match_one_process(ranks, referenc
     assert max(ref["grad_norms"]) > 0.5  # gradients of real size (and clipping at 1.0 is exercised)
 
 
+def test_fsdp_size_alone_selects_fsdp2_and_ddp_on_an_fsdp_mesh_is_refused(ranks):
+    (r0, r1), _ = ranks
+    for name in ("fsdp2-gas1", "fsdp2-gas2"):
+        assert r0[name]["strategy"] == r1[name]["strategy"] == "fsdp2"
+        assert r0[name]["wrapped"].startswith("FSDP")  # fully_shard's class swap, not DDP
+        assert all(placements == ["Shard(dim=0)"] for placements, _ in r0[name]["layout"].values())
+    assert r0["ddp-gas1"]["wrapped"] == "DistributedDataParallel" and not r0["ddp-gas1"]["layout"]
+    assert "strategy='ddp' replicates the model" in r0["ddp-on-fsdp-mesh"]
+    assert "fsdp_size=2" in r0["ddp-on-fsdp-mesh"] and "strategy='fsdp2'" in r0["ddp-on-fsdp-mesh"]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_lora_weights_match_one_process_after_three_steps(ranks, reference, name):
     (r0, r1), _ = ranks
-    got, want = r0[name]["lora"], reference[0][_gas(name)]["lora"]
+    got, want = r0[name]["weights"], reference[0][_gas(name)]["weights"]
     assert sorted(got) == sorted(want) and len(want) == 28  # 2 layers x 7 linears x (A, B)
     worst = max((torch.tensor(got[n]) - torch.tensor(want[n])).abs().max().item() for n in want)
     assert worst <= TOL, f"{name}: LoRA weights differ from the one-process run by {worst}"
-    assert r1[name]["lora"] == got  # the ranks hold the same model
+    assert r1[name]["weights"] == got  # the ranks hold the same model
     assert max(torch.tensor(want[n]).abs().max().item() for n in want if "lora_B" in n) > 0.05  # it trained
 
 
@@ -129,7 +140,7 @@ def test_distributed_save_is_an_ordinary_peft_folder(ranks, reference, name):
 
     loaded = load(saved)
     params = dict(loaded.named_parameters())
-    for n, values in r0[name]["lora"].items():  # exactly what the distributed run trained
+    for n, values in r0[name]["weights"].items():  # exactly what the distributed run trained
         assert torch.equal(params[n], torch.tensor(values)), n
     ids = torch.tensor([worker.make_rows(1)[0]["input_ids"]])
     with torch.no_grad():

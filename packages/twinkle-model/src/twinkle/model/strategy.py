@@ -1,14 +1,26 @@
-"""Data-parallel wrapping from the DeviceMesh: DDP or FSDP2 over the data ranks.
+"""How a TransformersModel uses each DeviceMesh dimension, and the wrapping that does it.
 
-In one process (or a mesh whose data dims have size 1) the model runs unwrapped. Wrapping happens
-once the trainable parameters are final (the first forward), because both DDP and FSDP2 fix the
-parameter set when they wrap.
+Mesh dimensions (sizes from the DeviceMesh, ranks laid out (pp, dp, fsdp, cp, tp), tp fastest):
+- dp: data parallel, replicated model. Each dp rank trains on its slice of the global batch;
+  gradients are averaged (DDP; with tp > 1, FSDP2 in replicate mode, since DDP cannot hold DTensors).
+- fsdp: data parallel, sharded model (FSDP2 `fully_shard`). `fsdp_size > 1` selects FSDP2 by
+  itself; dp x fsdp is HSDP (replicate over dp, shard over fsdp). `strategy='ddp'` with
+  fsdp > 1 is refused (DDP cannot shard).
+- tp: tensor parallel with torch's DTensor `parallelize_module` plans (twinkle.model.tensor_parallel):
+  tp peers see the same data and each holds 1/tp of every attention and MLP projection.
+- pp, cp, ep: not implemented by TransformersModel, refused at construction (the extra ranks would
+  only repeat the work); MegatronModel implements them.
+`strategy=None` (the default) picks FSDP2 when fsdp > 1, else DDP.
+
+In one process (or a mesh whose dims all have size 1) the model runs unwrapped. Wrapping happens
+once the trainable parameters are final (the first forward), because DDP, FSDP2 and the tp plan
+fix the parameter set when they wrap.
 
 A data-parallel step must equal the one-process step on the same global batch. Two things make it so:
 - the loss: a 'mean' loss divides by the loss tokens (or pairs) of the *global* micro-batch, not
   of this rank's share, and DDP/FSDP2 average gradients over the data ranks, so each rank
   backpropagates `W * n_rank / n_global * loss_rank` (`data_parallel_loss`);
-- FSDP2 swaps every parameter for a sharded DTensor: optimizers and per-adapter parameter lists
+- FSDP2 and tp swap every parameter for a DTensor: optimizers and per-adapter parameter lists
   made before the wrap are pointed at the new ones (`rebind_parameters`), and the gradient norm is
   taken over the full (unsharded) gradients (`clip_grad_norm`).
 """
@@ -21,6 +33,42 @@ import torch
 import torch.distributed as dist
 
 STRATEGIES = ("ddp", "fsdp2")
+UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "cp": "context parallelism", "ep": "expert parallelism"}
+
+
+def resolve_strategy(strategy: str | None, mesh) -> str:
+    """The data-parallel strategy for this mesh; refuses dims TransformersModel does not implement."""
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES} (or None: from the mesh)")
+    if mesh is None:
+        return strategy or "ddp"
+    for dim, what in UNIMPLEMENTED_DIMS.items():
+        if mesh.get_size(dim) > 1:
+            raise ValueError(f"TransformersModel does not implement {what} ({dim}_size={mesh.get_size(dim)} in "
+                             f"{mesh!r}): its ranks would only repeat the work. Use MegatronModel "
+                             f"(twinkle-model[megatron]) for {dim}, or give those ranks to dp/fsdp/tp")
+    fsdp = mesh.get_size("fsdp")
+    if strategy == "ddp" and fsdp > 1:
+        raise ValueError(f"strategy='ddp' replicates the model, but {mesh!r} has fsdp_size={fsdp}, which shards "
+                         f"it: pass strategy='fsdp2' (or no strategy), or use dp_size for replicas")
+    return strategy or ("fsdp2" if fsdp > 1 else "ddp")
+
+
+def tensor_parallel_size(mesh) -> int:
+    return 1 if mesh is None else mesh.get_size("tp")
+
+
+def check_tensor_parallel(mesh, config) -> None:
+    if tensor_parallel_size(mesh) > 1:
+        from twinkle.model.tensor_parallel import check_divisible
+
+        check_divisible(config, tensor_parallel_size(mesh))
+
+
+def shards_on_wrap(strategy: str, mesh) -> bool:
+    """Whether wrapping hands the model to FSDP2 (fsdp2, or any data parallelism with tp > 1):
+    then the parameter set is final, and adapters cannot be added after the first forward."""
+    return data_parallel_size(mesh) > 1 and (strategy == "fsdp2" or tensor_parallel_size(mesh) > 1)
 
 
 def data_parallel_size(mesh) -> int:
@@ -46,9 +94,13 @@ def _fsdp_mesh(mesh):
 def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module) -> torch.nn.Module:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
+    if tensor_parallel_size(mesh) > 1:
+        from twinkle.model.tensor_parallel import parallelize
+
+        parallelize(module, mesh.to_torch()["tp"])
     if data_parallel_size(mesh) == 1:
         return module
-    if strategy == "ddp":
+    if not shards_on_wrap(strategy, mesh):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.cuda.current_device()] if mesh.resolved_device_type == "cuda" else None
@@ -155,6 +207,12 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, norm_type: float
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor from a possibly sharded (DTensor) one; collective for sharded ones."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """This rank's piece of a DTensor (all of it when replicated, as tp keeps the lm_head); gradients
+    flow back with the same placement. Plain tensors pass through."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def is_main_process() -> bool:

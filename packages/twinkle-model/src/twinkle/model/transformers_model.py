@@ -22,7 +22,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import STRATEGIES, barrier, clip_grad_norm, data_parallel_loss, no_sync, rebind_parameters, wrap
+from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, local_tensor, no_sync, rebind_parameters, resolve_strategy, shards_on_wrap, wrap
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -50,15 +50,15 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
 @remote_class
 class TransformersModel(TwinkleModel):
     def __init__(self, model_id: str | None = None, model_cls=None, config=None, device_mesh=None,
-                 mixed_precision: str | None = None, strategy: str = "ddp", device: str | None = None,
+                 mixed_precision: str | None = None, strategy: str | None = None, device: str | None = None,
                  torch_dtype: torch.dtype | str = torch.float32, **model_kwargs):
-        if strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
-        self.model_id, self.strategy, self.mixed_precision = model_id, strategy, mixed_precision
+        self.model_id, self.mixed_precision = model_id, mixed_precision
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
+        self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
         self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
+        check_tensor_parallel(self.device_mesh, self.hf_model.config)  # heads divisible by tp
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
@@ -83,7 +83,7 @@ class TransformersModel(TwinkleModel):
 
         if not adapter_name or adapter_name in self.states:
             raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
-        if self._wrapped is not None and self.strategy == "fsdp2":
+        if self._wrapped is not None and shards_on_wrap(self.strategy, self.device_mesh):
             raise RuntimeError("add every adapter before the first forward: FSDP2 has already sharded the model")
         if self.states.get(FULL_MODEL) and self.states[FULL_MODEL].optimizer is not None:
             raise RuntimeError("the whole model is already being trained; add adapters before set_optimizer")
@@ -191,7 +191,7 @@ class TransformersModel(TwinkleModel):
             out = module(**model_kwargs, use_cache=False)
         if self.head_chunk_size:  # the patched model returned hidden states
             proj = self.hf_model.get_output_embeddings()
-            return ChunkedHead(out.logits[:, :-1], proj.weight, proj.bias, self.head_chunk_size)
+            return ChunkedHead(out.logits[:, :-1], local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size)
         return LogitsHead(out.logits[:, :-1])
 
     def _reference_logps(self, module, batch, targets_B_T):
