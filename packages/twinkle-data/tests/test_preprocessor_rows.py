@@ -18,7 +18,7 @@ def test_registries_come_from_entry_points():
                                          "GSM8KProcessor", "PreferenceProcessor"}
     assert set(FILTERS.names()) >= {"LengthFilter", "EmptyFilter", "DedupFilter"}
     assert TEMPLATES.get("Template") is Template and INPUT_PROCESSORS.get("InputProcessor") is InputProcessor
-    with pytest.raises(KeyError, match="no Preprocessor named 'Nope'.*known: AlpacaProcessor"):
+    with pytest.raises(KeyError, match="unknown preprocessor 'Nope'; known: AlpacaProcessor"):
         PREPROCESSORS.get("Nope")
 
 

@@ -3,7 +3,7 @@
 from twinkle.dataset.dataset import ERROR_KEY, Dataset
 from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.dataset.registry import Registry
+from twinkle.registry import Registry
 from twinkle.dataset.sources import BUNDLED, resolve_dataset_path
 from twinkle.dataset.stream import RowStream
 from twinkle.hub import OfflineError

@@ -93,7 +93,7 @@ class Dataset:
         if callable(preprocessor) and not isinstance(preprocessor, (Preprocessor, type)):
             preprocessor = FunctionPreprocessor(preprocessor)
         else:
-            preprocessor = PREPROCESSORS.build(preprocessor, **kwargs)
+            preprocessor = PREPROCESSORS.create(preprocessor, **kwargs)
         self._apply(preprocessor, dataset_meta, preprocessor.cache_key())
         return self
 
@@ -104,7 +104,7 @@ class Dataset:
         if callable(filter_) and not isinstance(filter_, (Filter, type)):
             filter_ = FunctionFilter(filter_)
         else:
-            filter_ = FILTERS.build(filter_, **kwargs)
+            filter_ = FILTERS.create(filter_, **kwargs)
         filter_.reset()
         self._apply(filter_, dataset_meta, filter_.cache_key())
         return self

@@ -11,7 +11,7 @@ import json
 from typing import Any, ClassVar
 
 from twinkle.dataset.errors import DataError
-from twinkle.dataset.registry import Registry
+from twinkle.registry import Registry
 
 
 def _describable(value: Any) -> bool:
@@ -110,8 +110,8 @@ class FunctionFilter(Filter):
         return None
 
 
-PREPROCESSORS: Registry[Preprocessor] = Registry("twinkle.preprocessor", Preprocessor)
-FILTERS: Registry[Filter] = Registry("twinkle.filter", Filter)
+PREPROCESSORS: Registry[Preprocessor] = Registry("preprocessor", "twinkle.preprocessor", Preprocessor)
+FILTERS: Registry[Filter] = Registry("filter", "twinkle.filter", Filter)
 
 
 def producers_of(column: str) -> list[str]:

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from twinkle.dataset.registry import Registry
+from twinkle.registry import Registry
 
 IGNORE_INDEX = -100
 
@@ -94,5 +94,5 @@ class InputProcessor:
                 "position_ids": position_ids_1_T}
 
 
-INPUT_PROCESSORS: Registry[InputProcessor] = Registry("twinkle.input_processor", InputProcessor)
+INPUT_PROCESSORS: Registry[InputProcessor] = Registry("input processor", "twinkle.input_processor", InputProcessor)
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from twinkle.dataset.errors import DataError, SequenceTooLongError
-from twinkle.dataset.registry import Registry
+from twinkle.registry import Registry
 from twinkle.template.render import END, START, has_generation_markers, render
 from twinkle.template.spans import marked_spans, per_round_spans, select_trained
 
@@ -202,4 +202,4 @@ class Template:
                  json.dumps(self.template_kwargs, sort_keys=True, default=str)]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
-TEMPLATES: Registry[Template] = Registry("twinkle.template", Template)
+TEMPLATES: Registry[Template] = Registry("template", "twinkle.template", Template)

@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from twinkle.model.registry import Registry
+from twinkle.registry import Registry
 
 
 def group_index(n: int, group_size: int | None = None, group_ids: Sequence[Hashable] | None = None) -> torch.Tensor:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from twinkle.model.registry import Registry
+from twinkle.registry import Registry
 
 
 def completion_text(completion: Any) -> str:
