@@ -17,6 +17,7 @@ from twinkle.serve.errors import ApiError
 from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
+from twinkle.serve.probes import build_probe_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
 
@@ -53,6 +54,7 @@ def create_app(rt: Runtime) -> FastAPI:
     # an oversized body.
     app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
+    app.include_router(build_probe_router(rt))
     app.include_router(build_router(rt))
     native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service
     app.include_router(native)
