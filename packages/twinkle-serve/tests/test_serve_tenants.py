@@ -81,7 +81,7 @@ def test_limits_answer_429_with_retry_after(server, keys):
 
 def _last_request_id(server, key, statuses):
     # The model limit counts loaded models: wait for the create to finish before the next one.
-    rows = server.runtime.store.all("SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC "
+    rows = server.runtime.store.db.all("SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC "
                                     "LIMIT 1")
     return rows[0]["request_id"]
 

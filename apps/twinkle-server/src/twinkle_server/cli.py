@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
 def keys_main(args: argparse.Namespace) -> int:
     from twinkle.serve.keys import KeyStore
     from twinkle.serve.server import default_data_dir
-    from twinkle.serve.store import Store
+    from twinkle.serve.core.store import Store
 
     store = Store(args.data_dir or default_data_dir())
     keys = KeyStore(store)
