@@ -315,7 +315,8 @@ class RemoteBackend(Backend):
 
     def close(self) -> None:
         """Stop the remote groups' actors (local shards have none)."""
+        from twinkle.mesh.ray_group import RemoteGroup
+
         for part in (self.trainer, self.samplers):
-            stop = getattr(type(part), "remote_shutdown", None)  # a twinkle.mesh handle, not a Backend
-            if stop is not None:
-                stop(part)
+            if isinstance(part, RemoteGroup):
+                part.remote_shutdown()
