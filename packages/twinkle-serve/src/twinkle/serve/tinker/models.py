@@ -55,7 +55,7 @@ class TinkerModels:
         if not isinstance(model_seq_id, int):
             raise BadRequest("model_seq_id must be an integer")
         model_id = f"{session_id}:train:{model_seq_id}"
-        if self.rt.store.runs.get(model_id) is not None:
+        if self.rt.store.runs.get(model_id) is not None:  # before reserving memory for it
             raise BadRequest(f"model {model_id!r} already exists")
         self.rt.adapter_memory.reserve(adapter_name(model_id), engine.backend, spec)
         lora = {"rank": spec.rank, "seed": spec.seed, "train_attn": spec.train_attn, "train_mlp": spec.train_mlp,
