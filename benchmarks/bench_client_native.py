@@ -1,5 +1,6 @@
 """Native-client training speed against local mode on the same loop: forward_backward +
-clip_grad_and_step on the same rows, (a) a local TransformersModel in this process, (b) the
+clip_grad_and_step on the same rows, (a) a local MultiLoraModel in this process (the engine the
+server runs, so the ratio measures serving, not a difference of engines), (b) the
 twinkle-client proxy against a real twinkle-server (its own process on loopback, see _server.py), reading
 each step's loss before the next call (no pipelining), and (c) reading the losses only at the end
 (pipelined: the client queues calls while the server computes). Prints a final JSON line with
@@ -72,14 +73,14 @@ def main() -> None:
     from twinkle.client import TwinkleClient
     from twinkle.client.model import TransformersModel as RemoteModel
     from twinkle.mesh import initialize
-    from twinkle.model import TransformersModel
+    from twinkle.model.multi_lora import MultiLoraModel
 
     initialize(mode="local", seed=42)
     proc, url, (key,) = start_server(args.model, 1)  # the server process inherits OMP_NUM_THREADS
     seconds = {"local": 0.0, "native": 0.0, "pipelined": 0.0}
     try:
         client = TwinkleClient(url, key)
-        models = {"local": prepare(TransformersModel(model_id=args.model), rows),
+        models = {"local": prepare(MultiLoraModel(model_id=args.model), rows),
                   "native": prepare(RemoteModel(model_id=args.model, client=client), rows),
                   "pipelined": prepare(RemoteModel(model_id=args.model, client=client), rows)}
         per_round = max(1, args.steps // args.rounds)

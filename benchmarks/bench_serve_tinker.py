@@ -90,7 +90,7 @@ def main():
 
     proc, url, keys = start_server(args.model, 4)
     try:
-        backend = create_backend("multi_lora", args.model, resolve_model_path(args.model))  # what the server runs
+        backend = create_backend(args.model, str(resolve_model_path(args.model)))  # what the server runs
         rows = make_batch(args.batch, args.seq, backend.vocab_size, 0)
         for i in range(4):
             backend.create_adapter(f"local{i}", LoraSpec(rank=16, seed=0))

@@ -34,6 +34,24 @@ def test_invalid_config_is_refused_with_the_offending_key(tmp_path):
     assert result.returncode == 2 and "batch_size" in result.stderr and "Extra inputs" in result.stderr
 
 
+def test_help_lists_the_keys_command():
+    result = _cli("--help")
+    assert result.returncode == 0 and "keys" in result.stdout and "manage API keys" in result.stdout
+    keys = _cli("keys", "--help")
+    assert keys.returncode == 0 and all(a in keys.stdout for a in ("create", "list", "revoke"))
+
+
+def test_a_bad_log_level_names_the_valid_choices(tmp_path):
+    result = _cli("--log-level", "foo", "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "invalid choice: 'foo'" in result.stderr and "'debug'" in result.stderr and "'warning'" in result.stderr
+
+
+def test_data_dir_may_come_before_the_keys_command(tmp_path):
+    assert _cli("--data-dir", str(tmp_path), "keys", "create", "dave").stdout.startswith("tml-")
+    assert "dave\tactive" in _cli("keys", "list", "--data-dir", str(tmp_path)).stdout
+
+
 def test_keys_and_a_served_training_step(tmp_path):
     import tinker
     from tinker import types
@@ -53,6 +71,9 @@ def test_keys_and_a_served_training_step(tmp_path):
             time.sleep(0.2)
         # started with no keys: it says how to make one; keys made while it runs work at once
         assert "keys create NAME" in Path(log.name).read_text()
+        # an orchestrator's probes need no key; the detailed status does
+        assert httpx.get(url + "/livez").json() == {"status": "alive"}
+        assert httpx.get(url + "/readyz").status_code in (200, 503)
         key = _cli("keys", "create", "alice", "--data-dir", str(data)).stdout.strip()
         assert key.startswith("tml-") and len(key) > 30
         assert _cli("keys", "create", "alice", "--data-dir", str(data)).returncode == 2  # one live key per name
@@ -65,6 +86,7 @@ def test_keys_and_a_served_training_step(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
             time.sleep(0.5)
         assert httpx.get(url + "/api/v1/healthz").status_code == 401
+        assert httpx.get(url + "/readyz").json() == {"status": "ready"}
 
         client = tinker.ServiceClient(base_url=url, api_key=key)
         tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=0).result()

@@ -12,7 +12,7 @@ def _post(url, key, path, body, idem=None):
 
 
 def _futures(server, tenant):
-    return server.runtime.store.one("SELECT COUNT(*) AS n FROM futures WHERE tenant=?", (tenant,))["n"]
+    return server.runtime.store.db.one("SELECT COUNT(*) AS n FROM futures WHERE tenant=?", (tenant,))["n"]
 
 
 def _model(url, key):

@@ -165,7 +165,7 @@ def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_a
     model = new_model(client)
     before = float(model.forward_backward(inputs=rows)["loss"])
     model.clip_grad_and_step()
-    session = server.runtime.store.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))["session_id"]
+    session = server.runtime.store.db.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))["session_id"]
     r = httpx.post(f"{server.url}/api/v1/sessions/{session}/finish", headers={"X-API-Key": client.api_key}, json={})
     assert r.status_code == 200
     after = float(model.forward_backward(inputs=rows)["loss"])  # still trains: the adapter is still there

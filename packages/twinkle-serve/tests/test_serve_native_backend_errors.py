@@ -1,33 +1,63 @@
-"""The native API names what it really needs when a base model's backend cannot serve it: a model on
-Ray remote groups is refused for where it runs (not for a backend name it already has)."""
+"""The native API names what it really needs when a base model's backend cannot serve it: a model
+training on a Ray remote group is refused for where it runs; one sampling remotely but training in
+process is served (native rows through the remote backend's local shard equal the plain backend);
+the removed `peft` backend is a config error naming its replacement."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
+from pydantic import ValidationError
 
 from twinkle.serve.config import ModelEntry, ServeConfig
+from twinkle.serve.core.records import Run
+from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.native.service import NativeService
+from twinkle.serve.native.models import NativeModels
 from twinkle.serve.runtime import Engine, Runtime
 
 
-@pytest.mark.parametrize("entry, words", [
-    (ModelEntry(name="m", remote_group="model"), ["Ray remote group 'model'", "in the server process", "/api/v1"]),
-    (ModelEntry(name="m", sampler_remote_group="sampler"), ["samples on the Ray remote group 'sampler'",
-                                                            "in the server process"]),
-    (ModelEntry(name="m", backend="peft"), ["runs the 'peft' backend", "needs backend 'multi_lora'"]),
-])
-def test_native_refusal_says_what_is_required(tmp_path, entry, words):
+class _RemoteLike:
+    """What RemoteBackend declares: its MultiLoraModel lives on the shards, not in this process."""
+
+    multi_lora = None
+
+
+def test_native_refusal_says_what_is_required(tmp_path):
+    entry, words = ModelEntry(name="m", remote_group="model"), ["Ray remote group 'model'", "server process", "/api/v1"]
     rt = Runtime(ServeConfig(), tmp_path)
     try:
-        # a backend without the in-process MultiLoraModel (`.engine`), as RemoteBackend and PeftBackend are
-        rt.engines["m"] = Engine(entry, types.SimpleNamespace(), scheduler=None)
+        rt.engines["m"] = Engine(entry, _RemoteLike(), scheduler=None)
+        run = Run("s:train:0", "t", "s", "m", "native", {}, 0.0)
         with pytest.raises(BadRequest) as err:
-            NativeService(rt).engine_of({"base_model": "m"})
+            NativeModels(Service(rt)).engine_of(run)
         assert all(w in err.value.message for w in words), err.value.message
-        if entry.remote_group or entry.sampler_remote_group:
-            assert "runs the 'multi_lora' backend" not in err.value.message
     finally:
         rt.store.close()
+
+
+def test_the_removed_peft_backend_names_its_replacement():
+    with pytest.raises(ValidationError) as err:
+        ServeConfig.model_validate({"models": [{"name": "m", "backend": "peft"}]})
+    assert "backend 'peft' was removed" in str(err.value) and "use backend 'multi_lora'" in str(err.value)
+
+
+def test_native_rows_run_on_the_remote_backends_local_trainer():
+    """sampler_remote_group only: training stays in process, so native passes run (and equal the plain backend)."""
+    from peft import LoraConfig
+
+    from twinkle.hub import TEST_MODEL, resolve_model_path
+    from twinkle.serve.backend import RowsPass
+    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+    from twinkle.serve.backend.remote import RemoteBackend
+
+    path = str(resolve_model_path(TEST_MODEL))
+    rows = [{"input_ids": list(range(5, 20)), "labels": list(range(5, 20))}]
+    losses = []
+    for backend in (MultiLoraBackend(TEST_MODEL, path), RemoteBackend(TEST_MODEL, path)):
+        assert backend.multi_lora is not None and backend.base_module is not None
+        backend.multi_lora.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj"]), seed=3)
+        (out,) = backend.forward_backward_many([RowsPass("a", rows, False)])
+        backend.multi_lora.clip_grad_and_step(max_grad_norm=1.0, adapter_name="a")
+        (again,) = backend.forward_backward_many([RowsPass("a", rows, True)])
+        losses.append((out["loss"], again["loss"]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-6) and losses[0][1] != losses[0][0]

@@ -41,7 +41,8 @@ def reference(server, eos_trained):
     from twinkle.hub import resolve_model_path
 
     _, path, _ = eos_trained
-    folder = server.runtime.store.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"]
+    folder = server.runtime.data_dir / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?",
+                                                                    (path,))["dir"]
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32)
     model = PeftModel.from_pretrained(base, folder).eval()
 

@@ -21,6 +21,13 @@ def test_every_route_needs_a_valid_key(server, keys):
     assert r.status_code == 200 and r.json() == {"status": "ok"}
 
 
+def test_probes_need_no_key_and_say_nothing_more(server):
+    # orchestrators probe without credentials; the detailed status stays behind the key
+    assert httpx.get(server.url + "/livez").json() == {"status": "alive"}
+    ready = httpx.get(server.url + "/readyz")
+    assert ready.status_code == 200 and ready.json() == {"status": "ready"}
+
+
 def test_tenants_cannot_see_or_load_each_others_objects(alice, bob, sft):
     import tinker
 
@@ -74,7 +81,7 @@ def test_limits_answer_429_with_retry_after(server, keys):
 
 def _last_request_id(server, key, statuses):
     # The model limit counts loaded models: wait for the create to finish before the next one.
-    rows = server.runtime.store.all("SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC "
+    rows = server.runtime.store.db.all("SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC "
                                     "LIMIT 1")
     return rows[0]["request_id"]
 

@@ -37,7 +37,7 @@ def create_key(data_dir: Path, name: str) -> str:
 
 def _keys_in_process(data_dir: Path, names) -> dict[str, str]:
     from twinkle.serve.keys import KeyStore
-    from twinkle.serve.store import Store
+    from twinkle.serve.core.store import Store
 
     store = Store(data_dir)
     try:

@@ -38,6 +38,8 @@ def fuzz_server(launch):
 def _with_bodies(spec: dict) -> dict:
     body = {"content": {"application/json": {"schema": {"type": "object",
                                                         "properties": {f: {} for f in FIELDS}}}}}
+    # forward_backward's body is protobuf, which schemathesis cannot write: its own fuzzer covers it
+    spec["paths"]["/api/v1/forward_backward"]["post"].pop("requestBody", None)
     for path, ops in spec["paths"].items():
         for method, op in ops.items():
             if method in ("post", "put") and "requestBody" not in op and path != "/api/v1/forward_backward":

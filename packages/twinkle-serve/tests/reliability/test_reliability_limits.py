@@ -19,7 +19,7 @@ def rank8_bytes() -> int:
     from transformers import AutoModelForCausalLM
 
     from twinkle.hub import TEST_MODEL, resolve_model_path
-    from twinkle.serve.adapter_memory import AdapterMemory
+    from twinkle.serve.core.adapter_memory import AdapterMemory
     from twinkle.serve.backend import LoraSpec
 
     class _Base:  # what the estimate reads from a backend

@@ -12,11 +12,13 @@ from fastapi.responses import JSONResponse
 
 from twinkle.serve.backend import UserError
 from twinkle.serve.body_limit import BodyLimit
+from twinkle.serve.core.service import Service
 from twinkle.serve.dashboard import build_dashboard_router
 from twinkle.serve.errors import ApiError
 from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
+from twinkle.serve.probes import build_probe_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
 
@@ -53,11 +55,28 @@ def create_app(rt: Runtime) -> FastAPI:
     # an oversized body.
     app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
-    app.include_router(build_router(rt))
-    native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service
+    app.include_router(build_probe_router(rt))
+    core = Service(rt)  # both APIs are translations over this one service core
+    app.include_router(build_router(core))
+    native = build_native_router(core)
     app.include_router(native)
-    app.include_router(build_dashboard_router(rt, native.native_service))
+    app.include_router(build_dashboard_router(native.native_views))
+    _document_tinker_bodies(app)
     return app
+
+
+def _document_tinker_bodies(app: FastAPI) -> None:
+    """Add the Tinker routes' typed bodies (declared through `openapi_extra`) to the schema's components."""
+    from twinkle.serve.tinker.bodies import SCHEMAS
+
+    generate = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            generate().setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def _load(rt: Runtime) -> None:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class _Strict(BaseModel):
@@ -20,7 +20,7 @@ class _Strict(BaseModel):
 class ModelEntry(_Strict):
     name: str  # the base_model clients name, e.g. "twinkle://qwen3-demo" or a hub id
     path: str | None = None  # a local folder; default: twinkle.hub.resolve_model_path(name)
-    backend: Literal["multi_lora", "peft"] = "multi_lora"
+    backend: Literal["multi_lora"] = "multi_lora"
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
@@ -29,6 +29,14 @@ class ModelEntry(_Strict):
     # actors on these DeviceGroups (twinkle.mesh); None keeps that part in the server process.
     remote_group: str | None = None
     sampler_remote_group: str | None = None
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _removed_backends(cls, value):
+        if value == "peft":
+            raise ValueError("backend 'peft' was removed (it was a second, unfused training loop): use "
+                             "backend 'multi_lora', which trains the same peft LoRA configs, fused across tenants")
+        return value
 
 
 class RayGroup(_Strict):
@@ -85,8 +93,6 @@ class ServeConfig(_Strict):
                     raise ValueError(f"model {m.name!r}: {key}={group!r} needs a `ray` section with that group")
                 if group not in known:
                     raise ValueError(f"model {m.name!r}: {key}={group!r} is not one of ray.groups {known}")
-            if (m.remote_group or m.sampler_remote_group) and m.backend != "multi_lora":
-                raise ValueError(f"model {m.name!r}: remote groups run the 'multi_lora' backend, not {m.backend!r}")
         return self
 
     def model_entries(self) -> list[ModelEntry]:

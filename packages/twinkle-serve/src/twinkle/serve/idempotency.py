@@ -20,7 +20,7 @@ import time
 
 from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
-from twinkle.serve.store import Store
+from twinkle.serve.core.store import Store
 
 HEADER = b"x-idempotency-key"
 KEEP_S = 24 * 3600
@@ -33,9 +33,9 @@ class Idempotency:
     """Pure ASGI middleware (it must see the raw body to fingerprint it)."""
 
     def __init__(self, app, store: Store, keys: KeyStore):
-        self.app, self.store, self.keys = app, store, keys
+        self.app, self.answers, self.keys = app, store.idempotency, keys
         self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
-        store.execute("DELETE FROM idempotency WHERE created_at < ?", (time.time() - KEEP_S,))
+        self.answers.purge(time.time() - KEEP_S)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].endswith(NOT_REPLAYED):
@@ -53,8 +53,7 @@ class Idempotency:
         slot = (tenant, key)
         while (event := self._in_flight.get(slot)) is not None:  # a retry racing the original
             await event.wait()
-        stored = self.store.one("SELECT fingerprint, status, content_type, body FROM idempotency "
-                                "WHERE tenant=? AND key=?", slot)
+        stored = self.answers.get(*slot)
         if stored is not None:
             if stored["fingerprint"] != fingerprint:
                 return await send_asgi_error(send, 409, f"X-Idempotency-Key {key!r} was already used for a "
@@ -83,10 +82,8 @@ class Idempotency:
         try:
             await self.app(scope, replay_receive, capture_send)
             if 200 <= answer["status"] < 300:
-                self.store.execute("INSERT OR REPLACE INTO idempotency (tenant, key, fingerprint, status, content_type, "
-                                   "body, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                   (tenant, key, fingerprint, answer["status"], answer["content_type"].decode("latin-1"),
-                                    b"".join(answer["body"]), time.time()))
+                self.answers.put(tenant, key, fingerprint, answer["status"], answer["content_type"].decode("latin-1"),
+                                 b"".join(answer["body"]))
         finally:
             self._in_flight.pop(slot, None)
             event.set()

@@ -10,11 +10,14 @@ from pathlib import Path
 from twinkle.serve.backend import Backend, create_backend
 from twinkle.serve.config import ModelEntry, ServeConfig
 from twinkle.serve.errors import BadRequest, ServiceUnavailable
-from twinkle.serve.futures import FutureHub
+from twinkle.serve.core.adapter_memory import AdapterMemory
+from twinkle.serve.core.futures import FutureHub
+from twinkle.serve.core.live import LiveAdapters
+from twinkle.serve.core.scheduler import Scheduler
+from twinkle.serve.core.store import Store
+from twinkle.serve.core.throughput import Throughput
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.limits import TenantLimits
-from twinkle.serve.scheduler import Scheduler
-from twinkle.serve.store import Store
 
 log = logging.getLogger("twinkle.serve")
 
@@ -46,10 +49,11 @@ class Runtime:
         self.limits = TenantLimits(config.limits, config.tenant_limits)
         self.engines: dict[str, Engine] = {}
         self.ready = threading.Event()
-        # model_id -> (base model name, backend adapter name), for adapters alive in this process
-        self.live: dict[str, tuple[str, str]] = {}
-        self.live_lock = threading.Lock()
+        self.live = LiveAdapters()  # training runs with an adapter in this process
+        self.adapter_memory = AdapterMemory(config.max_adapter_memory_mb)  # one account for both APIs
+        self.throughput = Throughput()
         self.load_error: str | None = None  # why load_models failed, for the routes that answer 503
+        self._ray_started = self._owns_ray = False
 
     def load_models(self) -> None:
         """Load every configured base model (slow: done once, before /healthz says ok)."""
@@ -63,15 +67,15 @@ class Runtime:
                 remote = dict(remote_group=entry.remote_group, sampler_remote_group=entry.sampler_remote_group,
                               shard_model_path=entry.path)
             try:
-                backend = create_backend(entry.backend, entry.name, str(path), dtype=entry.dtype,
+                backend = create_backend(entry.name, str(path), dtype=entry.dtype,
                                          max_batch_size=entry.max_sampler_batch,
                                          trust_remote_code=entry.trust_remote_code, **remote)
             except Exception as e:
                 self.load_error = _load_failure(entry, path, e)
                 raise RuntimeError(self.load_error) from e
-            runner = backend.forward_backward_many if getattr(backend, "fuses", False) else None
-            self.engines[entry.name] = Engine(entry, backend, Scheduler(self.hub, name=entry.name, fuse_runner=runner))
-            log.info("serving base model %s from %s (backend %s%s)", entry.name, path, entry.backend,
+            scheduler = Scheduler(self.hub, name=entry.name, fuse_runner=backend.forward_backward_many)
+            self.engines[entry.name] = Engine(entry, backend, scheduler)
+            log.info("serving base model %s from %s (multi-LoRA%s)", entry.name, path,
                      f", training on Ray group {entry.remote_group!r}, sampling on {entry.sampler_remote_group!r}"
                      if remote else "")
         self.ready.set()
@@ -94,7 +98,7 @@ class Runtime:
         log.info("Ray mode: groups %s", ", ".join(f"{g.name}={g.ranks}x{g.device_type}" for g in groups))
 
     def _stop_cluster(self) -> None:
-        if not getattr(self, "_ray_started", False):
+        if not self._ray_started:
             return
         import twinkle.mesh as mesh
 
@@ -127,7 +131,6 @@ class Runtime:
     def close(self) -> None:
         for engine in self.engines.values():
             engine.scheduler.stop()
-            if hasattr(engine.backend, "close"):
-                engine.backend.close()
+            engine.backend.close()
         self._stop_cluster()
         self.store.close()

@@ -247,6 +247,9 @@ class BaseModelInfo(_Strict):
     max_context: int
     vocab_size: int
     live_adapters: int
+    # Passes that served several models at once, and how many requests of each API rode in them.
+    fused_passes: int = 0
+    fused_requests: dict[str, int] = Field(default_factory=dict)  # {"native": n, "tinker": m}
 
 
 class ServerStatus(_Strict):

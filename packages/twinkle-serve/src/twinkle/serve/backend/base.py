@@ -107,11 +107,44 @@ class SampleResult:
     prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None  # (int64 ids, float32 log-probs) [len - 1, k]
 
 
+@dataclass(frozen=True)
+class DatumsPass:
+    """A Tinker forward(_backward): datums scored by a named Tinker loss (set on the adapter for this pass)."""
+
+    adapter: str
+    data: list[Datum]
+    loss_fn: str
+    loss_config: dict
+    forward_only: bool
+
+
+@dataclass(frozen=True)
+class RowsPass:
+    """A native forward(_backward): encoded rows scored by the adapter's own configured loss."""
+
+    adapter: str
+    rows: list[dict]
+    forward_only: bool
+
+
+Pass = DatumsPass | RowsPass
+
+
 class Backend(ABC):
+    """What the service asks of a base model's training/sampling backend.
+
+    Capabilities are declared, never probed: every backend has a tokenizer, samplers it can install
+    and remove, and `close()`; `base_module` (for the adapter-memory estimate) and `multi_lora` (the
+    in-process engine the native API drives) are None where the backend has no such object here.
+    """
+
     base_model: str  # the name clients use
     tokenizer_path: str  # a local folder AutoTokenizer loads offline
+    tokenizer: object  # a transformers tokenizer, loaded in this process
     vocab_size: int
     max_context: int
+    base_module: object | None = None
+    multi_lora: object | None = None
 
     # ---- adapters (one per training model) ----
     @abstractmethod
@@ -121,20 +154,15 @@ class Backend(ABC):
     def remove_adapter(self, name: str) -> None: ...
 
     @abstractmethod
-    def forward_backward(self, name: str, data: list[Datum], loss_fn: str, loss_config: dict,
-                         forward_only: bool) -> ForwardResult: ...
+    def forward_backward_many(self, passes: list[Pass]) -> list:
+        """Several adapters' requests (one each) in one fused pass: per pass a ForwardResult (DatumsPass),
+        the engine's outcome dict (RowsPass), or a UserError failing only that request."""
 
-    fuses = False  # True: forward_backward_many runs several adapters' requests in one pass
-
-    def forward_backward_many(self, items: list[tuple]) -> list:
-        """[(adapter, data, loss_fn, loss_config, forward_only)] -> [ForwardResult | UserError], one per item."""
-        out = []
-        for item in items:
-            try:
-                out.append(self.forward_backward(*item))
-            except UserError as e:
-                out.append(e)
-        return out
+    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
+        (result,) = self.forward_backward_many([DatumsPass(name, data, loss_fn, loss_config, forward_only)])
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     @abstractmethod
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]: ...
@@ -158,17 +186,11 @@ class Backend(ABC):
     def install_sampler_from_folder(self, sampler: str, folder: str) -> None: ...
 
     @abstractmethod
+    def remove_sampler(self, sampler: str) -> None: ...
+
+    @abstractmethod
     def sample(self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams,
                prompt_logprobs: bool) -> SampleResult: ...
 
-
-class FusedBackend(Backend):
-    """A backend whose unit of work is the fused pass: one request alone is a pass of one."""
-
-    fuses = True
-
-    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
-        (result,) = self.forward_backward_many([(name, data, loss_fn, loss_config, forward_only)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+    def close(self) -> None:
+        """Release what the backend started (remote actors); an in-process backend holds nothing to stop."""

@@ -14,7 +14,8 @@ import math
 import numpy as np
 import torch
 
-from twinkle.serve.backend.base import AdamParams, Datum, FusedBackend, ForwardResult, LoraSpec, UserError
+from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
+                                        UserError)
 from twinkle.serve.backend.adapter_state import adam_state_tensors, load_adapter_state
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
@@ -22,7 +23,7 @@ from twinkle.serve.backend.validate import check_datums, make_loss
 LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningful across ranks
 
 
-class MultiLoraBackend(TorchSampling, FusedBackend):
+class MultiLoraBackend(TorchSampling, Backend):
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
                  device: str | None = None, trust_remote_code: bool = False):
@@ -33,8 +34,8 @@ class MultiLoraBackend(TorchSampling, FusedBackend):
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        self.engine = MultiLoraModel(model=hf, device=device)
-        self.base_module = hf  # for the adapter memory estimate (twinkle.serve.adapter_memory)
+        self.engine = self.multi_lora = MultiLoraModel(model=hf, device=device)
+        self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
         self.engine.model_id = base_model
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
@@ -74,20 +75,17 @@ class MultiLoraBackend(TorchSampling, FusedBackend):
             rows.append(row)
         return rows
 
-    def forward_backward_many(self, items) -> list:
-        """Several adapters' requests (one each) in one fused pass per kind (train / forward-only)."""
-        results: list = [None] * len(items)
+    def forward_backward_many(self, passes: list[Pass]) -> list:
+        """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
+        per kind (train / forward-only)."""
+        results: list = [None] * len(passes)
         groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
-        for i, (name, data, loss_fn, config, forward_only) in enumerate(items):
+        for i, item in enumerate(passes):
             try:
-                check_datums(data, loss_fn, self.vocab_size, self.max_context)
-                state = self._state(name)
-                state.loss = make_loss(loss_fn, config)
-                if name in groups[forward_only]:
-                    raise RuntimeError(f"adapter {name!r} twice in one fused pass")
-                if loss_fn != "cross_entropy":
-                    data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
-                groups[forward_only][name] = (i, self._rows(data))
+                state = self._state(item.adapter)
+                if item.adapter in groups[item.forward_only]:
+                    raise RuntimeError(f"adapter {item.adapter!r} twice in one fused pass")
+                groups[item.forward_only][item.adapter] = (i, self._pass_rows(item, state))
             except UserError as e:
                 results[i] = e
         for forward_only, group in groups.items():
@@ -99,8 +97,26 @@ class MultiLoraBackend(TorchSampling, FusedBackend):
             else:
                 outcomes = self.engine.forward_backward_fused(batches, raise_errors=False, return_logprobs=True)
             for name, (i, rows) in group.items():
-                results[i] = self._result(outcomes[name], rows, forward_only)
+                results[i] = self._outcome(passes[i], outcomes[name], rows)
         return results
+
+    def _pass_rows(self, item: Pass, state) -> list[dict]:
+        if not isinstance(item, DatumsPass):
+            return item.rows  # native rows, checked by the native layer, scored by the adapter's own loss
+        check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
+        state.loss = make_loss(item.loss_fn, item.loss_config)
+        data = item.data
+        if item.loss_fn != "cross_entropy":
+            data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
+        return self._rows(data)
+
+    @classmethod
+    def _outcome(cls, item: Pass, outcome, rows):
+        if isinstance(item, DatumsPass):
+            return cls._result(outcome, rows, item.forward_only)
+        if isinstance(outcome, Exception):
+            return UserError(str(outcome).strip("'\""))
+        return outcome
 
     @staticmethod
     def _result(outcome, rows, forward_only):

@@ -20,14 +20,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-import types
 
 import torch
 import torch.distributed as dist
 
 from twinkle.mesh import remote_class, remote_method
 from twinkle.mesh.device_mesh import split_bounds
-from twinkle.serve.backend.base import AdamParams, ForwardResult, FusedBackend, LoraSpec, UserError
+from twinkle.serve.backend.base import AdamParams, Backend, DatumsPass, ForwardResult, LoraSpec, UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
@@ -73,9 +72,9 @@ def _slice_items(args, kwargs, mesh, rank):
     (items,) = args
     data_rank, parts = mesh.get_rank("data", rank), mesh.data_world_size
     cut = []
-    for name, data, loss_fn, config, forward_only in items:
-        start, stop = split_bounds(len(data), parts, data_rank)
-        cut.append((name, data[start:stop], loss_fn, config, forward_only))
+    for item in items:
+        start, stop = split_bounds(len(item.data), parts, data_rank)
+        cut.append(dataclasses.replace(item, data=item.data[start:stop]))
     return (cut,), kwargs
 
 
@@ -139,10 +138,10 @@ class TrainShard(MultiLoraBackend):
 
     @remote_method(dispatch=_slice_items, collect=merge_rank_results)
     def forward_backward_many(self, items) -> dict:
-        saved = {name: [None if p.grad is None else p.grad.clone() for p in self.engine.adapters[name].params]
-                 for name, _, _, _, forward_only in items if not forward_only and name in self.engine.adapters}
+        saved = {it.adapter: [None if p.grad is None else p.grad.clone() for p in self.engine.adapters[it.adapter].params]
+                 for it in items if not it.forward_only and it.adapter in self.engine.adapters}
         results: list = [None] * len(items)
-        live = [i for i, item in enumerate(items) if item[1]]
+        live = [i for i, item in enumerate(items) if item.data]
         if live:
             try:
                 for i, r in zip(live, super().forward_backward_many([items[i] for i in live])):
@@ -153,13 +152,13 @@ class TrainShard(MultiLoraBackend):
         ok = torch.tensor([0.0 if isinstance(r, Exception) else 1.0 for r in results], device=self.engine.device)
         if _world() > 1:
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        for i, (name, *_rest) in enumerate(items):
+        for i, item in enumerate(items):
             if ok[i] == 0:
-                for p, grad in zip(self.engine.adapters[name].params, saved.get(name, ())):
+                for p, grad in zip(self.engine.adapters[item.adapter].params, saved.get(item.adapter, ())):
                     p.grad = grad  # as if the request never ran, on every rank
                 if not isinstance(results[i], Exception):
                     results[i] = PeerFailed("the request failed on another data-parallel rank")
-        return {"results": results, "tokens": [sum(len(d.tokens) for d in item[1]) for item in items]}
+        return {"results": results, "tokens": [sum(len(d.tokens) for d in item.data) for item in items]}
 
     @_returns_user_errors
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
@@ -211,8 +210,13 @@ class SamplerShard(TorchSampling):
         return _returns_user_errors(self.sample)(*args)
 
 
-class RemoteBackend(FusedBackend):
-    """The `multi_lora` backend over a TrainShard and a SamplerShard, each local or a remote group."""
+class RemoteBackend(Backend):
+    """The `multi_lora` backend over a TrainShard and a SamplerShard, each local or a remote group.
+
+    With training in this process (no `remote_group`: only sampling is remote) the local shard's
+    MultiLoraModel is `multi_lora`, so the native API drives it as on the plain backend. With training
+    on a remote group the engine lives on the actors: `multi_lora` is None, and the native API (which
+    drives the engine's full surface in process) refuses it by name while the Tinker API serves it."""
 
     def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
                  remote_group: str | None = None, sampler_remote_group: str | None = None,
@@ -225,11 +229,11 @@ class RemoteBackend(FusedBackend):
                                   remote_group=remote_group)
         self.samplers = SamplerShard(base_model, shard_model_path, dtype=dtype, max_batch_size=max_batch_size,
                                      trust_remote_code=trust_remote_code, remote_group=sampler_remote_group)
+        if remote_group is None:  # a local shard: its engine and base model are in this process
+            self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
         info = self.trainer.describe()
         self.vocab_size, self.max_context = info["vocab_size"], info["max_context"]
-        # what the native API's sampling view reads (`backend.sampler.tokenizer`), in this process
-        self.sampler = types.SimpleNamespace(tokenizer=AutoTokenizer.from_pretrained(
-            model_path, trust_remote_code=trust_remote_code))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self._adapters: set[str] = set()
         self._sampler_names: set[str] = set()
         self._route = itertools.count()
@@ -248,14 +252,19 @@ class RemoteBackend(FusedBackend):
     # ---- training ----------------------------------------------------------------------------------
     def forward_backward_many(self, items) -> list:
         """Bad requests are answered here, before any rank sees them (so none trains on part of one)."""
+        if self.multi_lora is not None and not all(isinstance(item, DatumsPass) for item in items):
+            # native rows with training in this process: the local shard runs them as the plain backend does
+            return MultiLoraBackend.forward_backward_many(self.trainer, items)
         results: list = [None] * len(items)
         valid = []
-        for i, (name, data, loss_fn, config, _) in enumerate(items):
+        for i, item in enumerate(items):
             try:
-                if name not in self._adapters:
-                    raise UserError(f"model adapter {name!r} is not loaded on this server")
-                check_datums(data, loss_fn, self.vocab_size, self.max_context)
-                make_loss(loss_fn, config)
+                if not isinstance(item, DatumsPass):
+                    raise UserError("this base model trains on Ray remote groups, which take Tinker datums only")
+                if item.adapter not in self._adapters:
+                    raise UserError(f"model adapter {item.adapter!r} is not loaded on this server")
+                check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
+                make_loss(item.loss_fn, item.loss_config)
                 valid.append(i)
             except UserError as e:
                 results[i] = e
@@ -306,7 +315,8 @@ class RemoteBackend(FusedBackend):
 
     def close(self) -> None:
         """Stop the remote groups' actors (local shards have none)."""
+        from twinkle.mesh.ray_group import RemoteGroup
+
         for part in (self.trainer, self.samplers):
-            stop = getattr(type(part), "remote_shutdown", None)
-            if stop is not None:
-                stop(part)
+            if isinstance(part, RemoteGroup):
+                part.remote_shutdown()

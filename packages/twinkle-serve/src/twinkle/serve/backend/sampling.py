@@ -20,9 +20,9 @@ class TorchSampling:
         from twinkle.sampler import TorchSampler
 
         trust = {"trust_remote_code": trust_remote_code}  # the operator's opt-in (ModelEntry), never the client's
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path, **trust)
         self.sampler = TorchSampler(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, **trust),
-                                    tokenizer=AutoTokenizer.from_pretrained(model_path, **trust),
-                                    max_batch_size=max_batch_size, device=device)
+                                    tokenizer=self.tokenizer, max_batch_size=max_batch_size, device=device)
 
     def install_sampler_from_adapter(self, sampler, adapter):
         self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())

@@ -15,10 +15,8 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
 from twinkle.client.schema import PREFIX, CurvePoint, RunSummary, ServerStatus
-from twinkle.serve.native.routes import tenant_dependency
-from twinkle.serve.native.service import NativeService
+from twinkle.serve.auth import Auth
 from twinkle.serve.native.views import NativeViews
-from twinkle.serve.runtime import Runtime
 
 CURVES = ("loss", "reward")
 
@@ -33,9 +31,10 @@ class DashboardSummary(BaseModel):
     runs: list[DashboardRun]
 
 
-def build_dashboard_router(rt: Runtime, service: NativeService) -> APIRouter:
-    views = NativeViews(service)
-    tenant = tenant_dependency(rt)
+def build_dashboard_router(views: NativeViews) -> APIRouter:
+    """Runs of both APIs (a Tinker run's forward_backward losses are on its curves as a native run's are)."""
+    rt = views.rt
+    tenant = Auth(rt).unmetered
     page = resources.files(__package__).joinpath("index.html").read_text()
     r = APIRouter(tags=["dashboard"])
 
@@ -48,7 +47,7 @@ def build_dashboard_router(rt: Runtime, service: NativeService) -> APIRouter:
     def summary(limit: int = Query(20, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         runs = []
         for run in views.runs(t, limit).runs:
-            curves = service.curves.of(run.model_id)
+            curves = rt.store.curves.of(run.model_id)
             runs.append(DashboardRun(**run.model_dump(), curves={k: curves.get(k, []) for k in CURVES}))
         status = views.status(t) if rt.ready.is_set() else None
         return DashboardSummary(tenant=t, status=status, runs=runs)

@@ -8,7 +8,7 @@ header orders a model's requests as the client issued them (pipelined clients se
 
 import json
 
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -16,55 +16,42 @@ from twinkle.client.schema import (PREFIX, AddAdapterRequest, AddMetricRequest, 
                                    ForwardRequest, FutureRef, FutureResult, LoadRequest, LogRequest, MetricRequest,
                                    ModelInfo, NamedComponent, ResultTypes, RunCurves, RunList, SampleRequest, SaveRequest,
                                    ServerStatus, StepRequest)
-from twinkle.serve.errors import NotFound, Unauthorized
-from twinkle.serve.native.service import NativeService
+from twinkle.serve.auth import Auth
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import NotFound
+from twinkle.serve.native.checkpoints import NativeCheckpoints
+from twinkle.serve.native.compute import NativeCompute
+from twinkle.serve.native.models import NativeModels
 from twinkle.serve.native.views import NativeViews
-from twinkle.serve.runtime import Runtime
-
-UNMETERED_SUFFIXES = ("/futures", "/server")
 
 
-def tenant_dependency(rt: Runtime):
-    """The caller's tenant from X-API-Key (the Tinker routes' rule), metered against its rate limit."""
-    def tenant(request: Request) -> str:
-        name = rt.keys.tenant_for(request.headers.get("x-api-key"))
-        if name is None:
-            raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
-                               "`twinkle-server keys create NAME`")
-        if not any(s in request.url.path for s in UNMETERED_SUFFIXES) and request.method != "GET":
-            rt.limits.request(name)
-        return name
-    return tenant
-
-
-def build_native_router(rt: Runtime, service: NativeService | None = None) -> APIRouter:
-    svc = service or NativeService(rt)
-    views = NativeViews(svc)
-    tenant = tenant_dependency(rt)
-
-    def ready(t: str = Depends(tenant)) -> str:
-        rt.require_ready()
-        return t
+def build_native_router(core: Service) -> APIRouter:
+    rt, auth = core.rt, Auth(core.rt)
+    models = NativeModels(core)
+    compute = NativeCompute(models)
+    saving, views = NativeCheckpoints(models, compute), NativeViews(compute)
+    # submissions are metered; reads and polling (GET) are not
+    tenant, ready = auth.unmetered, auth.ready
 
     r = APIRouter(prefix=PREFIX, tags=["twinkle"])
     Seq = Header(None, alias="X-Twinkle-Seq", description="client order of this model's requests")
 
     @r.post("/models", response_model=ModelInfo, summary="Create a training model (a run) on a base model")
     def create_model(body: CreateModelRequest, t: str = Depends(ready)):
-        return svc.create_model(t, body)
+        return models.create_model(t, body)
 
     @r.delete("/models/{model_id}", response_model=FutureRef, summary="Free the model's adapters (result: closed)")
     def close_model(model_id: str, t: str = Depends(ready)):
-        return svc.close(t, model_id)
+        return models.close(t, model_id)
 
     @r.post("/models/{model_id}/add_adapter_to_model", response_model=FutureRef,
             summary="Add a LoRA adapter (full peft LoraConfig); result {adapter_name, rank}")
     def add_adapter(model_id: str, body: AddAdapterRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.add_adapter(t, model_id, seq, body)
+        return models.add_adapter(t, model_id, seq, body)
 
     def configure_route(what: str, model):
         def handler(model_id: str, body: model, t: str = Depends(ready), seq: int | None = Seq):  
-            return svc.configure(t, model_id, seq, what, body)
+            return models.configure(t, model_id, seq, what, body)
         handler.__name__ = f"set_{what}"
         path = "add_metric" if what == "metric" else f"set_{what}"
         r.add_api_route(f"/models/{{model_id}}/{path}", handler, methods=["POST"], response_model=FutureRef,
@@ -78,46 +65,46 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
     @r.post("/models/{model_id}/forward_backward", response_model=FutureRef,
             summary="Forward, loss and backward (gradients accumulate); result ForwardResult")
     async def forward_backward(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return await run_in_threadpool(svc.forward, t, model_id, seq, body, True)
+        return await run_in_threadpool(compute.forward, t, model_id, seq, body, True)
 
     @r.post("/models/{model_id}/forward_only", response_model=FutureRef,
             summary="No-gradient forward: per-row log-probs and the loss; result ForwardResult")
     async def forward_only(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return await run_in_threadpool(svc.forward, t, model_id, seq, body, False)
+        return await run_in_threadpool(compute.forward, t, model_id, seq, body, False)
 
     @r.post("/models/{model_id}/forward", response_model=FutureRef,
             summary="Forward pass (no gradient kept over HTTP): same result as forward_only")
     async def forward(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return await run_in_threadpool(svc.forward, t, model_id, seq, body, False)
+        return await run_in_threadpool(compute.forward, t, model_id, seq, body, False)
 
     @r.post("/models/{model_id}/clip_grad_and_step", response_model=FutureRef,
             summary="Clip and step on accumulation boundaries; result StepResult")
     def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.clip_grad_and_step(t, model_id, seq, body)
+        return compute.clip_grad_and_step(t, model_id, seq, body)
 
     @r.post("/models/{model_id}/calculate_metric", response_model=FutureRef,
             summary="Metrics since the last call (then reset); result {name: value}")
     def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.calculate_metric(t, model_id, seq, body)
+        return compute.calculate_metric(t, model_id, seq, body)
 
     @r.post("/models/{model_id}/save", response_model=FutureRef,
             summary="Save the adapter as a PEFT folder (+ training state); result CheckpointRef")
     def save(model_id: str, body: SaveRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.save(t, model_id, seq, body)
+        return saving.save(t, model_id, seq, body)
 
     @r.post("/models/{model_id}/load", response_model=FutureRef,
             summary="Load a checkpoint's weights (resume=true: also optimizer/scheduler state)")
     def load(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.load(t, model_id, seq, body)
+        return saving.load(t, model_id, seq, body)
 
     @r.post("/models/{model_id}/resume_from_checkpoint", response_model=FutureRef,
             summary="load with resume=true")
     def resume(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
-        return svc.load(t, model_id, seq, body.model_copy(update={"resume": True}))
+        return saving.load(t, model_id, seq, body.model_copy(update={"resume": True}))
 
     @r.post("/models/{model_id}/log", summary="Record client-side numbers (e.g. reward) on the run's curves")
-    def log(model_id: str, body: LogRequest, t: str = Depends(tenant)) -> dict:
-        return svc.log(t, model_id, body)
+    def log(model_id: str, body: LogRequest, t: str = Depends(auth.metered)) -> dict:
+        return compute.log(t, model_id, body)
 
     @r.post("/sample", response_model=FutureRef, summary="Sample from the base model, a model's adapter or a "
             "checkpoint; result SampleResult")
@@ -130,10 +117,10 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
         row = await rt.hub.wait(request_id, t, max(0.0, min(timeout, rt.config.long_poll_s)))
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
-        if row["status"] == "pending":
+        if row.status == "pending":
             return FutureResult(request_id=request_id, status="pending")
-        payload = json.loads(row["payload"]) if row["content_type"] == "application/json" else None
-        if row["status"] == "failed":
+        payload = json.loads(row.payload) if row.content_type == "application/json" else None
+        if row.status == "failed":
             return FutureResult(request_id=request_id, status="failed", error=payload.get("error"),
                                 category=payload.get("category"))
         return FutureResult(request_id=request_id, status="complete", result=payload)
@@ -166,5 +153,5 @@ def build_native_router(rt: Runtime, service: NativeService | None = None) -> AP
                            save={"path": "tinker://s:train:0/weights/ckpt", "model_id": "s:train:0"},
                            sample={"outputs": []}, calculate_metric={"loss": 2.5, "step": 1.0})
 
-    r.native_service = svc  # the dashboard reads the same curves
+    r.native_views = views  # the dashboard reads the same runs and status
     return r

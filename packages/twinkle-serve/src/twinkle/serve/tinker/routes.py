@@ -12,18 +12,20 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.serve.errors import BadRequest, NotFound, Unauthorized
-from twinkle.serve.futures import PROTO
-from twinkle.serve.runtime import Runtime
+from twinkle.serve.auth import Auth
+from twinkle.serve.core.futures import PROTO
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.tinker import bodies as b
+from twinkle.serve.tinker.models import TinkerModels
 from twinkle.serve.tinker.rest import TinkerRest
-from twinkle.serve.tinker.training import TinkerTraining
+from twinkle.serve.tinker.sampling import TinkerSampling
+from twinkle.serve.tinker.weights import TinkerWeights
 
 # Flags for /client/config: the simplest transport the SDK supports (see tinker-contract.md §1).
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
                  "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
-# Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
-UNMETERED = {"/api/v1/retrieve_future", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
 
 
 async def json_body(request: Request) -> dict:
@@ -37,23 +39,14 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-def build_router(rt: Runtime) -> APIRouter:
-    training, rest = TinkerTraining(rt), TinkerRest(rt)
+def build_router(svc: Service) -> APIRouter:
+    rt, auth = svc.rt, Auth(svc.rt)
+    models, sampling, rest = TinkerModels(svc), TinkerSampling(svc), TinkerRest(svc)
+    weights = TinkerWeights(svc, models, sampling)
+    # Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
+    tenant, unmetered, ready_tenant = auth.metered, auth.unmetered, auth.ready
 
-    def tenant(request: Request) -> str:
-        name = rt.keys.tenant_for(request.headers.get("x-api-key"))
-        if name is None:
-            raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
-                               "`twinkle-server keys create NAME`")
-        if request.url.path not in UNMETERED:
-            rt.limits.request(name)
-        return name
-
-    def ready_tenant(t: str = Depends(tenant)) -> str:
-        rt.require_ready()
-        return t
-
-    r = APIRouter(prefix="/api/v1")
+    r = APIRouter(prefix="/api/v1", tags=["tinker"])
 
     # ---- bootstrap, sessions, telemetry ----
     @r.post("/client/config")
@@ -65,7 +58,7 @@ def build_router(rt: Runtime) -> APIRouter:
         return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
 
     @r.get("/healthz")
-    def healthz(t: str = Depends(tenant)):
+    def healthz(t: str = Depends(unmetered)):
         if rt.load_error is not None:
             return JSONResponse({"status": "failed", "error": rt.load_error}, status_code=503)
         if not rt.ready.is_set():
@@ -77,24 +70,22 @@ def build_router(rt: Runtime) -> APIRouter:
         return {"supported_models": [{"model_name": name, "max_context_length": e.backend.max_context,
                                       "trainable": True, "sampleable": True} for name, e in rt.engines.items()]}
 
-    @r.post("/create_session")
+    @r.post("/create_session", openapi_extra=b.documented(b.CreateSessionBody))
     async def create_session(request: Request, t: str = Depends(tenant)):
-        return await run_in_threadpool(training.create_session, t, await json_body(request))
+        return await run_in_threadpool(models.create_session, t, await json_body(request))
 
-    @r.post("/session_heartbeat")
-    async def heartbeat(request: Request, t: str = Depends(tenant)):
-        body = await json_body(request)
-        training.session(t, body.get("session_id"))
-        return {"type": "session_heartbeat"}
+    @r.post("/session_heartbeat", openapi_extra=b.documented(b.SessionRef))
+    async def heartbeat(request: Request, t: str = Depends(unmetered)):
+        return await run_in_threadpool(models.heartbeat, t, await json_body(request))
 
     @r.post("/sessions/{session_id}/finish")
     async def finish(session_id: str, request: Request, t: str = Depends(tenant)):
         body = await json_body(request) if await request.body() else {}
-        await run_in_threadpool(training.finish_session, t, session_id, body)
+        await run_in_threadpool(models.finish_session, t, session_id, body)
         return {"status": "finished"}
 
     @r.post("/telemetry")
-    def telemetry(t: str = Depends(tenant)):
+    def telemetry(t: str = Depends(unmetered)):
         return {"status": "accepted"}
 
     @r.get("/sessions")
@@ -107,7 +98,7 @@ def build_router(rt: Runtime) -> APIRouter:
         return rest.get_session(t, session_id)
 
     # ---- training ----
-    def json_route(path: str, fn):
+    def json_route(path: str, fn, body: type):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             body = await json_body(request)
             try:
@@ -115,27 +106,30 @@ def build_router(rt: Runtime) -> APIRouter:
             except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
                 # parsing a field of the wrong type (queued work runs later, on the worker, not here)
                 raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
-        r.add_api_route(path, handler, methods=["POST"])
+        handler.__name__ = path.strip("/")
+        r.add_api_route(path, handler, methods=["POST"], openapi_extra=b.documented(body))
 
-    json_route("/create_model", training.create_model)
-    json_route("/get_info", training.get_info)
-    json_route("/optim_step", training.optim_step)
-    json_route("/save_weights", training.save_weights)
-    json_route("/save_weights_for_sampler", training.save_weights_for_sampler)
-    json_route("/load_weights", training.load_weights)
-    json_route("/create_sampling_session", training.create_sampling_session)
-    json_route("/asample", training.asample)
+    json_route("/create_model", models.create_model, b.CreateModelBody)
+    json_route("/get_info", models.get_info, b.ModelRef)
+    json_route("/optim_step", models.optim_step, b.OptimStepBody)
+    json_route("/save_weights", weights.save_weights, b.SaveWeightsBody)
+    json_route("/save_weights_for_sampler", weights.save_weights_for_sampler, b.SaveWeightsForSamplerBody)
+    json_route("/load_weights", weights.load_weights, b.LoadWeightsBody)
+    json_route("/create_sampling_session", sampling.create_sampling_session, b.CreateSamplingSessionBody)
+    json_route("/asample", sampling.asample, b.ASampleBody)
 
-    @r.post("/forward_backward")
+    @r.post("/forward_backward", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/x-protobuf": {"schema": {"type": "string", "format": "binary",
+                                              "description": "tinker ForwardBackwardRequest (protobuf)"}}}}})
     async def forward_backward(request: Request, t: str = Depends(ready_tenant)):
-        return await run_in_threadpool(training.forward_backward, t, await request.body())
+        return await run_in_threadpool(models.forward_backward, t, await request.body())
 
     @r.get("/samplers/{sampler_id}")
     def sampler(sampler_id: str, t: str = Depends(tenant)):
-        return training.get_sampler(t, sampler_id)
+        return sampling.get_sampler(t, sampler_id)
 
-    @r.post("/retrieve_future")
-    async def retrieve_future(request: Request, t: str = Depends(tenant)):
+    @r.post("/retrieve_future", openapi_extra=b.documented(b.FutureBody))
+    async def retrieve_future(request: Request, t: str = Depends(unmetered)):
         body = await json_body(request)
         request_id = body.get("request_id")
         if not isinstance(request_id, str):
@@ -143,10 +137,9 @@ def build_router(rt: Runtime) -> APIRouter:
         row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
-        if row["status"] == "pending":
+        if row.status == "pending":
             return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
-        return Response(row["payload"], media_type=row["content_type"] if row["content_type"] == PROTO
-                        else "application/json")
+        return Response(row.payload, media_type=PROTO if row.content_type == PROTO else "application/json")
 
     # ---- REST: runs, checkpoints ----
     @r.get("/training_runs")
@@ -176,14 +169,14 @@ def build_router(rt: Runtime) -> APIRouter:
         rest.set_public(t, run_id, f"{kind}/{name}", False)
         return {"status": "unpublished"}
 
-    @r.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl")
+    @r.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", openapi_extra=b.documented(b.TtlBody))
     async def ttl(run_id: str, kind: str, name: str, request: Request, t: str = Depends(tenant)):
         rest.set_ttl(t, run_id, f"{kind}/{name}", (await json_body(request)).get("ttl_seconds"))
         return {"status": "ok"}
 
-    @r.post("/weights_info")
+    @r.post("/weights_info", openapi_extra=b.documented(b.WeightsInfoBody))
     async def weights_info(request: Request, t: str = Depends(tenant)):
-        return rest.weights_info(t, training, (await json_body(request)).get("tinker_path"))
+        return rest.weights_info(t, (await json_body(request)).get("tinker_path"))
 
     @r.get("/checkpoints")
     def user_checkpoints(limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),

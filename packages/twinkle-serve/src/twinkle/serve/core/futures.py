@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 import uuid
 
-from twinkle.serve.store import Store
+from twinkle.serve.core.records import FutureRow
+from twinkle.serve.core.store import Store
 
 JSON = "application/json"
 PROTO = "application/x-protobuf"
@@ -21,29 +21,25 @@ PROTO = "application/x-protobuf"
 
 class FutureHub:
     def __init__(self, store: Store):
-        self.store = store
+        self.futures = store.futures
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, asyncio.Event] = {}
         self._lock = threading.Lock()
         # Futures still pending when the last server stopped can never complete: say so, don't hang clients.
-        store.execute("UPDATE futures SET status='failed', content_type=?, payload=?, completed_at=? "
-                      "WHERE status='pending'",
-                      (JSON, json.dumps({"error": "the server restarted while this request was pending, so it may or may not have run; "
+        self.futures.fail_pending(JSON, json.dumps({"error": "the server restarted while this request was pending, so it may or may not have run; "
                                           "check its effect (e.g. list checkpoints) and resubmit it",
-                                         "category": "server"}).encode(), time.time()))
+                                         "category": "server"}).encode())
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
     def create(self, tenant: str) -> str:
         request_id = uuid.uuid4().hex
-        self.store.insert("futures", request_id=request_id, tenant=tenant, status="pending",
-                          created_at=time.time())
+        self.futures.create(request_id, tenant)
         return request_id
 
     def _finish(self, request_id: str, status: str, content_type: str, payload: bytes) -> None:
-        self.store.execute("UPDATE futures SET status=?, content_type=?, payload=?, completed_at=? "
-                           "WHERE request_id=?", (status, content_type, payload, time.time(), request_id))
+        self.futures.finish(request_id, status, content_type, payload)
         with self._lock:
             event = self._events.get(request_id)
         if event is not None and self._loop is not None:
@@ -58,25 +54,19 @@ class FutureHub:
     def fail(self, request_id: str, message: str, category: str) -> None:
         self._finish(request_id, "failed", JSON, json.dumps({"error": message, "category": category}).encode())
 
-    def _row(self, request_id: str, tenant: str) -> dict | None:
-        if not isinstance(request_id, str):
-            return None
-        return self.store.one("SELECT status, content_type, payload FROM futures WHERE request_id=? AND tenant=?",
-                              (request_id, tenant))
-
-    async def wait(self, request_id: str, tenant: str, timeout: float) -> dict | None:
-        """The finished row, or {'status': 'pending'} after `timeout` s; None if unknown to this tenant."""
+    async def wait(self, request_id: str, tenant: str, timeout: float) -> FutureRow | None:
+        """The finished future, or the pending one after `timeout` s; None if unknown to this tenant."""
         with self._lock:
             event = self._events.setdefault(request_id, asyncio.Event())
         try:
-            row = self._row(request_id, tenant)
-            if row is None or row["status"] != "pending":
+            row = self.futures.get(request_id, tenant)
+            if row is None or row.status != "pending":
                 return row
             try:
                 await asyncio.wait_for(event.wait(), timeout)
             except asyncio.TimeoutError:
                 pass
-            return self._row(request_id, tenant)
+            return self.futures.get(request_id, tenant)
         finally:
             with self._lock:
                 if self._events.get(request_id) is event and event.is_set():

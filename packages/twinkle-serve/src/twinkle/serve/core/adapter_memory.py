@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from twinkle.serve.backend import LoraSpec
 from twinkle.serve.errors import ApiError
 
 COPIES = 4  # weights, grads, Adam exp_avg, exp_avg_sq
@@ -51,10 +52,10 @@ class AdapterMemory:
     def estimate(self, backend, spec, element_bytes: int = 4) -> int | None:
         """Bytes for a Tinker `LoraSpec`, or for a peft `LoraConfig` (the native API's, which may name
         modules by list, regex or 'all-linear'; matched exactly as the multi-LoRA engine will)."""
-        base = getattr(backend, "base_module", None)
-        if base is None:  # a backend that does not expose its base model: no estimate, no cap
+        base = backend.base_module
+        if base is None:  # a backend whose base model is not in this process: no estimate, no cap
             return None
-        if callable(getattr(spec, "target_modules", None)):
+        if isinstance(spec, LoraSpec):
             dims = self._dims.setdefault(id(backend), linear_dims(base))
             return sum(dims.get(t, 0) for t in spec.target_modules()) * spec.rank * element_bytes * COPIES
         from twinkle.model.multi_lora.spec import AdapterSpec
@@ -69,7 +70,7 @@ class AdapterMemory:
         need = self.estimate(backend, spec)
         if need is None:
             return
-        rank = getattr(spec, "rank", None) or getattr(spec, "r", None)
+        rank = spec.rank if isinstance(spec, LoraSpec) else spec.r
         with self._lock:
             used = sum(v for k, v in self._held.items() if k != key)
             if used + need > self.cap:

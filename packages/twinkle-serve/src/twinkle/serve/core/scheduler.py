@@ -13,6 +13,7 @@ only that tenant's request.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -21,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from twinkle.serve.backend import UserError
-from twinkle.serve.futures import FutureHub
+from twinkle.serve.core.futures import FutureHub
 
 log = logging.getLogger("twinkle.serve")
 
@@ -32,6 +33,7 @@ class Scheduler:
         self.hub = hub
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
+        self.fused_items: collections.Counter[str] = collections.Counter()  # item type -> requests fused
         self._queues: dict[str, list] = {}
         self._ready: deque[str] = deque()  # queue keys with work, in round-robin order
         self._cond = threading.Condition()
@@ -97,6 +99,7 @@ class Scheduler:
                 self._finish(request_id, fn)
                 continue
             self.fused_passes += 1
+            self.fused_items.update(type(fuse[0]).__name__ for _, _, fuse in taken)
             try:
                 results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
             except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving

@@ -1,0 +1,45 @@
+"""Who is calling: the tenant named by the `X-API-Key` header, for both APIs and the dashboard.
+
+Each route says by its dependency whether it counts against the tenant's requests/s (`metered`) or
+not (`unmetered`: polling, liveness and reads the SDK makes on its own), and whether it needs the
+models loaded (`ready`). The header is declared as an OpenAPI `APIKeyHeader` security scheme, so
+`/docs` offers "Authorize" and its "Try it out" sends the key.
+"""
+
+from __future__ import annotations
+
+from fastapi import Depends, Security
+from fastapi.security import APIKeyHeader
+
+from twinkle.serve.errors import Unauthorized
+from twinkle.serve.runtime import Runtime
+
+API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="APIKeyHeader",
+                       description="A `tml-` key made with `twinkle-server keys create NAME`; its name is the tenant")
+
+
+class Auth:
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.metered = self._caller(metered=True)
+        self.unmetered = self._caller(metered=False)
+
+        def ready(tenant: str = Depends(self.metered)) -> str:
+            rt.require_ready()
+            return tenant
+
+        self.ready = ready
+
+    def _caller(self, metered: bool):
+        rt = self.rt
+
+        def tenant(key: str | None = Security(API_KEY)) -> str:
+            name = rt.keys.tenant_for(key)
+            if name is None:
+                raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
+                                   "`twinkle-server keys create NAME`")
+            if metered:
+                rt.limits.request(name)
+            return name
+
+        return tenant

@@ -1,0 +1,120 @@
+"""Checkpoints of both APIs: one folder layout under the data dir, one record, one set of rules.
+
+A checkpoint is `tenants/<tenant>/<run>/<weights|sampler_weights>/<name>/` holding the PEFT adapter
+folder (and training state for `weights`), plus `twinkle_checkpoint.json` saying which base model
+and LoRA made it. Its address is `tinker://<model_id>/<weights|sampler_weights>/<name>` in both APIs.
+Folders are written to a staging directory and renamed into place, so a crash never leaves half a
+checkpoint under a name.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from twinkle.serve.backend import UserError
+from twinkle.serve.core.records import KIND, SEGMENT, Checkpoint, Kind, Run
+from twinkle.serve.errors import BadRequest, NotFound
+
+META_FILE = "twinkle_checkpoint.json"
+
+
+def parse_path(path) -> tuple[str, Kind, str]:
+    """`tinker://{model_id}/{weights|sampler_weights}/{name}` -> (model_id, kind, name)."""
+    if not isinstance(path, str) or not path.startswith("tinker://"):
+        raise BadRequest(f"checkpoint path {path!r} must look like tinker://<model_id>/weights/<name>")
+    parts = path[len("tinker://"):].split("/")
+    if len(parts) != 3 or parts[1] not in KIND or not parts[2]:
+        raise BadRequest(f"checkpoint path {path!r} must look like tinker://<model_id>/weights/<name> "
+                         "or tinker://<model_id>/sampler_weights/<name>")
+    return parts[0], KIND[parts[1]], parts[2]
+
+
+def check_name(name) -> str:
+    # A name becomes one directory under the tenant's folder: no separators, no '.'/'..', no NUL or
+    # other control characters (the OS would refuse them mid-write, as a server error).
+    if (not isinstance(name, str) or not name or len(name) > 128 or name in (".", "..")
+            or any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name)):
+        raise BadRequest(f"checkpoint name {name!r} must be 1-128 characters without '/', '\\', control "
+                         "characters, and not '.' or '..'")
+    return name
+
+
+class CheckpointOps:
+    def __init__(self, rt):
+        self.rt, self.table = rt, rt.store.checkpoints
+
+    def folder(self, ckpt: Checkpoint) -> Path:
+        return self.rt.data_dir / ckpt.dir
+
+    def meta(self, ckpt: Checkpoint) -> dict:
+        return json.loads((self.folder(ckpt) / META_FILE).read_text())
+
+    def readable(self, tenant: str, path, kind: Kind | None = None) -> Checkpoint:
+        """A checkpoint the tenant may read (its own, or published, not expired); NotFound otherwise."""
+        _, path_kind, _ = parse_path(path)
+        ckpt = self.table.readable(path, tenant)
+        if ckpt is None or ckpt.expired(time.time()) or (kind is not None and path_kind != kind):
+            raise NotFound(f"checkpoint {path} not found")
+        return ckpt
+
+    def owned(self, tenant: str, run_id: str, checkpoint_id: str) -> Checkpoint:
+        path = f"tinker://{run_id}/{checkpoint_id}"
+        parse_path(path)
+        ckpt = self.table.owned(path, tenant)
+        if ckpt is None:
+            raise NotFound(f"checkpoint {path} not found")
+        return ckpt
+
+    def write(self, run: Run, kind: Kind, name: str, fill: Callable[[Path], dict], *, overwrite: bool = True,
+              ttl: float | None = None, user_metadata: dict | None = None) -> Checkpoint:
+        """`fill(staging)` writes the files and answers the metadata to record beside them."""
+        path = f"tinker://{run.model_id}/{SEGMENT[kind]}/{name}"
+        relative = Path("tenants", run.tenant, run.model_id.replace(":", "_"), SEGMENT[kind], name)
+        final = self.rt.data_dir / relative
+        if final.exists() and not overwrite:
+            raise UserError(f"checkpoint {path} already exists (pass overwrite to replace it)")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+        try:
+            meta = fill(staging)
+            (staging / META_FILE).write_text(json.dumps({"base_model": run.base_model, "model_id": run.model_id,
+                                                         **meta}))
+            if final.exists():
+                shutil.rmtree(final)
+            staging.rename(final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        now = time.time()
+        ckpt = Checkpoint(path, run.tenant, run.model_id, kind, name, now,
+                          sum(f.stat().st_size for f in final.iterdir()), False, now + ttl if ttl else None,
+                          str(relative), {str(k): str(v) for k, v in (user_metadata or {}).items()})
+        self.table.put(ckpt)
+        return ckpt
+
+    # ---- listing and housekeeping --------------------------------------------------------------
+    def delete(self, ckpt: Checkpoint) -> None:
+        shutil.rmtree(self.folder(ckpt), ignore_errors=True)
+        self.table.delete(ckpt.tinker_path)
+
+    def purge_expired(self, tenant: str) -> None:
+        for ckpt in self.table.expired(tenant, time.time()):
+            self.delete(ckpt)
+
+    def of_run(self, tenant: str, model_id: str) -> list[Checkpoint]:
+        self.purge_expired(tenant)
+        return self.table.of_run(model_id, tenant)
+
+    def of_tenant(self, tenant: str, limit: int = -1, offset: int = 0) -> list[Checkpoint]:
+        self.purge_expired(tenant)
+        return self.table.of_tenant(tenant, limit, offset)
+
+    def set_ttl(self, ckpt: Checkpoint, ttl_seconds) -> None:
+        if ttl_seconds is not None and (not isinstance(ttl_seconds, int) or isinstance(ttl_seconds, bool)
+                                        or ttl_seconds <= 0):
+            raise BadRequest(f"ttl_seconds must be a positive integer or null, got {ttl_seconds!r}")
+        self.table.set_expiry(ckpt.tinker_path, None if ttl_seconds is None else time.time() + ttl_seconds)

@@ -1,0 +1,98 @@
+"""The operations both APIs share: sessions, training runs, the live adapter of a run, queued work.
+
+The Tinker and native layers translate their wire formats into these calls; neither holds state of
+its own about sessions or runs. Every lookup takes the caller's tenant: another tenant's object is
+`NotFound`, like one that does not exist.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+from twinkle.serve.backend import UserError
+from twinkle.serve.core.checkpoints import CheckpointOps
+from twinkle.serve.core.records import Api, LiveAdapter, Run, Session
+from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.runtime import Engine, Runtime
+
+
+class Service:
+    def __init__(self, rt: Runtime):
+        self.rt, self.store = rt, rt.store
+        self.checkpoints = CheckpointOps(rt)
+
+    # ---- sessions ------------------------------------------------------------------------------
+    def create_session(self, tenant: str, tags: list | None = None, user_metadata: dict | None = None) -> Session:
+        now = time.time()
+        session = Session(uuid.uuid4().hex[:20], tenant, now, now, tags=list(tags or []),
+                          user_metadata=dict(user_metadata or {}))
+        self.store.sessions.create(session)
+        return session
+
+    def session(self, tenant: str, session_id) -> Session:
+        session = self.store.sessions.owned(session_id, tenant)
+        if session is None:
+            raise NotFound(f"session {session_id!r} not found")
+        return session
+
+    # ---- training runs -------------------------------------------------------------------------
+    def run(self, tenant: str, model_id, api: Api | None = None) -> Run:
+        run = self.store.runs.owned(model_id, tenant)
+        if run is None or (api is not None and run.api != api):
+            raise NotFound(f"model {model_id!r} not found")
+        return run
+
+    def admit_run(self, tenant: str) -> None:
+        """429 when the tenant already holds its limit of live runs."""
+        self.rt.limits.models(tenant, self.store.runs.count_owned(tenant, self.rt.live.run_ids()))
+
+    def create_run(self, tenant: str, session_id: str, model_id: str, engine: Engine, api: Api, lora: dict,
+                   user_metadata: dict | None = None) -> Run:
+        if self.store.runs.get(model_id) is not None:
+            raise BadRequest(f"model {model_id!r} already exists")
+        now = time.time()
+        run = Run(model_id, tenant, session_id, engine.entry.name, api, lora, now, now, dict(user_metadata or {}))
+        self.store.runs.create(run)
+        return run
+
+    def live_adapter(self, model_id: str) -> str:
+        """The run's adapter name on its backend (on the worker thread: after its queued creation)."""
+        live = self.rt.live.get(model_id)
+        if live is None:
+            raise UserError(f"model {model_id!r} is not loaded (its session finished or the server restarted); "
+                            "resume it from a checkpoint")
+        return live.adapter
+
+    def set_live(self, model_id: str, engine: Engine, adapter: str, replace: bool = True) -> None:
+        self.rt.live.put(model_id, LiveAdapter(engine.entry.name, adapter), replace)
+
+    def record_step(self, run: Run, metrics: dict, same_step: bool = False) -> int:
+        """Add a training step's numbers to the run's curves (both APIs' runs show on the dashboard)."""
+        step = self.store.curves.count(run.model_id, "loss") + (0 if same_step else 1)
+        self.store.curves.add(run.model_id, run.tenant, step, metrics)
+        return step
+
+    # ---- queued work ---------------------------------------------------------------------------
+    def submit(self, tenant: str, engine: Engine, queue: str, seq_id: int | None,
+               fn: Callable[[], tuple[str, object]], fuse: tuple | None = None) -> str:
+        """Queue `fn` (or its fusable `fuse=(item, finish)`) on the base model's scheduler; the future's id."""
+        request_id = self.rt.hub.create(tenant)
+        engine.scheduler.submit(queue, seq_id, request_id, fn, fuse=fuse)
+        return request_id
+
+    def unload(self, tenant: str, run: Run, adapters: list[str], finish: Callable[[], dict]) -> str | None:
+        """Free a run's adapters (and their memory reservations) once its queued work has run."""
+        if run.base_model not in self.rt.engines:
+            return None
+        engine = self.rt.engines[run.base_model]
+
+        def work():
+            for adapter in adapters:
+                engine.backend.remove_adapter(adapter)
+                self.rt.adapter_memory.release(adapter)
+            self.rt.live.pop(run.model_id)
+            return "json", finish()
+
+        return self.submit(tenant, engine, run.model_id, None, work)

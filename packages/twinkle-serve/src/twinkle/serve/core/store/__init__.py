@@ -1,0 +1,67 @@
+"""The server's durable state: one SQLite file in the data dir, and every SQL statement the server runs.
+
+Sessions, training runs, samplers, checkpoint metadata, futures, API keys, the answers to idempotent
+submissions and the runs' curves. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
+this file says which exist. Everything a client was told (a future's result, a checkpoint path) is
+committed here before the client can see it, so a restart on the same data dir loses nothing that
+was acknowledged. The schema is versioned (`schema.py`); opening an older database upgrades it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
+from twinkle.serve.core.store.schema import VERSION, migrate
+from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
+
+__all__ = ["Store", "VERSION"]
+
+
+class Db:
+    """One connection shared by threads, serialised by a lock; rows come back as dicts."""
+
+    def __init__(self, path: Path):
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            self.version = migrate(self._conn)
+
+    def execute(self, sql: str, args=()) -> int:
+        with self._lock:
+            return self._conn.execute(sql, args).rowcount
+
+    def one(self, sql: str, args=()) -> dict | None:
+        with self._lock:
+            row = self._conn.execute(sql, args).fetchone()
+        return dict(row) if row else None
+
+    def all(self, sql: str, args=()) -> list[dict]:
+        with self._lock:
+            return [dict(r) for r in self._conn.execute(sql, args).fetchall()]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+
+class Store:
+    def __init__(self, data_dir: str | Path):
+        self.data_dir = Path(data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.db = Db(self.data_dir / "twinkle.db")
+        self.keys, self.sessions, self.runs = Keys(self.db), Sessions(self.db), Runs(self.db)
+        self.samplers, self.checkpoints = Samplers(self.db), Checkpoints(self.db)
+        self.futures, self.idempotency, self.curves = Futures(self.db), Idempotency(self.db), Curves(self.db)
+
+    @property
+    def version(self) -> int:
+        return self.db.version
+
+    def close(self) -> None:
+        self.db.close()

@@ -1,0 +1,61 @@
+"""The store's schema as numbered migrations; `PRAGMA user_version` says how many have run.
+
+Migration 1 is the schema the first release wrote without a version number (so a database from that
+release, at user_version 0, passes through it unchanged: every statement is IF NOT EXISTS). Append
+new migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+V1 = """
+CREATE TABLE IF NOT EXISTS api_keys (name TEXT PRIMARY KEY, key_hash TEXT UNIQUE NOT NULL,
+    created_at REAL NOT NULL, revoked_at REAL);
+CREATE TABLE IF NOT EXISTS sessions (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_at REAL,
+    last_heartbeat REAL, finished_at REAL, finish_reason TEXT, tags TEXT, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS models (model_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    base_model TEXT, lora TEXT, created_at REAL, last_request_time REAL, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS samplers (sampler_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    base_model TEXT, model_path TEXT, created_at REAL, ephemeral INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS checkpoints (tinker_path TEXT PRIMARY KEY, tenant TEXT NOT NULL, model_id TEXT,
+    kind TEXT, name TEXT, created_at REAL, size_bytes INTEGER, public INTEGER DEFAULT 0, expires_at REAL,
+    dir TEXT, user_metadata TEXT);
+CREATE TABLE IF NOT EXISTS futures (request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, status TEXT,
+    content_type TEXT, payload BLOB, created_at REAL, completed_at REAL);
+CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, key TEXT NOT NULL, fingerprint TEXT NOT NULL,
+    status INTEGER, content_type TEXT, body BLOB, created_at REAL, PRIMARY KEY (tenant, key));
+CREATE TABLE IF NOT EXISTS run_curves (model_id TEXT NOT NULL, tenant TEXT NOT NULL, step INTEGER,
+    name TEXT NOT NULL, value REAL, t REAL);
+CREATE INDEX IF NOT EXISTS run_curves_model ON run_curves (model_id, name, step);
+"""
+
+# 2: which API made a run is a column (it was a flag inside the `lora` JSON), and checkpoint folders
+# are recorded relative to the data dir, so a data dir can be moved or restored elsewhere.
+V2 = """
+ALTER TABLE models ADD COLUMN api TEXT NOT NULL DEFAULT 'tinker';
+UPDATE models SET api = 'native' WHERE json_extract(lora, '$.native') = 1;
+UPDATE checkpoints SET dir = substr(dir, instr(dir, '/tenants/') + 1) WHERE instr(dir, '/tenants/') > 0;
+CREATE INDEX IF NOT EXISTS models_tenant ON models (tenant, created_at);
+CREATE INDEX IF NOT EXISTS checkpoints_model ON checkpoints (model_id, kind, created_at);
+CREATE INDEX IF NOT EXISTS futures_status ON futures (status, completed_at);
+"""
+
+MIGRATIONS = [V1, V2]
+VERSION = len(MIGRATIONS)
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Run the migrations this database has not seen, each in one transaction; the version reached."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > VERSION:
+        raise RuntimeError(f"the data dir's database is at schema version {version}, newer than this server's "
+                           f"{VERSION}: run the newer twinkle-server (downgrades are not supported)")
+    for number in range(version + 1, VERSION + 1):
+        try:
+            db.executescript(f"BEGIN;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;")
+        except sqlite3.Error:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+    return VERSION

@@ -1,0 +1,136 @@
+"""Native compute: forward / forward_backward (fused with every other tenant's, native or Tinker, on the
+base model's scheduler), clip_grad_and_step, metrics, and client-logged curve points."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
+from twinkle.serve.backend import RowsPass, UserError
+from twinkle.serve.native.models import NativeModels, user_errors
+
+
+def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
+    """Encoded rows a forward may run on: in the vocabulary and context, loss fields finite and aligned."""
+    if not rows:
+        raise UserError("inputs.rows is empty: forward needs at least one row")
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        if n > max_context:
+            raise UserError(f"row {i}: {n} tokens are longer than the model's context of {max_context}")
+        bad = [t for t in row["input_ids"] if not 0 <= t < vocab_size]
+        bad += [t for t in row.get("labels") or () if t != -100 and not 0 <= t < vocab_size]
+        if bad:
+            raise UserError(f"row {i}: token {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        for key, value in row.items():
+            if key == "input_ids":
+                continue
+            values = value if isinstance(value, list) else [value]
+            if key != "labels" and not all(math.isfinite(v) for v in values):
+                raise UserError(f"row {i}: {key} contains NaN or inf")
+            if isinstance(value, list) and len(value) != n:
+                raise UserError(f"row {i}: {key} has {len(value)} values for {n} input_ids (shape mismatch)")
+
+
+class NativeCompute:
+    def __init__(self, models: NativeModels):
+        self.models, self.svc, self.rt = models, models.svc, models.rt
+        self.fb_counts: dict[tuple[str, str], int] = {}  # (model, adapter) -> forward_backward calls (curve step)
+        self._templates: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def template(self, backend):
+        with self._lock:
+            if backend.base_model not in self._templates:
+                from twinkle.template import Template
+
+                self._templates[backend.base_model] = Template(model_id=backend.tokenizer_path,
+                                                               tokenizer=backend.tokenizer)
+            return self._templates[backend.base_model]
+
+    def rows(self, backend, req: ForwardRequest) -> list[dict]:
+        inputs = req.inputs
+        if (inputs.rows is None) == (inputs.trajectories is None):
+            raise UserError("inputs needs exactly one of 'rows' (encoded) or 'trajectories' (chat messages)")
+        if inputs.rows is not None:
+            return [{"input_ids": r.input_ids, **({"labels": r.labels} if r.labels is not None else {}), **r.fields}
+                    for r in inputs.rows]
+        template, rows = self.template(backend), []
+        for i, traj in enumerate(inputs.trajectories):
+            encoded = template.encode({"messages": [m.model_dump(exclude_none=True) for m in traj.messages]})
+            if encoded is None:
+                raise UserError(f"trajectory {i} is longer than the template's max_length")
+            rows.append({"input_ids": encoded["input_ids"], "labels": encoded["labels"], **traj.fields})
+        return rows
+
+    def forward(self, tenant: str, model_id: str, seq, req: ForwardRequest, backward: bool) -> dict:
+        run = self.models.model(tenant, model_id)
+        backend = self.models.engine_of(run).backend
+        try:  # checked before any compute, but answered on the future, like every request's outcome
+            rows, refused = user_errors(self.rows)(backend, req), None
+            user_errors(check_rows)(rows, backend.vocab_size, backend.max_context)
+        except UserError as e:
+            rows, refused = [], e
+        tokens = sum(len(r["input_ids"]) for r in rows)
+        self.rt.limits.input_tokens(tenant, tokens)
+
+        def finish(internal: str, out) -> dict:
+            if isinstance(out, Exception):
+                raise UserError(str(out).strip("'\"")) if not isinstance(out, UserError) else out
+            self.rt.throughput.count_tokens(tokens)
+            if not backward:
+                return ForwardResult(loss=out["loss"] if out.get("finite") else None, metrics=out.get("metrics", {}),
+                                     logprobs=[[0.0] + lps for lps in out["logprobs"]]).model_dump()
+            key = (model_id, internal)
+            self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1
+            self.rt.store.curves.add(model_id, tenant, step, {"loss": out["loss"]} if out.get("finite") else {})
+            return ForwardResult(loss=out["loss"], metrics=out.get("metrics", {})).model_dump()
+
+        def work(engine, run):
+            if refused is not None:
+                raise refused
+            internal = self.models.adapter(model_id, req.adapter_name)
+            (out,) = backend.forward_backward_many([RowsPass(internal, rows, not backward)])
+            return finish(internal, out)
+
+        fuse = None
+        internal = self.models.peek_adapter(model_id, req.adapter_name)
+        if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
+            fuse = (RowsPass(internal, rows, not backward), lambda out: ("json", finish(internal, out)))
+        return self.models.submit(tenant, model_id, seq, work, fuse)
+
+    def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:
+        from twinkle.client.schema import StepResult
+
+        @user_errors
+        def work(engine, run):
+            internal = self.models.adapter(model_id, req.adapter_name)
+            try:
+                out = engine.clip_grad_and_step(max_grad_norm=req.max_grad_norm, adapter_name=internal)
+            except RuntimeError as e:  # no gradients: forward_backward was not called
+                raise UserError(str(e)) from None
+            if out.get("stepped"):
+                self.rt.store.curves.add(model_id, tenant, out["step"], {"grad_norm": out["grad_norm"],
+                                                                        "lr": out["lr"]})
+            return StepResult(stepped=bool(out.get("stepped")), grad_norm=out.get("grad_norm"), lr=out.get("lr"),
+                              step=out.get("step")).model_dump()
+
+        return self.models.submit(tenant, model_id, seq, work)
+
+    def calculate_metric(self, tenant: str, model_id: str, seq, req: MetricRequest) -> dict:
+        @user_errors
+        def work(engine, run):
+            internal = self.models.adapter(model_id, req.adapter_name)
+            out = engine.calculate_metric(is_training=req.is_training, adapter_name=internal)
+            if req.is_training:
+                out["step"] = float(engine.adapters[internal].optimizer_steps)
+            return {k: float(v) for k, v in out.items()}
+
+        return self.models.submit(tenant, model_id, seq, work)
+
+    def log(self, tenant: str, model_id: str, req: LogRequest) -> dict:
+        self.models.model(tenant, model_id)
+        step = req.step if req.step is not None else self.rt.store.curves.max_step(model_id)
+        self.rt.store.curves.add(model_id, tenant, step, req.metrics)
+        return {"logged": len(req.metrics), "step": step}

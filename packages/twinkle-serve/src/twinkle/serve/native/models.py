@@ -1,0 +1,189 @@
+"""Native training models and their named LoRA adapters, over the shared service core.
+
+A native model is a training run in the same store as Tinker's (`api='native'`, id
+`{session}:train:0`), so runs, checkpoints, limits, futures and the dashboard see both APIs alike.
+It holds any number of named LoRA adapters on the base model's `MultiLoraModel`; every operation runs
+on the scheduler's worker thread in the client's order (`seq`), and completes a future.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import threading
+import time
+
+from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
+from twinkle.serve.backend import UserError
+from twinkle.serve.core.records import Run
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import BadRequest
+from twinkle.serve.native.lora_init import peft_like_init
+
+
+def internal_name(model_id: str, adapter: str) -> str:
+    return "n" + hashlib.sha1(f"{model_id}/{adapter}".encode()).hexdigest()[:16]
+
+
+def user_errors(fn):
+    """Library complaints about a request (bad name, kwargs, shapes) are the caller's errors."""
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, KeyError) as e:
+            raise UserError(str(e).strip("'\"")) from None
+    return run
+
+
+class NativeModels:
+    def __init__(self, svc: Service):
+        self.svc, self.rt = svc, svc.rt
+        self._adapters: dict[str, dict[str, str]] = {}  # model_id -> {adapter name -> engine adapter}
+        self._seqs: dict[str, itertools.count] = {}
+        self._lock = threading.Lock()
+        self._started_at = time.time()  # adapters of models created before this are gone (kept in memory only)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+    def model(self, tenant: str, model_id) -> Run:
+        return self.svc.run(tenant, model_id, api="native")
+
+    def engine_of(self, run: Run):
+        engine = self.rt.engine(run.base_model)
+        if engine.backend.multi_lora is None:  # training runs on Ray actors, not in this process
+            raise BadRequest(f"base model {run.base_model!r} trains on the Ray remote group "
+                             f"{engine.entry.remote_group!r}; the native API drives the multi-LoRA engine in the "
+                             "server process (a model entry without remote_group; a sampler_remote_group is fine): "
+                             "use the Tinker API (/api/v1) for it")
+        return engine
+
+    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None) -> dict:
+        """Queue `fn(engine, run)` (a MultiLoraModel and the run) on the model's queue; a FutureRef."""
+        run = self.model(tenant, model_id)
+        engine = self.engine_of(run)
+        self.rt.store.runs.touch(model_id)
+        if seq is None:  # no client numbering: arrival order
+            seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
+        request_id = self.svc.submit(tenant, engine, model_id, seq,
+                                     lambda: ("json", fn(engine.backend.multi_lora, run)), fuse)
+        return {"request_id": request_id, "model_id": model_id}
+
+    def adapter(self, model_id: str, name: str | None) -> str:
+        with self._lock:
+            adapters = dict(self._adapters.get(model_id, {}))
+        if not adapters:
+            run = self.rt.store.runs.get(model_id)
+            if run and run.created_at < self._started_at:
+                raise UserError(f"model {model_id!r} has no adapter in this server process: the server restarted "
+                                "since it was created (or the model was closed); add the adapter again and resume it "
+                                "from a checkpoint (resume_from_checkpoint / load)")
+            raise UserError(f"model {model_id!r} has no adapter yet; call add_adapter_to_model first")
+        if name is None:
+            if len(adapters) != 1:
+                raise UserError(f"model {model_id!r} has adapters {sorted(adapters)}: pass adapter_name")
+            return next(iter(adapters.values()))
+        if name not in adapters:
+            raise UserError(f"no adapter {name!r} on model {model_id!r}; call add_adapter_to_model first "
+                            f"(existing: {sorted(adapters)})")
+        return adapters[name]
+
+    def peek_adapter(self, model_id: str, name: str | None) -> str | None:
+        """The adapter if it exists now (a pass may then fuse), else None (it may be queued)."""
+        try:
+            return self.adapter(model_id, name)
+        except UserError:
+            return None
+
+    def label(self, model_id: str, internal: str) -> str:
+        with self._lock:
+            return next(k for k, v in self._adapters.get(model_id, {}).items() if v == internal)
+
+    def has(self, model_id: str, label: str) -> bool:
+        with self._lock:
+            return label in self._adapters.get(model_id, {})
+
+    def register(self, run: Run, engine_adapters, label: str, internal: str) -> None:
+        with self._lock:
+            self._adapters.setdefault(run.model_id, {})[label] = internal
+            labels = sorted(self._adapters[run.model_id])
+        self.svc.set_live(run.model_id, self.rt.engine(run.base_model), internal, replace=False)
+        lora = {**run.lora, "rank": engine_adapters[internal].spec.rank, "adapters": labels}
+        self.rt.store.runs.set_lora(run.model_id, lora)
+
+    def reserve(self, run: Run, internal: str, config) -> None:
+        """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
+        user_errors(self.rt.adapter_memory.reserve)(internal, self.engine_of(run).backend, config)
+
+    def unreserve_unless_built(self, engine, internal: str) -> None:
+        if internal not in engine.adapters:  # a duplicate's failure must not free the original's share
+            self.rt.adapter_memory.release(internal)
+
+    # ---- models and adapters -------------------------------------------------------------------
+    def create_model(self, tenant: str, req: CreateModelRequest) -> ModelInfo:
+        engine = self.rt.engine(req.base_model)
+        self.svc.admit_run(tenant)
+        session = self.svc.create_session(tenant, ["native"])
+        run = self.svc.create_run(tenant, session.session_id, f"{session.session_id}:train:0", engine, "native",
+                                  {"rank": None, "seed": req.seed, "name": req.name},
+                                  {"name": req.name} if req.name else {})
+        return ModelInfo(model_id=run.model_id, base_model=engine.entry.name, session_id=session.session_id,
+                         name=req.name)
+
+    def add_adapter(self, tenant: str, model_id: str, seq, req: AddAdapterRequest) -> dict:
+        from peft import LoraConfig
+
+        run = self.model(tenant, model_id)
+        config = user_errors(LoraConfig)(**req.lora_config.model_dump())
+        internal = internal_name(model_id, req.adapter_name)
+        if self.has(model_id, req.adapter_name):
+            raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
+        self.reserve(run, internal, config)
+
+        @user_errors
+        def work(engine, run):
+            if internal in engine.adapters:
+                raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
+            try:
+                engine.add_adapter_to_model(internal, config, req.gradient_accumulation_steps, seed=run.lora["seed"])
+            finally:
+                self.unreserve_unless_built(engine, internal)
+            peft_like_init(engine, internal, run.lora["seed"])
+            self.register(run, engine.adapters, req.adapter_name, internal)
+            return {"adapter_name": req.adapter_name, "rank": config.r}
+
+        return self.submit(tenant, model_id, seq, work)
+
+    def configure(self, tenant: str, model_id: str, seq, what: str, req: NamedComponent) -> dict:
+        @user_errors
+        def work(engine, run):
+            internal = self.adapter(model_id, req.adapter_name)
+            state = engine.adapters[internal]
+            if what == "loss":
+                state.set_loss(req.name, **req.kwargs)
+            elif what == "optimizer":
+                state.set_optimizer(req.name, **req.kwargs)
+            elif what == "lr_scheduler":
+                from twinkle.model.optim import resolve_scheduler
+
+                # the local TransformersModel's scheduler classes, so both modes follow one lr schedule
+                state.set_scheduler(resolve_scheduler(req.name), **req.kwargs)
+            else:
+                from twinkle.metric import METRICS
+
+                state.metrics(req.is_training).append(METRICS.create(req.name, **req.kwargs))
+            return {"set": what, "name": req.name}
+
+        return self.submit(tenant, model_id, seq, work)
+
+    def close(self, tenant: str, model_id: str) -> dict:
+        """Free the model's adapters once its queued work has run (the run and its checkpoints stay)."""
+        def work(engine, run):
+            with self._lock:
+                adapters = self._adapters.pop(model_id, {})
+            for internal in adapters.values():
+                engine.remove_adapter(internal)
+                self.rt.adapter_memory.release(internal)
+            self.rt.live.pop(model_id)
+            self.rt.store.sessions.finish(run.session_id, "success")
+            return {"closed": model_id, "adapters": sorted(adapters)}
+
+        return self.submit(tenant, model_id, None, work)

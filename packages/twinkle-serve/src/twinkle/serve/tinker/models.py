@@ -1,0 +1,145 @@
+"""Tinker sessions and training models: create, describe, forward_backward (fused), optim_step, finish.
+
+Ids follow the SDK's expectations: model `{session}:train:{n}`. A run's adapter is named from its
+model id (peft adapter names end up in module paths: no ':' or '.').
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
+from twinkle.serve.core.records import Run
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import BadRequest
+from twinkle.serve.tinker import codec
+
+
+def adapter_name(model_id: str) -> str:
+    return "m" + hashlib.sha1(model_id.encode()).hexdigest()[:16]
+
+
+def spec_of(run: Run) -> LoraSpec:
+    return LoraSpec(**{k: run.lora[k] for k in ("rank", "seed", "train_attn", "train_mlp", "train_unembed")})
+
+
+class TinkerModels:
+    def __init__(self, svc: Service):
+        self.svc, self.rt = svc, svc.rt
+
+    # ---- sessions ------------------------------------------------------------------------------
+    def create_session(self, tenant: str, body: dict) -> dict:
+        session = self.svc.create_session(tenant, body.get("tags"), body.get("user_metadata"))
+        return {"type": "create_session", "session_id": session.session_id}
+
+    def heartbeat(self, tenant: str, body: dict) -> dict:
+        self.rt.store.sessions.heartbeat(self.svc.session(tenant, body.get("session_id")).session_id)
+        return {"type": "session_heartbeat"}
+
+    def finish_session(self, tenant: str, session_id: str, body: dict) -> None:
+        self.svc.session(tenant, session_id)
+        self.rt.store.sessions.finish(session_id, (body.get("reason") or {}).get("type", "success"))
+        # Free the session's adapters once their queued work has drained (runs and checkpoints stay).
+        # A native run's adapters are the native API's to free (DELETE /twinkle/v1/models/{id}).
+        for run in self.rt.store.runs.of_session(session_id):
+            if run.api == "tinker" and self.rt.live.get(run.model_id) is not None:
+                self.svc.unload(tenant, run, [adapter_name(run.model_id)],
+                                lambda run=run: {"type": "unload_model", "model_id": run.model_id})
+
+    # ---- models --------------------------------------------------------------------------------
+    def new_run(self, tenant: str, session_id, model_seq_id, base_model, spec: LoraSpec, user_metadata):
+        """A run's record and its adapter-memory reservation (its adapter is built on the worker)."""
+        session_id = self.svc.session(tenant, session_id).session_id
+        engine = self.rt.engine(base_model)
+        self.svc.admit_run(tenant)
+        if not isinstance(model_seq_id, int):
+            raise BadRequest("model_seq_id must be an integer")
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if self.rt.store.runs.get(model_id) is not None:  # before reserving memory for it
+            raise BadRequest(f"model {model_id!r} already exists")
+        self.rt.adapter_memory.reserve(adapter_name(model_id), engine.backend, spec)
+        lora = {"rank": spec.rank, "seed": spec.seed, "train_attn": spec.train_attn, "train_mlp": spec.train_mlp,
+                "train_unembed": spec.train_unembed}
+        metadata = {str(k): str(v) for k, v in (user_metadata or {}).items()}
+        return self.svc.create_run(tenant, session_id, model_id, engine, "tinker", lora, metadata), engine
+
+    def build_adapter(self, run: Run, engine, spec: LoraSpec) -> str:
+        adapter = adapter_name(run.model_id)
+        engine.backend.create_adapter(adapter, spec)
+        self.svc.set_live(run.model_id, engine, adapter)
+        return adapter
+
+    def create_model(self, tenant: str, body: dict) -> dict:
+        cfg = body.get("lora_config") or {}
+        spec = LoraSpec(rank=int(cfg.get("rank", 32)), seed=cfg.get("seed"),
+                        train_attn=bool(cfg.get("train_attn", True)), train_mlp=bool(cfg.get("train_mlp", True)),
+                        train_unembed=bool(cfg.get("train_unembed", True)))
+        try:
+            spec.target_modules()
+        except UserError as e:
+            raise BadRequest(str(e)) from None
+        run, engine = self.new_run(tenant, body.get("session_id"), body.get("model_seq_id", 0),
+                                   body.get("base_model"), spec, body.get("user_metadata"))
+
+        def work():
+            self.build_adapter(run, engine, spec)
+            return "json", {"type": "create_model", "model_id": run.model_id}
+
+        return {"request_id": self.svc.submit(tenant, engine, run.model_id, 0, work), "model_id": run.model_id}
+
+    def get_info(self, tenant: str, body: dict) -> dict:
+        run = self.svc.run(tenant, body.get("model_id"))
+        engine = self.rt.engine(run.base_model)
+        return {"type": "get_info", "model_id": run.model_id, "is_lora": True, "lora_rank": run.lora.get("rank"),
+                "model_name": run.base_model,
+                "model_data": {"arch": "qwen3", "model_name": run.base_model,
+                               "tokenizer_id": engine.backend.tokenizer_path}}
+
+    def forward_backward(self, tenant: str, body: bytes) -> dict:
+        try:
+            model_id, seq_id, data, loss_fn, config, forward_only = codec.decode_forward_backward(body)
+        except UserError as e:
+            raise BadRequest(str(e)) from None
+        run = self.svc.run(tenant, model_id)
+        self.rt.limits.input_tokens(tenant, sum(len(d.tokens) for d in data))
+        engine = self.rt.engine(run.base_model)
+        self.rt.store.runs.touch(model_id)
+
+        def finish(result):
+            if isinstance(result, Exception):
+                raise result
+            self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
+            if not forward_only:  # the run's curve, as the dashboard shows native runs'
+                self.svc.record_step(run, {"loss": result.metrics.get("loss:sum")})
+            return "proto", codec.encode_forward_result(result)
+
+        def work():
+            item = DatumsPass(self.svc.live_adapter(model_id), data, loss_fn, config, forward_only)
+            return finish(engine.backend.forward_backward_many([item])[0])
+
+        live = self.rt.live.get(model_id)
+        fuse = None
+        if live is not None:  # fusable once the adapter exists (create_model already ran)
+            fuse = (DatumsPass(live.adapter, data, loss_fn, config, forward_only), finish)
+        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, fuse), "model_id": model_id}
+
+    def optim_step(self, tenant: str, body: dict) -> dict:
+        run = self.svc.run(tenant, body.get("model_id"))
+        engine = self.rt.engine(run.base_model)
+        raw = body.get("adam_params") or {}
+        if body.get("optimizer_params") and (body["optimizer_params"].get("type") not in (None, "adam", "adamw")):
+            raise BadRequest(f"optimizer {body['optimizer_params'].get('type')!r} is not supported; use AdamParams")
+        raw = raw or {k: v for k, v in (body.get("optimizer_params") or {}).items() if k != "type"}
+        try:
+            params = AdamParams(**{k: float(v) for k, v in raw.items() if v is not None})
+        except TypeError as e:
+            raise BadRequest(f"bad adam_params: {e}") from None
+
+        def work():
+            metrics = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)
+            self.svc.record_step(run, {"grad_norm": metrics.get("grad_norm:mean"), "lr": params.learning_rate},
+                                 same_step=True)
+            return "json", {"type": "optim_step", "metrics": metrics}
+
+        request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)
+        return {"request_id": request_id, "model_id": run.model_id}

@@ -1,0 +1,75 @@
+"""Tinker sampling: sampling sessions over a checkpoint, a base model or a training run's snapshot, and asample."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+
+from twinkle.serve.core.records import Sampler
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import NotFound
+from twinkle.serve.tinker import codec
+from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
+
+
+def sampler_name(key: str) -> str:
+    return "s" + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+class TinkerSampling:
+    def __init__(self, svc: Service):
+        self.svc, self.rt = svc, svc.rt
+
+    def create_sampling_session(self, tenant: str, body: dict) -> dict:
+        session_id = self.svc.session(tenant, body.get("session_id")).session_id
+        model_path = body.get("model_path")
+        if model_path:
+            ckpt = self.svc.checkpoints.readable(tenant, model_path)
+            base_model = self.rt.store.runs.get(ckpt.model_id).base_model
+        else:
+            base_model = self.rt.engine(body.get("base_model")).entry.name
+        sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
+        self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
+        return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+    def install_snapshot(self, tenant: str, engine, session_id: str, seq: int, model_id: str) -> dict:
+        """save_weights_for_sampler without a path: an ephemeral sampler on the run's current weights."""
+        sampler_id = f"{session_id}:sample:{seq}"
+        engine.backend.install_sampler_from_adapter(sampler_name(sampler_id), self.svc.live_adapter(model_id))
+        self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(),
+                                              ephemeral=True))
+        return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
+
+    def _sampler(self, tenant: str, sampler_id) -> Sampler:
+        sampler = self.rt.store.samplers.owned(sampler_id, tenant)
+        if sampler is None:
+            raise NotFound(f"sampler {sampler_id!r} not found")
+        return sampler
+
+    def get_sampler(self, tenant: str, sampler_id: str) -> dict:
+        s = self._sampler(tenant, sampler_id)
+        return {"sampler_id": sampler_id, "base_model": s.base_model, "model_path": s.model_path}
+
+    def asample(self, tenant: str, body: dict) -> dict:
+        sampler = self._sampler(tenant, body.get("sampling_session_id"))
+        engine = self.rt.engine(sampler.base_model)
+        prompt, n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
+        self.rt.limits.input_tokens(tenant, len(prompt))
+        params, target_layout = sample_params(body, len(prompt), engine.backend.vocab_size)
+        want_prompt_lps = bool(body.get("prompt_logprobs"))
+        adapter = folder = None
+        if sampler.model_path:
+            ckpt = self.svc.checkpoints.readable(tenant, sampler.model_path)
+            adapter, folder = sampler_name(sampler.model_path + ckpt.dir), str(self.svc.checkpoints.folder(ckpt))
+        elif sampler.ephemeral:
+            adapter = sampler_name(sampler.sampler_id)
+
+        def run():
+            if folder is not None:
+                engine.backend.install_sampler_from_folder(adapter, folder)
+            result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps)
+            return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
+
+        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, body.get("seq_id"), run)
+        return {"request_id": request_id, "sample_sequence_ids": [uuid.uuid4().hex for _ in range(n)]}

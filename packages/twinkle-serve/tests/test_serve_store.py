@@ -1,0 +1,65 @@
+"""The store's schema versioning: a database written by the first release (kept as a fixture, made by
+that release's server after Tinker and native training, checkpoints, sampling and curves) upgrades in
+place and serves its runs, checkpoints and keys; a newer database is refused; a fresh one is current."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from twinkle.serve.core.store import VERSION, Store
+from twinkle.serve.keys import KeyStore
+
+FIXTURE = Path(__file__).parent / "fixtures" / "store_v0.sqlite"
+NATIVE, TINKER = "eea08458a0be49ceb77a:train:0", "6a7e82a598684ca3a32c:train:0"
+
+
+@pytest.fixture
+def upgraded(tmp_path):
+    shutil.copy(FIXTURE, tmp_path / "twinkle.db")
+    assert sqlite3.connect(tmp_path / "twinkle.db").execute("PRAGMA user_version").fetchone()[0] == 0
+    store = Store(tmp_path)
+    yield store
+    store.close()
+
+
+def test_a_first_release_database_upgrades_and_keeps_its_runs(upgraded):
+    assert upgraded.version == VERSION >= 2
+    runs = {r.model_id: r for r in upgraded.runs.list("alice", 10)}
+    assert set(runs) == {NATIVE, TINKER}
+    assert runs[NATIVE].api == "native" and runs[NATIVE].name == "native-run" and runs[NATIVE].lora["adapters"] == ["a"]
+    assert runs[TINKER].api == "tinker" and runs[TINKER].lora["rank"] == 4 and runs[TINKER].user_metadata == {"k": "v"}
+    assert upgraded.runs.owned(TINKER, "bob") is None  # still scoped by tenant
+
+
+def test_checkpoint_folders_become_relative_to_the_data_dir(upgraded):
+    ckpts = {c.name: c for c in upgraded.checkpoints.of_tenant("alice")}
+    assert set(ckpts) == {"step1", "n1"}
+    assert ckpts["step1"].dir == "tenants/alice/6a7e82a598684ca3a32c_train_0/weights/step1"
+    assert ckpts["n1"].checkpoint_id == "weights/n1" and ckpts["n1"].size_bytes == 25065
+
+
+def test_keys_curves_and_samplers_survive(upgraded):
+    keys = KeyStore(upgraded)
+    assert [k["name"] for k in keys.list()] == ["alice", "bob"] and keys.count() == 2
+    curves = upgraded.curves.of(NATIVE)
+    assert curves["reward"][0]["value"] == 0.5 and len(curves["loss"]) == 1
+    assert upgraded.samplers.owned("6a7e82a598684ca3a32c:sample:0", "alice").ephemeral
+
+
+def test_reopening_runs_no_migration_twice(tmp_path):
+    Store(tmp_path).close()
+    store = Store(tmp_path)  # a second open finds it current (an ALTER run twice would raise)
+    assert store.version == VERSION
+    store.close()
+
+
+def test_a_database_from_a_newer_server_is_refused(tmp_path):
+    db = sqlite3.connect(tmp_path / "twinkle.db")
+    db.execute(f"PRAGMA user_version = {VERSION + 1}")
+    db.close()
+    with pytest.raises(RuntimeError, match="newer than this server"):
+        Store(tmp_path)
