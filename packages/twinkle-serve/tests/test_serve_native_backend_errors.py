@@ -41,6 +41,16 @@ def test_the_removed_peft_backend_names_its_replacement():
     assert "backend 'peft' was removed" in str(err.value) and "use backend 'multi_lora'" in str(err.value)
 
 
+def test_backends_come_from_the_one_registry_and_an_unknown_name_lists_the_known():
+    from twinkle.serve.backend import BACKENDS
+    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+
+    assert BACKENDS.get("multi_lora") is MultiLoraBackend  # through the twinkle.serve_backend entry point
+    with pytest.raises(ValidationError) as err:
+        ServeConfig.model_validate({"models": [{"name": "m", "backend": "fused"}]})
+    assert "unknown serve backend 'fused'; known: multi_lora" in str(err.value)
+
+
 def test_native_rows_run_on_the_remote_backends_local_trainer():
     """sampler_remote_group only: training stays in process, so native passes run (and equal the plain backend)."""
     from peft import LoraConfig

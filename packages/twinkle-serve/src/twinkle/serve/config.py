@@ -20,7 +20,7 @@ class _Strict(BaseModel):
 class ModelEntry(_Strict):
     name: str  # the base_model clients name, e.g. "twinkle://qwen3-demo" or a hub id
     path: str | None = None  # a local folder; default: twinkle.hub.resolve_model_path(name)
-    backend: Literal["multi_lora"] = "multi_lora"
+    backend: str = "multi_lora"  # a name in twinkle.serve.backend.BACKENDS
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
@@ -36,6 +36,9 @@ class ModelEntry(_Strict):
         if value == "peft":
             raise ValueError("backend 'peft' was removed (it was a second, unfused training loop): use "
                              "backend 'multi_lora', which trains the same peft LoRA configs, fused across tenants")
+        from twinkle.serve.backend import BACKENDS
+
+        BACKENDS.get(value)  # an unknown name fails here, at config load, listing the known ones
         return value
 
 

@@ -67,7 +67,7 @@ class Runtime:
                 remote = dict(remote_group=entry.remote_group, sampler_remote_group=entry.sampler_remote_group,
                               shard_model_path=entry.path)
             try:
-                backend = create_backend(entry.name, str(path), dtype=entry.dtype,
+                backend = create_backend(entry.name, str(path), entry.backend, dtype=entry.dtype,
                                          max_batch_size=entry.max_sampler_batch,
                                          trust_remote_code=entry.trust_remote_code, **remote)
             except Exception as e:

@@ -1,20 +1,28 @@
 """Training/sampling backends behind one typed interface (`Backend`), chosen by the model entry."""
 
+from twinkle.registry import Registry
 from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
                                         RowsPass, SampledSeq, SampleParams, SampleResult, UserError)
 
 __all__ = ["AdamParams", "Backend", "Datum", "DatumsPass", "ForwardResult", "LoraSpec", "Pass", "RowsPass",
-           "SampleParams", "SampleResult", "SampledSeq", "UserError", "create_backend"]
+           "SampleParams", "SampleResult", "SampledSeq", "UserError", "BACKENDS", "create_backend"]
 
 
-def create_backend(base_model: str, model_path: str, **options) -> Backend:
-    """twinkle.model's MultiLoraModel (tenants fused into shared passes), sampling with TorchSampler;
-    with `remote_group=` / `sampler_remote_group=` the training model / the sampler run as twinkle.mesh
-    remote groups (Ray actor groups after `twinkle.mesh.initialize(mode='ray', ...)`)."""
+# Backends by the name a model entry gives (`backend: multi_lora`); a package adds its own through the
+# entry-point group `twinkle.serve_backend` (see twinkle-serve's pyproject for the built-in).
+BACKENDS: Registry[Backend] = Registry("serve backend", "twinkle.serve_backend", Backend)
+
+
+def create_backend(base_model: str, model_path: str, backend: str = "multi_lora", **options) -> Backend:
+    """The named backend. `multi_lora` is twinkle.model's MultiLoraModel (tenants fused into shared
+    passes), sampling with TorchSampler; with `remote_group=` / `sampler_remote_group=` its training
+    model / sampler run as twinkle.mesh remote groups (Ray actor groups after
+    `twinkle.mesh.initialize(mode='ray', ...)`)."""
+    cls = BACKENDS.get(backend)
     if options.get("remote_group") or options.get("sampler_remote_group"):
+        if backend != "multi_lora":
+            raise ValueError(f"backend {backend!r} does not run on Ray remote groups; multi_lora does")
         from twinkle.serve.backend.remote import RemoteBackend
 
-        return RemoteBackend(base_model, model_path, **options)
-    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
-
-    return MultiLoraBackend(base_model, model_path, **options)
+        cls = RemoteBackend
+    return cls(base_model, model_path, **options)
