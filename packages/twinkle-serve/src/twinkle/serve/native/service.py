@@ -257,7 +257,7 @@ class NativeService:
                 out = engine.forward_backward(batch, adapter_name=internal)
                 result = ForwardResult(loss=out["loss"], metrics=out.get("metrics", {}))
             else:
-                out = engine.forward(batch, adapter_name=internal)
+                out = engine.forward_fused({internal: batch})[internal]
                 result = ForwardResult(loss=out["loss"] if out.get("finite") else None, metrics=out.get("metrics", {}),
                                        logprobs=[[0.0] + lps for lps in out["logprobs"]])
             self.curves.count_tokens(tokens)
@@ -322,7 +322,7 @@ class NativeService:
                 opt = state.ensure_optimizer()
                 torch.save({"optimizer": opt.state_dict(),
                             "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-                            "optimizer_steps": state.optimizer_steps, "step_calls": state.step_calls,
+                            "optimizer_steps": state.optimizer_steps, "step_calls": state.micro_step,
                             "fb_count": self._fb_counts.get((model_id, internal), 0)}, staging / STATE_FILE)
             spec = state.spec
             meta = {"base_model": row["base_model"], "model_id": model_id, "native": True,
@@ -391,7 +391,7 @@ class NativeService:
                 state.ensure_optimizer().load_state_dict(blob["optimizer"])
                 if blob["scheduler"] is not None and state.scheduler is not None:
                     state.scheduler.load_state_dict(blob["scheduler"])
-                state.optimizer_steps, state.step_calls = blob["optimizer_steps"], blob["step_calls"]
+                state.optimizer_steps, state.micro_step = blob["optimizer_steps"], blob["step_calls"]
                 self._fb_counts[(model_id, internal)] = blob["fb_count"]
                 out.update(resumed=True, optimizer_steps=blob["optimizer_steps"])
             return out
