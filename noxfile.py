@@ -92,3 +92,13 @@ def vllm(session: nox.Session) -> None:
     session.run("pytest", "packages/twinkle-sampler/tests/test_sampler_contract.py", "-k", "vllm",
                 "-p", "no:cacheprovider", *session.posargs,
                 env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"})
+
+
+@nox.session(name="conformance")
+def conformance(session: nox.Session) -> None:
+    """One scripted TwinkleModel sequence against every engine x mode, compared with the local run;
+    prints the matrix and writes it to .nox/conformance-matrix.md (issue 16)."""
+    _sync(session, "--all-packages")
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false",
+           "CONFORMANCE_MATRIX": str(ROOT / ".nox" / "conformance-matrix.md")}
+    session.run("pytest", "tests/conformance", *session.posargs, env=env)

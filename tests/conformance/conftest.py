@@ -32,6 +32,23 @@ def reference(init_folder, tmp_path_factory):
     return dataclasses.asdict(sequence.run(mode))
 
 
+@pytest.fixture(scope="session")
+def ray_group():
+    """A real local Ray cluster (2 CPUs) with a 2-rank DeviceGroup 'model', shared by every Ray
+    test; yields the data-parallel mesh over it."""
+    pytest.importorskip("ray")
+    import torch
+
+    import twinkle.mesh as tm
+    from twinkle.mesh import runtime as rt_module
+
+    torch.set_num_threads(1)
+    rt_module._RUNTIME = None
+    tm.initialize(mode="ray", groups=[tm.DeviceGroup("model", 2, "cpu")], seed=42, num_cpus=2)
+    yield tm.DeviceMesh.from_sizes(dp_size=2)
+    tm.shutdown()
+
+
 def pytest_terminal_summary(terminalreporter):
     if not MATRIX:
         return

@@ -75,26 +75,18 @@ def test_torchrun(torchrun_results, reference, name, pair):
     compare(pair, result["record"], reference)
 
 
-def test_ray_group(reference, init_folder, tmp_path):
-    pytest.importorskip("ray")
-    import twinkle.mesh as tm
+def test_ray_group(reference, init_folder, tmp_path, ray_group):
     from twinkle.hub import TEST_MODEL
-    from twinkle.mesh import runtime as rt_module
     from twinkle.model import TransformersModel
 
-    rt_module._RUNTIME = None
-    tm.initialize(mode="ray", groups=[tm.DeviceGroup("model", 2, "cpu")], seed=42)
-    try:
-        mesh = tm.DeviceMesh.from_sizes(dp_size=2)
-        built = []
+    built = []
 
-        def make():
-            for old in built:
-                old.remote_shutdown()  # one engine's actors at a time on the 2-CPU group
-            built[:] = [TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, remote_group="model")]
-            return built[0]
+    def make():
+        for old in built:
+            old.remote_shutdown()  # one engine's actors at a time on the 2-CPU group
+        built[:] = [TransformersModel(model_id=TEST_MODEL, device_mesh=ray_group, remote_group="model")]
+        return built[0]
 
-        record = sequence.run(local_mode(make, init_folder, tmp_path))
-    finally:
-        tm.shutdown()
+    record = sequence.run(local_mode(make, init_folder, tmp_path))
+    built[0].remote_shutdown()
     compare("TransformersModel · Ray group (2 actors)", dataclasses.asdict(record), reference)

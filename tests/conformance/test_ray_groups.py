@@ -1,4 +1,4 @@
-"""A 2-actor Ray group (real `ray.init(num_cpus=2)`): forward_only gathers every rank's rows in order
+"""A 2-actor Ray group (a real local Ray cluster, `ray_group` in conftest.py): forward_only gathers every rank's rows in order
 (it raised TypeError: each rank returns a dict where the collection expected a list), and a sampler
 splits the prompts over its ranks (every rank sampled the whole batch, rank 0's answer came back)."""
 
@@ -7,10 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import twinkle.mesh as tm
 from twinkle.hub import TEST_MODEL
 from twinkle.mesh import remote_method
-from twinkle.mesh import runtime as rt_module
 from twinkle.sampler import TorchSampler
 from twinkle.sampler.base import prompt_items
 
@@ -30,16 +28,6 @@ class CountingSampler(TorchSampler):
     @remote_method(collect="all")
     def served_count(self) -> int:
         return getattr(self, "served", 0)
-
-
-@pytest.fixture(scope="module")
-def ray_group():
-    pytest.importorskip("ray")
-    torch.set_num_threads(1)
-    rt_module._RUNTIME = None
-    tm.initialize(mode="ray", groups=[tm.DeviceGroup("model", 2, "cpu")], seed=42)
-    yield tm.DeviceMesh.from_sizes(dp_size=2)
-    tm.shutdown()
 
 
 def test_forward_only_on_a_ray_group_returns_every_row_in_order(ray_group):

@@ -21,8 +21,8 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import (STRATEGIES, barrier, clip_grad_norm, data_parallel_loss, full_tensor, is_main_process,
-                                    no_sync, rebind_parameters, wrap)
+from twinkle.model.strategy import (STRATEGIES, barrier, clip_grad_norm, data_parallel_loss, data_parallel_size,
+                                    full_tensor, is_main_process, no_sync, rebind_parameters, wrap)
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -242,11 +242,23 @@ class TransformersModel(TwinkleModel):
         flops = step_flops(input_tokens, ctx.batch["input_ids"].shape[1], self._n_matmul(), n_trainable,
                            self._layers, self._q_width, backward=training)
         loss = float(out.loss.detach()) if out is not None else None
-        record = ForwardRecord(loss, int(mask.sum()), input_tokens, correct, seconds, flops,
+        loss_tokens, correct = self._data_parallel_sums(int(mask.sum()), correct)
+        record = ForwardRecord(loss, loss_tokens, input_tokens, correct, seconds, flops,
                                finite=loss is None or bool(torch.isfinite(out.loss.detach()).all()),
                                extras=out.metrics if out is not None else {})
         for metric in state.metrics(training):
             metric.on_forward(record)
+
+    def _data_parallel_sums(self, *counts: int) -> tuple[int, ...]:
+        """Counts over the global micro-batch: the loss is the global one, so its weight in the
+        running mean (and token accuracy) must be too, or data-parallel metrics drift from one
+        process's."""
+        if data_parallel_size(self.device_mesh) == 1:
+            return counts
+        device = torch.device("cuda", torch.cuda.current_device()) if self.device.type == "cuda" else "cpu"
+        packed = torch.tensor(counts, dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(packed, group=self.device_mesh.get_group("data"))
+        return tuple(int(c) for c in packed.tolist())
 
     def _n_matmul(self) -> int:
         if not hasattr(self, "_n_matmul_cache"):
