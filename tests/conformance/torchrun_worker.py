@@ -14,7 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import conformance_sequence as sequence  # noqa: E402
 
-MODES = {"ddp": dict(dp_size=2), "fsdp2": dict(dp_size=1, fsdp_size=2), "tp2": dict(tp_size=2)}
+# mode -> (mesh sizes, TransformersModel options)
+MODES = {"ddp": (dict(dp_size=2), {}), "fsdp2": (dict(dp_size=1, fsdp_size=2), dict(strategy="fsdp2")),
+         "tp2": (dict(tp_size=2), {})}
 
 
 def _gather(rows: list) -> list:
@@ -37,11 +39,12 @@ def run_mode(name: str, init: str, out: Path) -> dict:
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
-    mesh = tm.DeviceMesh.from_sizes(**MODES[name])
+    sizes, options = MODES[name]
+    mesh = tm.DeviceMesh.from_sizes(**sizes)
     built = []
 
     def make():
-        built.append(TransformersModel(model_id=TEST_MODEL, device_mesh=mesh))
+        built.append(TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, **options))
         return built[-1]
 
     data_parallel = mesh.data_world_size > 1
@@ -64,7 +67,7 @@ def main(init: str, out: Path) -> None:
     torch.set_num_threads(1)
     tm.initialize(mode="local", seed=0)
     rank = int(os.environ["RANK"])
-    for name in MODES:
+    for name in os.environ.get("CONFORMANCE_TORCHRUN_MODES", ",".join(MODES)).split(","):
         try:
             result = run_mode(name, init, out)
         except Exception as e:  # noqa: BLE001 - a refusal is a result of the matrix

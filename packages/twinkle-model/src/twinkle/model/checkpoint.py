@@ -16,7 +16,7 @@ A full-model checkpoint (no adapter) is a `save_pretrained` folder (`save_full` 
 Stable API:
     save_adapter(path, config, tensors, base_model=None)       -> None
     load_adapter(path)                                         -> (LoraConfig, {peft name: tensor})
-    save_training_state(path, optimizer, scheduler, counters)  -> None
+    save_training_state(path, optimizer, scheduler, counters, write=True)  -> None
     load_training_state(path, optimizer, scheduler)            -> counters (RNG restored)
     save_adapter_state(path, state, data_position=None) / resume_adapter_state(path, state)
                                                                -> the two above for an engine's AdapterState
@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from twinkle.model.strategy import full_tensor
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 STATE_DIR, STATE_TENSORS, STATE_JSON = "training_state", "state.safetensors", "state.json"
@@ -83,7 +85,7 @@ def load_adapter(path) -> tuple[object, dict[str, torch.Tensor]]:
 def _flatten(obj, tensors: dict):
     if isinstance(obj, torch.Tensor):
         key = str(len(tensors))
-        tensors[key] = obj.detach().to("cpu").contiguous()
+        tensors[key] = full_tensor(obj.detach()).to("cpu").contiguous()  # a sharded moment: gathered (collective)
         return {"tensor": key}
     if isinstance(obj, dict):
         return {"items": [[_flatten(k, tensors), _flatten(v, tensors)] for k, v in obj.items()]}
@@ -108,6 +110,20 @@ def _unflatten(obj, tensors: dict):
     return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in obj["items"]}
 
 
+def _shard_like_params(state: dict, optimizer) -> dict:
+    """Whole saved moments cut to this rank's shard where the optimizer's parameter is a DTensor
+    (FSDP2); every rank holds the whole tensor, so no communication is needed."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # state_dict's numbering
+    for index, moments in state["state"].items():
+        param = params[index]
+        if isinstance(param, DTensor):
+            state["state"][index] = {k: distribute_tensor(v, param.device_mesh, param.placements, src_data_rank=None)
+                                     if v.shape == param.shape else v for k, v in moments.items()}
+    return state
+
+
 def _rng_state() -> dict:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state()
@@ -128,15 +144,18 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_training_state(path, optimizer, scheduler, counters: dict) -> None:
+def save_training_state(path, optimizer, scheduler, counters: dict, write: bool = True) -> None:
     """Optimizer, scheduler (either may be None), this process's RNG and the engine's `counters`
-    (plain JSON values) under `path/training_state/`."""
-    folder = Path(path) / STATE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    (plain JSON values) under `path/training_state/`. Sharded (DTensor) optimizer state is gathered
+    whole, a collective: under FSDP2 every rank calls this, and only the one with `write` writes."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = {"optimizer": _flatten(optimizer.state_dict() if optimizer is not None else None, tensors),
                 "scheduler": _flatten(scheduler.state_dict() if scheduler is not None else None, tensors),
                 "rng": _flatten(_rng_state(), tensors), "counters": counters}
+    if not write:
+        return
+    folder = Path(path) / STATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / STATE_TENSORS), metadata={"format": "pt"})
     (folder / STATE_JSON).write_text(json.dumps(skeleton))
 
@@ -155,19 +174,19 @@ def load_training_state(path, optimizer, scheduler) -> dict:
             continue
         if target is None:
             raise ValueError(f"the checkpoint has {what} state: call {setter}(...) before resuming")
-        target.load_state_dict(saved[what])
+        target.load_state_dict(_shard_like_params(saved[what], target) if what == "optimizer" else saved[what])
     _set_rng_state(saved["rng"])
     return skeleton["counters"]
 
 
 # -- an engine's per-adapter state ---------------------------------------------------------------
-def save_adapter_state(path, state, data_position: int | None = None) -> None:
+def save_adapter_state(path, state, data_position: int | None = None, write: bool = True) -> None:
     """`save_training_state` for an engine's adapter state (optimizer, scheduler, micro_step,
     optimizer_steps, consumed_batches, gradient_accumulation_steps)."""
     counters = {"micro_step": state.micro_step, "optimizer_steps": state.optimizer_steps,
                 "data_position": state.consumed_batches if data_position is None else data_position,
                 "gradient_accumulation_steps": state.gradient_accumulation_steps}
-    save_training_state(path, state.optimizer, state.scheduler, counters)
+    save_training_state(path, state.optimizer, state.scheduler, counters, write)
 
 
 def resume_adapter_state(path, state) -> dict:

@@ -402,8 +402,8 @@ class TransformersModel(TwinkleModel):
             if is_main_process():
                 checkpoint.save_adapter(path, self.peft_model.peft_config[state.name], weights,
                                         checkpoint.base_model_id(self.model_id, self.model_path))
-        if save_training_state and is_main_process():
-            checkpoint.save_adapter_state(path, state, data_position)
+        if save_training_state:  # every rank: sharded optimizer state is gathered, rank 0 writes
+            checkpoint.save_adapter_state(path, state, data_position, write=is_main_process())
         barrier()
         return str(path)
 
@@ -414,6 +414,9 @@ class TransformersModel(TwinkleModel):
         from peft import set_peft_model_state_dict
 
         path = Path(path)
+        if self._wrapped is not None and self.strategy == "fsdp2" and data_parallel_size(self.device_mesh) > 1:
+            raise RuntimeError("load / resume_from_checkpoint before the first forward_backward under FSDP2: "
+                               "the weights are sharded now; build a new TransformersModel and load into it")
         if checkpoint.is_adapter_folder(path) and (adapter_name not in self.states if adapter_name
                                                    else not self.adapter_names):
             config, _ = checkpoint.load_adapter(path)
@@ -434,6 +437,7 @@ class TransformersModel(TwinkleModel):
         that many batches of the data loader to continue exactly where the saved run was."""
         self.load(path, adapter_name)
         state = self._state(adapter_name)
+        self._activate(state)  # wrapped first: under FSDP2 the moments load into their shards
         return checkpoint.resume_adapter_state(path, state)
 
 
