@@ -90,3 +90,35 @@ def test_ray_group(reference, init_folder, tmp_path, ray_group):
     record = sequence.run(local_mode(make, init_folder, tmp_path))
     built[0].remote_shutdown()
     compare("TransformersModel · Ray group (2 actors)", dataclasses.asdict(record), reference)
+
+
+def _is_refusal(error: Exception) -> bool:
+    """A clear refusal naming what to use instead, not a crash."""
+    return (isinstance(error, NotImplementedError) or (isinstance(error, ImportError) and "megatron" in str(error))
+            or (isinstance(error, RuntimeError) and "needs CUDA" in str(error)))
+
+
+def test_megatron(reference, init_folder, tmp_path):
+    """MegatronModel trains full parameters on CUDA: here (and for a LoRA script anywhere) it refuses."""
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model.megatron.model import MegatronModel
+
+    pair = "MegatronModel · " + ("CUDA" if torch.cuda.is_available() else "local CPU")
+    try:
+        record = sequence.run(local_mode(lambda: MegatronModel(TEST_MODEL), init_folder, tmp_path))
+    except Exception as error:  # noqa: BLE001 - judged just below
+        if not _is_refusal(error):
+            raise
+        refuse(pair, f"{type(error).__name__}: {error}")
+        pytest.skip(f"{pair} refused: {error}")
+    compare(pair, dataclasses.asdict(record), reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gathered by the gpu session)")
+def test_transformers_cuda(reference, init_folder, tmp_path):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    record = sequence.run(local_mode(lambda: TransformersModel(model_id=TEST_MODEL, device="cuda"), init_folder, tmp_path))
+    compare("TransformersModel · CUDA", dataclasses.asdict(record), reference)
