@@ -16,5 +16,7 @@ def test_the_http_proxy_refuses_what_cannot_cross_http_by_name():
     proxy = object.__new__(client_model.TransformersModel)  # refusals need no connection
     with pytest.raises(NotImplementedError, match="cannot return an autograd graph: use forward_only"):
         proxy.forward([])
+    with pytest.raises(NotImplementedError, match="cannot back-propagate a local loss: use forward_backward"):
+        proxy.backward(None)
     with pytest.raises(NotImplementedError, match="cannot take save\\(data_position=...\\)"):
         proxy.save("ckpt", data_position=3)

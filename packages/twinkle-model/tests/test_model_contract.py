@@ -128,3 +128,23 @@ def test_mfu_is_absent_without_a_peak_not_a_division_by_zero():
         m.on_forward(ForwardRecord(2.0, 10, 12, 5, 0.5, 1e6, finite=True, extras={}))
     out = megatron.calculate_metric()
     assert "mfu" not in out and out["tokens_per_s"] == 24.0 and out["loss"] == 2.0 and out["step"] == 0.0
+
+
+def _grads(engine):
+    state = engine.adapters["default"] if isinstance(engine, MultiLoraModel) else engine.states["default"]
+    params = state.params if isinstance(engine, MultiLoraModel) else state.parameters()
+    return [p.grad.clone() for p in params]
+
+
+def test_a_custom_loss_loop_with_forward_and_backward_equals_forward_backward(rows):
+    from twinkle.loss import CrossEntropyLoss
+
+    built, custom = _engines(), _engines()
+    for own, loop in zip(built, custom):
+        for engine in (own, loop):
+            engine.set_optimizer("SGD", lr=0.1)
+        for batch in (rows[:2], rows[2:]):
+            own.forward_backward(inputs=batch)
+            assert loop.backward(CrossEntropyLoss()(loop.forward(batch)).loss) is True
+        assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(_grads(own), _grads(loop))), type(own)
+        assert loop.clip_grad_and_step()["stepped"]  # the custom micro-batches count toward the window

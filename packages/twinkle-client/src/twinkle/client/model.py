@@ -9,7 +9,8 @@
 
 It implements the `twinkle.model.TwinkleModel` contract (same arguments, order, defaults and
 accumulation rule; a test compares the signatures), each result wrapped in a Future. What cannot
-cross HTTP is refused by name: `forward` (an autograd graph; use forward_only / forward_backward)
+cross HTTP is refused by name: `forward` / `backward` (an autograd graph; use forward_only /
+forward_backward)
 and `save(data_position=...)` (the server counts the data position itself).
 
 Calls on one model run on the server in the order they were made (they carry a sequence number),
@@ -119,6 +120,10 @@ class TransformersModel:
     def forward(self, inputs, adapter_name: str | None = None):
         raise NotImplementedError("TransformersModel over HTTP cannot return an autograd graph: use forward_only "
                                   "for log-probs, or forward_backward with set_loss for training")
+
+    def backward(self, loss, adapter_name: str | None = None):
+        raise NotImplementedError("TransformersModel over HTTP cannot back-propagate a local loss: use "
+                                  "forward_backward with set_loss")
 
     def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> Future:
         return self._call("clip_grad_and_step", StepRequest(adapter_name=adapter_name, max_grad_norm=max_grad_norm))

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 # The contract's method names, in the order a loop uses them (the signature test walks this list).
-CONTRACT_METHODS = ("add_adapter_to_model", "set_loss", "set_optimizer", "set_lr_scheduler", "forward",
+CONTRACT_METHODS = ("add_adapter_to_model", "set_loss", "set_optimizer", "set_lr_scheduler", "forward", "backward",
                     "forward_only", "forward_backward", "clip_grad_and_step", "calculate_metric", "save", "load",
                     "resume_from_checkpoint")
 
@@ -76,6 +76,13 @@ class TwinkleModel:
         process boundary, so remote proxies refuse it."""
         raise refuse(self, "return an autograd graph", "use forward_only for log-probs, or forward_backward "
                      "with set_loss for training")
+
+    def backward(self, loss, adapter_name: str | None = None) -> bool:
+        """Back-propagate a loss computed from `forward`'s LossContext, counted like one
+        forward_backward (scaled by 1/gradient_accumulation_steps; a non-finite loss is not
+        propagated and skips the coming step). Returns whether gradients were accumulated.
+        In-process engines only, as `forward`."""
+        raise refuse(self, "back-propagate a local loss", "use forward_backward with set_loss")
 
     def forward_only(self, inputs, adapter_name: str | None = None) -> dict[str, Any]:
         """No-gradient pass: {'loss': float | None (None when the batch lacks what the loss needs),

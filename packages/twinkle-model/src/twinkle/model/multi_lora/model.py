@@ -137,6 +137,17 @@ class MultiLoraModel(TwinkleModel):
         fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
         return LossContext.from_logits(logits[:, :-1], batch.labels_B_T[:, 1:].to(self.device), **fields)
 
+    def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
+        """A custom loss from `forward`'s context, counted as one micro-batch of the window."""
+        state = self._state(adapter_name)
+        state.micro_step += 1
+        state.consumed_batches += 1
+        if not torch.isfinite(loss.detach()).all():
+            state.nonfinite_pending = True
+            return False
+        (loss / state.gradient_accumulation_steps).backward()
+        return True
+
     def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
         """{'loss' (None without targets), 'logprobs' per row aligned with labels (0.0 first)}."""
         name = self._state(adapter_name).name
