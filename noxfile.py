@@ -114,6 +114,17 @@ def vllm(session: nox.Session) -> None:
                     env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", **caches})
 
 
+@nox.session(name="conformance")
+def conformance(session: nox.Session) -> None:
+    """One scripted TwinkleModel sequence against every engine x mode, compared with the local run;
+    prints the matrix and writes it to .nox/conformance-matrix.md (issue 16)."""
+    _sync(session, "--all-packages")
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false",
+           "CONFORMANCE_MATRIX": str(ROOT / ".nox" / "conformance-matrix.md")}
+    with _cold_caches() as caches:
+        session.run("pytest", "tests/conformance", *session.posargs, env={**env, **caches})
+
+
 @nox.session(name="bench", default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks (`nox -s bench -- bench_model_sft_step ...`; none named: all): each one's final JSON

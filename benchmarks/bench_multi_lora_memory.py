@@ -48,6 +48,7 @@ def child(tenants: int) -> dict:
     # for, whatever its model size; then it is deleted and the baseline is read.
     warm = MultiLoraModel(TEST_MODEL)
     warm.add_adapter_to_model("warm", LoraConfig(r=2, target_modules="all-linear"))
+    warm.set_optimizer("AdamW", lr=1e-4)
     warm.forward_backward([{"input_ids": [5, 6, 7, 8]}])
     warm.clip_grad_and_step()
     del warm

@@ -16,7 +16,7 @@ from twinkle import DeviceGroup, DeviceMesh
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.hub import DEFAULT_MODEL
-from twinkle.model import TransformersModel
+from twinkle.model import TransformersModel, num_training_steps
 from twinkle.preprocessor import SelfCognitionProcessor
 
 BASE = os.environ.get("TWINKLE_SFT_MODEL", DEFAULT_MODEL)
@@ -41,7 +41,7 @@ def train():
                                gradient_accumulation_steps=2)
     model.set_optimizer(optimizer_cls="AdamW", lr=1e-4)
     model.set_lr_scheduler(scheduler_cls="CosineWarmupScheduler", num_warmup_steps=5,
-                           num_training_steps=len(dataloader))
+                           num_training_steps=num_training_steps(len(dataloader), gradient_accumulation_steps=2))
 
     for step, batch in enumerate(dataloader):
         model.forward_backward(inputs=batch)

@@ -43,7 +43,7 @@ def test_saved_folder_is_plain_peft_of_its_own_rank(trained):
     for name, config in CONFIGS.items():
         saved = json.loads(open(f"{paths[name]}/adapter_config.json").read())
         assert saved["r"] == config.r and saved["lora_alpha"] == config.lora_alpha
-        assert saved["peft_type"] == "LORA" and saved["base_model_name_or_path"] == TEST_MODEL
+        assert saved["peft_type"] == "LORA" and saved["base_model_name_or_path"] == resolve_model_path(TEST_MODEL)
         tensors = load_file(f"{paths[name]}/adapter_model.safetensors")
         key = "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"
         assert tensors[key].shape == (config.r, 96)
@@ -72,6 +72,6 @@ def test_engine_loads_a_saved_adapter_as_a_new_tenant(trained):
         assert torch.equal(model.logits(PROBE, adapter_name="large_copy"), model.logits(PROBE, adapter_name="large"))
     finally:
         model.remove_adapter("large_copy")
-    with pytest.raises(FileNotFoundError, match="not a peft LoRA folder"):
+    with pytest.raises(FileNotFoundError, match="not a LoRA checkpoint"):
         model.load(str(paths["large"]) + "-missing", "x")
     assert "x" not in model.adapter_names

@@ -43,7 +43,7 @@ def test_gradient_accumulation_steps_only_on_boundaries_and_averages(rows):
     m = lora_model(gas=2)
     before = adapter_weights(m)
     m.forward_backward(inputs=rows[:2])
-    assert m.clip_grad_and_step() == {"stepped": False}
+    assert m.clip_grad_and_step() == {"stepped": False, "accumulated": 1}
     assert all(torch.equal(before[n], p) for n, p in m.states["default"].params)
     m.forward_backward(inputs=rows[2:])
     accumulated = {n: p.grad.clone() for n, p in m.states["default"].params if p.grad is not None}
@@ -163,7 +163,7 @@ def test_several_adapters_keep_separate_state(rows):
     m.forward_backward(inputs=rows, adapter_name="beta")  # half an accumulation window for b
     m.forward_backward(inputs=rows, adapter_name="alpha")
     assert m.clip_grad_and_step(adapter_name="alpha")["stepped"]
-    assert m.clip_grad_and_step(adapter_name="beta") == {"stepped": False}
+    assert m.clip_grad_and_step(adapter_name="beta") == {"stepped": False, "accumulated": 1}
     assert all(torch.equal(b_before[n], p) for n, p in m.states["beta"].params)
     assert all(p.grad is not None for n, p in m.states["beta"].params if "lora_B" in n)
     m.forward_backward(inputs=rows, adapter_name="beta")

@@ -163,6 +163,7 @@ def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_a
     adapter: the native API owns it (and its adapter-memory share) and frees it on DELETE."""
     client = native["nat-a"]
     model = new_model(client)
+    model.set_optimizer("AdamW", lr=1e-4)  # no implicit optimizer (the TwinkleModel contract)
     before = float(model.forward_backward(inputs=rows)["loss"])
     model.clip_grad_and_step()
     session = server.runtime.store.db.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))["session_id"]

@@ -7,6 +7,12 @@
     model.add_adapter_to_model("default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"))
     model.forward_backward(inputs=batch)        # returns at once; .result() / await waits
 
+It implements the `twinkle.model.TwinkleModel` contract (same arguments, order, defaults and
+accumulation rule; a test compares the signatures), each result wrapped in a Future. What cannot
+cross HTTP is refused by name: `forward` / `backward` (an autograd graph; use forward_only /
+forward_backward)
+and `save(data_position=...)` (the server counts the data position itself).
+
 Calls on one model run on the server in the order they were made (they carry a sequence number),
 so a loop can issue several before reading any result. Placement arguments of the local class
 (`remote_group`, `device_mesh`, `strategy`, ...) are accepted and ignored: the server places the model.
@@ -111,19 +117,28 @@ class TransformersModel:
         """No-gradient forward; result {'loss', 'logprobs': per row, aligned with labels}."""
         return self._forward("forward_only", inputs, adapter_name)
 
-    def forward(self, inputs, adapter_name: str | None = None) -> Future:
-        return self._forward("forward", inputs, adapter_name)
+    def forward(self, inputs, adapter_name: str | None = None):
+        raise NotImplementedError("TransformersModel over HTTP cannot return an autograd graph: use forward_only "
+                                  "for log-probs, or forward_backward with set_loss for training")
 
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> Future:
+    def backward(self, loss, adapter_name: str | None = None):
+        raise NotImplementedError("TransformersModel over HTTP cannot back-propagate a local loss: use "
+                                  "forward_backward with set_loss")
+
+    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> Future:
         return self._call("clip_grad_and_step", StepRequest(adapter_name=adapter_name, max_grad_norm=max_grad_norm))
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Future:
         return self._call("calculate_metric", MetricRequest(adapter_name=adapter_name, is_training=is_training))
 
     # ---- checkpoints and curves ----------------------------------------------------------------
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False) -> Future:
+    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
+             data_position: int | None = None) -> Future:
         """Saved on the server under the last component of `path`; result: its tinker:// path
         (`twinkle download PATH` fetches the PEFT folder)."""
+        if data_position is not None:
+            raise NotImplementedError("TransformersModel over HTTP cannot take save(data_position=...): the server "
+                                      "records the forward_backward calls it ran; resume returns that position")
         name = PurePosixPath(str(path)).name
         return self._call("save", SaveRequest(adapter_name=adapter_name, name=name,
                                               save_training_state=save_training_state),

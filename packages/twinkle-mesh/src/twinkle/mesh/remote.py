@@ -18,7 +18,7 @@ import torch
 from twinkle.mesh.device_mesh import DeviceMesh, split_bounds
 
 DISPATCH = ("all", "slice")
-COLLECT = ("first", "all", "mean", "flatten")
+COLLECT = ("first", "all", "mean", "flatten", "merge")
 _SPEC_ATTR = "__twinkle_remote__"
 
 
@@ -35,7 +35,9 @@ def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "f
     or dict of those is cut along its first axis by data rank; scalars go to everyone), or a
     callable (args, kwargs, mesh, rank) -> (args, kwargs).
     collect: 'first' (rank 0), 'all' (list in rank order), 'mean' (of numbers, tensors or dicts of
-    them), 'flatten' (ranks' lists concatenated), or a callable on the list of results."""
+    them), 'flatten' (ranks' lists concatenated), 'merge' (ranks' dicts: list values concatenated in
+    rank order, numbers averaged, None kept), or a callable on the list of results.
+    A subclass overriding a method without declaring it inherits its parent's declaration."""
     if not callable(dispatch) and dispatch not in DISPATCH:
         raise ValueError(f"remote_method dispatch={dispatch!r}; expected one of {DISPATCH} or a callable")
     if not callable(collect) and collect not in COLLECT:
@@ -49,9 +51,12 @@ def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "f
 
 
 def method_spec(cls: type, name: str) -> tuple:
-    fn = inspect.getattr_static(cls, name, None)
-    fn = getattr(fn, "__func__", fn)  # unwrap static/class methods
-    return getattr(fn, _SPEC_ATTR, ("all", "first"))
+    for klass in cls.__mro__:  # the nearest declaration: an undecorated override keeps its parent's
+        fn = klass.__dict__.get(name)
+        fn = getattr(fn, "__func__", fn)  # unwrap static/class methods
+        if hasattr(fn, _SPEC_ATTR):
+            return getattr(fn, _SPEC_ATTR)
+    return ("all", "first")
 
 
 def _wrap_init(cls: type) -> None:
@@ -158,6 +163,25 @@ def collect_results(collect, results: list):
         return list(results)
     if collect == "mean":
         return _mean(results)
+    if collect == "merge":
+        return _merge(results)
+    return _flatten(results)
+
+
+def _merge(results: list) -> dict:
+    out = {}
+    for key in results[0]:
+        values = [r[key] for r in results]
+        if all(v is None for v in values):
+            out[key] = None
+        elif isinstance(values[0], (list, tuple)):
+            out[key] = _flatten(values)
+        else:
+            out[key] = _mean(values)
+    return out
+
+
+def _flatten(results: list) -> list:
     flat = []
     for rank, r in enumerate(results):
         if not isinstance(r, (list, tuple)):

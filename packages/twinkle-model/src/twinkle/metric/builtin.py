@@ -97,7 +97,8 @@ class OptimizerMetric(Metric):
 class ThroughputMetric(Metric):
     """Tokens per second and model FLOPs utilisation over the window since the last report.
 
-    MFU = (model FLOPs / wall seconds) / peak, the peak being a matmul measured once at start."""
+    MFU = (model FLOPs / wall seconds) / peak, the peak being a matmul measured once at start. With
+    no known peak (0 or None, e.g. an engine that does not measure one) MFU is absent, not a guess."""
 
     aliases = ("throughput", "mfu")
 
@@ -119,4 +120,7 @@ class ThroughputMetric(Metric):
     def compute(self):
         if not self.seconds:
             return {}
-        return {"tokens_per_s": self.tokens / self.seconds, "mfu": self.flops / self.seconds / self.peak_flops}
+        out = {"tokens_per_s": self.tokens / self.seconds}
+        if self.peak_flops:
+            out["mfu"] = self.flops / self.seconds / self.peak_flops
+        return out

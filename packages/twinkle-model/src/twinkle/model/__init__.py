@@ -1,9 +1,12 @@
-"""twinkle.model: the training API (TransformersModel, MegatronModel) over per-adapter state."""
+"""twinkle.model: the one training contract (TwinkleModel) and its engines: TransformersModel,
+MultiLoraModel, MegatronModel. `num_training_steps` gives a scheduler the optimizer steps a run takes."""
 
 from __future__ import annotations
 
 _LAZY = {
     "TwinkleModel": "twinkle.model.base",
+    "num_training_steps": "twinkle.model.base",
+    "MultiLoraModel": "twinkle.model.multi_lora.model",
     "TransformersModel": "twinkle.model.transformers_model",
     "MegatronModel": "twinkle.model.megatron.model",  # needs the megatron extra when built
     "AdapterState": "twinkle.model.state",

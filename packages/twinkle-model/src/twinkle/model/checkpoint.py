@@ -1,15 +1,33 @@
-"""Checkpoint folders.
+"""The one checkpoint format: library engines, the sampler and the server all read and write it.
 
-- LoRA: `adapter_model.safetensors` + `adapter_config.json`, exactly what
-  `peft.PeftModel.from_pretrained(base, path)` loads (flat, whatever the adapter's name).
-- Full model: `save_pretrained` output, loadable with `AutoModelForCausalLM.from_pretrained`.
-- Training state (on request): `training_state/` with optimizer.pt, scheduler.pt, rng.pt (tensors
-  and plain containers only, loaded with `weights_only=True`: nothing arbitrary is unpickled) and
-  state.json (counters, data position, numpy/python RNG).
+A LoRA checkpoint is a folder:
+- `adapter_config.json` written by peft's own `LoraConfig.save_pretrained`, with
+  `base_model_name_or_path` the hub id when the base came from a hub (`hf://org/name` ->
+  `org/name`, `ms://org/name` -> `org/name`), else the local folder the base was loaded from;
+- `adapter_model.safetensors`: the weights under peft's saved names
+  (`base_model.model.<module path>.lora_A.weight`), whatever the adapter is called, so
+  `peft.PeftModel.from_pretrained(base, folder)` loads it;
+- with training state, `training_state/state.safetensors` (every tensor: optimizer moments, RNG
+  states) plus `training_state/state.json` (everything else: param groups, scheduler counters,
+  Python/NumPy RNG, the engine's counters). Nothing is pickled, so loading runs no code.
+
+A full-model checkpoint (no adapter) is a `save_pretrained` folder (`save_full` / `load_full`).
+
+Stable API:
+    save_adapter(path, config, tensors, base_model=None)       -> None
+    load_adapter(path)                                         -> (LoraConfig, {peft name: tensor})
+    save_training_state(path, optimizer, scheduler, counters, write=True)  -> None
+    load_training_state(path, optimizer, scheduler)            -> counters (RNG restored)
+    save_adapter_state(path, state, data_position=None) / resume_adapter_state(path, state)
+                                                               -> the two above for an engine's AdapterState
+    base_model_id(model_id, local_path)                        -> what base_model_name_or_path holds
+    is_adapter_folder(path)                                    -> bool
+Writers write; callers decide which rank writes (only rank 0 under torchrun).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 from pathlib import Path
@@ -18,55 +36,176 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from twinkle.model.strategy import full_tensor, is_main_process
+from twinkle.model.strategy import full_tensor
 
-STATE_DIR = "training_state"
-
-
-def save_adapter(peft_model, adapter_name: str, path: Path, base_model_path: str | None) -> None:
-    from peft import get_peft_model_state_dict
-
-    state = get_peft_model_state_dict(peft_model, adapter_name=adapter_name)
-    state = {k: full_tensor(v).detach().to("cpu").contiguous() for k, v in state.items()}
-    if is_main_process():
-        path.mkdir(parents=True, exist_ok=True)
-        save_file(state, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
-        config = peft_model.peft_config[adapter_name]
-        original = config.base_model_name_or_path
-        config.base_model_name_or_path = base_model_path or original
-        try:
-            config.save_pretrained(str(path))
-        finally:
-            config.base_model_name_or_path = original
+CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
+STATE_DIR, STATE_TENSORS, STATE_JSON = "training_state", "state.safetensors", "state.json"
+HUB_SCHEMES = ("hf://", "ms://")
 
 
-def load_adapter(peft_model, adapter_name: str, path: Path) -> None:
-    from peft import set_peft_model_state_dict
-
-    file = path / "adapter_model.safetensors"
-    if not file.exists():
-        raise FileNotFoundError(f"{path} is not a LoRA checkpoint (no adapter_model.safetensors)")
-    result = set_peft_model_state_dict(peft_model, load_file(str(file)), adapter_name=adapter_name)
-    unexpected = getattr(result, "unexpected_keys", None)
-    if unexpected:
-        raise ValueError(f"checkpoint {path} does not fit adapter {adapter_name!r}: unexpected keys {unexpected[:5]}")
+def base_model_id(model_id: str | None, local_path: str | None) -> str | None:
+    """The hub id for a hub model (so `AutoPeftModel` finds it anywhere), else the local folder."""
+    if isinstance(model_id, str):
+        for scheme in HUB_SCHEMES:
+            if model_id.startswith(scheme):
+                return model_id.removeprefix(scheme)
+    return local_path or model_id
 
 
-def save_full(hf_model, wrapped, path: Path, tokenizer=None) -> None:
-    state = {k: full_tensor(v).detach().to("cpu") for k, v in wrapped_state_dict(wrapped, hf_model).items()}
-    if is_main_process():
-        hf_model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(str(path))
+def is_adapter_folder(path) -> bool:
+    return (Path(path) / CONFIG_NAME).is_file()
 
 
-def wrapped_state_dict(wrapped, hf_model) -> dict:
-    module = getattr(wrapped, "module", wrapped)  # DDP keeps the model under .module
-    return (module if module is hf_model else hf_model).state_dict()
+def save_adapter(path, config, tensors: dict[str, torch.Tensor], base_model: str | None = None) -> None:
+    """Write a peft LoRA folder: `config` (a peft LoraConfig, not modified) and `tensors` keyed by
+    peft's saved names."""
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS_NAME),
+              metadata={"format": "pt"})
+    config = copy.deepcopy(config)
+    config.base_model_name_or_path = base_model or config.base_model_name_or_path
+    config.task_type = config.task_type or "CAUSAL_LM"
+    config.inference_mode = False
+    config.save_pretrained(str(folder))
 
 
-def load_full(hf_model, path: Path) -> None:
-    files = sorted(path.glob("*.safetensors"))
+def load_adapter(path) -> tuple[object, dict[str, torch.Tensor]]:
+    """(LoraConfig, tensors by peft's saved names) from a folder written by `save_adapter` or peft."""
+    from peft import LoraConfig
+
+    folder = Path(path)
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"{folder} is not a LoRA checkpoint: {name} is missing")
+    return LoraConfig.from_pretrained(str(folder)), load_file(str(folder / WEIGHTS_NAME))
+
+
+# -- training state: nested containers as JSON, their tensors as safetensors -------------------------
+def _flatten(obj, tensors: dict):
+    if isinstance(obj, torch.Tensor):
+        key = str(len(tensors))
+        tensors[key] = full_tensor(obj.detach()).to("cpu").contiguous()  # a sharded moment: gathered (collective)
+        return {"tensor": key}
+    if isinstance(obj, dict):
+        return {"items": [[_flatten(k, tensors), _flatten(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, tuple):
+        return {"tuple": [_flatten(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [_flatten(v, tensors) for v in obj]
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a training state (tensors and plain containers only)")
+
+
+def _unflatten(obj, tensors: dict):
+    if isinstance(obj, list):
+        return [_unflatten(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if "tensor" in obj:
+        return tensors[obj["tensor"]]
+    if "tuple" in obj:
+        return tuple(_unflatten(v, tensors) for v in obj["tuple"])
+    return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in obj["items"]}
+
+
+def _shard_like_params(state: dict, optimizer) -> dict:
+    """Whole saved moments cut to this rank's shard where the optimizer's parameter is a DTensor
+    (FSDP2); every rank holds the whole tensor, so no communication is needed."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # state_dict's numbering
+    for index, moments in state["state"].items():
+        param = params[index]
+        if isinstance(param, DTensor):
+            state["state"][index] = {k: distribute_tensor(v, param.device_mesh, param.placements, src_data_rank=None)
+                                     if v.shape == param.shape else v for k, v in moments.items()}
+    return state
+
+
+def _rng_state() -> dict:
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": (version, list(internal), gauss),
+             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_training_state(path, optimizer, scheduler, counters: dict, write: bool = True) -> None:
+    """Optimizer, scheduler (either may be None), this process's RNG and the engine's `counters`
+    (plain JSON values) under `path/training_state/`. Sharded (DTensor) optimizer state is gathered
+    whole, a collective: under FSDP2 every rank calls this, and only the one with `write` writes."""
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = {"optimizer": _flatten(optimizer.state_dict() if optimizer is not None else None, tensors),
+                "scheduler": _flatten(scheduler.state_dict() if scheduler is not None else None, tensors),
+                "rng": _flatten(_rng_state(), tensors), "counters": counters}
+    if not write:
+        return
+    folder = Path(path) / STATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / STATE_TENSORS), metadata={"format": "pt"})
+    (folder / STATE_JSON).write_text(json.dumps(skeleton))
+
+
+def load_training_state(path, optimizer, scheduler) -> dict:
+    """Restore what `save_training_state` wrote into `optimizer` / `scheduler` (built as in the saved
+    run) and the RNG; returns the counters."""
+    folder = Path(path) / STATE_DIR
+    if not (folder / STATE_JSON).is_file():
+        raise FileNotFoundError(f"{path} has no training state; save it with save(..., save_training_state=True)")
+    skeleton = json.loads((folder / STATE_JSON).read_text())
+    saved = _unflatten({"items": [[k, v] for k, v in skeleton.items() if k != "counters"]},
+                       load_file(str(folder / STATE_TENSORS)))
+    for what, target, setter in (("optimizer", optimizer, "set_optimizer"), ("scheduler", scheduler, "set_lr_scheduler")):
+        if saved[what] is None:
+            continue
+        if target is None:
+            raise ValueError(f"the checkpoint has {what} state: call {setter}(...) before resuming")
+        target.load_state_dict(_shard_like_params(saved[what], target) if what == "optimizer" else saved[what])
+    _set_rng_state(saved["rng"])
+    return skeleton["counters"]
+
+
+# -- an engine's per-adapter state ---------------------------------------------------------------
+def save_adapter_state(path, state, data_position: int | None = None, write: bool = True) -> None:
+    """`save_training_state` for an engine's adapter state (optimizer, scheduler, micro_step,
+    optimizer_steps, consumed_batches, gradient_accumulation_steps)."""
+    counters = {"micro_step": state.micro_step, "optimizer_steps": state.optimizer_steps,
+                "data_position": state.consumed_batches if data_position is None else data_position,
+                "gradient_accumulation_steps": state.gradient_accumulation_steps}
+    save_training_state(path, state.optimizer, state.scheduler, counters, write)
+
+
+def resume_adapter_state(path, state) -> dict:
+    """Restore what `save_adapter_state` wrote; {'data_position', 'optimizer_steps', 'micro_step'}."""
+    counters = load_training_state(path, state.optimizer, state.scheduler)
+    state.micro_step, state.optimizer_steps = counters["micro_step"], counters["optimizer_steps"]
+    state.consumed_batches = counters["data_position"]
+    return {k: counters[k] for k in ("data_position", "optimizer_steps", "micro_step")}
+
+
+# -- full-model checkpoints ----------------------------------------------------------------------
+def save_full(hf_model, state: dict[str, torch.Tensor], path, tokenizer=None) -> None:
+    hf_model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(path))
+
+
+def load_full(hf_model, path) -> None:
+    files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors weights")
     state = {}
@@ -77,59 +216,3 @@ def load_full(hf_model, path: Path) -> None:
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def save_training_state(path: Path, state, data_position: int | None) -> None:
-    if not is_main_process():
-        return
-    folder = path / STATE_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    if state.optimizer is not None:
-        torch.save(state.optimizer.state_dict(), folder / "optimizer.pt")
-    if state.scheduler is not None:
-        torch.save(state.scheduler.state_dict(), folder / "scheduler.pt")
-    torch.save(_rng_state(), folder / "rng.pt")
-    np_state = np.random.get_state()
-    meta = {
-        "adapter_name": state.name,
-        "micro_step": state.micro_step,
-        "optimizer_steps": state.optimizer_steps,
-        "data_position": state.consumed_batches if data_position is None else data_position,
-        "gradient_accumulation_steps": state.gradient_accumulation_steps,
-        "python_rng": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        "numpy_rng": [np_state[0], np_state[1].tolist(), *np_state[2:]],
-    }
-    (folder / "state.json").write_text(json.dumps(meta))
-
-
-def load_training_state(path: Path, state) -> dict:
-    folder = path / STATE_DIR
-    if not (folder / "state.json").exists():
-        raise FileNotFoundError(f"{path} has no training state; save it with save(..., save_training_state=True)")
-    meta = json.loads((folder / "state.json").read_text())
-    if (folder / "optimizer.pt").exists():
-        if state.optimizer is None:
-            raise ValueError("the checkpoint has optimizer state: call set_optimizer(...) before resuming")
-        state.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    if (folder / "scheduler.pt").exists():
-        if state.scheduler is None:
-            raise ValueError("the checkpoint has scheduler state: call set_lr_scheduler(...) before resuming")
-        state.scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    rng = torch.load(folder / "rng.pt", weights_only=True)
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    version, internal, gauss = meta["python_rng"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = meta["numpy_rng"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    state.micro_step, state.optimizer_steps = meta["micro_step"], meta["optimizer_steps"]
-    state.consumed_batches = meta["data_position"]
-    return meta

@@ -22,7 +22,9 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss, local_tensor, no_sync, rebind_parameters, resolve_strategy, shards_on_wrap, wrap
+from twinkle.model.strategy import (barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss,
+                                    data_parallel_size, full_tensor, is_main_process, local_tensor, no_sync,
+                                    rebind_parameters, resolve_strategy, shards_on_wrap, wrap)
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,9 @@ class TransformersModel(TwinkleModel):
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
+        if mixed_precision == "fp16" and self.device.type != "cuda":
+            raise ValueError(f"mixed_precision='fp16' needs CUDA (its loss scaling is torch.amp's CUDA GradScaler, "
+                             f"and fp16 matmuls on {self.device.type} are ~100x slower): use 'bf16' or None here")
         self.hf_model.to(self.device)
         self.peft_model = None                  # set by the first add_adapter_to_model
         self._wrapped = None                    # the DDP/FSDP2 module once wrapped
@@ -226,7 +231,11 @@ class TransformersModel(TwinkleModel):
             state.nonfinite_pending = True
             logger.warning("non-finite loss %s for adapter %r: the next step is skipped", loss.item(), state.name)
             return False
-        (loss / state.gradient_accumulation_steps).backward()
+        scaled = loss / state.gradient_accumulation_steps
+        if self.mixed_precision == "fp16":  # fp16 gradients underflow without loss scaling
+            state.grad_scaler = state.grad_scaler or torch.amp.GradScaler(self.device.type)
+            scaled = state.grad_scaler.scale(scaled)
+        scaled.backward()
         return True
 
     def _record(self, state, ctx, out, seconds, training: bool) -> None:
@@ -239,11 +248,23 @@ class TransformersModel(TwinkleModel):
         flops = step_flops(input_tokens, ctx.batch["input_ids"].shape[1], self._n_matmul(), n_trainable,
                            self._layers, self._q_width, backward=training)
         loss = float(out.loss.detach()) if out is not None else None
-        record = ForwardRecord(loss, int(mask.sum()), input_tokens, correct, seconds, flops,
+        loss_tokens, correct = self._data_parallel_sums(int(mask.sum()), correct)
+        record = ForwardRecord(loss, loss_tokens, input_tokens, correct, seconds, flops,
                                finite=loss is None or bool(torch.isfinite(out.loss.detach()).all()),
                                extras=out.metrics if out is not None else {})
         for metric in state.metrics(training):
             metric.on_forward(record)
+
+    def _data_parallel_sums(self, *counts: int) -> tuple[int, ...]:
+        """Counts over the global micro-batch: the loss is the global one, so its weight in the
+        running mean (and token accuracy) must be too, or data-parallel metrics drift from one
+        process's."""
+        if data_parallel_size(self.device_mesh) == 1:
+            return counts
+        device = torch.device("cuda", torch.cuda.current_device()) if self.device.type == "cuda" else "cpu"
+        packed = torch.tensor(counts, dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(packed, group=self.device_mesh.get_group("data"))
+        return tuple(int(c) for c in packed.tolist())
 
     def _n_matmul(self) -> int:
         if not hasattr(self, "_n_matmul_cache"):
@@ -255,7 +276,7 @@ class TransformersModel(TwinkleModel):
         """Forward, loss and backward on one micro-batch; gradients accumulate until the step."""
         state = self._state(adapter_name)
         t0 = time.perf_counter()
-        accumulate = (state.micro_step + 1) % state.gradient_accumulation_steps != 0
+        accumulate = state.micro_step + 1 < state.gradient_accumulation_steps  # not the window's last
         wrapped = self._activate(state)  # wrapped before the first micro-batch, so it too skips the sync
         with no_sync(wrapped, accumulate):
             ctx = self.forward(inputs, adapter_name)
@@ -266,10 +287,11 @@ class TransformersModel(TwinkleModel):
         self._record(state, ctx, out, time.perf_counter() - t0, training=True)
         return {"loss": float(out.loss.detach()), **out.metrics}
 
-    @remote_method(dispatch="slice", collect="flatten")
+    @remote_method(dispatch="slice", collect="merge")
     def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
-        where labels are -100) and the loss when the batch has labels. Counts toward eval metrics."""
+        where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
+        On data-parallel ranks the loss is the global batch's and the rows come back in rank order."""
         state = self._state(adapter_name)
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -277,6 +299,8 @@ class TransformersModel(TwinkleModel):
             # log-probs are the point; the loss only when this batch carries what the loss needs
             has_inputs = all(f in ctx.fields for f in state.loss.required_fields)
             out = self.calculate_loss(ctx, adapter_name) if has_inputs else None
+            if out is not None:
+                _, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
             logps = ctx.logps_B_T.float()
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
         lengths = ctx.batch["attention_mask"].sum(1).tolist() if "attention_mask" in ctx.batch else [logps.shape[1] + 1] * logps.shape[0]
@@ -308,7 +332,7 @@ class TransformersModel(TwinkleModel):
             state.scheduler.step()
 
     @remote_method()
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict:
+    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
         """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary.
 
         A non-finite loss in the window, or a non-finite gradient norm, skips the step: weights,
@@ -316,15 +340,24 @@ class TransformersModel(TwinkleModel):
         state = self._state(adapter_name)
         optimizer = self._optimizer(state)
         if not state.at_boundary:
-            return {"stepped": False}
+            return {"stepped": False, "accumulated": state.micro_step}
         t0 = time.perf_counter()
-        grad_norm = None if state.nonfinite_pending else self.clip_grad_norm(max_grad_norm, adapter_name=adapter_name)
+        limit = float("inf") if max_grad_norm is None else max_grad_norm
+        scaler = state.grad_scaler
+        if scaler is not None and not state.nonfinite_pending:
+            scaler.unscale_(optimizer)  # clip the true gradients; an overflow shows as a non-finite norm
+        grad_norm = None if state.nonfinite_pending else self.clip_grad_norm(limit, adapter_name=adapter_name)
         skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm))
         if not skipped:
-            optimizer.step()
+            if scaler is not None:
+                scaler.step(optimizer)
+            else:
+                optimizer.step()
             if state.scheduler is not None:
                 state.scheduler.step()
             state.optimizer_steps += 1
+        if scaler is not None and not state.nonfinite_pending:
+            scaler.update()  # a skipped (overflowing) step lowers the scale
         self.zero_grad(adapter_name)
         state.micro_step, state.nonfinite_pending = 0, False
         record = StepRecord(grad_norm, state.lr(), skipped, time.perf_counter() - t0)
@@ -333,7 +366,8 @@ class TransformersModel(TwinkleModel):
         throughput = next((m for m in state.train_metrics if hasattr(m, "peak_flops")), None)
         if throughput is not None and logger.isEnabledFor(logging.INFO):
             logger.info("adapter %r step %d: %s", state.name, state.optimizer_steps, throughput.compute())
-        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm}
+        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": state.lr(),
+                "step": state.optimizer_steps}
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
@@ -348,7 +382,7 @@ class TransformersModel(TwinkleModel):
             out["step"] = float(state.optimizer_steps)
         return out
 
-    # -- checkpoints ----------------------------------------------------------------------------
+    # -- checkpoints (twinkle.model.checkpoint) -------------------------------------------------
     def _tokenizer(self, state):
         template = state.template
         return getattr(template, "tokenizer", None)
@@ -358,34 +392,59 @@ class TransformersModel(TwinkleModel):
              data_position: int | None = None) -> str:
         """A PEFT folder for a LoRA adapter, a `save_pretrained` folder for the whole model;
         with `save_training_state`, also optimizer, scheduler, RNG and data position."""
+        from peft import get_peft_model_state_dict
+
         path = Path(path)
         state = self._state(adapter_name)
         if state.name == FULL_MODEL:
-            checkpoint.save_full(self.hf_model, self._wrapped or self.hf_model, path, self._tokenizer(state))
+            module = getattr(self._wrapped, "module", self._wrapped)  # DDP keeps the model under .module
+            source = module if module is self.hf_model else self.hf_model
+            weights = {k: full_tensor(v).detach().to("cpu") for k, v in source.state_dict().items()}
+            if is_main_process():
+                checkpoint.save_full(self.hf_model, weights, path, self._tokenizer(state))
         else:
-            checkpoint.save_adapter(self.peft_model, state.name, path, self.model_path)
-        if save_training_state:
-            checkpoint.save_training_state(path, state, data_position)
+            weights = {k: full_tensor(v) for k, v in
+                       get_peft_model_state_dict(self.peft_model, adapter_name=state.name).items()}
+            if is_main_process():
+                checkpoint.save_adapter(path, self.peft_model.peft_config[state.name], weights,
+                                        checkpoint.base_model_id(self.model_id, self.model_path))
+        if save_training_state:  # every rank: sharded optimizer state is gathered, rank 0 writes
+            checkpoint.save_adapter_state(path, state, data_position, write=is_main_process())
         barrier()
         return str(path)
 
     @remote_method()
     def load(self, path, adapter_name: str | None = None) -> None:
-        """Load weights saved by `save` into the adapter (or the whole model)."""
+        """Load weights saved by `save` into the adapter (or the whole model); a LoRA folder for an
+        adapter that does not exist yet creates it from the folder's adapter_config.json."""
+        from peft import set_peft_model_state_dict
+
         path = Path(path)
+        if self._wrapped is not None and self.strategy == "fsdp2" and data_parallel_size(self.device_mesh) > 1:
+            raise RuntimeError("load / resume_from_checkpoint before the first forward_backward under FSDP2: "
+                               "the weights are sharded now; build a new TransformersModel and load into it")
+        if checkpoint.is_adapter_folder(path) and (adapter_name not in self.states if adapter_name
+                                                   else not self.adapter_names):
+            config, _ = checkpoint.load_adapter(path)
+            self.add_adapter_to_model(adapter_name or "default", config)
         state = self._state(adapter_name)
         if state.name == FULL_MODEL:
             checkpoint.load_full(self.hf_model, path)
-        else:
-            checkpoint.load_adapter(self.peft_model, state.name, path)
+            return
+        _, tensors = checkpoint.load_adapter(path)
+        result = set_peft_model_state_dict(self.peft_model, tensors, adapter_name=state.name)
+        unexpected = getattr(result, "unexpected_keys", None)
+        if unexpected:
+            raise ValueError(f"checkpoint {path} does not fit adapter {state.name!r}: unexpected keys {unexpected[:5]}")
 
     @remote_method()
     def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
-        """Weights plus training state; returns {'data_position', 'optimizer_steps', ...}: skip that
-        many batches of the data loader to continue exactly where the saved run was."""
+        """Weights plus training state; returns {'data_position', 'optimizer_steps', 'micro_step'}: skip
+        that many batches of the data loader to continue exactly where the saved run was."""
         self.load(path, adapter_name)
-        meta = checkpoint.load_training_state(Path(path), self._state(adapter_name))
-        return {k: meta[k] for k in ("data_position", "optimizer_steps", "micro_step")}
+        state = self._state(adapter_name)
+        self._activate(state)  # wrapped first: under FSDP2 the moments load into their shards
+        return checkpoint.resume_adapter_state(path, state)
 
 
 def _default_processor():

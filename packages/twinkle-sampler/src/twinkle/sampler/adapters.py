@@ -7,7 +7,6 @@ never a merged base), and it lets one batch route each row through its own adapt
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -120,18 +119,13 @@ def _pattern_value(pattern: dict, path: str, default):
 
 
 def load_adapter_folder(path: str | Path, version: int = 0) -> AdapterWeights:
-    """Read a saved peft LoRA folder (`adapter_config.json` + `adapter_model.safetensors`)."""
-    from safetensors.torch import load_file
+    """Read a saved peft LoRA folder (`twinkle.model.checkpoint.load_adapter`) as plain factors."""
+    from twinkle.model import checkpoint
 
     folder = Path(path)
-    config_file, weights_file = folder / "adapter_config.json", folder / "adapter_model.safetensors"
-    for f in (config_file, weights_file):
-        if not f.exists():
-            raise FileNotFoundError(f"{folder} is not a saved LoRA adapter: {f.name} is missing")
-    config = json.loads(config_file.read_text())
-    if config.get("use_dora"):
+    config, tensors = checkpoint.load_adapter(folder)
+    if config.use_dora:
         raise NotImplementedError(f"{folder}: DoRA adapters are not served by samplers")
-    tensors = load_file(str(weights_file))
     lora_A, lora_B, scaling = {}, {}, {}
     for key, tensor in tensors.items():
         m = re.match(r"(.*)\.lora_([AB])(?:\.[^.]+)?\.weight$", key)
@@ -141,30 +135,29 @@ def load_adapter_folder(path: str | Path, version: int = 0) -> AdapterWeights:
         (lora_A if which == "A" else lora_B)[module] = tensor
     for module, a in lora_A.items():
         r = a.shape[0]
-        alpha = _pattern_value(config.get("alpha_pattern") or {}, module, config.get("lora_alpha", r))
-        scaling[module] = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        alpha = _pattern_value(config.alpha_pattern or {}, module, config.lora_alpha)
+        scaling[module] = alpha / math.sqrt(r) if config.use_rslora else alpha / r
     return AdapterWeights(lora_A, lora_B, scaling, version=version, meta={"source": str(folder)})
 
 
 def save_adapter_folder(weights: AdapterWeights, path: str | Path, base_model_path: str | None = None) -> Path:
-    """Write `weights` as a peft LoRA folder (what vLLM's LoRARequest loads). Needs one rank and scaling."""
-    from safetensors.torch import save_file
+    """Write `weights` as a peft LoRA folder (what vLLM's LoRARequest loads), in the one checkpoint
+    format of `twinkle.model.checkpoint`. Needs one rank and one scaling."""
+    from peft import LoraConfig
+
+    from twinkle.model import checkpoint
 
     ranks = {a.shape[0] for a in weights.lora_A.values()}
     scalings = set(weights.scaling.values())
     if len(ranks) != 1 or len(scalings) != 1:
         raise ValueError(f"cannot write a single-rank adapter folder: ranks {sorted(ranks)}, scalings {sorted(scalings)}")
     r, s = ranks.pop(), scalings.pop()
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for module in weights.modules:
-        tensors[f"base_model.model.{module}.lora_A.weight"] = weights.lora_A[module].detach().contiguous().cpu()
-        tensors[f"base_model.model.{module}.lora_B.weight"] = weights.lora_B[module].detach().contiguous().cpu()
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    targets = sorted({m.rsplit(".", 1)[-1] for m in weights.modules})
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": r, "lora_alpha": s * r,
-              "target_modules": targets, "lora_dropout": 0.0, "bias": "none", "use_rslora": False,
-              "base_model_name_or_path": base_model_path, "fan_in_fan_out": False, "inference_mode": True}
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    return folder
+        tensors[f"base_model.model.{module}.lora_A.weight"] = weights.lora_A[module]
+        tensors[f"base_model.model.{module}.lora_B.weight"] = weights.lora_B[module]
+    alpha = s * r
+    config = LoraConfig(r=r, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha, lora_dropout=0.0,
+                        target_modules=sorted({m.rsplit(".", 1)[-1] for m in weights.modules}), bias="none")
+    checkpoint.save_adapter(path, config, tensors, base_model_path)
+    return Path(path)

@@ -6,11 +6,51 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
-from twinkle.mesh import remote_class
+from twinkle.mesh import remote_class, remote_method
+from twinkle.mesh.device_mesh import split_bounds
 from twinkle.sampler.adapters import AdapterWeights, extract_adapter, load_adapter_folder
 from twinkle.sampler.params import SampleResponse, SamplingParams
 
 Prompt = list[int]
+
+
+def prompt_items(inputs) -> list:
+    """The prompts in `inputs`, one item each, not yet encoded. An empty list is no prompts (what a
+    rank of a remote group gets when there are fewer prompts than ranks)."""
+    if hasattr(inputs, "tolist") and not isinstance(inputs, (str, dict)):
+        ids = inputs.tolist()
+        return ids if ids and isinstance(ids[0], list) else [ids]
+    if isinstance(inputs, (str, dict)) or _is_messages(inputs):
+        return [inputs]
+    if isinstance(inputs, list) and not inputs:
+        return []
+    if not isinstance(inputs, Sequence) or len(inputs) == 0:
+        raise ValueError(f"inputs must be a prompt or a list of prompts, got {inputs!r}")
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+        return [inputs]
+    return list(inputs)
+
+
+def split_prompts(adapter_position: int):
+    """A remote_method dispatch: each data rank gets its contiguous share of the prompts (and of the
+    adapter names, when given per prompt, at `adapter_position` or as `adapter_name=`); every other
+    argument goes to every rank."""
+
+    def dispatch(args: tuple, kwargs: dict, mesh, rank: int) -> tuple[tuple, dict]:
+        args, kwargs = list(args), dict(kwargs)
+        inputs_at = (args, 0) if args else (kwargs, "inputs")
+        names_at = (args, adapter_position) if len(args) > adapter_position else (kwargs, "adapter_name")
+        items = prompt_items(inputs_at[0][inputs_at[1]])
+        start, stop = split_bounds(len(items), mesh.data_world_size, mesh.get_rank("data", rank))
+        inputs_at[0][inputs_at[1]] = items[start:stop]
+        names = names_at[0].get(names_at[1]) if names_at[0] is kwargs else names_at[0][names_at[1]]
+        if isinstance(names, (list, tuple)):
+            if len(names) != len(items):
+                raise ValueError(f"adapter_name lists {len(names)} names for {len(items)} prompts")
+            names_at[0][names_at[1]] = list(names)[start:stop]
+        return tuple(args), kwargs
+
+    return dispatch
 
 
 @remote_class  # `Sampler(..., remote_group='sampler')` is a Ray actor group in ray mode
@@ -29,11 +69,15 @@ class Sampler(ABC):
         self._versions: dict[str | None, int] = {None: 0}
 
     # ---- public contract -------------------------------------------------------------------------
+    # On a multi-rank remote group each data rank takes its contiguous share of the prompts and the
+    # answers come back in prompt order (subclasses inherit these declarations).
+    @remote_method(dispatch=split_prompts(adapter_position=2), collect="flatten")
     @abstractmethod
     def sample(self, inputs, sampling_params: SamplingParams | dict | None = None,
                adapter_name: str | Sequence[str | None] | None = None) -> list[SampleResponse]:
         ...
 
+    @remote_method(dispatch=split_prompts(adapter_position=1), collect="flatten")
     @abstractmethod
     def compute_logprobs(self, inputs, adapter_name: str | Sequence[str | None] | None = None
                          ) -> list[list[float | None]]:
@@ -114,16 +158,7 @@ class Sampler(ABC):
         return self.template
 
     def _normalize_inputs(self, inputs) -> list[Prompt]:
-        if isinstance(inputs, (str, dict)) or _is_messages(inputs) or hasattr(inputs, "tolist"):
-            ids = inputs.tolist() if hasattr(inputs, "tolist") else None
-            if ids is not None and ids and isinstance(ids[0], list):
-                return [self._as_ids(row) for row in ids]
-            return [self._encode_one(inputs)]
-        if not isinstance(inputs, Sequence) or len(inputs) == 0:
-            raise ValueError(f"inputs must be a non-empty prompt or list of prompts, got {inputs!r}")
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
-            return [self._as_ids(inputs)]
-        return [self._encode_one(item) for item in inputs]
+        return [self._encode_one(item) for item in prompt_items(inputs)]
 
     def _normalize_adapters(self, adapter_name, n: int) -> list[str | None]:
         names = list(adapter_name) if isinstance(adapter_name, (list, tuple)) else [adapter_name] * n

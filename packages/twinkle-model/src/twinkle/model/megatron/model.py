@@ -25,7 +25,7 @@ from twinkle.loss import LogitsHead, LossContext, create_loss
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import ForwardRecord, StepRecord
 from twinkle.model import inputs as model_inputs
-from twinkle.model.base import TwinkleModel
+from twinkle.model.base import TwinkleModel, refuse
 from twinkle.model.megatron import convert, require_megatron
 from twinkle.model.optim import resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
@@ -116,7 +116,7 @@ class MegatronModel(TwinkleModel):
 
     @remote_method()
     def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
-        raise NotImplementedError("MegatronModel trains full parameters only; LoRA adapters are TransformersModel's")
+        raise refuse(self, "train LoRA adapters (it trains full parameters)", "use TransformersModel or MultiLoraModel")
 
     @remote_method()
     def set_gradient_accumulation_steps(self, steps: int) -> None:
@@ -130,7 +130,7 @@ class MegatronModel(TwinkleModel):
         self.state.loss = create_loss(loss, **kwargs)
 
     @remote_method()
-    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, lr: float = 1e-5,
+    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, *, lr: float = 1e-5,
                       weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8, momentum: float = 0.0,
                       max_grad_norm: float = 1.0) -> None:
         """Megatron's optimizer ('AdamW'/'Adam' -> megatron adam, 'SGD'); fp32 main weights under bf16."""
@@ -256,18 +256,18 @@ class MegatronModel(TwinkleModel):
         return result
 
     @remote_method()
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, adapter_name: str | None = None) -> dict:
+    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
         """Clip (Megatron's global norm over tp/pp/dp), step, schedule, zero — on a boundary only."""
         self._check_adapter(adapter_name)
         if self.optimizer is None:
             raise ValueError("no optimizer: call set_optimizer(...) first")
         if not self.state.at_boundary:
-            return {"stepped": False}
+            return {"stepped": False, "accumulated": self.state.micro_step}
         t0 = time.perf_counter()
         grad_norm, skipped = None, True
         if not self.state.nonfinite_pending:
             for opt in getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]:
-                opt.config.clip_grad = max_grad_norm
+                opt.config.clip_grad = max_grad_norm or 0.0  # megatron: 0 = no clipping
             ok, grad_norm, _ = self.optimizer.step()
             skipped = not ok or grad_norm is None or not torch.isfinite(torch.tensor(float(grad_norm)))
             if not skipped:
@@ -280,7 +280,8 @@ class MegatronModel(TwinkleModel):
         lr = self._torch_optimizers()[0].param_groups[0]["lr"]
         for metric in self.state.train_metrics:
             metric.on_step(StepRecord(None if grad_norm is None else float(grad_norm), lr, skipped, time.perf_counter() - t0))
-        return {"stepped": not skipped, "skipped": skipped, "grad_norm": None if grad_norm is None else float(grad_norm)}
+        return {"stepped": not skipped, "skipped": skipped, "grad_norm": None if grad_norm is None else float(grad_norm),
+                "lr": lr, "step": self.state.optimizer_steps}
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
@@ -351,3 +352,8 @@ class MegatronModel(TwinkleModel):
         self._load_hf_state(_read_hf_folder(Path(path)))
         if self.optimizer is not None:
             self.optimizer.reload_model_params()  # refresh fp32 main weights from the loaded ones
+
+    @remote_method()
+    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
+        raise refuse(self, "resume training state (it saves weights only)",
+                     "load(path) the weights and set the optimizer and scheduler again, or train with TransformersModel")

@@ -6,40 +6,42 @@ every tenant's rows into one batch, runs the base model once (each MultiLoraLine
 tenant's rows through that tenant's adapter), computes each tenant's loss on its own rows,
 normalised over its own tokens, and back-propagates the sum: adapters share no parameters, so each
 gradient lands only in its own adapter and equals what that tenant alone would get.
+
+It implements the `TwinkleModel` contract (twinkle.model.base) for one tenant at a time; the fused
+calls (`forward_backward_fused`, `forward_fused`, `run`) are its own additions.
 """
 
 from __future__ import annotations
 
-import copy
-import os
 import time
 import zlib
 
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file, save_file
 
 from twinkle.loss import LossContext
 from twinkle.metric import ForwardRecord, StepRecord
+from twinkle.model import checkpoint
+from twinkle.model.base import TwinkleModel
 
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, wrap_linear_layers
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
 from twinkle.model.multi_lora.state import AdapterState
 
-WEIGHTS_NAME = "adapter_model.safetensors"
 
-
-class MultiLoraModel:
+class MultiLoraModel(TwinkleModel):
     def __init__(self, model_id: str | None = None, *, model=None, torch_dtype=torch.float32, device=None,
                  seed: int = 0):
+        self.model_path = None
         if model is None:
             if model_id is None:
                 raise ValueError("MultiLoraModel needs a model_id (e.g. twinkle.hub.DEFAULT_MODEL) or a model")
             from transformers import AutoModelForCausalLM
 
             from twinkle.hub import resolve_model_path
-            model = AutoModelForCausalLM.from_pretrained(resolve_model_path(model_id), dtype=torch_dtype)
+            self.model_path = resolve_model_path(model_id)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         if device is not None:
             model = model.to(device)
         model.requires_grad_(False)  # the base is frozen for every tenant
@@ -75,7 +77,7 @@ class MultiLoraModel:
         return torch.Generator(device=self.device).manual_seed(base_seed + salt)
 
     def add_adapter_to_model(self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1,
-                             seed: int | None = None) -> None:
+                             *, seed: int | None = None) -> None:
         check_adapter_name(adapter_name)
         if adapter_name in self.adapters:
             raise ValueError(f"adapter {adapter_name!r} already exists")
@@ -109,8 +111,8 @@ class MultiLoraModel:
     def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
         self._state(adapter_name).set_scheduler(scheduler_cls, **kwargs)
 
-    def set_loss(self, name_or_cls, adapter_name: str | None = None, **kwargs) -> None:
-        self._state(adapter_name).set_loss(name_or_cls, **kwargs)
+    def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> None:
+        self._state(adapter_name).set_loss(loss, **kwargs)
 
     def adapter_state_dict(self, adapter_name: str | None = None) -> dict[str, torch.Tensor]:
         """The adapter's weights under peft's saved names (`base_model.model.<layer>.lora_A.weight`)."""
@@ -127,9 +129,31 @@ class MultiLoraModel:
         name = self._state(adapter_name).name
         return self.forward_backward_fused({name: inputs}, **kwargs)[name]
 
-    def forward(self, inputs, adapter_name: str | None = None) -> dict:
+    def forward(self, inputs, adapter_name: str | None = None) -> LossContext:
+        """Training-mode pass with autograd on: the LossContext a custom loss reads."""
+        state = self._state(adapter_name)
+        batch = collate(inputs, self.pad_id)
+        logits = self._logits([(state.name, batch)], train=True)
+        fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
+        return LossContext.from_logits(logits[:, :-1], batch.labels_B_T[:, 1:].to(self.device), **fields)
+
+    def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
+        """A custom loss from `forward`'s context, counted as one micro-batch of the window."""
+        state = self._state(adapter_name)
+        state.micro_step += 1
+        state.consumed_batches += 1
+        if not torch.isfinite(loss.detach()).all():
+            state.nonfinite_pending = True
+            return False
+        (loss / state.gradient_accumulation_steps).backward()
+        return True
+
+    def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
+        """{'loss' (None without targets), 'logprobs' per row aligned with labels (0.0 first)}."""
         name = self._state(adapter_name).name
-        return self.forward_fused({name: inputs})[name]
+        out = self.forward_fused({name: inputs})[name]
+        return {"loss": out["loss"] if out["loss_tokens"] else None, **out["metrics"],
+                "logprobs": [[0.0] + row for row in out["logprobs"]]}
 
     def logits(self, inputs, adapter_name: str | None = None, base_only: bool = False) -> torch.Tensor:
         """No-grad logits [B, T, V] of one tenant's right-padded batch (`base_only`: adapter off)."""
@@ -236,80 +260,96 @@ class MultiLoraModel:
                 for metric in state.metrics(train):
                     metric.on_forward(records[state.name])
                 if train:
-                    state.micro_steps += 1
+                    state.micro_step += 1
+                    state.consumed_batches += 1
+                    state.nonfinite_pending |= not records[state.name].finite
         return outcomes
 
     # ---- optimizer steps, metrics, checkpoints --------------------------------------------------
-    def clip_grad_and_step(self, adapter_name: str | None = None, max_grad_norm: float | None = 1.0) -> dict:
-        """Counts a micro-step; on an accumulation boundary clips, steps the optimizer and the
-        scheduler, and clears this adapter's gradients. A non-finite gradient norm skips the step."""
+    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
+        """On an accumulation boundary (the rule in twinkle.model.base): clip, step the optimizer
+        and the scheduler, clear this adapter's gradients. A non-finite loss in the window or a
+        non-finite gradient norm skips the step."""
         state = self._state(adapter_name)
-        state.step_calls += 1
-        if state.step_calls < state.gradient_accumulation_steps:
-            return {"stepped": False, "accumulated": state.step_calls}
+        optimizer = state.require_optimizer()
+        if state.micro_step < state.gradient_accumulation_steps:
+            return {"stepped": False, "accumulated": state.micro_step}
         start = time.perf_counter()
-        state.step_calls, state.micro_steps = 0, 0
-        optimizer = state.ensure_optimizer()
         grads = [p for p in state.params if p.grad is not None]
-        if not grads:
-            raise RuntimeError(f"adapter {state.name!r} has no gradients: call forward_backward before stepping")
-        limit = max_grad_norm if max_grad_norm is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit))
-        skipped = not torch.isfinite(torch.tensor(grad_norm)).item()
+        grad_norm = None
+        if grads and not state.nonfinite_pending:
+            limit = max_grad_norm if max_grad_norm is not None else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit))
+        skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm)).item()
         if not skipped:
             optimizer.step()
             if state.scheduler is not None:
                 state.scheduler.step()
             state.optimizer_steps += 1
         optimizer.zero_grad(set_to_none=True)
+        state.micro_step, state.nonfinite_pending = 0, False
         lr = optimizer.param_groups[0]["lr"]
         record = StepRecord(grad_norm=None if skipped else grad_norm, lr=lr, skipped=skipped,
                             seconds=time.perf_counter() - start)
         for metric in state.train_metrics:
             metric.on_step(record)
-        return {"stepped": not skipped, "grad_norm": grad_norm, "lr": lr, "step": state.optimizer_steps}
+        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": lr,
+                "step": state.optimizer_steps}
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """This adapter's metrics since the last report (then reset)."""
+        state = self._state(adapter_name)
         out = {}
-        for metric in self._state(adapter_name).metrics(is_training):
+        for metric in state.metrics(is_training):
             out.update(metric.compute())
             metric.reset()
+        if is_training:
+            out["step"] = float(state.optimizer_steps)
         return out
 
-    def save(self, path: str, adapter_name: str | None = None) -> str:
-        """Write the adapter as an ordinary peft LoRA folder (its own rank); returns the path."""
+    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
+             data_position: int | None = None) -> str:
+        """The adapter as an ordinary peft LoRA folder (its own rank), plus the training state on
+        request (twinkle.model.checkpoint); returns the path."""
         state = self._state(adapter_name)
-        os.makedirs(path, exist_ok=True)
-        tensors = {k: v.detach().to("cpu").contiguous() for k, v in self.adapter_state_dict(state.name).items()}
-        save_file(tensors, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
-        config = copy.deepcopy(state.spec.config)
-        config.base_model_name_or_path = self.model_id
-        config.task_type = config.task_type or "CAUSAL_LM"
-        config.save_pretrained(path)
-        return path
+        checkpoint.save_adapter(path, state.spec.config, self.adapter_state_dict(state.name),
+                                checkpoint.base_model_id(self.model_id, self.model_path))
+        if save_training_state:
+            checkpoint.save_adapter_state(path, state, data_position)
+        return str(path)
 
-    def load(self, path: str, adapter_name: str, gradient_accumulation_steps: int = 1) -> None:
-        """Add an adapter from a peft LoRA folder (as written by `save`, or by peft)."""
-        weights = os.path.join(path, WEIGHTS_NAME)
-        if not os.path.isfile(weights):
-            raise FileNotFoundError(f"{path!r} is not a peft LoRA folder: {WEIGHTS_NAME} is missing")
-        self.add_adapter_to_model(adapter_name, LoraConfig.from_pretrained(path), gradient_accumulation_steps)
+    def load(self, path, adapter_name: str | None = None, *, gradient_accumulation_steps: int = 1) -> None:
+        """Weights from a peft LoRA folder (written by `save`, or by peft) into the adapter; an
+        adapter that does not exist yet is added from the folder's config (with
+        `gradient_accumulation_steps`) and removed again if the weights do not fit."""
+        config, tensors = checkpoint.load_adapter(path)
+        name = adapter_name or (self._state(None).name if self.adapters else "default")
+        created = name not in self.adapters
+        if created:
+            self.add_adapter_to_model(name, config, gradient_accumulation_steps)
         try:
-            saved = {k.replace(".default.", "."): v for k, v in load_file(weights).items()}
-            own = self.adapter_state_dict(adapter_name)
+            saved = {k.replace(".default.", "."): v for k, v in tensors.items()}
+            own = self.adapter_state_dict(name)
             if set(saved) != set(own):
                 missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-                raise ValueError(f"{path!r} does not match its adapter_config.json: missing {missing[:3]}, "
+                raise ValueError(f"{path!r} does not fit adapter {name!r}: missing {missing[:3]}, "
                                  f"unexpected {extra[:3]}")
+            for key, param in own.items():
+                if saved[key].shape != param.shape:
+                    raise ValueError(f"{key}: saved shape {tuple(saved[key].shape)}, expected {tuple(param.shape)}")
             with torch.no_grad():
                 for key, param in own.items():
-                    if saved[key].shape != param.shape:
-                        raise ValueError(f"{key}: saved shape {tuple(saved[key].shape)}, expected {tuple(param.shape)}")
                     param.copy_(saved[key])
         except Exception:
-            self.remove_adapter(adapter_name)
+            if created:
+                self.remove_adapter(name)
             raise
+
+    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
+        """`load` plus optimizer, scheduler, RNG and counters (set_optimizer / set_lr_scheduler first)."""
+        self.load(path, adapter_name)
+        state = self._state(adapter_name)
+        return checkpoint.resume_adapter_state(path, state)
 
     def run(self, requests, planner=None, on_result=None):
         """Execute queued requests as the planner groups them; yields each Completion as soon as

@@ -132,7 +132,7 @@ def execute(model, requests: list[Request], planner: FusionPlanner,
         if group.kind == "step":
             request = group.requests[0]
             try:
-                outcomes = {request.tenant: model.clip_grad_and_step(request.tenant, **request.options)}
+                outcomes = {request.tenant: model.clip_grad_and_step(adapter_name=request.tenant, **request.options)}
             except Exception as error:  # noqa: BLE001 - reported to that tenant, the engine carries on
                 outcomes = {request.tenant: error}
         else:

@@ -32,8 +32,9 @@ class AdapterState:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: object | None = None
     loss: Loss = field(default_factory=CrossEntropyLoss)
-    micro_steps: int = 0                          # forward_backward calls since the last optimizer step
-    step_calls: int = 0                           # clip_grad_and_step calls since the last optimizer step
+    micro_step: int = 0                          # forward_backward calls since the last optimizer step
+    consumed_batches: int = 0                     # forward_backward calls ever: the data position on resume
+    nonfinite_pending: bool = False               # a non-finite loss since the last step: that step is skipped
     optimizer_steps: int = 0
     train_metrics: list[Metric] = field(default_factory=default_metrics)
     eval_metrics: list[Metric] = field(default_factory=default_metrics)
@@ -44,14 +45,21 @@ class AdapterState:
         self.optimizer = build_optimizer(optimizer_cls, [(f"lora.{i}", p) for i, p in enumerate(self.params)], **kwargs)
         self.scheduler = None  # a scheduler is bound to one optimizer
 
+    def require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise ValueError(f"no optimizer for adapter {self.name!r}: call set_optimizer(...) first")
+        return self.optimizer
+
     def ensure_optimizer(self) -> torch.optim.Optimizer:
+        """The Tinker API's implicit Adam (its optim_step carries the Adam parameters every step).
+        The TwinkleModel contract never calls this: there, a missing optimizer is an error."""
         if self.optimizer is None:
             self.set_optimizer("AdamW", lr=1e-4)
         return self.optimizer
 
     def set_scheduler(self, scheduler_cls, **kwargs) -> None:
         # One schedule implementation for both engines, so a tenant's lr curve does not depend on which runs it.
-        self.scheduler = resolve_scheduler(scheduler_cls)(self.ensure_optimizer(), **kwargs)
+        self.scheduler = resolve_scheduler(scheduler_cls)(self.require_optimizer(), **kwargs)
 
     def set_loss(self, name_or_cls, **kwargs) -> None:
         self.loss = create_loss(name_or_cls, **kwargs)

@@ -35,7 +35,7 @@ class NativeCheckpoints:
                     opt = state.ensure_optimizer()
                     torch.save({"optimizer": opt.state_dict(),
                                 "scheduler": state.scheduler.state_dict() if state.scheduler is not None else None,
-                                "optimizer_steps": state.optimizer_steps, "step_calls": state.step_calls,
+                                "optimizer_steps": state.optimizer_steps, "step_calls": state.micro_step,
                                 "fb_count": self.compute.fb_counts.get((model_id, internal), 0)}, staging / STATE_FILE)
                 return {"native": True, "adapter_name": self.models.label(model_id, internal),
                         "lora": {"rank": state.spec.rank, "seed": None, "train_attn": True, "train_mlp": True,
@@ -101,6 +101,6 @@ class NativeCheckpoints:
         state.ensure_optimizer().load_state_dict(blob["optimizer"])
         if blob["scheduler"] is not None and state.scheduler is not None:
             state.scheduler.load_state_dict(blob["scheduler"])
-        state.optimizer_steps, state.step_calls = blob["optimizer_steps"], blob["step_calls"]
+        state.optimizer_steps, state.micro_step = blob["optimizer_steps"], blob["step_calls"]
         self.compute.fb_counts[(model_id, internal)] = blob["fb_count"]
         return blob["optimizer_steps"]

@@ -1,0 +1,124 @@
+"""The conformance matrix: the script in `sequence.py` against every engine x mode, each compared
+with the local TransformersModel run (fp32, twinkle://qwen3-tiny, the same initial adapter).
+
+A pair passes when every number is within TOLERANCE of the reference and the greedy samples are
+the same tokens; a pair that cannot run says so with its error message (it is listed as refused).
+The matrix is printed at the end of the session and written as markdown (see conftest.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import conformance_sequence as sequence
+from conformance_matrix import compare, local_mode, refuse
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torchrun_launch(init_folder, tmp_path_factory):
+    """Started first and left running (~1 min): it overlaps the in-process pairs."""
+    out = tmp_path_factory.mktemp("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(out / "log.txt", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(HERE / "torchrun_worker.py"), init_folder, str(out)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    log.close()
+
+
+def test_transformers_local_is_the_reference(reference):
+    assert len(reference["losses"]) == sequence.MICRO_BATCHES and len(reference["grad_norms"]) == 4
+    assert reference["losses"][-1] < reference["losses"][0]  # it trains
+    assert reference["resumed"] == {"data_position": 4, "optimizer_steps": 2, "micro_step": 0}
+    assert reference["lrs"][-1] == pytest.approx(0.0, abs=1e-12)  # the schedule reaches its end
+    compare("TransformersModel · local", reference, reference)
+
+
+def test_multi_lora_local(reference, init_folder, tmp_path):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model.multi_lora import MultiLoraModel
+
+    record = sequence.run(local_mode(lambda: MultiLoraModel(TEST_MODEL), init_folder, tmp_path))
+    compare("MultiLoraModel · local", dataclasses.asdict(record), reference)
+
+
+@pytest.fixture(scope="module")
+def torchrun_results(torchrun_launch):
+    proc, out = torchrun_launch
+    code = proc.wait(timeout=900)
+    assert code == 0, (out / "log.txt").read_text()[-6000:]
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("ddp", "fsdp2", "tp2")}
+
+
+@pytest.mark.parametrize("name,pair", [("ddp", "TransformersModel · torchrun DDP (2)"),
+                                       ("fsdp2", "TransformersModel · torchrun FSDP2 (2)"),
+                                       ("tp2", "TransformersModel · torchrun TP=2")])
+def test_torchrun(torchrun_results, reference, name, pair):
+    result = torchrun_results[name]
+    if "refused" in result:
+        refuse(pair, result["refused"])
+        pytest.skip(f"{pair} refused: {result['refused']}")
+    compare(pair, result["record"], reference)
+
+
+def test_ray_group(reference, init_folder, tmp_path, ray_group):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    built = []
+
+    def make():
+        for old in built:
+            old.remote_shutdown()  # one engine's actors at a time on the 2-CPU group
+        built[:] = [TransformersModel(model_id=TEST_MODEL, device_mesh=ray_group, remote_group="model")]
+        return built[0]
+
+    record = sequence.run(local_mode(make, init_folder, tmp_path))
+    built[0].remote_shutdown()
+    compare("TransformersModel · Ray group (2 actors)", dataclasses.asdict(record), reference)
+
+
+def _is_refusal(error: Exception) -> bool:
+    """A clear refusal naming what to use instead, not a crash."""
+    return (isinstance(error, NotImplementedError) or (isinstance(error, ImportError) and "megatron" in str(error))
+            or (isinstance(error, RuntimeError) and "needs CUDA" in str(error)))
+
+
+def test_megatron(reference, init_folder, tmp_path):
+    """MegatronModel trains full parameters on CUDA: here (and for a LoRA script anywhere) it refuses."""
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model.megatron.model import MegatronModel
+
+    pair = "MegatronModel · " + ("CUDA" if torch.cuda.is_available() else "local CPU")
+    try:
+        record = sequence.run(local_mode(lambda: MegatronModel(TEST_MODEL), init_folder, tmp_path))
+    except Exception as error:  # noqa: BLE001 - judged just below
+        if not _is_refusal(error):
+            raise
+        refuse(pair, f"{type(error).__name__}: {error}")
+        pytest.skip(f"{pair} refused: {error}")
+    compare(pair, dataclasses.asdict(record), reference)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gathered by the gpu session)")
+def test_transformers_cuda(reference, init_folder, tmp_path):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    record = sequence.run(local_mode(lambda: TransformersModel(model_id=TEST_MODEL, device="cuda"), init_folder, tmp_path))
+    compare("TransformersModel · CUDA", dataclasses.asdict(record), reference)
