@@ -18,7 +18,7 @@ from typing import ClassVar
 import torch
 
 from twinkle.loss.head import IGNORE_INDEX, LogitsHead, TokenHead
-from twinkle.model.registry import Registry
+from twinkle.registry import Registry
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from twinkle.model.registry import Registry
+from twinkle.registry import Registry
 
 
 @dataclass

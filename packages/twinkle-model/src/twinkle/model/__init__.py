@@ -6,6 +6,7 @@ from __future__ import annotations
 _LAZY = {
     "TwinkleModel": "twinkle.model.base",
     "num_training_steps": "twinkle.model.base",
+    "MODELS": "twinkle.model.base",
     "MultiLoraModel": "twinkle.model.multi_lora.model",
     "TransformersModel": "twinkle.model.transformers_model",
     "MegatronModel": "twinkle.model.megatron.model",  # needs the megatron extra when built
@@ -17,7 +18,7 @@ __all__ = list(_LAZY)
 
 
 def __getattr__(name: str):
-    # Lazy: twinkle.loss / metric / patch import twinkle.model.registry, which must not pull in torch models.
+    # Lazy: `import twinkle.model` must not pull in torch models (or megatron) until one is used.
     if name in _LAZY:
         import importlib
 

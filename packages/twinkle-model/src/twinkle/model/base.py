@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from twinkle.registry import Registry
+
 # The contract's method names, in the order a loop uses them (the signature test walks this list).
 CONTRACT_METHODS = ("add_adapter_to_model", "set_loss", "set_optimizer", "set_lr_scheduler", "forward", "backward",
                     "forward_only", "forward_backward", "clip_grad_and_step", "calculate_metric", "save", "load",
@@ -172,3 +174,7 @@ def _plain(params) -> str:
         prefix = {p.VAR_KEYWORD: "**", p.VAR_POSITIONAL: "*"}.get(p.kind, "")
         out.append(prefix + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
     return ", ".join(out)
+
+
+# Engines by name (entry-point group `twinkle.model`): the name a config or a remote call carries.
+MODELS: Registry[TwinkleModel] = Registry("model", "twinkle.model", TwinkleModel)

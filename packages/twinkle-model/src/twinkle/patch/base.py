@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from twinkle.model.registry import Registry
+from twinkle.registry import Registry
 
 
 class Patch:

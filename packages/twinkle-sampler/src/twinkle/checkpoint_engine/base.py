@@ -8,7 +8,8 @@ version that produced it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from importlib.metadata import entry_points
+
+from twinkle.registry import Registry
 
 GROUP = "twinkle.checkpoint_engine"
 
@@ -27,8 +28,5 @@ class CheckpointEngine(ABC):
         the same name); returns the new version."""
 
 
-def get_checkpoint_engine_class(name: str) -> type:
-    found = {ep.name: ep for ep in entry_points(group=GROUP)}
-    if name not in found:
-        raise KeyError(f"unknown checkpoint engine {name!r}; known: {sorted(found)}")
-    return found[name].load()
+CHECKPOINT_ENGINES: Registry[CheckpointEngine] = Registry("checkpoint engine", GROUP, CheckpointEngine)
+get_checkpoint_engine_class = CHECKPOINT_ENGINES.get
