@@ -65,7 +65,7 @@ def main() -> None:
 
     tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, run_name="quickstart", config=vars(args))
     losses: list[float] = []
-    bar = tqdm(total=args.steps, desc="LoRA SFT", unit="step")
+    bar = tqdm(total=args.steps, desc="LoRA SFT", unit="step", disable=None)  # drawn on a terminal only
     while len(losses) < args.steps:
         for batch in dataloader:
             losses.append(model.forward_backward(inputs=batch)["loss"])
