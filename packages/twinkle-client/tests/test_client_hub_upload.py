@@ -68,6 +68,20 @@ def test_cli_upload_errors_are_one_line(tmp_path):
         assert hub.requests == ["POST /api/repos/create"]  # only the refused one reached the hub
 
 
+def test_ms_upload_goes_through_modelscope_to_its_endpoint(tmp_path):
+    """ModelScope's upload protocol is not in the stand-in: this shows only that ms:// drives
+    modelscope's own client against MODELSCOPE_ENDPOINT (its create-repo call arrives, with the wrong
+    credentials for the stand-in) and that the refusal is one line, not a traceback."""
+    adapter_folder(tmp_path)
+    with hub_standin.HubStandIn() as hub:
+        env = {**os.environ, "MODELSCOPE_ENDPOINT": hub.endpoint, "MODELSCOPE_API_TOKEN": "ms-not-the-token"}
+        out = subprocess.run([TWINKLE, "upload", str(tmp_path), "ms://org/name"], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 1 and "Traceback" not in out.stderr
+        assert "twinkle: ModelScope refused the upload to ms://org/name" in out.stderr and "401" in out.stderr
+        assert hub.requests == ["POST /api/v1/models"]
+
+
 @pytest.mark.parametrize("hub, package, extra", [("hf", "huggingface_hub", "hf"),
                                                  ("ms", "modelscope.hub.api", "modelscope")])
 def test_a_missing_hub_client_names_the_extra(tmp_path, monkeypatch, hub, package, extra):

@@ -56,6 +56,9 @@ def upload_folder(folder: str | Path, target: str, *, private: bool | None = Non
     ms = _import("modelscope.hub.api", "ms")
     api = ms.HubApi(endpoint=endpoint, token=token)
     visibility = None if private is None else ("private" if private else "public")
-    api.create_repo(repo_id, visibility=visibility, exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message)
+    try:
+        api.create_repo(repo_id, visibility=visibility, exist_ok=True)
+        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message)
+    except Exception as e:  # modelscope's error classes moved between releases (now modelscope_hub's)
+        raise OSError(f"ModelScope refused the upload to ms://{repo_id}: {e}") from e
     return f"{api.endpoint.rstrip('/')}/models/{repo_id}"
