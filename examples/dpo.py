@@ -28,6 +28,7 @@ import torch
 from peft import LoraConfig
 
 from twinkle.hub import DEFAULT_MODEL
+from twinkle.metric.trackers import open_trackers
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import PreferenceProcessor
 from twinkle.preprocessor.rl import ARITHMETIC_SYSTEM
@@ -113,6 +114,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed machine)")
     p.add_argument("--plot", default="out/dpo-curve.png")
+    p.add_argument("--report-to", default="none", help="tensorboard, wandb, mlflow, trackio (comma-separated), or none")
+    p.add_argument("--logging-dir", default="out/runs", help="where the trackers write their runs")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -129,6 +132,8 @@ def main(argv=None) -> dict:
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
     model.set_loss("DPOLoss", adapter_name=ADAPTER, beta=args.beta)  # no ref_logprobs: adapter disabled is the reference
 
+    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
+                            run_name=time.strftime("dpo-%Y%m%d-%H%M%S"))
     curve = [(0, evaluate(model, held_out))]
     print(f"step 0: held-out {curve[0][1]}")
     rng = random.Random(args.seed)
@@ -138,14 +143,17 @@ def main(argv=None) -> dict:
         out = model.forward_backward(inputs=batch, adapter_name=ADAPTER)
         model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER)
         history.append(out)
+        tracker.log(out, step=step)
         line = (f"step {step}: loss {out['loss']:.4f} train reward_accuracy {out['reward_accuracy']:.2f} "
                 f"margin {out['reward_margin']:.3f}")
         if step % args.eval_every == 0 or step == args.steps:
             curve.append((step, evaluate(model, held_out)))
+            tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
             line += (f"  held-out preference {curve[-1][1]['preference_accuracy']:.3f} "
                      f"reward {curve[-1][1]['reward_accuracy']:.3f}")
         print(line, flush=True)
 
+    tracker.close()
     minutes = (time.perf_counter() - t_start) / 60
     print("held-out preference accuracy: " + "  ".join(f"{s}:{m['preference_accuracy']:.3f}" for s, m in curve))
     print("held-out reward accuracy:     " + "  ".join(f"{s}:{m['reward_accuracy']:.3f}" for s, m in curve))

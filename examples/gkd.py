@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM
 
 from twinkle.checkpoint_engine import InProcessCheckpointEngine
 from twinkle.hub import DEFAULT_MODEL, resolve_model_path
+from twinkle.metric.trackers import open_trackers
 from twinkle.model import TransformersModel
 from twinkle.reward import ArithmeticAccuracy
 from twinkle.rl.demo import arithmetic_prompts, greedy_accuracy, warm_start
@@ -86,6 +87,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed machine)")
     p.add_argument("--plot", default="out/gkd-curve.png")
+    p.add_argument("--report-to", default="none", help="tensorboard, wandb, mlflow, trackio (comma-separated), or none")
+    p.add_argument("--logging-dir", default="out/runs", help="where the trackers write their runs")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -122,6 +125,8 @@ def main(argv=None) -> dict:
                 "loss_on_own_answers": model.forward_only(inputs=own_rows, adapter_name=ADAPTER)["loss"],
                 "agreement": agree, "accuracy": sum(reward.values) / len(reward)}
 
+    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
+                            run_name=time.strftime("gkd-%Y%m%d-%H%M%S"))
     curve = [(0, evaluate())]
     print(f"teacher held-out accuracy {teacher_acc:.3f}; student step 0: {_fmt(curve[0][1])}")
     params = SamplingParams(max_tokens=6, temperature=1.0, num_samples=args.group)
@@ -142,12 +147,15 @@ def main(argv=None) -> dict:
             model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER)
         with timer.phase("sync"):
             engine.sync(model, sampler, ADAPTER)
+        tracker.log({**out, **timer.step_metrics()}, step=step)
         line = f"step {step}: gkd loss {out['loss']:.4f} [{timer.step_metrics()['time/step']:.1f}s]"
         if step % args.eval_every == 0 or step == args.steps:
             curve.append((step, evaluate()))
+            tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
             line += f"  held-out {_fmt(curve[-1][1])}"
         print(line, flush=True)
 
+    tracker.close()
     steps = [s for s, _ in curve]
     for key in ("loss_on_teacher_answers", "loss_on_own_answers", "agreement", "accuracy"):
         print(f"held-out {key}: " + "  ".join(f"{s}:{m[key]:.3f}" for s, m in curve))

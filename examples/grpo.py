@@ -25,6 +25,7 @@ from peft import LoraConfig
 from twinkle.advantage import GRPOAdvantage
 from twinkle.checkpoint_engine import InProcessCheckpointEngine
 from twinkle.hub import DEFAULT_MODEL
+from twinkle.metric.trackers import open_trackers
 from twinkle.model import TransformersModel
 from twinkle.reward import ArithmeticAccuracy, FormatReward, NumericCloseness, WeightedReward
 from twinkle.rl.demo import arithmetic_prompts, greedy_scores, warm_start
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch threads (1 is faster on an oversubscribed machine)")
     p.add_argument("--plot", default="out/grpo-curve.png")
+    p.add_argument("--report-to", default="none", help="tensorboard, wandb, mlflow, trackio (comma-separated), or none")
+    p.add_argument("--logging-dir", default="out/runs", help="where the trackers write their runs")
     return p.parse_args(argv)
 
 
@@ -104,6 +107,8 @@ def main(argv=None) -> dict:
         m = greedy_scores(sampler, held_out, reward, ADAPTER, max_tokens=args.max_tokens)
         return {"reward": m["reward/mean"], "accuracy": m["reward/accuracy/mean"], "closeness": m["reward/closeness/mean"]}
 
+    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
+                            run_name=time.strftime("grpo-%Y%m%d-%H%M%S"))
     curve = [(0, evaluate())]
     print(f"step 0: held-out {curve[0][1]}")
     timer = PhaseTimer()
@@ -147,10 +152,12 @@ def main(argv=None) -> dict:
             pad = lambda seqs: torch.tensor([s + [0.0] * (width - len(s)) for s in seqs])  # noqa: E731
             metrics.update(importance_ratio_stats(pad(now), pad([r["logprobs"] for r in rows]), pad(mask)))
         history.append(metrics)
+        tracker.log(metrics, step=step)
         if step % args.eval_every == 0 or step == args.steps:
             if rollouts:
                 rollouts.wait(policy_version=version)  # let the in-flight rollout finish before evaluating
             curve.append((step, evaluate()))
+            tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
             if rollouts:
                 rollouts.start(next_prompts())
         acc = (f"  held-out reward {curve[-1][1]['reward']:.3f} acc {curve[-1][1]['accuracy']:.3f}"
@@ -163,6 +170,7 @@ def main(argv=None) -> dict:
               flush=True)
     if rollouts:
         rollouts.close()
+    tracker.close()
 
     minutes = (time.perf_counter() - t_start) / 60
     print("held-out reward curve:   " + "  ".join(f"{s}:{m['reward']:.3f}" for s, m in curve))

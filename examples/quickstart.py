@@ -23,6 +23,7 @@ from twinkle.checkpoint_engine import InProcessCheckpointEngine
 from twinkle.dataloader import DataLoader
 from twinkle.dataset import Dataset, DatasetMeta
 from twinkle.hub import DEFAULT_MODEL
+from twinkle.metric.trackers import open_trackers
 from twinkle.model import TransformersModel
 from twinkle.preprocessor import SelfCognitionProcessor
 from twinkle.sampler import SamplingParams, TorchSampler
@@ -39,6 +40,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--output", default="out/quickstart-lora")
+    parser.add_argument("--report-to", default="none", help="tensorboard, wandb, mlflow, trackio (comma-separated)")
+    parser.add_argument("--logging-dir", default="out/runs", help="where the trackers write their runs")
     args = parser.parse_args()
 
     torch.set_num_threads(2)
@@ -60,18 +63,22 @@ def main() -> None:
     print(f"model {args.model}: {sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M params, "
           f"{len(dataset)} training rows, ready in {time.perf_counter() - t0:.1f}s")
 
+    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, run_name="quickstart", config=vars(args))
     losses: list[float] = []
-    bar = tqdm(total=args.steps, desc="LoRA SFT", unit="step")
+    bar = tqdm(total=args.steps, desc="LoRA SFT", unit="step", disable=None)  # drawn on a terminal only
     while len(losses) < args.steps:
         for batch in dataloader:
             losses.append(model.forward_backward(inputs=batch)["loss"])
             model.clip_grad_and_step()
             bar.update()
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            tracker.log({"loss": losses[-1]}, step=len(losses))
             if len(losses) == args.steps:
                 break
     bar.close()
     metrics = model.calculate_metric(is_training=True)
+    tracker.log(metrics, step=args.steps)  # the run's totals: tokens/s, MFU, accuracy, grad norm
+    tracker.close()
     window = max(1, args.steps // 10)
     print("loss curve:", " ".join(f"{sum(losses[i:i + window]) / len(losses[i:i + window]):.2f}"
                                   for i in range(0, len(losses), window)))

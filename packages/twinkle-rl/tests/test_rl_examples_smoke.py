@@ -24,13 +24,23 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
     plot = tmp_path / "curve.png"
     summary = grpo.main(["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "3", "--prompts", "2",
                          "--group", "3", "--max-tokens", "3", "--eval-prompts", "4", "--eval-every", "2",
-                         "--is-stats", "--plot", str(plot)] + (["--overlap"] if overlap else []))
+                         "--is-stats", "--plot", str(plot), "--report-to", "tensorboard",
+                         "--logging-dir", str(tmp_path / "runs")] + (["--overlap"] if overlap else []))
     out = capsys.readouterr().out
     assert summary["steps"] == 3 and summary["samples_per_step"] == 6 and summary["overlap"] is overlap
     assert 0.0 <= summary["accuracy_start"] <= 1.0 and 0.0 <= summary["accuracy_end"] <= 1.0
     assert json.loads(out.strip().splitlines()[-1]) == summary
     assert "step 3: reward" in out and "kl" in out and "held-out reward curve:   0:" in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # --report-to: the same per-step metrics, read back with TensorBoard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [run] = (tmp_path / "runs" / "tensorboard").iterdir()
+    events = EventAccumulator(str(run))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [2, 3]
+    assert events.Scalars("eval/accuracy")[-1].value == pytest.approx(summary["accuracy_end"])
 
 
 def test_dpo_example_runs_and_reports_both_accuracies(tmp_path, capsys):

@@ -5,6 +5,7 @@ server capacity and queue. Server and key from --base-url/--api-key or TWINKLE_B
     twinkle checkpoints [--run MODEL_ID]
     twinkle download tinker://<model_id>/weights/<name> -o ./my-lora
     twinkle status
+    twinkle upload ./my-lora hf://org/name        (or ms://org/name; needs no server)
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import httpx
 
+from twinkle.client.download import fetch_archive
 from twinkle.client.errors import TwinkleAPIError
 from twinkle.client.http import TwinkleClient
+from twinkle.client.hub_upload import upload_folder
 from twinkle.client.schema import CheckpointList, RunList, ServerStatus
 
 
@@ -52,7 +55,7 @@ def cmd_checkpoints(client: TwinkleClient, args) -> str:
 
 
 def cmd_download(client: TwinkleClient, args) -> str:
-    data = client.request("GET", "/checkpoints/archive", params={"path": args.path}, raw=True)
+    data = fetch_archive(client, args.path)
     out = Path(args.output or args.path.rstrip("/").rsplit("/", 1)[-1])
     out.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
@@ -89,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("path", help="tinker://<model_id>/weights/<name>")
     dl.add_argument("-o", "--output", help="folder to write (default: the checkpoint's name)")
     sub.add_parser("status", help="server capacity and queue")
+    up = sub.add_parser("upload", help="upload a folder (e.g. a downloaded PEFT adapter) to a model hub")
+    up.add_argument("folder")
+    up.add_argument("target", help="hf://ORG/NAME (huggingface_hub) or ms://ORG/NAME (modelscope)")
+    up.add_argument("--private", action="store_true", help="create the repo private")
+    up.add_argument("-m", "--message", default="Upload with twinkle", help="commit message")
     for sp in (runs, ck, sub.choices["status"]):
         sp.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -99,6 +107,14 @@ COMMANDS = {"runs": cmd_runs, "checkpoints": cmd_checkpoints, "download": cmd_do
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "upload":  # talks to a hub, not to the server
+        try:
+            print(f"uploaded {args.folder} -> " + upload_folder(args.folder, args.target, private=args.private or None,
+                                                               commit_message=args.message))
+        except (ValueError, ImportError, OSError) as e:  # hub HTTP errors are OSErrors in both clients
+            print(f"twinkle: {e}", file=sys.stderr)
+            return 1
+        return 0
     try:
         client = TwinkleClient(args.base_url, args.api_key, max_retries=3)
         print(COMMANDS[args.command](client, args))

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 
 import datasets
+from tqdm import tqdm
 
 from twinkle.dataset.loading import _hash
 from twinkle.hub import cache_root
@@ -25,15 +26,19 @@ def encode_rows(part: datasets.Dataset, template, add_generation_prompt: bool, b
     from twinkle.dataset.dataset import apply_rows
 
     dropped = 0
+    # On stderr only when it is a terminal (disable=None): logs and CI output stay clean.
+    bar = tqdm(total=len(part), desc=f"encode {key}", unit="row", disable=None)
 
     def op(rows, first):
         nonlocal dropped
         encoded = template.batch_encode(rows, add_generation_prompt=add_generation_prompt, first_index=first)
         kept = [e for e in encoded if e is not None]
         dropped += len(encoded) - len(kept)
+        bar.update(len(rows))
         return kept
 
-    result = apply_rows(part, op, batch_size)
+    with bar:
+        result = apply_rows(part, op, batch_size)
     if dropped:
         logger.warning("%s: %d rows longer than max_length=%s were deleted (truncation_strategy='delete')",
                        key, dropped, template.max_length)

@@ -122,16 +122,22 @@ def write_folder(name: str, folder: Path) -> None:
     embedded build must come out the same from any process.
     """
     from safetensors.torch import save_file
+    from tqdm import tqdm
 
+    bar = tqdm(total=3, desc=f"build {SCHEME}{name}", unit="part", disable=None)  # quiet off a terminal
     tokenizer = build_tokenizer()
     model = build_model(name, tokenizer)
+    bar.update()
     model.config.architectures = [type(model).__name__]
     model.config.to_json_file(folder / "config.json")
     model.generation_config.to_json_file(folder / "generation_config.json")
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in tied}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    bar.update()
     tokenizer.save_pretrained(folder)
+    bar.update()
+    bar.close()
     (folder / "twinkle_embedded.json").write_text(
         json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2))
 

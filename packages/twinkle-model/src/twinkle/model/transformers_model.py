@@ -414,6 +414,14 @@ class TransformersModel(TwinkleModel):
         return str(path)
 
     @remote_method()
+    def push_to_hub(self, repo_id: str, adapter_name: str | None = None, **kwargs) -> str | None:
+        """Upload what `save` writes to `org/name` (Hugging Face), `hf://org/name` or `ms://org/name`;
+        private=, token=, endpoint=, commit_message= as in twinkle.model.hub_upload.push_to_hub."""
+        from twinkle.model.hub_upload import push_to_hub
+
+        return push_to_hub(self, repo_id, adapter_name, **kwargs)
+
+    @remote_method()
     def load(self, path, adapter_name: str | None = None) -> None:
         """Load weights saved by `save` into the adapter (or the whole model); a LoRA folder for an
         adapter that does not exist yet creates it from the folder's adapter_config.json."""

@@ -40,6 +40,7 @@ def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, 
                cache_dir: str | os.PathLike | None = None, seed: int = 0, log=print) -> str:
     """Folder of `base` after `steps` of full-parameter SFT on arithmetic train; built once, then cached."""
     import torch
+    from tqdm import tqdm
 
     from twinkle.hub import DEFAULT_MODEL, cache_root, resolve_model_path
     from twinkle.model import TransformersModel
@@ -59,12 +60,14 @@ def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, 
         model = TransformersModel(model_id=base_path)
         model.set_optimizer("AdamW", lr=lr, weight_decay=0.0)
         order, rng = [], random.Random(seed)
-        for step in range(steps):
+        bar = tqdm(range(steps), desc="warm-start SFT", unit="step", disable=None)  # quiet off a terminal
+        for step in bar:
             if len(order) < batch_size:
                 order += rng.sample(range(len(rows)), len(rows))
             batch, order = [rows[i] for i in order[:batch_size]], order[batch_size:]
             out = model.forward_backward(inputs=batch)
             model.clip_grad_and_step()
+            bar.set_postfix(loss=f"{out['loss']:.3f}", refresh=False)
             if log and (step + 1) % max(1, steps // 5) == 0:
                 log(f"  warm-start SFT step {step + 1}/{steps}: loss {out['loss']:.3f} "
                     f"({time.perf_counter() - start:.0f}s)")
