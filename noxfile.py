@@ -96,6 +96,7 @@ def gpu(session: nox.Session) -> None:
     _sync(session, "--all-packages", "--extra", "megatron")
     with _cold_caches() as caches:
         session.run("pytest", "-m", "gpu", "-rs", *(f"{folder}/tests" for _, folder in MEMBERS.values()),
+                    "tests/conformance",
                     *session.posargs, env=caches, success_codes=[0, 5])
 
 

@@ -46,7 +46,7 @@ def _new_tinker_model(service):
     from twinkle.hub import TEST_MODEL
 
     return service.create_lora_training_client(base_model=TEST_MODEL, rank=sequence.LORA["r"], seed=sequence.SEED,
-                                               train_unembed=False)
+                                               train_unembed=False).result()
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +132,7 @@ def test_tinker_sdk(reference, tinker_client):
     path = tc.save_state("mid").result().path
     resumed = tinker_client.create_training_client_from_state_with_optimizer(path).result()
     _tinker_train(resumed, batches[half:], record, first_step=sequence.STEPS_BEFORE_SAVE)
-    sampler = resumed.save_weights_and_get_sampling_client("final")
+    sampler = resumed.save_weights_and_get_sampling_client().result()
     params = types.SamplingParams(max_tokens=sequence.SAMPLE["max_tokens"], temperature=0.0, seed=sequence.SAMPLE["seed"])
     for row in sequence.PROBE:
         result = sampler.sample(types.ModelInput.from_ints(row["input_ids"][:6]), 1, params).result()
