@@ -19,6 +19,7 @@ from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
 from twinkle.serve.probes import build_probe_router
+from twinkle.serve.prometheus import RequestMetrics, build_metrics_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
 
@@ -55,7 +56,9 @@ def create_app(rt: Runtime) -> FastAPI:
     # an oversized body.
     app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
+    app.add_middleware(RequestMetrics, metrics=rt.metrics)  # outermost: sees every answer, 413s included
     app.include_router(build_probe_router(rt))
+    app.include_router(build_metrics_router(rt.metrics))
     core = Service(rt)  # both APIs are translations over this one service core
     app.include_router(build_router(core))
     native = build_native_router(core)

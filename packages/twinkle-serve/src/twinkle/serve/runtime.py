@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from twinkle.serve.backend import Backend, create_backend
 from twinkle.serve.config import ModelEntry, ServeConfig
 from twinkle.serve.errors import BadRequest, ServiceUnavailable
 from twinkle.serve.core.adapter_memory import AdapterMemory
+from twinkle.serve.prometheus import ServerMetrics
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.live import LiveAdapters
 from twinkle.serve.core.scheduler import Scheduler
@@ -52,6 +54,8 @@ class Runtime:
         self.live = LiveAdapters()  # training runs with an adapter in this process
         self.adapter_memory = AdapterMemory(config.max_adapter_memory_mb)  # one account for both APIs
         self.throughput = Throughput()
+        self.metrics = ServerMetrics()
+        self.metrics.watch(self)
         self.load_error: str | None = None  # why load_models failed, for the routes that answer 503
         self._ray_started = self._owns_ray = False
 
@@ -73,7 +77,8 @@ class Runtime:
             except Exception as e:
                 self.load_error = _load_failure(entry, path, e)
                 raise RuntimeError(self.load_error) from e
-            scheduler = Scheduler(self.hub, name=entry.name, fuse_runner=backend.forward_backward_many)
+            scheduler = Scheduler(self.hub, name=entry.name, fuse_runner=backend.forward_backward_many,
+                                  on_pass=functools.partial(self.metrics.observe_pass, entry.name))
             self.engines[entry.name] = Engine(entry, backend, scheduler)
             log.info("serving base model %s from %s (multi-LoRA%s)", entry.name, path,
                      f", training on Ray group {entry.remote_group!r}, sampling on {entry.sampler_remote_group!r}"

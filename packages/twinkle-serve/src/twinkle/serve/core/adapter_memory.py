@@ -80,6 +80,10 @@ class AdapterMemory:
                     "are in use; finish a session (or close a model) to free its adapters, or use a smaller rank")
             self._held[key] = need
 
+    def used(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
+
     def release(self, key: str) -> None:
         with self._lock:
             self._held.pop(key, None)

@@ -18,6 +18,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -29,8 +30,9 @@ log = logging.getLogger("twinkle.serve")
 
 class Scheduler:
     def __init__(self, hub: FutureHub, name: str = "worker", fuse_runner: Callable | None = None,
-                 max_fuse: int = 8):
+                 max_fuse: int = 8, on_pass: Callable[[float, int], None] | None = None):
         self.hub = hub
+        self.on_pass = on_pass  # (seconds, requests served) after every pass: the server's metrics
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
         self.fused_items: collections.Counter[str] = collections.Counter()  # item type -> requests fused
@@ -56,6 +58,11 @@ class Scheduler:
     def pending(self, queue: str) -> int:
         with self._cond:
             return len(self._queues.get(queue, ()))
+
+    def depth(self) -> int:
+        """Requests waiting, over every queue."""
+        with self._cond:
+            return sum(len(q) for q in self._queues.values())
 
     def stop(self) -> None:
         with self._cond:
@@ -94,19 +101,25 @@ class Scheduler:
 
         torch.set_num_threads(max(1, torch.get_num_threads()))
         while (taken := self._next()) is not None:
-            if len(taken) == 1:
-                request_id, fn, _ = taken[0]
-                self._finish(request_id, fn)
-                continue
-            self.fused_passes += 1
-            self.fused_items.update(type(fuse[0]).__name__ for _, _, fuse in taken)
-            try:
-                results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
-            except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving
-                log.exception("fused pass failed")
-                results = [e] * len(taken)
-            for (request_id, _, fuse), result in zip(taken, results):
-                self._finish(request_id, lambda: fuse[1](result))
+            started = time.perf_counter()
+            self._serve(taken)
+            if self.on_pass is not None:
+                self.on_pass(time.perf_counter() - started, len(taken))
+
+    def _serve(self, taken: list) -> None:
+        if len(taken) == 1:
+            request_id, fn, _ = taken[0]
+            self._finish(request_id, fn)
+            return
+        self.fused_passes += 1
+        self.fused_items.update(type(fuse[0]).__name__ for _, _, fuse in taken)
+        try:
+            results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
+        except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving
+            log.exception("fused pass failed")
+            results = [e] * len(taken)
+        for (request_id, _, fuse), result in zip(taken, results):
+            self._finish(request_id, lambda: fuse[1](result))
 
     def _finish(self, request_id: str, fn) -> None:
         try:

@@ -1,0 +1,101 @@
+"""`GET /metrics`: the server's operational metrics in Prometheus' text format, with its own client.
+
+Labels carry only what an operator configured or what the code names: the route *template*
+(`/api/v1/training_runs/{run_id}`, never the id), the method, the status class and the base model.
+No key, tenant, id or request content ever becomes a label, so a scrape reveals nothing about
+tenants and its cardinality stays fixed. Like `/livez`, it needs no key: scrapers call without one.
+
+Request counts and latencies come from an ASGI middleware; pass times from the scheduler (through
+`ServerMetrics.observe_pass`); queue depth, fused passes, tokens/s and adapter memory are read from
+the runtime at scrape time, so the hot path carries no extra bookkeeping for them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+# Steps of the tiny CPU models take milliseconds, a large model's seconds.
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class ServerMetrics:
+    """One registry per server (tests run several servers in one process)."""
+
+    def __init__(self):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("twinkle_http_requests", "HTTP requests answered", ["method", "route", "status"],
+                                registry=self.registry)
+        self.latency = Histogram("twinkle_http_request_seconds", "Time to answer an HTTP request",
+                                 ["method", "route"], buckets=BUCKETS, registry=self.registry)
+        self.passes = Histogram("twinkle_pass_seconds", "Time of one model pass on a worker (fused or single)",
+                                ["base_model", "fused"], buckets=BUCKETS, registry=self.registry)
+
+    def observe_pass(self, base_model: str, seconds: float, n_requests: int) -> None:
+        self.passes.labels(base_model, "true" if n_requests > 1 else "false").observe(seconds)
+
+    def watch(self, rt) -> None:
+        self.registry.register(_RuntimeCollector(rt))
+
+
+class _RuntimeCollector:
+    def __init__(self, rt):
+        self.rt = rt
+
+    def collect(self):
+        rt = self.rt
+        depth = GaugeMetricFamily("twinkle_queue_depth", "Requests waiting for a worker", labels=["base_model"])
+        fused = GaugeMetricFamily("twinkle_fused_passes", "Passes that served several tenants at once",
+                                  labels=["base_model"])
+        for name, engine in rt.engines.items():
+            depth.add_metric([name], engine.scheduler.depth())
+            fused.add_metric([name], engine.scheduler.fused_passes)
+        yield depth
+        yield fused
+        yield GaugeMetricFamily("twinkle_tokens_per_second", "Tokens processed per second, last minute",
+                                value=rt.throughput.tokens_per_s())
+        yield GaugeMetricFamily("twinkle_adapter_memory_bytes", "Adapter memory reserved by live adapters",
+                                value=rt.adapter_memory.used())
+        cap = rt.adapter_memory.cap
+        yield GaugeMetricFamily("twinkle_adapter_memory_cap_bytes", "max_adapter_memory_mb (-1: no cap)",
+                                value=-1 if cap is None else cap)
+        yield GaugeMetricFamily("twinkle_ready", "1 once the base models are loaded", value=int(rt.ready.is_set()))
+
+
+class RequestMetrics:
+    """ASGI middleware: count and time every HTTP request by route template and status class."""
+
+    def __init__(self, app, metrics: ServerMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def send_and_see(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_see)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, route, f"{status[0] // 100}xx").inc()
+            self.metrics.latency.labels(method, route).observe(time.perf_counter() - start)
+
+
+def build_metrics_router(metrics: ServerMetrics) -> APIRouter:
+    r = APIRouter(tags=["probes"])
+
+    @r.get("/metrics", summary="Prometheus metrics (no key needed; no tenant data in labels)")
+    def scrape():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return r

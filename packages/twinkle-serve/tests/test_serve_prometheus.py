@@ -1,0 +1,73 @@
+"""`GET /metrics` scraped from a real server after real Tinker SDK training, parsed with
+prometheus_client's own parser: request counts and latency per route template, pass times, queue
+depth, fused passes, tokens/s, adapter memory used and capped, 4xx/5xx counts; no key or id in labels."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+CAP_MB = 64.0
+
+
+@pytest.fixture(scope="module")
+def trained(start, tmp_path_factory, sft):
+    import tinker
+    from tinker import types
+
+    from twinkle.hub import TEST_MODEL
+
+    srv = start(tmp_path_factory.mktemp("prom"), max_adapter_memory_mb=CAP_MB)
+    key = srv.create_key("alice")
+    client = tinker.ServiceClient(base_url=srv.url, api_key=key)
+    tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4).result()
+    for _ in range(2):
+        fb = tc.forward_backward([sft([5, 6, 7, 8, 9, 10])], "cross_entropy")
+        step = tc.optim_step(types.AdamParams(learning_rate=1e-3))
+        fb.result(), step.result()
+    # a wrong key and an unknown run id: answered 4xx; neither may appear in any label
+    httpx.get(f"{srv.url}/api/v1/training_runs/run-secret-id-123", headers={"X-API-Key": "tml-not-a-real-key"})
+    httpx.get(f"{srv.url}/api/v1/training_runs/run-secret-id-123", headers={"X-API-Key": key})
+    yield srv, key
+    srv.stop()
+
+
+def _scrape(url: str) -> tuple[str, dict]:
+    resp = httpx.get(f"{url}/metrics")  # no key: scrapers call without one
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(resp.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return resp.text, samples
+
+
+def _value(samples, name, **labels):
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def test_requests_are_counted_and_timed_by_route_template(trained):
+    srv, key = trained
+    text, samples = _scrape(srv.url)
+    assert _value(samples, "twinkle_http_requests_total", method="POST", route="/api/v1/forward_backward",
+                  status="2xx") >= 2
+    assert _value(samples, "twinkle_http_request_seconds_count", method="POST",
+                  route="/api/v1/forward_backward") >= 2
+    run_route = "/api/v1/training_runs/{run_id}"
+    assert _value(samples, "twinkle_http_requests_total", method="GET", route=run_route, status="4xx") == 2
+    assert "run-secret-id-123" not in text and key not in text and "tml-" not in text
+
+
+def test_server_gauges_read_the_runtime(trained):
+    from twinkle.hub import TEST_MODEL
+
+    srv, _ = trained
+    _, samples = _scrape(srv.url)
+    assert _value(samples, "twinkle_pass_seconds_count", base_model=TEST_MODEL, fused="false") >= 4
+    assert _value(samples, "twinkle_queue_depth", base_model=TEST_MODEL) == 0
+    assert _value(samples, "twinkle_fused_passes", base_model=TEST_MODEL) == 0  # one tenant: nothing to fuse
+    assert _value(samples, "twinkle_tokens_per_second") > 0
+    assert 0 < _value(samples, "twinkle_adapter_memory_bytes") < CAP_MB * 2**20
+    assert _value(samples, "twinkle_adapter_memory_cap_bytes") == CAP_MB * 2**20
+    assert _value(samples, "twinkle_ready") == 1
