@@ -95,10 +95,21 @@ def test_seed_import_paths_have_one_owner_each():
         assert owned.get(sub) == dist, f"twinkle.{sub} should belong to {dist}, not {owned.get(sub)}"
 
 
+# Extras that reach against the direction, each on purpose and named here so that none slips in.
+ALLOWED_EXTRAS = {
+    # opt-in: tokenize with the server's templates on the laptop; it pulls in torch, which the
+    # client's own install never does (test_client_alone_in_an_empty_venv_imports_without_torch)
+    ("twinkle-client", "twinkle-data"): "local-encoding",
+}
+
+
 @pytest.mark.parametrize("dist", sorted(ALLOWED))
 def test_dependency_direction(dist):
     ours = declared(dist) & set(MEMBERS)
     assert ours <= ALLOWED[dist], f"{dist} depends on {sorted(ours - ALLOWED[dist])}, against DESIGN.md's direction"
+    by_extra = (declared(dist, extras=True) - declared(dist)) & set(MEMBERS)
+    against = sorted(d for d in by_extra - ALLOWED[dist] if (dist, d) not in ALLOWED_EXTRAS)
+    assert not against, f"{dist}'s extras pull in {against}, against DESIGN.md's direction"
 
 
 @pytest.mark.parametrize("dist", sorted(MEMBERS))
