@@ -75,6 +75,13 @@ for _name, (_dist, _folder) in MEMBERS.items():
     _member_session(_name, _dist, _folder)
 
 
+@nox.session(name="lint")
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree (rules in the root pyproject: pyflakes and pycodestyle's error class)."""
+    session.install("ruff>=0.8")
+    session.run("ruff", "check", ".")
+
+
 @nox.session(name="reliability")
 def reliability(session: nox.Session) -> None:
     """The real `twinkle-server` under load, kill -9, fuzzing, isolation, bad data, limits (prints a summary)."""

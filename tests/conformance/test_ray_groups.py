@@ -5,7 +5,6 @@ splits the prompts over its ranks (every rank sampled the whole batch, rank 0's 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from twinkle.hub import TEST_MODEL
 from twinkle.mesh import remote_method

@@ -7,7 +7,7 @@ import pytest
 
 from twinkle.dataset import DataError, Dataset, DatasetMeta
 from twinkle.hub import TEST_MODEL
-from twinkle.preprocessor import ArithmeticProcessor, DedupFilter, LengthFilter, SelfCognitionProcessor
+from twinkle.preprocessor import ArithmeticProcessor, LengthFilter, SelfCognitionProcessor
 
 
 def sft_dataset(n=20, **template_kw):

@@ -104,7 +104,7 @@ def test_ray_remote_group_fans_out_and_collects(ray_trainer, capsys):
     assert ray_trainer.train_step.__name__ == "train_step"  # names and signatures kept
     text = tm.get_device_placement()
     assert "group 'model': 2 x cpu, devices [0, 1]" in text
-    assert f"LoraTrainer rank 1: node" in text and str(ranks[1]["pid"]) in text
+    assert "LoraTrainer rank 1: node" in text and str(ranks[1]["pid"]) in text
     with pytest.raises(AttributeError, match="has no method 'nope'"):
         ray_trainer.nope  # noqa: B018
 

@@ -84,7 +84,7 @@ def test_wandb_offline_run_holds_each_step(logged, tmp_path, monkeypatch):
 
 def test_trackio_local_store_holds_each_step(logged, tmp_path):
     # trackio reads TRACKIO_DIR once, at import: log and read back in a process that sets it first.
-    script = textwrap.dedent(f"""
+    script = textwrap.dedent("""
         import json, sys
         from twinkle.metric.trackers import open_trackers
         history = json.loads(sys.argv[1])

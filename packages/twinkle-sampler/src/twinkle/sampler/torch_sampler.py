@@ -9,7 +9,6 @@ use its own LoRA adapter (see routing.py); each sequence draws from its own seed
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 
 import torch
 
