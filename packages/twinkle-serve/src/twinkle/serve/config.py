@@ -82,6 +82,17 @@ class ServeConfig(_Strict):
     max_request_bytes: int = Field(64 * 2**20, ge=1024)  # larger request bodies answer 413
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
+    # Experiment trackers for every run's curves, as transformers' report_to: "tensorboard", "wandb",
+    # "mlflow", "trackio", a list, or none (the default); written under <data_dir>/runs/.
+    report_to: str | list[str] | None = None
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, value):
+        from twinkle.metric.trackers import parse_report_to
+
+        parse_report_to(value)  # an unknown name fails at config load, listing the known ones
+        return value
     ray: RayConfig | None = None
 
     @model_validator(mode="after")

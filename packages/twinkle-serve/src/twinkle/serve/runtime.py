@@ -13,6 +13,7 @@ from twinkle.serve.config import ModelEntry, ServeConfig
 from twinkle.serve.errors import BadRequest, ServiceUnavailable
 from twinkle.serve.core.adapter_memory import AdapterMemory
 from twinkle.serve.prometheus import ServerMetrics
+from twinkle.serve.run_trackers import RunTrackers
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.live import LiveAdapters
 from twinkle.serve.core.scheduler import Scheduler
@@ -46,6 +47,10 @@ class Runtime:
         self.config = config
         self.data_dir = Path(data_dir)
         self.store = Store(self.data_dir)
+        self.trackers = None
+        if config.report_to:
+            self.trackers = RunTrackers(config.report_to, self.data_dir / "runs")
+            self.store.curves.on_add = self.trackers.log
         self.keys = KeyStore(self.store)
         self.hub = FutureHub(self.store)
         self.limits = TenantLimits(config.limits, config.tenant_limits)
@@ -138,4 +143,6 @@ class Runtime:
             engine.scheduler.stop()
             engine.backend.close()
         self._stop_cluster()
+        if self.trackers is not None:
+            self.trackers.close()
         self.store.close()

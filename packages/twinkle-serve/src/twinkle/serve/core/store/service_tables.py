@@ -85,6 +85,8 @@ class Idempotency:
 class Curves:
     def __init__(self, db):
         self.db = db
+        # (model_id, tenant, step, metrics) after each point is stored: the server's trackers listen here.
+        self.on_add = None
 
     def add(self, model_id: str, tenant: str, step: int | None, metrics: dict[str, float]) -> None:
         now = time.time()
@@ -92,6 +94,8 @@ class Curves:
             if value is not None:
                 self.db.execute("INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
                                 (model_id, tenant, step, name, float(value), now))
+        if self.on_add is not None:
+            self.on_add(model_id, tenant, step, {k: float(v) for k, v in metrics.items() if v is not None})
 
     def of(self, model_id: str, since_step: int = -1) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
