@@ -19,6 +19,7 @@ from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
+from twinkle.serve.tinker.routes_extra import build_extra_router
 
 log = logging.getLogger("twinkle.serve")
 
@@ -54,6 +55,7 @@ def create_app(rt: Runtime) -> FastAPI:
     app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
     app.include_router(build_router(rt))
+    app.include_router(build_extra_router(rt))  # the rest of the SDK 0.38 routes
     native = build_native_router(rt)  # the native Twinkle API and the dashboard share one service
     app.include_router(native)
     app.include_router(build_dashboard_router(rt, native.native_service))

@@ -32,6 +32,19 @@ CREATE TABLE IF NOT EXISTS idempotency (tenant TEXT NOT NULL, key TEXT NOT NULL,
     status INTEGER, content_type TEXT, body BLOB, created_at REAL, PRIMARY KEY (tenant, key));
 """
 
+# ---- tables of the SDK 0.38 routes in tinker/routes_extra.py (custom losses, sampling completions, usage) ----
+SCHEMA += """
+CREATE TABLE IF NOT EXISTS custom_losses (loss_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    name TEXT, inputs TEXT, graph TEXT, created_at REAL);
+CREATE TABLE IF NOT EXISTS sample_requests (request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, sampler_id TEXT,
+    clone INTEGER, completion INTEGER);
+CREATE TABLE IF NOT EXISTS sampler_clients (sampler_id TEXT PRIMARY KEY, clients INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS session_projects (session_id TEXT PRIMARY KEY, project_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, hour INTEGER NOT NULL, session_id TEXT NOT NULL,
+    base_model TEXT NOT NULL, kind TEXT NOT NULL, tokens INTEGER NOT NULL,
+    PRIMARY KEY (tenant, hour, session_id, base_model, kind));
+"""
+
 
 class Store:
     def __init__(self, data_dir: str | Path):

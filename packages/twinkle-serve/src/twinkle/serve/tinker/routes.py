@@ -21,7 +21,7 @@ from twinkle.serve.tinker.training import TinkerTraining
 # Flags for /client/config: the simplest transport the SDK supports (see tinker-contract.md §1).
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
                  "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
-                 "custom_loss_server_side": False, "sample_join_sampling_session": False}
+                 "custom_loss_server_side": True, "sample_join_sampling_session": False}
 # Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
 UNMETERED = {"/api/v1/retrieve_future", "/api/v1/session_heartbeat", "/api/v1/telemetry", "/api/v1/healthz"}
 

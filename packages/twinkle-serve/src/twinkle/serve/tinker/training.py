@@ -19,7 +19,7 @@ from twinkle.serve.adapter_memory import AdapterMemory
 from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Runtime
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, custom_loss_service
 
 SEGMENT = {"training": "weights", "sampler": "sampler_weights"}
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
@@ -183,6 +183,8 @@ class TinkerTraining:
         self.rt.limits.input_tokens(tenant, sum(len(d.tokens) for d in data))
         engine = self.rt.engine(row["base_model"])
         self.rt.store.touch_model(model_id)
+        if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
+            return custom_loss_service.submit(self, tenant, engine, row, seq_id, data, config, forward_only, body)
 
         def finish(result):
             if isinstance(result, Exception):

@@ -1,0 +1,35 @@
+"""The rest of the Tinker SDK 0.38 surface under /api/v1, beside tinker/routes.py: server-side custom
+losses, the sampling completion queue (`retrieve_futures`, `cancel_future`, `join_sampling_session`),
+external weights and their signed download URLs, copies, session search/project/trace, the API key's
+own record, and usage (counted in real tokens; what is not recorded says so).
+
+Every route needs `X-API-Key` (the key's name is the tenant) except the signed file downloads, whose
+URL is the credential. Another tenant's object is a 404, a malformed body a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from starlette.concurrency import run_in_threadpool
+
+from twinkle.serve.errors import Unauthorized
+from twinkle.serve.runtime import Runtime
+from twinkle.serve.tinker import custom_loss_service
+from twinkle.serve.tinker.routes import json_body
+
+
+def build_extra_router(rt: Runtime) -> APIRouter:
+    def caller(request: Request) -> str:
+        name = rt.keys.tenant_for(request.headers.get("x-api-key"))
+        if name is None:
+            raise Unauthorized("missing or invalid API key (header X-API-Key)")
+        rt.limits.request(name)
+        return name
+
+    r = APIRouter(prefix="/api/v1")
+
+    @r.post("/create_custom_loss")
+    async def create_custom_loss(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(custom_loss_service.create, rt, t, await json_body(request))
+
+    return r
