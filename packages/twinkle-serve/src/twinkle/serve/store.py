@@ -90,3 +90,38 @@ class Store:
 
     def touch_model(self, model_id: str) -> None:
         self.execute("UPDATE models SET last_request_time = ? WHERE model_id = ?", (time.time(), model_id))
+
+    # ---- the SDK 0.38 routes of tinker/routes_extra.py ----
+    def record_sample_request(self, request_id: str, tenant: str, sampler_id: str, clone: int) -> None:
+        self.insert("sample_requests", request_id=request_id, tenant=tenant, sampler_id=sampler_id, clone=clone)
+
+    def sample_request(self, request_id: str, tenant: str) -> dict | None:
+        return self.owned("sample_requests", "request_id", request_id, tenant)
+
+    def sample_completions(self, tenant: str, sampler_id: str, clone: int, after: int) -> tuple[list, list]:
+        """-> (finished requests numbered after `after`, in completion order, with status and payload size;
+        request ids still pending). A request is numbered once, the first time it is seen finished."""
+        rows = self.all("SELECT s.request_id, s.completion, f.status, LENGTH(f.payload) AS size FROM sample_requests s "
+                        "JOIN futures f ON f.request_id = s.request_id WHERE s.tenant=? AND s.sampler_id=? "
+                        "AND s.clone=? AND (s.completion IS NULL OR s.completion > ?) ORDER BY f.completed_at",
+                        (tenant, sampler_id, clone, after))
+        for row in rows:
+            if row["completion"] is None and row["status"] != "pending":
+                self.execute("UPDATE sample_requests SET completion = (SELECT COALESCE(MAX(completion), 0) + 1 "
+                             "FROM sample_requests) WHERE request_id=? AND completion IS NULL", (row["request_id"],))
+                row["completion"] = self.one("SELECT completion FROM sample_requests WHERE request_id=?",
+                                             (row["request_id"],))["completion"]
+        done = sorted((r for r in rows if r["status"] != "pending"), key=lambda r: r["completion"])
+        return done, [r["request_id"] for r in rows if r["status"] == "pending"]
+
+    def forget_sample_requests(self, tenant: str, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.execute("DELETE FROM sample_requests WHERE request_id=? AND tenant=?", (request_id, tenant))
+
+    def join_sampler(self, sampler_id: str) -> int:
+        """The next client number of a sampling session (its original client is 0)."""
+        with self._lock:
+            self._db.execute("INSERT INTO sampler_clients (sampler_id, clients) VALUES (?, 1) ON CONFLICT(sampler_id) "
+                             "DO UPDATE SET clients = clients + 1", (sampler_id,))
+            return self._db.execute("SELECT clients FROM sampler_clients WHERE sampler_id=?",
+                                    (sampler_id,)).fetchone()[0]

@@ -62,7 +62,7 @@ def build_router(rt: Runtime) -> APIRouter:
 
     @r.post("/client/dynamic_config")
     def dynamic_config(t: str = Depends(tenant)):
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}  # cancel_future: routes_extra.py
 
     @r.get("/healthz")
     def healthz(t: str = Depends(tenant)):

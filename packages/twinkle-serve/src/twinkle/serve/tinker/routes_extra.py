@@ -14,22 +14,38 @@ from starlette.concurrency import run_in_threadpool
 
 from twinkle.serve.errors import Unauthorized
 from twinkle.serve.runtime import Runtime
-from twinkle.serve.tinker import custom_loss_service
+from twinkle.serve.tinker import custom_loss_service, sampling_queue
 from twinkle.serve.tinker.routes import json_body
 
 
 def build_extra_router(rt: Runtime) -> APIRouter:
-    def caller(request: Request) -> str:
+    def poller(request: Request) -> str:
+        """The caller's tenant; not metered (the SDK polls on its own, like retrieve_future)."""
         name = rt.keys.tenant_for(request.headers.get("x-api-key"))
         if name is None:
             raise Unauthorized("missing or invalid API key (header X-API-Key)")
-        rt.limits.request(name)
         return name
+
+    def caller(t: str = Depends(poller)) -> str:
+        rt.limits.request(t)
+        return t
 
     r = APIRouter(prefix="/api/v1")
 
     @r.post("/create_custom_loss")
     async def create_custom_loss(request: Request, t: str = Depends(caller)):
         return await run_in_threadpool(custom_loss_service.create, rt, t, await json_body(request))
+
+    @r.post("/retrieve_futures")
+    async def retrieve_futures(request: Request, t: str = Depends(poller)):
+        return await sampling_queue.retrieve_futures(rt, t, await json_body(request))
+
+    @r.post("/cancel_future")
+    async def cancel_future(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sampling_queue.cancel_future, rt, t, await json_body(request))
+
+    @r.post("/join_sampling_session")
+    async def join_sampling_session(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sampling_queue.join_sampling_session, rt, t, await json_body(request))
 
     return r

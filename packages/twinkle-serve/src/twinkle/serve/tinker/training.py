@@ -401,6 +401,8 @@ class TinkerTraining:
             return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
 
         out = self._submit(tenant, engine, sampler_id, body.get("seq_id"), run)
+        seq = body.get("seq_id")  # a clone's seq_ids start at clone * 1e9: its retrieve_futures queue
+        self.rt.store.record_sample_request(out["request_id"], tenant, sampler_id, seq // 10**9 if _is_int(seq) else 0)
         out["sample_sequence_ids"] = [uuid.uuid4().hex for _ in range(num_samples)]
         return out
 
