@@ -10,12 +10,15 @@ URL is the credential. Another tenant's object is a 404, a malformed body a 400 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
 from twinkle.serve.errors import Unauthorized
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker import custom_loss_service, sampling_queue
+from twinkle.serve.tinker.external_weights import ExternalWeights
 from twinkle.serve.tinker.routes import json_body
+from twinkle.serve.tinker.training import TinkerTraining
 
 
 def build_extra_router(rt: Runtime) -> APIRouter:
@@ -47,5 +50,22 @@ def build_extra_router(rt: Runtime) -> APIRouter:
     @r.post("/join_sampling_session")
     async def join_sampling_session(request: Request, t: str = Depends(caller)):
         return await run_in_threadpool(sampling_queue.join_sampling_session, rt, t, await json_body(request))
+
+    # ---- external weights: export, signed URLs, the files themselves ----
+    training = TinkerTraining(rt)
+    external = ExternalWeights(rt, training)
+
+    @r.post("/save_weights_external")
+    async def save_weights_external(request: Request, t: str = Depends(caller)):
+        rt.require_ready()
+        return await run_in_threadpool(training.save_weights_external, t, await json_body(request))
+
+    @r.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    def external_weights_urls(run_id: str, kind: str, name: str, request: Request, t: str = Depends(caller)):
+        return external.urls(t, str(request.base_url), run_id, f"{kind}/{name}")
+
+    @r.get("/checkpoint_files")
+    def checkpoint_file(path: str = "", file: str = "", expires: str = "", sig: str = ""):
+        return FileResponse(external.file(path, file, expires, sig), filename=file)
 
     return r

@@ -21,7 +21,7 @@ from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker import codec, custom_loss_service
 
-SEGMENT = {"training": "weights", "sampler": "sampler_weights"}
+SEGMENT = {"training": "weights", "sampler": "sampler_weights", "external": "external_weights"}
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
 MAX_TOPK_LOGPROBS = 256
 MAX_TOPK_PROMPT_CELLS = 1 << 22  # len(prompt) x topk_prompt_logprobs: 32 MB of response
@@ -405,6 +405,21 @@ class TinkerTraining:
         self.rt.store.record_sample_request(out["request_id"], tenant, sampler_id, seq // 10**9 if _is_int(seq) else 0)
         out["sample_sequence_ids"] = [uuid.uuid4().hex for _ in range(num_samples)]
         return out
+
+    # ---- external weights (a PEFT adapter folder to download): tinker/external_weights.py serves it ----
+    def save_weights_external(self, tenant: str, body: dict) -> dict:
+        if body.get("age_encryption_recipients"):
+            raise BadRequest("age_encryption_recipients: encrypted exports are not supported by this server")
+        model_id = body.get("model_id")
+        engine = self.rt.engine(self._model(tenant, model_id)["base_model"])
+        name, ttl = self._check_name(body.get("path")), _int(body, "ttl_seconds", None, lo=1)
+
+        def run():
+            path = self._write_checkpoint(tenant, engine, model_id, "external", name, True, ttl, None)
+            size = self.rt.store.one("SELECT size_bytes FROM checkpoints WHERE tinker_path=?", (path,))["size_bytes"]
+            return "json", {"type": "save_weights_external", "path": path, "size_bytes": size}
+
+        return self._submit(tenant, engine, model_id, body.get("seq_id"), run, model_id=model_id)
 
 
 def _chunk_tokens(chunk: dict) -> list[int]:
