@@ -55,12 +55,15 @@ class HubStandIn:
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-            def do_HEAD(self):
-                stand_in.requests.append(("HEAD", self.path))
+            def _no_entry(self):  # what the Hub answers for a file the repo does not have
                 self.send_response(404)
                 self.send_header("X-Error-Code", "EntryNotFound")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+
+            def do_HEAD(self):
+                stand_in.requests.append(("HEAD", self.path))
+                self._no_entry()
 
             def do_GET(self):
                 stand_in.requests.append(("GET", self.path))
@@ -68,10 +71,7 @@ class HubStandIn:
                     return self._json(200, {"type": "user", "name": "standin", "fullname": "Stand In", "orgs": [],
                                             "auth": {"type": "access_token",
                                                      "accessToken": {"displayName": "t", "role": "write"}}})
-                self.send_response(404)
-                self.send_header("X-Error-Code", "EntryNotFound")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self._no_entry()
 
             def do_POST(self):
                 stand_in.requests.append(("POST", self.path))
