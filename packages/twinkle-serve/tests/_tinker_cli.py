@@ -11,6 +11,14 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import pytest
+
+
+@pytest.fixture(scope="module")
+def tenant_key(server, request):
+    """A key of the test module's own tenant (named by its module-level TENANT)."""
+    return server.create_key(request.module.TENANT)
+
 
 def run_cli(server_url: str, key: str, *args: str, cwd=None, env: dict | None = None, check: bool = True):
     """`tinker ARGS` in a subprocess, pointed at the server by TINKER_BASE_URL / TINKER_API_KEY."""

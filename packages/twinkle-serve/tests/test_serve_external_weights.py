@@ -17,23 +17,18 @@ from safetensors.torch import load_file
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tinker_cli import HubStandIn, run_cli, run_cli_json  # noqa: E402
+from _tinker_cli import HubStandIn, run_cli, run_cli_json, tenant_key  # noqa: E402,F401 - tenant_key: a fixture
 
 SEQ = [5 + (7 * i) % 60 for i in range(20)]
 TENANT = "frank-external"
 
 
 @pytest.fixture(scope="module")
-def frank_key(server):
-    return server.create_key(TENANT)
-
-
-@pytest.fixture(scope="module")
-def trained(server, frank_key, sft):
+def trained(server, tenant_key, sft):
     import tinker
     from tinker import types
 
-    client = tinker.ServiceClient(base_url=server.url, api_key=frank_key)
+    client = tinker.ServiceClient(base_url=server.url, api_key=tenant_key)
     tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=5).result()
     tc.forward_backward([sft(SEQ)], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
@@ -45,13 +40,13 @@ def _dir(server, path):
     return Path(server.runtime.store.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"])
 
 
-def test_export_and_signed_urls(server, trained, frank_key, keys):
+def test_export_and_signed_urls(server, trained, tenant_key, keys):
     import tinker
 
     _, tc, state = trained
     out = tc.save_weights_external("exp-1").result()
     assert out.path == f"tinker://{tc.model_id}/external_weights/exp-1"
-    rest = tinker.RestClient(base_url=server.url, api_key=frank_key)
+    rest = tinker.RestClient(base_url=server.url, api_key=tenant_key)
     listed = {c.tinker_path: c for c in rest.list_checkpoints(tc.model_id).result().checkpoints}
     assert listed[out.path].checkpoint_type == "external" and listed[out.path].size_bytes > 0
     urls = rest.get_external_weights_urls(out.path).result()
@@ -71,9 +66,9 @@ def test_export_and_signed_urls(server, trained, frank_key, keys):
                       "external_weights_urls", headers={"X-API-Key": keys["bob"]})
     assert other.status_code == 404
     r = httpx.get(f"{server.url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/external_weights_urls",
-                  headers={"X-API-Key": frank_key})
+                  headers={"X-API-Key": tenant_key})
     assert r.status_code == 400 and "not external weights" in r.json()["error"]
-    r = httpx.post(f"{server.url}/api/v1/save_weights_external", headers={"X-API-Key": frank_key},
+    r = httpx.post(f"{server.url}/api/v1/save_weights_external", headers={"X-API-Key": tenant_key},
                    json={"model_id": tc.model_id, "path": "x", "age_encryption_recipients": ["age1abc"]})
     assert r.status_code == 400 and "age_encryption_recipients" in r.json()["error"]
     r = httpx.post(f"{server.url}/api/v1/save_weights_external", headers={"X-API-Key": keys["bob"]},
@@ -84,9 +79,9 @@ def test_export_and_signed_urls(server, trained, frank_key, keys):
     assert httpx.get(urls.urls["adapter_config.json"]).status_code == 404
 
 
-def test_cli_download_of_a_training_checkpoint(server, trained, frank_key, tmp_path):
+def test_cli_download_of_a_training_checkpoint(server, trained, tenant_key, tmp_path):
     _, tc, state = trained
-    out = run_cli_json(server.url, frank_key, "checkpoint", "download", state, "--output", str(tmp_path))
+    out = run_cli_json(server.url, tenant_key, "checkpoint", "download", state, "--output", str(tmp_path))
     target = tmp_path / state.replace("tinker://", "").replace("/", "_")
     assert out["destination"] == str(target)
     assert sorted(p.name for p in target.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
@@ -98,16 +93,16 @@ def test_cli_download_of_a_training_checkpoint(server, trained, frank_key, tmp_p
     left = server.runtime.store.all("SELECT tinker_path FROM checkpoints WHERE tenant=? AND kind='external'",
                                     (TENANT,))
     assert left == []
-    again = run_cli(server.url, frank_key, "checkpoint", "download", state, "--output", str(tmp_path), check=False)
+    again = run_cli(server.url, tenant_key, "checkpoint", "download", state, "--output", str(tmp_path), check=False)
     assert again.returncode != 0 and "already exists" in again.stderr
 
 
-def test_cli_push_hf_up_to_the_upload(server, trained, frank_key):
+def test_cli_push_hf_up_to_the_upload(server, trained, tenant_key):
     """Against a stand-in of the Hub's upload API on 127.0.0.1: the real Hub needs a network."""
     _, tc, state = trained
     hub = HubStandIn()
     try:
-        out = run_cli_json(server.url, frank_key, "checkpoint", "push-hf", state, "--repo", "standin/adapter",
+        out = run_cli_json(server.url, tenant_key, "checkpoint", "push-hf", state, "--repo", "standin/adapter",
                            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_standin", "HF_HUB_DISABLE_XET": "1",
                                 "HF_HUB_OFFLINE": "0"})
     finally:

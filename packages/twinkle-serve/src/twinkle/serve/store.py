@@ -125,3 +125,62 @@ class Store:
                              "DO UPDATE SET clients = clients + 1", (sampler_id,))
             return self._db.execute("SELECT clients FROM sampler_clients WHERE sampler_id=?",
                                     (sampler_id,)).fetchone()[0]
+
+    def add_usage(self, tenant: str, session_id: str | None, base_model: str, kind: str, tokens: int) -> None:
+        """Count `tokens` of `kind` (training, sampling_prefill, sampling_sample) in this UTC hour's bucket."""
+        hour = int(time.time()) // 3600 * 3600
+        self.execute("INSERT INTO usage (tenant, hour, session_id, base_model, kind, tokens) VALUES (?, ?, ?, ?, ?, ?) "
+                     "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
+                     (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)))
+
+    def usage_buckets(self, tenant: str, start: float, end: float) -> list[dict]:
+        return self.all("SELECT hour, session_id, base_model, kind, tokens FROM usage WHERE tenant=? AND hour >= ? "
+                        "AND hour < ? ORDER BY hour, tokens DESC", (tenant, start, end))
+
+    def checkpoint_storage(self, tenant: str, project_id: str | None) -> dict:
+        """Live checkpoints of `tenant` (of one project's sessions, if given): count and bytes."""
+        sql = ("SELECT COUNT(*) AS n, COALESCE(SUM(c.size_bytes), 0) AS size FROM checkpoints c "
+               "LEFT JOIN models m ON m.model_id = c.model_id LEFT JOIN session_projects p ON p.session_id = m.session_id "
+               "WHERE c.tenant=? AND (c.expires_at IS NULL OR c.expires_at > ?)")
+        args = [tenant, time.time()]
+        if project_id is not None:
+            sql += " AND COALESCE(p.project_id, 'default') = ?"
+            args.append(project_id)
+        return self.one(sql, tuple(args))
+
+    def set_session_project(self, session_id: str, project_id: str) -> None:
+        self.insert("session_projects", session_id=session_id, project_id=project_id)
+
+    def sessions_with_details(self, tenant: str) -> list[dict]:
+        """Every session of `tenant`, newest first, with its project and checkpoint count and bytes."""
+        return self.all("SELECT s.*, COALESCE(p.project_id, 'default') AS project_id, "
+                        "(SELECT COUNT(*) FROM checkpoints c JOIN models m ON m.model_id = c.model_id "
+                        " WHERE m.session_id = s.session_id) AS checkpoints_count, "
+                        "(SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c JOIN models m "
+                        " ON m.model_id = c.model_id WHERE m.session_id = s.session_id) AS checkpoint_bytes "
+                        "FROM sessions s LEFT JOIN session_projects p ON p.session_id = s.session_id "
+                        "WHERE s.tenant=? ORDER BY s.created_at DESC, s.session_id DESC", (tenant,))
+
+    def session_project(self, session_id: str) -> str:
+        row = self.one("SELECT project_id FROM session_projects WHERE session_id=?", (session_id,))
+        return row["project_id"] if row else "default"
+
+    def session_metadata(self, session_id: str) -> dict | None:
+        row = self.one("SELECT user_metadata FROM sessions WHERE session_id=?", (session_id,))
+        meta = json.loads(row["user_metadata"]) if row and row["user_metadata"] else None
+        return {str(k): str(v) for k, v in meta.items()} if meta else None
+
+    def api_key_row(self, name: str) -> dict | None:
+        return self.one("SELECT rowid AS key_id, name, created_at FROM api_keys WHERE name=? AND revoked_at IS NULL",
+                        (name,))
+
+    def session_timeline(self, session_id: str) -> dict:
+        """What the store knows happened in a session: its runs, samplers and checkpoints (for a trace)."""
+        return {"models": self.all("SELECT model_id, base_model, created_at FROM models WHERE session_id=?",
+                                   (session_id,)),
+                "samplers": self.all("SELECT sampler_id, model_path, created_at FROM samplers WHERE session_id=?",
+                                     (session_id,)),
+                "checkpoints": self.all("SELECT c.tinker_path, c.kind, c.created_at, c.size_bytes FROM checkpoints c "
+                                        "JOIN models m ON m.model_id = c.model_id WHERE m.session_id=?", (session_id,)),
+                "usage": self.all("SELECT hour, kind, tokens FROM usage WHERE session_id=? ORDER BY hour",
+                                  (session_id,))}

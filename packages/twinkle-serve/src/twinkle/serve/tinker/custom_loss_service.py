@@ -18,7 +18,7 @@ import torch
 from twinkle.serve.backend import Datum, ForwardResult, UserError
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Runtime
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, usage
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram, run_per_datum
 
@@ -97,6 +97,7 @@ def submit(training, tenant: str, engine, model_row: dict, seq_id, data: list[Da
                 loss, metrics = run_per_datum(program, logprobs, inputs)
                 loss_sum = float(loss.detach().sum())
                 if forward_only:
+                    usage.record_training(rt.store, tenant, model_row, data)
                     return "proto", codec.encode_forward_result(ForwardResult(forward.logprobs,
                                                                               {**metrics, "loss:sum": loss_sum}))
                 loss.backward()
@@ -110,6 +111,7 @@ def submit(training, tenant: str, engine, model_row: dict, seq_id, data: list[Da
             linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"],
                                            "weights": (-lp.grad).numpy()}))
         backward = engine.backend.forward_backward(adapter, linear, "cross_entropy", {}, False)
+        usage.record_training(rt.store, tenant, model_row, data)
         surrogate_sum = backward.metrics.pop("loss:sum")
         out = {**backward.metrics, **metrics, "loss:sum": loss_sum, "surrogate_loss:sum": surrogate_sum}
         return "proto", codec.encode_forward_result(ForwardResult(backward.logprobs, out))

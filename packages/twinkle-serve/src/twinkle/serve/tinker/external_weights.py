@@ -27,13 +27,31 @@ class Forbidden(ApiError):
     status = 403
 
 
-class ExternalWeights:
-    def __init__(self, rt, training):
-        self.rt, self.training = rt, training
+class UrlSigner:
+    """Query strings that authorize one GET of one thing until an expiry (HMAC with a per-process key)."""
+
+    def __init__(self):
         self._key = secrets.token_bytes(32)
 
-    def _sign(self, path: str, file: str, expires: int) -> str:
-        return hmac.new(self._key, f"{path}\n{file}\n{expires}".encode(), hashlib.sha256).hexdigest()
+    def _sign(self, subject: str, file: str, expires: int) -> str:
+        return hmac.new(self._key, f"{subject}\n{file}\n{expires}".encode(), hashlib.sha256).hexdigest()
+
+    def query(self, subject_field: str, subject: str, expires: int, file: str = "") -> str:
+        fields = {subject_field: subject, **({"file": file} if file else {}), "expires": expires,
+                  "sig": self._sign(subject, file, expires)}
+        return urlencode(fields)
+
+    def check(self, subject: str, file: str, expires: str, sig: str) -> None:
+        if not expires.isdigit() or not hmac.compare_digest(self._sign(subject, file, int(expires)), sig):
+            raise Forbidden("this download URL's signature is not valid (or the server restarted since it "
+                            "was issued): ask for a new URL")
+        if int(expires) < time.time():
+            raise Forbidden("this download URL has expired: ask for a new URL")
+
+
+class ExternalWeights:
+    def __init__(self, rt, training, signer: UrlSigner):
+        self.rt, self.training, self.signer = rt, training, signer
 
     @staticmethod
     def _files(row: dict) -> list[str]:
@@ -46,20 +64,15 @@ class ExternalWeights:
         if row["kind"] != "external":
             raise BadRequest(f"checkpoint {path} is {row['kind']} weights, not external weights: export it with "
                              "save_weights_external (tinker checkpoint download does this for training checkpoints)")
-        expires = int(time.time()) + URL_TTL_S
-        urls = {}
+        urls, expires = {}, int(time.time()) + URL_TTL_S
         for name in self._files(row):
-            query = urlencode({"path": path, "file": name, "expires": expires, "sig": self._sign(path, name, expires)})
+            query = self.signer.query("path", path, expires, name)
             urls[name] = f"{base_url.rstrip('/')}/api/v1/checkpoint_files?{query}"
         return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
 
     def file(self, path: str, file: str, expires: str, sig: str) -> Path:
         """The file a signed URL names; 403 for a bad or expired signature, 404 once the checkpoint is gone."""
-        if not expires.isdigit() or not hmac.compare_digest(self._sign(path, file, int(expires)), sig):
-            raise Forbidden("this download URL's signature is not valid (or the server restarted since it "
-                            "was issued): ask for new URLs with external_weights_urls")
-        if int(expires) < time.time():
-            raise Forbidden("this download URL has expired: ask for new URLs with external_weights_urls")
+        self.signer.check(path, file, expires, sig)
         row = self.rt.store.one("SELECT dir FROM checkpoints WHERE tinker_path=? AND kind='external'", (path,))
         if row is None or file not in self._files(row):
             raise NotFound(f"{file} of checkpoint {path} no longer exists")

@@ -10,13 +10,13 @@ URL is the credential. Another tenant's object is a 404, a malformed body a 400 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from twinkle.serve.errors import Unauthorized
 from twinkle.serve.runtime import Runtime
-from twinkle.serve.tinker import custom_loss_service, sampling_queue
-from twinkle.serve.tinker.external_weights import ExternalWeights
+from twinkle.serve.tinker import custom_loss_service, sampling_queue, sessions_extra, usage
+from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.routes import json_body
 from twinkle.serve.tinker.training import TinkerTraining
 
@@ -52,8 +52,8 @@ def build_extra_router(rt: Runtime) -> APIRouter:
         return await run_in_threadpool(sampling_queue.join_sampling_session, rt, t, await json_body(request))
 
     # ---- external weights: export, signed URLs, the files themselves ----
-    training = TinkerTraining(rt)
-    external = ExternalWeights(rt, training)
+    training, signer = TinkerTraining(rt), UrlSigner()
+    external = ExternalWeights(rt, training, signer)
 
     @r.post("/save_weights_external")
     async def save_weights_external(request: Request, t: str = Depends(caller)):
@@ -67,5 +67,48 @@ def build_extra_router(rt: Runtime) -> APIRouter:
     @r.get("/checkpoint_files")
     def checkpoint_file(path: str = "", file: str = "", expires: str = "", sig: str = ""):
         return FileResponse(external.file(path, file, expires, sig), filename=file)
+
+    @r.post("/copy_weights")
+    async def copy_weights(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sessions_extra.copy_weights, rt.store, training, t, await json_body(request))
+
+    # ---- sessions: search, project, trace ----
+    @r.post("/sessions/search")
+    async def search_sessions(request: Request, t: str = Depends(caller)):
+        return sessions_extra.search(rt.store, t, await json_body(request))
+
+    @r.put("/sessions/{session_id}/project")
+    async def session_project(session_id: str, request: Request, t: str = Depends(caller)):
+        return sessions_extra.set_project(rt.store, t, session_id, await json_body(request))
+
+    @r.get("/sessions/{session_id}/trace_export")
+    def trace_export(session_id: str, request: Request, t: str = Depends(caller)):
+        return sessions_extra.trace_url(rt.store, signer, t, session_id, str(request.base_url))
+
+    @r.get("/session_traces")
+    def session_trace(session_id: str = "", expires: str = "", sig: str = ""):
+        return Response(sessions_extra.trace(rt.store, signer, session_id, expires, sig), media_type="application/json")
+
+    # ---- the key's own record, usage ----
+    @r.get("/auth/apikey/me")
+    def api_key_me(t: str = Depends(caller)):
+        return usage.api_key_record(rt.store, t)
+
+    @r.delete("/auth/apikey/me")
+    def delete_api_key_me(t: str = Depends(caller)):
+        rt.keys.revoke(t)  # `tinker auth logout`: this key, and only this key
+        return {"status": "revoked", "name": t}
+
+    @r.get("/billing/usage/events")
+    def billing_usage(starting_on: str | None = None, ending_before: str | None = None, t: str = Depends(caller)):
+        return usage.usage_events(rt.store, t, starting_on, ending_before)
+
+    @r.get("/billing/usage/checkpoints/current")
+    def checkpoint_storage(project_id: str | None = None, t: str = Depends(caller)):
+        return usage.checkpoint_storage(rt.store, t, project_id)
+
+    @r.get("/audit")
+    def audit(t: str = Depends(caller)):
+        return usage.audit_log()
 
     return r

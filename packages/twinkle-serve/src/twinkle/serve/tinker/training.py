@@ -19,7 +19,7 @@ from twinkle.serve.adapter_memory import AdapterMemory
 from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Runtime
-from twinkle.serve.tinker import codec, custom_loss_service
+from twinkle.serve.tinker import codec, custom_loss_service, usage
 
 SEGMENT = {"training": "weights", "sampler": "sampler_weights", "external": "external_weights"}
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
@@ -189,6 +189,7 @@ class TinkerTraining:
         def finish(result):
             if isinstance(result, Exception):
                 raise result
+            usage.record_training(self.rt.store, tenant, row, data)
             return "proto", codec.encode_forward_result(result)
 
         def run():
@@ -398,6 +399,7 @@ class TinkerTraining:
             if folder is not None:
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, num_samples, params, want_prompt_lps)
+            usage.record_sampling(self.rt.store, tenant, row, prompt, result)
             return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
 
         out = self._submit(tenant, engine, sampler_id, body.get("seq_id"), run)
@@ -420,6 +422,26 @@ class TinkerTraining:
             return "json", {"type": "save_weights_external", "path": path, "size_bytes": size}
 
         return self._submit(tenant, engine, model_id, body.get("seq_id"), run, model_id=model_id)
+
+    def copy_checkpoint(self, tenant: str, source: dict, model_id: str, session_id: str, ttl: int | None) -> str:
+        """A readable checkpoint copied (files hard-linked: no bytes duplicated) into a new training run
+        `model_id` of `session_id`, which holds it and cannot be trained on. -> the copy's tinker path."""
+        import os
+
+        origin = self._model_any(source["model_id"])
+        self.rt.store.insert("models", model_id=model_id, tenant=tenant, session_id=session_id,
+                             base_model=origin["base_model"], lora=json.loads(origin["lora"]), created_at=time.time(),
+                             last_request_time=time.time(), user_metadata={"copied_from": source["tinker_path"]})
+        final = self._ckpt_dir(tenant, model_id, source["kind"], source["name"])
+        final.mkdir(parents=True)
+        for f in Path(source["dir"]).iterdir():
+            os.link(f, final / f.name)
+        path = f"tinker://{model_id}/{SEGMENT[source['kind']]}/{source['name']}"
+        now = time.time()
+        self.rt.store.insert("checkpoints", tinker_path=path, tenant=tenant, model_id=model_id, kind=source["kind"],
+                             name=source["name"], created_at=now, size_bytes=source["size_bytes"], public=0,
+                             expires_at=now + ttl if ttl else None, dir=str(final), user_metadata=None)
+        return path
 
 
 def _chunk_tokens(chunk: dict) -> list[int]:
