@@ -58,7 +58,8 @@ def test_export_and_signed_urls(server, trained, tenant_key, keys):
     # the export holds the same adapter as the training state it was taken from
     assert (folder / "adapter_model.safetensors").read_bytes() == \
         (_dir(server, state) / "adapter_model.safetensors").read_bytes()
-    tampered = urls.urls["adapter_config.json"].replace("adapter_config.json", "adapter_model.safetensors", 1)
+    good = urls.urls["adapter_config.json"]
+    tampered = good[:-1] + ("0" if good[-1] != "0" else "1")
     r = httpx.get(tampered)
     assert r.status_code == 403 and "signature" in r.json()["error"]
     # another tenant: not found; a training checkpoint: not external weights

@@ -8,14 +8,15 @@ restarts (a new key); the SDK re-signs when needed.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from urllib.parse import urlencode
 
 from twinkle.serve.errors import ApiError, BadRequest, NotFound
 
@@ -28,25 +29,29 @@ class Forbidden(ApiError):
 
 
 class UrlSigner:
-    """Query strings that authorize one GET of one thing until an expiry (HMAC with a per-process key)."""
+    """Opaque tokens that authorize GETs of one thing until an expiry: `base64(json).hmac` with a
+    per-process key, carried in the URL path (the token is the credential; it names no id by itself)."""
 
     def __init__(self):
         self._key = secrets.token_bytes(32)
 
-    def _sign(self, subject: str, file: str, expires: int) -> str:
-        return hmac.new(self._key, f"{subject}\n{file}\n{expires}".encode(), hashlib.sha256).hexdigest()
+    def _mac(self, payload: str) -> str:
+        return hmac.new(self._key, payload.encode(), hashlib.sha256).hexdigest()
 
-    def query(self, subject_field: str, subject: str, expires: int, file: str = "") -> str:
-        fields = {subject_field: subject, **({"file": file} if file else {}), "expires": expires,
-                  "sig": self._sign(subject, file, expires)}
-        return urlencode(fields)
+    def token(self, subject: str, expires: int, file: str = "") -> str:
+        payload = base64.urlsafe_b64encode(json.dumps([subject, file, expires]).encode()).decode().rstrip("=")
+        return f"{payload}.{self._mac(payload)}"
 
-    def check(self, subject: str, file: str, expires: str, sig: str) -> None:
-        if not expires.isdigit() or not hmac.compare_digest(self._sign(subject, file, int(expires)), sig):
+    def open(self, token: str) -> tuple[str, str]:
+        """-> (subject, file) of a valid, unexpired token; 403 otherwise."""
+        payload, _, mac = token.partition(".")
+        if not hmac.compare_digest(self._mac(payload), mac):
             raise Forbidden("this download URL's signature is not valid (or the server restarted since it "
                             "was issued): ask for a new URL")
-        if int(expires) < time.time():
+        subject, file, expires = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        if expires < time.time():
             raise Forbidden("this download URL has expired: ask for a new URL")
+        return subject, file
 
 
 class ExternalWeights:
@@ -66,14 +71,14 @@ class ExternalWeights:
                              "save_weights_external (tinker checkpoint download does this for training checkpoints)")
         urls, expires = {}, int(time.time()) + URL_TTL_S
         for name in self._files(row):
-            query = self.signer.query("path", path, expires, name)
-            urls[name] = f"{base_url.rstrip('/')}/api/v1/checkpoint_files?{query}"
+            token = self.signer.token(path, expires, name)
+            urls[name] = f"{base_url.rstrip('/')}/api/v1/checkpoint_files/{token}"
         return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
 
-    def file(self, path: str, file: str, expires: str, sig: str) -> Path:
+    def file(self, token: str) -> tuple[Path, str]:
         """The file a signed URL names; 403 for a bad or expired signature, 404 once the checkpoint is gone."""
-        self.signer.check(path, file, expires, sig)
+        path, file = self.signer.open(token)
         row = self.rt.store.one("SELECT dir FROM checkpoints WHERE tinker_path=? AND kind='external'", (path,))
         if row is None or file not in self._files(row):
             raise NotFound(f"{file} of checkpoint {path} no longer exists")
-        return Path(os.path.join(row["dir"], file))
+        return Path(os.path.join(row["dir"], file)), file

@@ -64,9 +64,10 @@ def build_extra_router(rt: Runtime) -> APIRouter:
     def external_weights_urls(run_id: str, kind: str, name: str, request: Request, t: str = Depends(caller)):
         return external.urls(t, str(request.base_url), run_id, f"{kind}/{name}")
 
-    @r.get("/checkpoint_files")
-    def checkpoint_file(path: str = "", file: str = "", expires: str = "", sig: str = ""):
-        return FileResponse(external.file(path, file, expires, sig), filename=file)
+    @r.get("/checkpoint_files/{token}")
+    def checkpoint_file(token: str):  # no API key: the signed token is the credential
+        path, name = external.file(token)
+        return FileResponse(path, filename=name)
 
     @r.post("/copy_weights")
     async def copy_weights(request: Request, t: str = Depends(caller)):
@@ -85,9 +86,9 @@ def build_extra_router(rt: Runtime) -> APIRouter:
     def trace_export(session_id: str, request: Request, t: str = Depends(caller)):
         return sessions_extra.trace_url(rt.store, signer, t, session_id, str(request.base_url))
 
-    @r.get("/session_traces")
-    def session_trace(session_id: str = "", expires: str = "", sig: str = ""):
-        return Response(sessions_extra.trace(rt.store, signer, session_id, expires, sig), media_type="application/json")
+    @r.get("/session_traces/{token}")
+    def session_trace(token: str):  # no API key: the signed token is the credential
+        return Response(sessions_extra.trace(rt.store, signer, token), media_type="application/json")
 
     # ---- the key's own record, usage ----
     @r.get("/auth/apikey/me")
@@ -104,8 +105,9 @@ def build_extra_router(rt: Runtime) -> APIRouter:
         return usage.usage_events(rt.store, t, starting_on, ending_before)
 
     @r.get("/billing/usage/checkpoints/current")
-    def checkpoint_storage(project_id: str | None = None, t: str = Depends(caller)):
-        return usage.checkpoint_storage(rt.store, t, project_id)
+    def checkpoint_storage(request: Request, t: str = Depends(caller)):
+        # project_id is a label on the caller's own sessions, not an object id: read from the query
+        return usage.checkpoint_storage(rt.store, t, request.query_params.get("project_id"))
 
     @r.get("/audit")
     def audit(t: str = Depends(caller)):

@@ -81,10 +81,13 @@ def _check_search(body: dict) -> None:
     owner = body.setdefault("owner", {"type": "own"})
     if not isinstance(owner, dict) or owner.get("type") not in ("own", "accessible", "user"):
         raise BadRequest(f"owner must be {{type: own | accessible | user}}, got {owner!r}")
+    _str_list(owner, "owner_urns")
     statuses = body.get("statuses")
     if statuses is not None and (not isinstance(statuses, list) or not statuses or not all(
             isinstance(q, dict) and q.get("type") in STATUSES for q in statuses)):
         raise BadRequest(f"statuses must be a non-empty list of {{type: {' | '.join(sorted(STATUSES))}}}")
+    for q in statuses or ():
+        _str_list(q, "reasons")
     limit = body.setdefault("limit", 50)
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 200:
         raise BadRequest(f"limit must be an integer from 1 to 200, got {limit!r}")
@@ -126,13 +129,13 @@ def set_project(store, tenant: str, session_id: str, body: dict) -> dict:
 def trace_url(store, signer, tenant: str, session_id: str, base_url: str) -> dict:
     """The session's trace is built at download time from the store: always up to date, never pending."""
     _session(store, tenant, session_id)
-    query = signer.query("session_id", session_id, int(time.time()) + 3600)
-    return {"status": "ready", "url": f"{base_url.rstrip('/')}/api/v1/session_traces?{query}"}
+    token = signer.token(session_id, int(time.time()) + 3600)
+    return {"status": "ready", "url": f"{base_url.rstrip('/')}/api/v1/session_traces/{token}"}
 
 
-def trace(store, signer, session_id: str, expires: str, sig: str) -> bytes:
+def trace(store, signer, token: str) -> bytes:
     """A Chrome trace-event JSON (Perfetto opens it): what the server recorded of the session."""
-    signer.check(session_id, "", expires, sig)
+    session_id, _ = signer.open(token)
     row = store.one("SELECT * FROM sessions WHERE session_id=?", (session_id,))
     if row is None:
         raise NotFound(f"session {session_id!r} no longer exists")

@@ -415,13 +415,14 @@ class TinkerTraining:
         model_id = body.get("model_id")
         engine = self.rt.engine(self._model(tenant, model_id)["base_model"])
         name, ttl = self._check_name(body.get("path")), _int(body, "ttl_seconds", None, lo=1)
+        seq_id = _int(body, "seq_id", None, lo=0)
 
         def run():
             path = self._write_checkpoint(tenant, engine, model_id, "external", name, True, ttl, None)
             size = self.rt.store.one("SELECT size_bytes FROM checkpoints WHERE tinker_path=?", (path,))["size_bytes"]
             return "json", {"type": "save_weights_external", "path": path, "size_bytes": size}
 
-        return self._submit(tenant, engine, model_id, body.get("seq_id"), run, model_id=model_id)
+        return self._submit(tenant, engine, model_id, seq_id, run, model_id=model_id)
 
     def copy_checkpoint(self, tenant: str, source: dict, model_id: str, session_id: str, ttl: int | None) -> str:
         """A readable checkpoint copied (files hard-linked: no bytes duplicated) into a new training run
