@@ -71,7 +71,7 @@ def test_usage_counts_real_tokens(server, gina, tenant_key, keys):
     assert storage.data[0].size_bytes == sum(r["size_bytes"] for r in rows) > 0
     assert storage.data[0].estimated_monthly_cost_usd is None
     r = _get(server, tenant_key, "audit")
-    assert r.status_code == 501 and "not tracked" in r.json()["error"]
+    assert r.status_code == 404 and "not tracked" in r.json()["error"]
 
 
 def test_copy_weights(server, gina, tenant_key, keys):

@@ -45,7 +45,7 @@ class UrlSigner:
     def open(self, token: str) -> tuple[str, str]:
         """-> (subject, file) of a valid, unexpired token; 403 otherwise."""
         payload, _, mac = token.partition(".")
-        if not hmac.compare_digest(self._mac(payload), mac):
+        if not token.isascii() or not hmac.compare_digest(self._mac(payload), mac):
             raise Forbidden("this download URL's signature is not valid (or the server restarted since it "
                             "was issued): ask for a new URL")
         subject, file, expires = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))

@@ -18,7 +18,9 @@ GB = 1e9
 
 
 class NotTracked(ApiError):
-    status = 501
+    """A 4xx, not 501: the SDK retries any 5xx for minutes, and this answer will not change."""
+
+    status = 404
 
 
 def record_training(store, tenant: str, model_row: dict, data) -> None:
