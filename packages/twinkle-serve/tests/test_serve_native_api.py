@@ -171,3 +171,24 @@ def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_a
     assert r.status_code == 200
     after = float(model.forward_backward(inputs=rows)["loss"])  # still trains: the adapter is still there
     assert after < before
+
+
+def test_native_training_tokens_show_in_the_usage_report(server, rows):
+    """Usage is counted by the service core: a native run's forward_backward and forward_only tokens are
+    in the same billing report the Tinker SDK reads (`/api/v1/billing/usage/events`)."""
+    from datetime import datetime, timedelta, timezone
+
+    from twinkle.client import TwinkleClient
+
+    client = TwinkleClient(server.url, server.create_key("nat-usage"))
+    model = new_model(client)
+    model.forward_backward(inputs=rows).result()
+    model.forward_only(inputs=rows[:1]).result()
+    now = datetime.now(timezone.utc)
+    usage = httpx.get(f"{server.url}/api/v1/billing/usage/events", headers={"X-API-Key": client.api_key},
+                      params={"starting_on": (now - timedelta(hours=2)).isoformat(),
+                              "ending_before": (now + timedelta(hours=1)).isoformat()}, timeout=30).json()
+    training = [row for row in usage["data"] if row["event_info"]["type"] == "training"]
+    assert sum(row["event_info"]["token_count"] for row in training) == (
+        sum(len(r["input_ids"]) for r in rows) + len(rows[0]["input_ids"]))
+    assert {row["base_model"] for row in training} == {TEST_MODEL}

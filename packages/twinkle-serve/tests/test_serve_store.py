@@ -27,7 +27,7 @@ def upgraded(tmp_path):
 
 
 def test_a_first_release_database_upgrades_and_keeps_its_runs(upgraded):
-    assert upgraded.version == VERSION >= 2
+    assert upgraded.version == VERSION >= 3
     runs = {r.model_id: r for r in upgraded.runs.list("alice", 10)}
     assert set(runs) == {NATIVE, TINKER}
     assert runs[NATIVE].api == "native" and runs[NATIVE].name == "native-run" and runs[NATIVE].lora["adapters"] == ["a"]
@@ -48,6 +48,20 @@ def test_keys_curves_and_samplers_survive(upgraded):
     curves = upgraded.curves.of(NATIVE)
     assert curves["reward"][0]["value"] == 0.5 and len(curves["loss"]) == 1
     assert upgraded.samplers.owned("6a7e82a598684ca3a32c:sample:0", "alice").ephemeral
+
+
+def test_the_v3_tables_exist_and_work_after_the_upgrade(upgraded):
+    tables = {r["name"] for r in upgraded.db.all("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"custom_losses", "sample_requests", "sampler_clients", "session_projects", "usage"} <= tables
+    session = upgraded.runs.get(TINKER).session_id
+    assert upgraded.projects.of(session) == "default"  # an old session is in the default project
+    upgraded.projects.set(session, "p1")
+    upgraded.usage.add("alice", session, "m", "training", 7)
+    upgraded.usage.add("alice", session, "m", "training", 5)
+    assert [u["tokens"] for u in upgraded.usage.of_session(session)] == [12]
+    assert [upgraded.sample_requests.join("s") for _ in range(2)] == [1, 2]
+    details = {r["session_id"]: r for r in upgraded.projects.sessions_with_details("alice")}
+    assert details[session]["project_id"] == "p1" and details[session]["checkpoints_count"] == 1  # step1
 
 
 def test_reopening_runs_no_migration_twice(tmp_path):

@@ -54,7 +54,9 @@ def test_schemathesis_no_5xx_no_hang(fuzz_server):
     srv, keys = fuzz_server
     spec = _with_bodies(httpx.get(f"{srv.url}/openapi.json", timeout=30).json())
     schema = schemathesis.openapi.from_dict(spec)
-    operations = [r.ok() for r in schema.get_all_operations()]
+    # DELETE /auth/apikey/me revokes the calling key (`tinker auth logout`): fuzzed, it would end the run
+    operations = [op for op in (r.ok() for r in schema.get_all_operations())
+                  if (op.method.upper(), op.path) != ("DELETE", "/api/v1/auth/apikey/me")]
     statuses: dict[int, int] = {}
     failures: list[str] = []
     sent = 0

@@ -62,8 +62,17 @@ ID_FREE = {
     ("GET", "/twinkle/v1/server"): "capacity and queue",
     ("GET", "/twinkle/v1/result_types"): "schema examples",
     ("GET", "/twinkle/v1/dashboard/summary"): "the caller's own runs",
+    ("POST", "/api/v1/sessions/search"): "searches the caller's own sessions only",
+    ("GET", "/api/v1/auth/apikey/me"): "the caller's own key",
+    ("DELETE", "/api/v1/auth/apikey/me"): "revokes the caller's own key",
+    ("GET", "/api/v1/billing/usage/events"): "the caller's own usage",
+    ("GET", "/api/v1/billing/usage/checkpoints/current"): "the caller's own storage",
+    ("GET", "/api/v1/audit"): "not tracked (404 saying so)",
+    ("GET", "/api/v1/checkpoint_files/{token}"): "a signed URL: the token is the credential (bad token: 403)",
+    ("GET", "/api/v1/session_traces/{token}"): "a signed URL: the token is the credential (bad token: 403)",
 }
-PUBLIC = {("GET", "/twinkle/v1/result_types")}  # static schema examples: no tenant data, no key needed
+PUBLIC = {("GET", "/twinkle/v1/result_types"),  # static schema examples: no tenant data, no key needed
+          ("GET", "/api/v1/checkpoint_files/{token}"), ("GET", "/api/v1/session_traces/{token}")}
 ID_WORDS = ("id", "path", "checkpoint", "sampler", "session", "run", "request")
 
 
@@ -111,6 +120,24 @@ def id_requests(ids: dict, own_session: str, own_native: str):
         ("checkpoint ttl", "PUT", ckpt_t + "/ttl", f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/ttl",
          {"json": {"ttl_seconds": 1}}),
         ("checkpoint weights_info", "POST", "/api/v1/weights_info", None, {"json": {"tinker_path": ids["ckpt"]}}),
+        ("custom loss in A's session", "POST", "/api/v1/create_custom_loss", None,
+         {"json": {"session_id": ids["session"], "custom_loss_seq_id": 0, "name": "l",
+                   "inputs": [{"name": "logprobs", "rank": 1}], "graph": {"nodes": []}}}),
+        ("completions of A's sampler", "POST", "/api/v1/retrieve_futures", None,
+         {"json": {"target": {"sampling_session_id": ids["sampler"]}, "timeout": 0}}),
+        ("cancel A's future", "POST", "/api/v1/cancel_future", None, {"json": {"request_id": ids["future"]}}),
+        ("join A's sampler", "POST", "/api/v1/join_sampling_session", None,
+         {"json": {"sampling_session_id": ids["sampler"]}}),
+        ("model save_weights_external", "POST", "/api/v1/save_weights_external", None,
+         {"json": {"model_id": mid, "path": "stolen"}}),
+        ("checkpoint external_weights_urls", "GET", ckpt_t + "/external_weights_urls",
+         f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/external_weights_urls", {}),
+        ("copy A's checkpoint", "POST", "/api/v1/copy_weights", None,
+         {"json": {"source_path": ids["ckpt"], "destination_project_id": "p"}}),
+        ("session project", "PUT", "/api/v1/sessions/{session_id}/project",
+         f"/api/v1/sessions/{ids['session']}/project", {"json": {"project_id": "p"}}),
+        ("session trace_export", "GET", "/api/v1/sessions/{session_id}/trace_export",
+         f"/api/v1/sessions/{ids['session']}/trace_export", {}),
         # ---- native API ----
         ("native model close", "DELETE", model_t, f"/twinkle/v1/models/{nmid}", {}),
         ("native add_adapter", "POST", model_t + "/add_adapter_to_model",

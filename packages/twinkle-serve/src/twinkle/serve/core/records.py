@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Api = Literal["tinker", "native"]
-Kind = Literal["training", "sampler"]
-SEGMENT = {"training": "weights", "sampler": "sampler_weights"}  # the path segment of each checkpoint kind
+Kind = Literal["training", "sampler", "external"]
+# the path segment of each checkpoint kind; `external` is a PEFT folder exported for download
+SEGMENT = {"training": "weights", "sampler": "sampler_weights", "external": "external_weights"}
 KIND = {v: k for k, v in SEGMENT.items()}
 
 

@@ -134,3 +134,21 @@ class Scheduler:
                 self.hub.complete_proto(request_id, result)
             else:
                 self.hub.complete_json(request_id, result)
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a queued task that has not started (Tinker `cancel_future`); False if it is running, done,
+        or not queued here."""
+        with self._cond:
+            for queue, heap in self._queues.items():
+                kept = [entry for entry in heap if entry[2] != request_id]
+                if len(kept) == len(heap):
+                    continue
+                if kept:
+                    heapq.heapify(kept)
+                    self._queues[queue] = kept
+                else:
+                    del self._queues[queue]
+                    if queue in self._ready:
+                        self._ready.remove(queue)
+                return True
+        return False

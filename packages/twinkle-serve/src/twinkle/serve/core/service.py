@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.checkpoints import CheckpointOps
-from twinkle.serve.core.records import Api, LiveAdapter, Run, Session
+from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Engine, Runtime
 
@@ -73,6 +73,15 @@ class Service:
         step = self.store.curves.count(run.model_id, "loss") + (0 if same_step else 1)
         self.store.curves.add(run.model_id, run.tenant, step, metrics)
         return step
+
+    # ---- usage (tokens per API key and UTC hour; the Tinker billing routes report it) ----------
+    def count_training(self, run: Run, tokens: int) -> None:
+        """Model input tokens of a forward or forward_backward that succeeded, in either API."""
+        self.store.usage.add(run.tenant, run.session_id, run.base_model, "training", tokens)
+
+    def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
+        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, "sampling_prefill", prompt_tokens)
+        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, "sampling_sample", sampled_tokens)
 
     # ---- queued work ---------------------------------------------------------------------------
     def submit(self, tenant: str, engine: Engine, queue: str, seq_id: int | None,

@@ -79,6 +79,7 @@ class NativeCompute:
             if isinstance(out, Exception):
                 raise UserError(str(out).strip("'\"")) if not isinstance(out, UserError) else out
             self.rt.throughput.count_tokens(tokens)
+            self.svc.count_training(run, tokens)  # usage, as the Tinker billing routes report it
             if not backward:
                 return ForwardResult(loss=out["loss"] if out.get("finite") else None, metrics=out.get("metrics", {}),
                                      logprobs=[[0.0] + lps for lps in out["logprobs"]]).model_dump()

@@ -12,7 +12,7 @@ from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, custom_loss_service
 
 
 def adapter_name(model_id: str) -> str:
@@ -104,11 +104,16 @@ class TinkerModels:
         self.rt.limits.input_tokens(tenant, sum(len(d.tokens) for d in data))
         engine = self.rt.engine(run.base_model)
         self.rt.store.runs.touch(model_id)
+        if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
+            request_id = custom_loss_service.submit(self.svc, tenant, engine, run, seq_id, data, config, forward_only,
+                                                    body)
+            return {"request_id": request_id, "model_id": model_id}
 
         def finish(result):
             if isinstance(result, Exception):
                 raise result
             self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
+            self.svc.count_training(run, sum(len(d.tokens) for d in data))
             if not forward_only:  # the run's curve, as the dashboard shows native runs'
                 self.svc.record_step(run, {"loss": result.metrics.get("loss:sum")})
             return "proto", codec.encode_forward_result(result)

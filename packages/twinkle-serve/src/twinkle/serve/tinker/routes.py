@@ -25,7 +25,7 @@ from twinkle.serve.tinker.weights import TinkerWeights
 # Flags for /client/config: the simplest transport the SDK supports (see tinker-contract.md §1).
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
                  "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
-                 "custom_loss_server_side": False, "sample_join_sampling_session": False}
+                 "custom_loss_server_side": True, "sample_join_sampling_session": False}
 
 
 async def json_body(request: Request) -> dict:
@@ -55,7 +55,7 @@ def build_router(svc: Service) -> APIRouter:
 
     @r.post("/client/dynamic_config")
     def dynamic_config(t: str = Depends(tenant)):
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}  # cancel_future: routes_extra.py
 
     @r.get("/healthz")
     def healthz(t: str = Depends(unmetered)):

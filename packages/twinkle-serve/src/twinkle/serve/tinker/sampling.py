@@ -41,18 +41,18 @@ class TinkerSampling:
                                               ephemeral=True))
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
-    def _sampler(self, tenant: str, sampler_id) -> Sampler:
+    def sampler(self, tenant: str, sampler_id) -> Sampler:
         sampler = self.rt.store.samplers.owned(sampler_id, tenant)
         if sampler is None:
             raise NotFound(f"sampler {sampler_id!r} not found")
         return sampler
 
     def get_sampler(self, tenant: str, sampler_id: str) -> dict:
-        s = self._sampler(tenant, sampler_id)
+        s = self.sampler(tenant, sampler_id)
         return {"sampler_id": sampler_id, "base_model": s.base_model, "model_path": s.model_path}
 
     def asample(self, tenant: str, body: dict) -> dict:
-        sampler = self._sampler(tenant, body.get("sampling_session_id"))
+        sampler = self.sampler(tenant, body.get("sampling_session_id"))
         engine = self.rt.engine(sampler.base_model)
         prompt, n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
         self.rt.limits.input_tokens(tenant, len(prompt))
@@ -69,7 +69,12 @@ class TinkerSampling:
             if folder is not None:
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps)
+            self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
 
-        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, body.get("seq_id"), run)
+        seq = body.get("seq_id")
+        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run)
+        # a clone's seq_ids start at clone * 1e9: the retrieve_futures queue it reads (tinker/sampling_queue.py)
+        clone = seq // 10**9 if isinstance(seq, int) and not isinstance(seq, bool) else 0
+        self.rt.store.sample_requests.record(request_id, tenant, sampler.sampler_id, clone)
         return {"request_id": request_id, "sample_sequence_ids": [uuid.uuid4().hex for _ in range(n)]}

@@ -4,12 +4,13 @@ load_weights (into a new run from a checkpoint, or into an existing one). Paths 
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
 from twinkle.serve.backend import LoraSpec
-from twinkle.serve.core.checkpoints import check_name
-from twinkle.serve.core.records import Kind, Run
+from twinkle.serve.core.checkpoints import META_FILE, check_name
+from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.models import TinkerModels
@@ -22,7 +23,7 @@ class TinkerWeights:
     def __init__(self, svc: Service, models: TinkerModels, sampling: TinkerSampling):
         self.svc, self.rt, self.models, self.sampling = svc, svc.rt, models, sampling
 
-    def _write(self, run: Run, engine, kind: Kind, name: str, body: dict, overwrite: bool) -> str:
+    def _write(self, run: Run, engine, kind: Kind, name: str, body: dict, overwrite: bool) -> Checkpoint:
         from safetensors.torch import save_file
 
         from twinkle.sampler import save_adapter_folder
@@ -36,7 +37,7 @@ class TinkerWeights:
             return {"lora": run.lora}
 
         return self.svc.checkpoints.write(run, kind, name, fill, overwrite=overwrite, ttl=body.get("ttl_seconds"),
-                                          user_metadata=body.get("user_metadata")).tinker_path
+                                          user_metadata=body.get("user_metadata"))
 
     def _queue(self, tenant, engine, run: Run, body: dict, work) -> dict:
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work),
@@ -48,7 +49,7 @@ class TinkerWeights:
         name = check_name(body.get("path") or f"ckpt-{uuid.uuid4().hex[:8]}")
 
         def work():
-            path = self._write(run, engine, "training", name, body, bool(body.get("overwrite", False)))
+            path = self._write(run, engine, "training", name, body, bool(body.get("overwrite", False))).tinker_path
             return "json", {"type": "save_weights", "path": path}
 
         return self._queue(tenant, engine, run, body, work)
@@ -61,7 +62,7 @@ class TinkerWeights:
 
             def work():
                 return "json", {"type": "save_weights_for_sampler",
-                                "path": self._write(run, engine, "sampler", name, body, True)}
+                                "path": self._write(run, engine, "sampler", name, body, True).tinker_path}
         else:
             seq = body.get("sampling_session_seq_id")
             if not isinstance(seq, int):
@@ -100,3 +101,40 @@ class TinkerWeights:
             return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
+
+    # ---- external weights (a PEFT adapter folder to download: tinker/external_weights.py serves it) ----
+    def save_weights_external(self, tenant: str, body: dict) -> dict:
+        if body.get("age_encryption_recipients"):
+            raise BadRequest("age_encryption_recipients: encrypted exports are not supported by this server")
+        run = self.svc.run(tenant, body.get("model_id"))
+        engine = self.rt.engine(run.base_model)
+        name = check_name(body.get("path"))
+        for field in ("ttl_seconds", "seq_id"):
+            value = body.get(field)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < (1 if field == "ttl_seconds" else 0)):
+                raise BadRequest(f"{field} must be an integer >= {1 if field == 'ttl_seconds' else 0}, got {value!r}")
+
+        def work():
+            ckpt = self._write(run, engine, "external", name, body, True)
+            return "json", {"type": "save_weights_external", "path": ckpt.tinker_path, "size_bytes": ckpt.size_bytes}
+
+        return self._queue(tenant, engine, run, body, work)
+
+    def copy_checkpoint(self, tenant: str, source: Checkpoint, model_id: str, session_id: str,
+                        ttl: int | None) -> str:
+        """A readable checkpoint copied (files hard-linked: no bytes duplicated) into a new training run
+        `model_id` of `session_id`, which holds it and cannot be trained on. -> the copy's tinker path."""
+        origin = self.rt.store.runs.get(source.model_id)
+        run = self.svc.create_run(tenant, session_id, model_id, self.rt.engine(origin.base_model), "tinker",
+                                  origin.lora, {"copied_from": source.tinker_path})
+        meta = self.svc.checkpoints.meta(source)
+        folder = self.svc.checkpoints.folder(source)
+
+        def fill(staging: Path) -> dict:
+            for f in folder.iterdir():
+                if f.name != META_FILE:
+                    os.link(f, staging / f.name)
+            return {k: v for k, v in meta.items() if k not in ("base_model", "model_id")}
+
+        return self.svc.checkpoints.write(run, source.kind, source.name, fill, ttl=ttl).tinker_path

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from twinkle.serve.core.store.account_tables import CustomLosses, Projects, SampleRequests, Usage
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
 from twinkle.serve.core.store.schema import VERSION, migrate
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
@@ -58,6 +59,8 @@ class Store:
         self.keys, self.sessions, self.runs = Keys(self.db), Sessions(self.db), Runs(self.db)
         self.samplers, self.checkpoints = Samplers(self.db), Checkpoints(self.db)
         self.futures, self.idempotency, self.curves = Futures(self.db), Idempotency(self.db), Curves(self.db)
+        self.custom_losses, self.sample_requests = CustomLosses(self.db), SampleRequests(self.db)
+        self.projects, self.usage = Projects(self.db), Usage(self.db)
 
     @property
     def version(self) -> int:

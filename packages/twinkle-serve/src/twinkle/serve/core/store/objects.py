@@ -35,6 +35,10 @@ class Sessions:
                                               (session_id, tenant))
         return Session.from_row(row) if row else None
 
+    def get(self, session_id: str) -> Session | None:
+        row = self.db.one("SELECT * FROM sessions WHERE session_id=?", (session_id,))
+        return Session.from_row(row) if row else None
+
     def heartbeat(self, session_id: str) -> None:
         self.db.execute("UPDATE sessions SET last_heartbeat=? WHERE session_id=?", (time.time(), session_id))
 
@@ -104,6 +108,10 @@ class Samplers:
                                               (sampler_id, tenant))
         return Sampler.from_row(row) if row else None
 
+    def of_session(self, session_id: str) -> list[Sampler]:
+        return [Sampler.from_row(r) for r in self.db.all("SELECT * FROM samplers WHERE session_id=? ORDER BY created_at",
+                                                         (session_id,))]
+
 
 class Checkpoints:
     def __init__(self, db):
@@ -122,6 +130,9 @@ class Checkpoints:
     def readable(self, path, tenant: str) -> Checkpoint | None:
         """The tenant's own checkpoint, or a published one."""
         return self._one("tinker_path=? AND (tenant=? OR public=1)", (path, tenant)) if _id(path) else None
+
+    def get(self, path: str) -> Checkpoint | None:
+        return self._one("tinker_path=?", (path,))
 
     def owned(self, path, tenant: str) -> Checkpoint | None:
         return self._one("tinker_path=? AND tenant=?", (path, tenant)) if _id(path) else None

@@ -41,7 +41,22 @@ CREATE INDEX IF NOT EXISTS checkpoints_model ON checkpoints (model_id, kind, cre
 CREATE INDEX IF NOT EXISTS futures_status ON futures (status, completed_at);
 """
 
-MIGRATIONS = [V1, V2]
+# 3: the tables of the SDK 0.38 routes (tinker/routes_extra.py): server-side custom losses, the sampling
+# completion queue and its clones, session projects, and token usage per hour (both APIs count training).
+V3 = """
+CREATE TABLE IF NOT EXISTS custom_losses (loss_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,
+    name TEXT, inputs TEXT, graph TEXT, created_at REAL);
+CREATE TABLE IF NOT EXISTS sample_requests (request_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, sampler_id TEXT,
+    clone INTEGER, completion INTEGER);
+CREATE TABLE IF NOT EXISTS sampler_clients (sampler_id TEXT PRIMARY KEY, clients INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS session_projects (session_id TEXT PRIMARY KEY, project_id TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, hour INTEGER NOT NULL, session_id TEXT NOT NULL,
+    base_model TEXT NOT NULL, kind TEXT NOT NULL, tokens INTEGER NOT NULL,
+    PRIMARY KEY (tenant, hour, session_id, base_model, kind));
+CREATE INDEX IF NOT EXISTS sample_requests_sampler ON sample_requests (tenant, sampler_id, clone);
+"""
+
+MIGRATIONS = [V1, V2, V3]
 VERSION = len(MIGRATIONS)
 
 

@@ -21,6 +21,11 @@ class Keys:
     def list(self) -> list[dict]:
         return self.db.all("SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at")
 
+    def row(self, name: str) -> dict | None:
+        """An active key's record (its id is the row number)."""
+        return self.db.one("SELECT rowid AS key_id, name, created_at FROM api_keys WHERE name=? AND revoked_at IS NULL",
+                           (name,))
+
     def revoke(self, name: str) -> bool:
         return self.db.execute("UPDATE api_keys SET revoked_at=? WHERE name=? AND revoked_at IS NULL",
                                (time.time(), name)) > 0

@@ -1,0 +1,112 @@
+"""The rest of the Tinker SDK 0.38 surface under /api/v1, beside tinker/routes.py: server-side custom
+losses, the sampling completion queue (`retrieve_futures`, `cancel_future`, `join_sampling_session`),
+external weights and their signed download URLs, copies, session search/project/trace, the API key's
+own record, and usage (counted in real tokens; what is not recorded says so).
+
+Every route needs `X-API-Key` (the key's name is the tenant) except the signed file downloads, whose
+URL is the credential. Another tenant's object is a 404, a malformed body a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import FileResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from twinkle.serve.auth import Auth
+from twinkle.serve.core.service import Service
+from twinkle.serve.tinker import custom_loss_service, sampling_queue, sessions_extra, usage
+from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
+from twinkle.serve.tinker.models import TinkerModels
+from twinkle.serve.tinker.routes import json_body
+from twinkle.serve.tinker.sampling import TinkerSampling
+from twinkle.serve.tinker.weights import TinkerWeights
+
+
+def build_extra_router(svc: Service) -> APIRouter:
+    rt, auth = svc.rt, Auth(svc.rt)
+    # the SDK polls retrieve_futures on its own (like retrieve_future): not metered
+    caller, poller = auth.metered, auth.unmetered
+    sampling = TinkerSampling(svc)
+    weights = TinkerWeights(svc, TinkerModels(svc), sampling)
+
+    r = APIRouter(prefix="/api/v1", tags=["tinker"])
+
+    @r.post("/create_custom_loss")
+    async def create_custom_loss(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(custom_loss_service.create, svc, t, await json_body(request))
+
+    @r.post("/retrieve_futures")
+    async def retrieve_futures(request: Request, t: str = Depends(poller)):
+        return await sampling_queue.retrieve_futures(sampling, t, await json_body(request))
+
+    @r.post("/cancel_future")
+    async def cancel_future(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sampling_queue.cancel_future, svc, t, await json_body(request))
+
+    @r.post("/join_sampling_session")
+    async def join_sampling_session(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sampling_queue.join_sampling_session, sampling, t, await json_body(request))
+
+    # ---- external weights: export, signed URLs, the files themselves ----
+    signer = UrlSigner()
+    external = ExternalWeights(svc, signer)
+
+    @r.post("/save_weights_external")
+    async def save_weights_external(request: Request, t: str = Depends(auth.ready)):
+        return await run_in_threadpool(weights.save_weights_external, t, await json_body(request))
+
+    @r.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
+    def external_weights_urls(run_id: str, kind: str, name: str, request: Request, t: str = Depends(caller)):
+        return external.urls(t, str(request.base_url), run_id, f"{kind}/{name}")
+
+    @r.get("/checkpoint_files/{token}")
+    def checkpoint_file(token: str):  # no API key: the signed token is the credential
+        path, name = external.file(token)
+        return FileResponse(path, filename=name)
+
+    @r.post("/copy_weights")
+    async def copy_weights(request: Request, t: str = Depends(caller)):
+        return await run_in_threadpool(sessions_extra.copy_weights, svc, weights, t, await json_body(request))
+
+    # ---- sessions: search, project, trace ----
+    @r.post("/sessions/search")
+    async def search_sessions(request: Request, t: str = Depends(caller)):
+        return sessions_extra.search(svc, t, await json_body(request))
+
+    @r.put("/sessions/{session_id}/project")
+    async def session_project(session_id: str, request: Request, t: str = Depends(caller)):
+        return sessions_extra.set_project(svc, t, session_id, await json_body(request))
+
+    @r.get("/sessions/{session_id}/trace_export")
+    def trace_export(session_id: str, request: Request, t: str = Depends(caller)):
+        return sessions_extra.trace_url(svc, signer, t, session_id, str(request.base_url))
+
+    @r.get("/session_traces/{token}")
+    def session_trace(token: str):  # no API key: the signed token is the credential
+        return Response(sessions_extra.trace(svc, signer, token), media_type="application/json")
+
+    # ---- the key's own record, usage ----
+    @r.get("/auth/apikey/me")
+    def api_key_me(t: str = Depends(caller)):
+        return usage.api_key_record(rt.store, t)
+
+    @r.delete("/auth/apikey/me")
+    def delete_api_key_me(t: str = Depends(caller)):
+        rt.keys.revoke(t)  # `tinker auth logout`: this key, and only this key
+        return {"status": "revoked", "name": t}
+
+    @r.get("/billing/usage/events")
+    def billing_usage(starting_on: str | None = None, ending_before: str | None = None, t: str = Depends(caller)):
+        return usage.usage_events(rt.store, t, starting_on, ending_before)
+
+    @r.get("/billing/usage/checkpoints/current")
+    def checkpoint_storage(request: Request, t: str = Depends(caller)):
+        # project_id is a label on the caller's own sessions, not an object id: read from the query
+        return usage.checkpoint_storage(rt.store, t, request.query_params.get("project_id"))
+
+    @r.get("/audit")
+    def audit(t: str = Depends(caller)):
+        return usage.audit_log()
+
+    return r

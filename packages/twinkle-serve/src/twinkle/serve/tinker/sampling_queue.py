@@ -1,0 +1,79 @@
+"""A sampling session's completion queue (SDK 0.38 `sample_use_retrieve_futures`), explicit cancels,
+and clone ids for unpickled sampling clients (`join_sampling_session`).
+
+`retrieve_futures` long-polls one (sampling session, clone) target: it answers the target's sample
+requests finished since the client's cursor (numbered in the order they are first seen finished, so a
+cursor never skips one that finished late), and forgets those the client says it has retrieved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from twinkle.serve.core.service import Service
+from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.tinker.sampling import TinkerSampling
+
+IDLE_RECHECK_S = 0.2  # with nothing pending to wait on (a request not yet recorded), look again this soon
+
+
+def _int(body: dict, name: str, default: int) -> int:
+    v = body.get(name, default)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise BadRequest(f"{name} must be an integer >= 0, got {v!r}")
+    return v
+
+
+async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
+    target = body.get("target")
+    if not isinstance(target, dict) or target.get("type", "sampling_session") != "sampling_session":
+        raise BadRequest("target must be {\"type\": \"sampling_session\", \"sampling_session_id\", "
+                         "\"cloned_sampler_id\"}")
+    sampler_id, rt = sampling.sampler(tenant, target.get("sampling_session_id")).sampler_id, sampling.rt
+    clone, cursor = _int(target, "cloned_sampler_id", 0), _int(body, "prev_cursor", 0)
+    retrieved = body.get("retrieved_request_ids", [])
+    if not isinstance(retrieved, list) or not all(isinstance(r, str) for r in retrieved):
+        raise BadRequest("retrieved_request_ids must be a list of request id strings")
+    timeout = body.get("timeout")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0):
+        raise BadRequest(f"timeout must be a number of seconds >= 0 or null, got {timeout!r}")
+    rt.store.sample_requests.forget(tenant, retrieved)
+    deadline = time.monotonic() + min(rt.config.long_poll_s, rt.config.long_poll_s if timeout is None else timeout)
+    while True:
+        done, pending = rt.store.sample_requests.completions(tenant, sampler_id, clone, cursor)
+        remaining = deadline - time.monotonic()
+        if done or remaining <= 0:
+            break
+        waits = [asyncio.ensure_future(rt.hub.wait(rid, tenant, remaining)) for rid in pending]
+        if not waits:
+            await asyncio.sleep(min(remaining, IDLE_RECHECK_S))
+            continue
+        _, still = await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        for w in still:
+            w.cancel()
+    completions = [{"state": "finished", "request_id": r["request_id"], "response_payload_uncompressed_size": r["size"]}
+                   if r["status"] == "complete" else {"state": "failed", "request_id": r["request_id"]} for r in done]
+    return {"completions": completions, "cursor": max([cursor] + [r["completion"] for r in done])}
+
+
+def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
+    """Drop a queued sample request; one already running or finished is left as it is (and said so)."""
+    request_id = body.get("request_id")
+    if not isinstance(request_id, str):
+        raise BadRequest(f"request_id must be a string, got {type(request_id).__name__}")
+    rt = svc.rt
+    if not rt.store.sample_requests.owned(request_id, tenant):
+        if rt.store.futures.get(request_id, tenant) is not None:
+            raise BadRequest(f"request {request_id!r} is not a sample request: only sampling can be cancelled")
+        raise NotFound(f"future {request_id!r} not found")
+    if any(engine.scheduler.cancel(request_id) for engine in rt.engines.values()):
+        rt.hub.fail(request_id, "cancelled by the client (cancel_future) before it ran", "user")
+        return {"request_id": request_id, "status": "cancelled"}
+    status = rt.store.futures.get(request_id, tenant).status
+    return {"request_id": request_id, "status": "running" if status == "pending" else "finished"}
+
+
+def join_sampling_session(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
+    sampler_id = sampling.sampler(tenant, body.get("sampling_session_id")).sampler_id
+    return {"type": "join_sampling_session", "client_counter": sampling.rt.store.sample_requests.join(sampler_id)}

@@ -1,0 +1,194 @@
+"""Custom losses run on the server (`create_custom_loss` + `forward_backward_custom`), through the SDK.
+
+The uploaded torch.fx op graph is interpreted against an allow-list: the server-side run must equal
+the SDK's client-side fallback (same loss, metrics, logprobs, and bit-exact adapter weights after
+optim_step) while submitting one forward_backward instead of two.
+"""
+
+from __future__ import annotations
+
+import math
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from twinkle.hub import TEST_MODEL
+
+SEQS = [[5 + (7 * i) % 60 for i in range(20)], [100 + (3 * i) % 50 for i in range(14)]]
+
+
+def clipped_ratio_loss(logprobs, old_logprobs, advantages):
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss = -torch.minimum(ratio * advantages, torch.clamp(ratio, 0.8, 1.2) * advantages).sum()
+    loss = loss + 0.1 * torch.nn.functional.softplus(logprobs).mean() * math.sqrt(logprobs.shape[0])
+    return loss, {"custom/ratio:mean": ratio.mean(), "custom/tokens:sum": (advantages != 0).float().sum()}
+
+
+def _f32(values):
+    from tinker import types
+
+    return types.TensorData(data=values, dtype="float32", shape=[len(values)])
+
+
+def _data():
+    from tinker import types
+
+    data = []
+    for k, seq in enumerate(SEQS):
+        n = len(seq) - 1
+        data.append(types.Datum(
+            model_input=types.ModelInput.from_ints(seq[:-1]),
+            loss_fn_inputs={"target_tokens": seq[1:], "old_logprobs": _f32([-3.0 - 0.05 * i for i in range(n)]),
+                            "advantages": _f32([(1.0 if k == 0 else -0.5)] * n)}))
+    return data
+
+
+def _futures(server, tenant) -> int:
+    return server.runtime.store.db.one("SELECT COUNT(*) AS n FROM futures WHERE tenant=?", (tenant,))["n"]
+
+
+def _adapter_after_step(server, tc, name):
+    from safetensors.torch import load_file
+
+    path = tc.save_weights_for_sampler(name).result().path
+    row = server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))
+    return load_file(f"{server.runtime.data_dir / row['dir']}/adapter_model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def dave_key(server):
+    return server.create_key("dave-customloss")
+
+
+@pytest.fixture(scope="module")
+def dave(server, dave_key):
+    import tinker
+
+    return tinker.ServiceClient(base_url=server.url, api_key=dave_key)
+
+
+@pytest.fixture(scope="module")
+def ratio_handle(dave):
+    return dave.create_custom_loss(clipped_ratio_loss, {"logprobs": 1, "old_logprobs": 1, "advantages": 1}).result()
+
+
+def test_server_side_loss_equals_client_fallback_in_one_round_trip(server, dave, ratio_handle):
+    from tinker import types
+
+    handle = ratio_handle
+    assert handle.loss_id is not None  # the server took it: it will run there
+    adam = types.AdamParams(learning_rate=5e-2)
+    on_server = dave.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=7).result()
+    on_client = dave.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=7).result()
+
+    def client_side(data, logprobs_list):  # the same per-datum loss, summed, as the SDK's fallback runs it
+        losses = [clipped_ratio_loss(lp, d.loss_fn_inputs["old_logprobs"].to_torch(),
+                                     d.loss_fn_inputs["advantages"].to_torch()) for d, lp in zip(data, logprobs_list)]
+        metrics = {"custom/ratio:mean": sum(m["custom/ratio:mean"].item() for _, m in losses) / len(losses),
+                   "custom/tokens:sum": sum(m["custom/tokens:sum"].item() for _, m in losses)}
+        return sum(loss for loss, _ in losses), metrics
+
+    results, submitted = [], []
+    for tc, loss_fn in ((on_server, handle), (on_client, client_side)):
+        before = _futures(server, "dave-customloss")
+        out = tc.forward_backward_custom(_data(), loss_fn).result()
+        submitted.append(_futures(server, "dave-customloss") - before)
+        tc.optim_step(adam).result()
+        results.append(out)
+    assert submitted == [1, 2]  # one forward_backward on the server path; forward + backward client-side
+    server_out, client_out = results
+    assert server_out.metrics["loss:sum"] == pytest.approx(client_out.metrics["loss:sum"], rel=1e-6)
+    for key in ("custom/ratio:mean", "custom/tokens:sum", "surrogate_loss:sum"):
+        assert server_out.metrics[key] == pytest.approx(client_out.metrics[key], rel=1e-6), key
+    assert server_out.metrics["custom/tokens:sum"] == sum(len(s) - 1 for s in SEQS)
+    for a, b in zip(server_out.loss_fn_outputs, client_out.loss_fn_outputs):
+        np.testing.assert_array_equal(a["logprobs"].to_numpy(), b["logprobs"].to_numpy())
+    w_server = _adapter_after_step(server, on_server, "cl-server")
+    w_client = _adapter_after_step(server, on_client, "cl-client")
+    assert w_server.keys() == w_client.keys()
+    moved = 0
+    for k in w_server:
+        torch.testing.assert_close(w_server[k], w_client[k], rtol=0, atol=0)
+        moved += int(torch.count_nonzero(w_server[k]).item() > 0 and "lora_B" in k)
+    assert moved > 0  # lora_B starts at zero: the step really applied the custom loss's gradient
+
+
+def _upload(server, key, session_id, fn, ranks, graph_edit=None):
+    from tinker.lib.public_interfaces.custom_loss import encode_graph, trace_loss
+
+    handle = trace_loss(fn, ranks, session_id)
+    graph = encode_graph(handle).model_dump(mode="json")
+    if graph_edit:
+        graph_edit(graph["nodes"])
+    body = {"session_id": session_id, "custom_loss_seq_id": 99, "name": handle.name,
+            "inputs": [i.model_dump() for i in handle.inputs], "graph": graph, "type": "create_custom_loss"}
+    return httpx.post(f"{server.url}/api/v1/create_custom_loss", json=body, headers={"X-API-Key": key})
+
+
+def _weighted(logprobs, weights):
+    return -(logprobs * weights).sum(), {}
+
+
+def test_ops_outside_the_allow_list_are_400s_naming_them(server, dave, dave_key):
+    session_id = dave.holder.get_session_id()
+
+    def big(logprobs, weights):
+        return (torch.nn.functional.one_hot(weights.long(), 10 ** 6).float().sum() * logprobs).sum(), {}
+
+    r = _upload(server, dave_key, session_id, big, {"logprobs": 1, "weights": 1})
+    assert r.status_code == 400 and "torch._C._nn.one_hot" in r.json()["error"], r.text
+
+    def rename(target):  # what a hand-written (not SDK-traced) graph could send
+        def edit(nodes):
+            next(n for n in nodes if n["op"] == "call_function")["target"] = target
+        return edit
+
+    r = _upload(server, dave_key, session_id, _weighted, {"logprobs": 1, "weights": 1}, rename("os.system"))
+    assert r.status_code == 400 and "'os.system'" in r.json()["error"], r.text
+
+    def method(nodes):
+        n = next(n for n in nodes if n["op"] == "call_method")
+        n["target"] = "__reduce_ex__"
+
+    r = _upload(server, dave_key, session_id, _weighted, {"logprobs": 1, "weights": 1}, method)
+    assert r.status_code == 400 and "'__reduce_ex__'" in r.json()["error"], r.text
+
+    def captured(nodes):
+        nodes.insert(2, {"op": "get_attr", "name": "w", "target": "weight", "args": [], "kwargs": {}})
+
+    r = _upload(server, dave_key, session_id, _weighted, {"logprobs": 1, "weights": 1}, captured)
+    assert r.status_code == 400 and "'get_attr'" in r.json()["error"], r.text
+
+    def dangling(nodes):
+        next(n for n in nodes if n["op"] == "call_method")["args"] = [{"ref": "nowhere"}]
+
+    r = _upload(server, dave_key, session_id, _weighted, {"logprobs": 1, "weights": 1}, dangling)
+    assert r.status_code == 400 and "'nowhere'" in r.json()["error"], r.text
+
+
+def test_another_tenants_session_and_loss_are_404(server, dave, dave_key, bob, keys):
+    from tinker import types
+
+    r = _upload(server, keys["bob"], dave.holder.get_session_id(), _weighted, {"logprobs": 1, "weights": 1})
+    assert r.status_code == 404, r.text
+    handle = dave.create_custom_loss(_weighted, {"logprobs": 1, "weights": 1}).result()
+    assert handle.loss_id
+    # bob forges a forward_backward naming dave's loss on his own model: the loss is not found for him
+    tc = bob.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=1).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
+                        loss_fn_inputs={"target_tokens": SEQS[0][1:], "weights": [1.0] * (len(SEQS[0]) - 1)})
+    with pytest.raises(Exception, match="not found"):
+        tc.forward_backward([datum], "custom", {"loss_id": handle.loss_id}).result()
+
+
+def test_missing_input_is_a_400_naming_it(dave, ratio_handle):
+    from tinker import types
+
+    handle = ratio_handle
+    tc = dave.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=1).result()
+    datum = types.Datum(model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
+                        loss_fn_inputs={"target_tokens": SEQS[0][1:], "old_logprobs": _f32([0.0] * (len(SEQS[0]) - 1))})
+    # the SDK checks inputs itself; sent anyway (as a raw loss_fn="custom" call), the server names the field
+    with pytest.raises(Exception, match="advantages"):
+        tc.forward_backward([datum], "custom", {"loss_id": handle.loss_id}).result()
