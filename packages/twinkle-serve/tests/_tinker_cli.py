@@ -11,13 +11,6 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import pytest
-
-
-@pytest.fixture(scope="module")
-def tenant_key(server, request):
-    """A key of the test module's own tenant (named by its module-level TENANT)."""
-    return server.create_key(request.module.TENANT)
 
 
 def run_cli(server_url: str, key: str, *args: str, cwd=None, env: dict | None = None, check: bool = True):

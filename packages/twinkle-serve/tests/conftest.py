@@ -69,3 +69,9 @@ def sft():
 def start():
     """start(data_dir, **config) -> a running Server on the test model."""
     return start_server
+
+
+@pytest.fixture(scope="module")
+def tenant_key(server, request):
+    """A key of the test module's own tenant (named by its module-level TENANT)."""
+    return server.create_key(request.module.TENANT)

@@ -3,17 +3,12 @@ own record, and usage counted in real tokens (prices and the audit log: explicit
 
 from __future__ import annotations
 
-import sys
 import warnings
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import httpx
 import pytest
 from twinkle.hub import TEST_MODEL
-
-sys.path.insert(0, str(Path(__file__).parent))
-from _tinker_cli import tenant_key  # noqa: E402,F401 - a fixture
 
 SEQ = [5 + (7 * i) % 60 for i in range(17)]  # 16 training tokens per datum
 TENANT = "gina-accounts"

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tinker_cli import HubStandIn, run_cli, run_cli_json, tenant_key  # noqa: E402,F401 - tenant_key: a fixture
+from _tinker_cli import HubStandIn, run_cli, run_cli_json  # noqa: E402
 
 SEQ = [5 + (7 * i) % 60 for i in range(20)]
 TENANT = "frank-external"
