@@ -12,10 +12,8 @@ from twinkle.serve.core.checkpoints import check_name
 from twinkle.serve.core.records import Kind, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker.models import TinkerModels
+from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
-
-OPTIMIZER_FILE = "optimizer.safetensors"
 
 
 class TinkerWeights:
@@ -23,16 +21,10 @@ class TinkerWeights:
         self.svc, self.rt, self.models, self.sampling = svc, svc.rt, models, sampling
 
     def _write(self, run: Run, engine, kind: Kind, name: str, body: dict, overwrite: bool) -> str:
-        from safetensors.torch import save_file
-
-        from twinkle.sampler import save_adapter_folder
-
         adapter = self.svc.live_adapter(run.model_id)
 
         def fill(staging: Path) -> dict:
-            save_adapter_folder(engine.backend.adapter_tensors(adapter), staging, base_model_path=engine.entry.name)
-            if kind == "training":
-                save_file(engine.backend.optimizer_tensors(adapter), str(staging / OPTIMIZER_FILE))
+            engine.backend.save_checkpoint(adapter, staging, kind == "training")
             return {"lora": run.lora}
 
         return self.svc.checkpoints.write(run, kind, name, fill, overwrite=overwrite, ttl=body.get("ttl_seconds"),
@@ -88,15 +80,11 @@ class TinkerWeights:
             engine, seq_id, spec = self.rt.engine(run.base_model), body.get("seq_id"), None
 
         def work():
-            from safetensors.torch import load_file
-
-            from twinkle.sampler import load_adapter_folder
-
-            weights = load_adapter_folder(str(folder))
-            optimizer = load_file(str(folder / OPTIMIZER_FILE)) if with_optimizer else None
-            if spec is not None:
-                self.models.build_adapter(run, engine, spec)
-            engine.backend.load_adapter_tensors(self.svc.live_adapter(run.model_id), weights, optimizer)
+            if spec is None:
+                engine.backend.load_checkpoint(self.svc.live_adapter(run.model_id), folder, with_optimizer, True)
+            else:  # the adapter is built from the folder's own LoraConfig (rank, alpha, targets)
+                engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
+                self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
             return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
