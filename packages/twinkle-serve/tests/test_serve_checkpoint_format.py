@@ -285,32 +285,3 @@ def test_old_tinker_optimizer_safetensors_still_resumes(server, clients, rows, t
     _, resaved = resaved_moments(server, training.save_state("old-tinker-resaved").result().path)
     for index, expected in state.optimizer.state_dict()["state"].items():
         assert all(torch.equal(resaved[index][k], v) for k, v in expected.items())
-
-
-def test_a_hub_model_s_adapters_name_the_hub_id(tmp_path):
-    """Served as `hf://org/name` (here from its local folder: no hub is reachable), a checkpoint names
-    `org/name`, so AutoPeftModelForCausalLM finds the base wherever the folder goes."""
-    from twinkle.serve.backend import LoraSpec
-    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
-
-    backend = MultiLoraBackend("hf://Qwen/Qwen3-0.6B", str(resolve_model_path(TEST_MODEL)), max_batch_size=1)
-    backend.create_adapter("a", LoraSpec(rank=2, seed=1, train_mlp=False, train_unembed=False))
-    backend.save_checkpoint("a", tmp_path / "hub", training_state=False)
-    assert json.loads((tmp_path / "hub" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
-        "Qwen/Qwen3-0.6B"
-    assert LoraConfig.from_pretrained(str(tmp_path / "hub")).r == 2
-
-
-def test_both_apis_draw_a_seeded_lora_as_peft_does(server, clients):
-    """Tinker's create_lora_training_client(seed=S) starts where local peft starts after
-    torch.manual_seed(S), as the native API's add_adapter_to_model does."""
-    from peft import get_peft_model, get_peft_model_state_dict
-    from transformers import AutoModelForCausalLM
-
-    training = clients[1].create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=7, train_mlp=False,
-                                                      train_unembed=False)
-    folder = folder_of(server, training.save_state("init").result().path)
-    torch.manual_seed(7)
-    local = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL)),
-                           LoraConfig.from_pretrained(str(folder)))
-    assert_bit_equal(weights(folder), get_peft_model_state_dict(local))

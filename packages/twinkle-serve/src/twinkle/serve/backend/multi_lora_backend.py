@@ -18,7 +18,6 @@ import torch
 
 from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
                                         UserError)
-from twinkle.serve.backend.lora_init import peft_like_init
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -54,7 +53,6 @@ class MultiLoraBackend(TorchSampling, Backend):
                             bias="none")
         seed = spec.seed if spec.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         self.engine.add_adapter_to_model(name, config, seed=seed)
-        peft_like_init(self.engine, name, seed)  # as the native API and local peft draw it
         self.engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
 
     def remove_adapter(self, name: str) -> None:

@@ -18,7 +18,7 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.backend.lora_init import peft_like_init
+from twinkle.serve.native.lora_init import peft_like_init
 
 
 def internal_name(model_id: str, adapter: str) -> str:

@@ -1,5 +1,5 @@
-"""Adapter initialisation that matches local training: a LoRA created over HTTP (either API) with seed
-S starts from exactly the weights peft's `get_peft_model` draws right after `torch.manual_seed(S)`.
+"""Adapter initialisation that matches local training: a LoRA created over HTTP with seed S starts
+from exactly the weights peft's `get_peft_model` draws right after `torch.manual_seed(S)`.
 
 peft builds each adapted layer's `lora_A` and `lora_B` as `nn.Linear` (each draws a Kaiming-uniform
 init from the global generator), then re-draws `lora_A` and zeroes `lora_B`, layer by layer in module
