@@ -285,3 +285,17 @@ def test_old_tinker_optimizer_safetensors_still_resumes(server, clients, rows, t
     _, resaved = resaved_moments(server, training.save_state("old-tinker-resaved").result().path)
     for index, expected in state.optimizer.state_dict()["state"].items():
         assert all(torch.equal(resaved[index][k], v) for k, v in expected.items())
+
+
+def test_a_hub_model_s_adapters_name_the_hub_id(tmp_path):
+    """Served as `hf://org/name` (here from its local folder: no hub is reachable), a checkpoint names
+    `org/name`, so AutoPeftModelForCausalLM finds the base wherever the folder goes."""
+    from twinkle.serve.backend import LoraSpec
+    from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+
+    backend = MultiLoraBackend("hf://Qwen/Qwen3-0.6B", str(resolve_model_path(TEST_MODEL)), max_batch_size=1)
+    backend.create_adapter("a", LoraSpec(rank=2, seed=1, train_mlp=False, train_unembed=False))
+    backend.save_checkpoint("a", tmp_path / "hub", training_state=False)
+    assert json.loads((tmp_path / "hub" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        "Qwen/Qwen3-0.6B"
+    assert LoraConfig.from_pretrained(str(tmp_path / "hub")).r == 2
