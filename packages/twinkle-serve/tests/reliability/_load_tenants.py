@@ -155,7 +155,9 @@ class NativeClient:
         if resume is None:
             self.model.add_adapter_to_model("default", {"r": RANK, "lora_alpha": 8, "target_modules": "all-linear"})
             self.model.set_optimizer("AdamW", lr=LR).result(timeout=RESULT_TIMEOUT_S)
-        else:  # the adapter from the folder, then weights, AdamW moments and step counters
+        else:  # the adapter from the folder, its optimizer, then weights, AdamW moments and step counters
+            self.model.load(resume)
+            self.model.set_optimizer("AdamW", lr=LR)
             assert self.model.resume_from_checkpoint(resume).result(timeout=RESULT_TIMEOUT_S)["resumed"]
         self.model.set_loss("CrossEntropyLoss").result(timeout=RESULT_TIMEOUT_S)
         return self.model.model_id
