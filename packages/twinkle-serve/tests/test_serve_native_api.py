@@ -58,6 +58,7 @@ def test_train_save_download_resume(native, rows, tmp_path):
     from peft import LoraConfig
     from safetensors.torch import load_file
 
+    from twinkle.client import TwinkleRequestFailed
     from twinkle.client.cli import main as cli
     from twinkle.client.model import TransformersModel
 
@@ -88,6 +89,11 @@ def test_train_save_download_resume(native, rows, tmp_path):
     assert any(k.endswith("q_proj.lora_B.weight") for k in load_file(tmp_path / "peft" / "adapter_model.safetensors"))
 
     resumed = TransformersModel(model_id=TEST_MODEL, client=a)
+    with pytest.raises(TwinkleRequestFailed, match="call set_optimizer"):  # as locally: configure first
+        resumed.resume_from_checkpoint(path).result()
+    resumed.load(path).result()  # the adapter, built from the checkpoint's own LoraConfig
+    resumed.set_optimizer("AdamW", lr=1e-2)
+    resumed.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=1, num_training_steps=10)
     out = resumed.resume_from_checkpoint(path).result()
     assert out["resumed"] and out["optimizer_steps"] == 1
     again = resumed.forward_only(inputs=rows).result()

@@ -66,6 +66,7 @@ def test_native_rows_run_on_the_remote_backends_local_trainer():
     for backend in (MultiLoraBackend(TEST_MODEL, path), RemoteBackend(TEST_MODEL, path)):
         assert backend.multi_lora is not None and backend.base_module is not None
         backend.multi_lora.add_adapter_to_model("a", LoraConfig(r=4, target_modules=["q_proj"]), seed=3)
+        backend.multi_lora.set_optimizer("AdamW", adapter_name="a", lr=1e-4)  # the contract: no implicit one
         (out,) = backend.forward_backward_many([RowsPass("a", rows, False)])
         backend.multi_lora.clip_grad_and_step(max_grad_norm=1.0, adapter_name="a")
         (again,) = backend.forward_backward_many([RowsPass("a", rows, True)])

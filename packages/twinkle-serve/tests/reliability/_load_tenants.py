@@ -43,33 +43,37 @@ def folder_of(data_dir: Path, tenant: str, path: str) -> Path:
 
 
 def files_digest(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def checkpoint_tensors(folder: Path) -> dict[str, np.ndarray]:
-    """Every number a checkpoint holds: adapter, optimizer (Tinker's safetensors or the native
-    training_state.pt, flattened), by name."""
-    import torch
+    """Every number a checkpoint holds: adapter, optimizer, scheduler and counters (the training state
+    of twinkle.model.checkpoint, flattened; the saving process's RNG left out), by name."""
+    import json
+
     from safetensors.numpy import load_file
 
     out = {f"adapter/{k}": v for k, v in load_file(str(folder / "adapter_model.safetensors")).items()}
-    if (folder / "optimizer.safetensors").exists():
-        out.update({f"optimizer/{k}": v for k, v in load_file(str(folder / "optimizer.safetensors")).items()})
+    state = folder / "training_state"
+    if not state.is_dir():
+        return out
+    tensors = load_file(str(state / "state.safetensors"))
 
-    def flatten(prefix, value):
-        if isinstance(value, dict):
-            for k, v in value.items():
+    def flatten(prefix, node):
+        if isinstance(node, dict) and "tensor" in node:
+            out[prefix] = tensors[node["tensor"]]
+        elif isinstance(node, dict):
+            for k, v in node.items():
                 flatten(f"{prefix}/{k}", v)
-        elif isinstance(value, (list, tuple)):
-            for i, v in enumerate(value):
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
                 flatten(f"{prefix}/{i}", v)
-        elif isinstance(value, torch.Tensor):
-            out[prefix] = value.numpy()
-        elif value is not None:
-            out[prefix] = np.asarray(value)
+        elif node is not None:
+            out[prefix] = np.asarray(node)
 
-    if (folder / "training_state.pt").exists():
-        flatten("state", torch.load(folder / "training_state.pt", weights_only=True))
+    skeleton = json.loads((state / "state.json").read_text())
+    flatten("state", {k: v for k, v in skeleton.items() if k != "rng"})
     return out
 
 
@@ -151,7 +155,9 @@ class NativeClient:
         if resume is None:
             self.model.add_adapter_to_model("default", {"r": RANK, "lora_alpha": 8, "target_modules": "all-linear"})
             self.model.set_optimizer("AdamW", lr=LR).result(timeout=RESULT_TIMEOUT_S)
-        else:  # the adapter from the folder, then weights, AdamW moments and step counters
+        else:  # the adapter from the folder, its optimizer, then weights, AdamW moments and step counters
+            self.model.load(resume)
+            self.model.set_optimizer("AdamW", lr=LR)
             assert self.model.resume_from_checkpoint(resume).result(timeout=RESULT_TIMEOUT_S)["resumed"]
         self.model.set_loss("CrossEntropyLoss").result(timeout=RESULT_TIMEOUT_S)
         return self.model.model_id

@@ -172,10 +172,14 @@ class Backend(ABC):
         """The adapter's LoRA weights in peft's saved layout (keys without the adapter name)."""
 
     @abstractmethod
-    def optimizer_tensors(self, name: str) -> dict: ...
+    def save_checkpoint(self, name: str, folder, training_state: bool) -> None:
+        """Write the adapter to `folder` (a local directory) in twinkle.model.checkpoint's format."""
 
     @abstractmethod
-    def load_adapter_tensors(self, name: str, weights: dict, optimizer: dict | None) -> None: ...
+    def load_checkpoint(self, name: str, folder, training_state: bool, implicit_adam: bool = False) -> dict:
+        """Load a checkpoint folder into adapter `name`, creating it from the folder's LoraConfig when
+        missing; with `training_state` resume the optimizer too (`implicit_adam`: Tinker's, made when
+        missing, its lr sent with every step, so no saved schedule applies). -> the resumed counters."""
 
     # ---- samplers ----
     @abstractmethod

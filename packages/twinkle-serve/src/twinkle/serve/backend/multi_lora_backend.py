@@ -10,13 +10,14 @@ labels[t+1] from input_ids[:t+1], which is exactly Tinker's "position t predicts
 from __future__ import annotations
 
 import math
+import random
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
                                         UserError)
-from twinkle.serve.backend.adapter_state import adam_state_tensors, load_adapter_state
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -36,7 +37,8 @@ class MultiLoraBackend(TorchSampling, Backend):
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         self.engine = self.multi_lora = MultiLoraModel(model=hf, device=device)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
-        self.engine.model_id = base_model
+        # base_model_name_or_path of saved adapters: the hub id for a hub model, else this local folder
+        self.engine.model_id, self.engine.model_path = base_model, model_path
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
         self._init_sampler(model_path, torch_dtype, max_batch_size, device=device, trust_remote_code=trust_remote_code)
@@ -158,19 +160,65 @@ class MultiLoraBackend(TorchSampling, Backend):
             scaling[module] = state.spec.scaling
         return AdapterWeights(lora_A, lora_B, scaling)
 
-    def _param_keys(self, name):
+    def save_checkpoint(self, name: str, folder, training_state: bool) -> None:
+        """The adapter in the one checkpoint format (twinkle.model.checkpoint), with its training state
+        on request (a Tinker adapter's implicit Adam included)."""
         state = self._state(name)
-        out = {}
-        for module in state.module_names:
-            layer = self.engine.base.get_submodule(module)
-            out[f"{module}.lora_A"] = layer.lora_A[name].weight
-            out[f"{module}.lora_B"] = layer.lora_B[name].weight
-        return out
+        if training_state:
+            state.ensure_optimizer()
+        self.engine.save(folder, adapter_name=name, save_training_state=training_state)
 
-    def optimizer_tensors(self, name):
-        return adam_state_tensors(self._state(name).ensure_optimizer(), self._param_keys(name))
+    def load_checkpoint(self, name: str, folder, training_state: bool, implicit_adam: bool = False) -> dict:
+        """Weights from a LoRA folder into adapter `name` (built from the folder's own LoraConfig when it
+        does not exist yet); with `training_state`, the optimizer, scheduler and counters too (the
+        current format, or one a server wrote before it). `implicit_adam`: the adapter trains with the
+        Tinker API's Adam, whose lr arrives with every step: it is made when missing, and a saved lr
+        schedule has nothing to drive. -> the resumed counters ({} without)."""
+        from twinkle.model import checkpoint
+        from twinkle.serve.backend import legacy_checkpoint
 
-    def load_adapter_tensors(self, name, weights, optimizer):
-        # the optimizer is only touched when there are moments to restore
-        load_adapter_state(self._param_keys(name), weights, optimizer,
-                           self._state(name).ensure_optimizer() if optimizer else None)
+        created = name not in self.engine.adapters
+        try:
+            self.engine.load(folder, name)
+            if not training_state:
+                return {}
+            state = self._state(name)
+            if legacy_checkpoint.is_legacy(folder):
+                return legacy_checkpoint.resume_legacy(self.engine, name, folder)
+            if implicit_adam:
+                state.ensure_optimizer()
+            skipped = implicit_adam and state.scheduler is None
+            if skipped:
+                state.scheduler = _ClientSchedule()
+            try:
+                with _server_rng_kept():
+                    return checkpoint.resume_adapter_state(folder, state)
+            finally:
+                if skipped:
+                    state.scheduler = None
+        except Exception as e:
+            if created and name in self.engine.adapters:  # nothing half-loaded stays behind
+                self.engine.remove_adapter(name)
+            if isinstance(e, (ValueError, FileNotFoundError, KeyError)):
+                raise UserError(str(e).strip("'\"")) from None
+            raise
+
+
+class _ClientSchedule:
+    """Where a saved lr schedule goes when the client sets the learning rate itself: nowhere."""
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+@contextmanager
+def _server_rng_kept():
+    """A checkpoint carries its saver's RNG state: a tenant's resume must not reseed the whole server
+    (its adapters draw from their own generators)."""
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])

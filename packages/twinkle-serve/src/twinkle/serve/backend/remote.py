@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -53,6 +55,16 @@ def _raise_user_error(value):
     if isinstance(value, UserError):
         raise UserError(str(value))
     return value
+
+
+def _read_files(folder) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in Path(folder).rglob("*") if f.is_file()}
+
+
+def _write_files(files: dict[str, bytes], folder) -> None:
+    for relative, data in files.items():
+        (Path(folder) / relative).parent.mkdir(parents=True, exist_ok=True)
+        (Path(folder) / relative).write_bytes(data)
 
 
 def _world() -> int:
@@ -121,20 +133,24 @@ class TrainShard(MultiLoraBackend):
     create_adapter = _returns_user_errors(MultiLoraBackend.create_adapter)
     remove_adapter = _returns_user_errors(MultiLoraBackend.remove_adapter)
 
-    # Tensors cross to the server on the CPU (it may have no GPU) and come back to the params' device.
+    # Tensors cross to the server on the CPU (it may have no GPU).
     @_returns_user_errors
     def adapter_tensors(self, name):
         return super().adapter_tensors(name).to(device="cpu")
 
+    # Checkpoints cross as the folder's files, so no rank needs the server's disk; the ranks are
+    # replicas, so rank 0's files are everyone's.
     @_returns_user_errors
-    def optimizer_tensors(self, name):
-        return {k: v.cpu() for k, v in super().optimizer_tensors(name).items()}
+    def checkpoint_files(self, name: str, training_state: bool) -> dict[str, bytes]:
+        with tempfile.TemporaryDirectory() as folder:
+            super().save_checkpoint(name, folder, training_state)
+            return _read_files(folder)
 
     @_returns_user_errors
-    def load_adapter_tensors(self, name, weights, optimizer):
-        if optimizer:  # AdamW keeps `step` on the CPU, the moments beside their parameters
-            optimizer = {k: v if k.endswith(".step") else v.to(self.engine.device) for k, v in optimizer.items()}
-        return super().load_adapter_tensors(name, weights, optimizer)
+    def load_checkpoint_files(self, name: str, files: dict[str, bytes], training_state: bool, implicit_adam: bool) -> dict:
+        with tempfile.TemporaryDirectory() as folder:
+            _write_files(files, folder)
+            return super().load_checkpoint(name, folder, training_state, implicit_adam)
 
     @remote_method(dispatch=_slice_items, collect=merge_rank_results)
     def forward_backward_many(self, items) -> dict:
@@ -283,11 +299,14 @@ class RemoteBackend(Backend):
     def adapter_tensors(self, name):
         return _raise_user_error(self.trainer.adapter_tensors(name))
 
-    def optimizer_tensors(self, name):
-        return _raise_user_error(self.trainer.optimizer_tensors(name))
+    def save_checkpoint(self, name, folder, training_state):
+        _write_files(_raise_user_error(self.trainer.checkpoint_files(name, training_state)), folder)
 
-    def load_adapter_tensors(self, name, weights, optimizer):
-        _raise_user_error(self.trainer.load_adapter_tensors(name, weights, optimizer))
+    def load_checkpoint(self, name, folder, training_state, implicit_adam=False):
+        counters = _raise_user_error(self.trainer.load_checkpoint_files(name, _read_files(folder), training_state,
+                                                                        implicit_adam))
+        self._adapters.add(name)  # built from the folder's config when it was new
+        return counters
 
     # ---- samplers: weights travel as tensors, so no rank needs the server's disk ---------------------
     def install_sampler_from_adapter(self, sampler, adapter):

@@ -91,7 +91,7 @@ class CheckpointOps:
             shutil.rmtree(staging, ignore_errors=True)
         now = time.time()
         ckpt = Checkpoint(path, run.tenant, run.model_id, kind, name, now,
-                          sum(f.stat().st_size for f in final.iterdir()), False, now + ttl if ttl else None,
+                          sum(f.stat().st_size for f in final.rglob("*") if f.is_file()), False, now + ttl if ttl else None,
                           str(relative), {str(k): str(v) for k, v in (user_metadata or {}).items()})
         self.table.put(ckpt)
         return ckpt

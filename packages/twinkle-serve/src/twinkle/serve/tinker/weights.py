@@ -13,10 +13,8 @@ from twinkle.serve.core.checkpoints import META_FILE, check_name
 from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker.models import TinkerModels
+from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
-
-OPTIMIZER_FILE = "optimizer.safetensors"
 
 
 class TinkerWeights:
@@ -24,16 +22,10 @@ class TinkerWeights:
         self.svc, self.rt, self.models, self.sampling = svc, svc.rt, models, sampling
 
     def _write(self, run: Run, engine, kind: Kind, name: str, body: dict, overwrite: bool) -> Checkpoint:
-        from safetensors.torch import save_file
-
-        from twinkle.sampler import save_adapter_folder
-
         adapter = self.svc.live_adapter(run.model_id)
 
         def fill(staging: Path) -> dict:
-            save_adapter_folder(engine.backend.adapter_tensors(adapter), staging, base_model_path=engine.entry.name)
-            if kind == "training":
-                save_file(engine.backend.optimizer_tensors(adapter), str(staging / OPTIMIZER_FILE))
+            engine.backend.save_checkpoint(adapter, staging, kind == "training")
             return {"lora": run.lora}
 
         return self.svc.checkpoints.write(run, kind, name, fill, overwrite=overwrite, ttl=body.get("ttl_seconds"),
@@ -89,15 +81,11 @@ class TinkerWeights:
             engine, seq_id, spec = self.rt.engine(run.base_model), body.get("seq_id"), None
 
         def work():
-            from safetensors.torch import load_file
-
-            from twinkle.sampler import load_adapter_folder
-
-            weights = load_adapter_folder(str(folder))
-            optimizer = load_file(str(folder / OPTIMIZER_FILE)) if with_optimizer else None
-            if spec is not None:
-                self.models.build_adapter(run, engine, spec)
-            engine.backend.load_adapter_tensors(self.svc.live_adapter(run.model_id), weights, optimizer)
+            if spec is None:
+                engine.backend.load_checkpoint(self.svc.live_adapter(run.model_id), folder, with_optimizer, True)
+            else:  # the adapter is built from the folder's own LoraConfig (rank, alpha, targets)
+                engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
+                self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
             return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
@@ -132,9 +120,13 @@ class TinkerWeights:
         folder = self.svc.checkpoints.folder(source)
 
         def fill(staging: Path) -> dict:
-            for f in folder.iterdir():
-                if f.name != META_FILE:
-                    os.link(f, staging / f.name)
+            # training checkpoints hold a training_state/ folder: link every file, make the folders
+            for f in sorted(folder.rglob("*")):
+                rel = f.relative_to(folder)
+                if f.is_dir():
+                    (staging / rel).mkdir(parents=True, exist_ok=True)
+                elif rel.name != META_FILE or len(rel.parts) > 1:
+                    os.link(f, staging / rel)
             return {k: v for k, v in meta.items() if k not in ("base_model", "model_id")}
 
         return self.svc.checkpoints.write(run, source.kind, source.name, fill, ttl=ttl).tinker_path
