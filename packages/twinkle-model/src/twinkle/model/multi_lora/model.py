@@ -70,7 +70,8 @@ class MultiLoraModel(TwinkleModel):
             raise KeyError(f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}") \
                 from None
 
-    def _layer(self, module_name: str) -> MultiLoraLinear:
+    def lora_layer(self, module_name: str) -> MultiLoraLinear:
+        """The multi-LoRA wrapper at `module_name` (a layer some adapter targets)."""
         layer = self.base.get_submodule(module_name)
         if not isinstance(layer, MultiLoraLinear):
             raise TypeError(f"{module_name} is a {type(layer).__name__}, not a multi-LoRA layer")
@@ -104,7 +105,7 @@ class MultiLoraModel(TwinkleModel):
         """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
         state = self._state(adapter_name)
         for module_name in state.module_names:
-            layer = self._layer(module_name)
+            layer = self.lora_layer(module_name)
             layer.remove_adapter(adapter_name)
             if not layer.lora_A:
                 parent_name, _, child = module_name.rpartition(".")
@@ -125,7 +126,7 @@ class MultiLoraModel(TwinkleModel):
         state = self._state(adapter_name)
         out = {}
         for module_name in state.module_names:
-            layer = self._layer(module_name)
+            layer = self.lora_layer(module_name)
             a, b = layer.factors(state.name)
             out[f"base_model.model.{module_name}.lora_A.weight"] = a
             out[f"base_model.model.{module_name}.lora_B.weight"] = b
