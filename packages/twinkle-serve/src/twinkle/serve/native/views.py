@@ -34,7 +34,7 @@ class NativeViews:
             queue = req.model_id  # after the model's queued training
         elif req.checkpoint is not None:
             ckpt = self.svc.checkpoints.readable(tenant, req.checkpoint)
-            engine = self.rt.engine(self.store.runs.get(ckpt.model_id).base_model)
+            engine = self.rt.engine(self.store.runs.of_checkpoint(ckpt).base_model)
             queue = f"sample:{tenant}"
         else:
             engine, queue = self.rt.engine(req.base_model), f"sample:{tenant}"
