@@ -91,7 +91,7 @@ def types(session: nox.Session) -> None:
           "--extra", "wandb", "--extra", "mlflow", "--extra", "trackio", "--extra", "local-encoding")
     session.run_install("uv", "pip", "uninstall", "--python", session.virtualenv.location, "twinkle",
                         external=True)
-    session.install("ty==0.0.108")
+    session.install("ty==0.0.108", "types-protobuf==7.35.1.20260906")  # stubs for the generated descriptor_pb2
     session.run("ty", "check", "--python", session.virtualenv.location, *session.posargs)
 
 
