@@ -49,6 +49,7 @@ class NativeViews:
                 prompts = [template.encode_prompt({"messages": [m.model_dump(exclude_none=True) for m in chat]})
                            ["input_ids"] for chat in req.chats]
             else:
+                assert req.prompts is not None  # exactly one of prompts / chats, checked above
                 prompts = req.prompts
             sampler = None
             if req.model_id is not None:  # a fresh snapshot of the adapter as trained so far
