@@ -1,4 +1,5 @@
-"""A local STAND-IN for the Hugging Face Hub's upload API, on 127.0.0.1 (these machines reach no hub).
+"""Local STAND-INs for the Hugging Face Hub's and ModelScope's upload APIs, on 127.0.0.1 (these
+machines reach no hub). ModelScope's (`ModelScopeStandIn`) is described at its class.
 
 It speaks just the part of the real protocol that `huggingface_hub.HfApi.create_repo` and
 `upload_folder` use when Xet storage is off (HF_HUB_DISABLE_XET=1), as read from huggingface_hub's
@@ -26,17 +27,23 @@ TOKEN = "hf_standin_token"
 
 
 class HubStandIn:
+    token = TOKEN
+
     def __init__(self):
         self.repos: dict[str, dict[str, bytes]] = {}   # repo id -> path -> committed bytes
         self.blobs: dict[str, bytes] = {}              # LFS oid -> bytes
         self.requests: list[str] = []                  # "METHOD path" in order
         self.lfs_paths: list[str] = []
-        handler = type("Handler", (_Handler,), {"hub": self})
+        handler = type("Handler", (self._handler(),), {"hub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> HubStandIn:
+    @staticmethod
+    def _handler() -> type[BaseHTTPRequestHandler]:
+        return _Handler
+
+    def __enter__(self):
         self.thread.start()
         return self
 
@@ -63,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(int(self.headers.get("Content-Length", 0)))
 
     def _authorized(self) -> bool:
-        if self.headers.get("Authorization") == f"Bearer {TOKEN}":
+        if self.headers.get("Authorization") == f"Bearer {self.hub.token}":
             return True
         self._reply(401, {"error": "Invalid credentials in Authorization header"})
         return False
@@ -133,3 +140,77 @@ class _Handler(BaseHTTPRequestHandler):
         oid = hashlib.sha1(body).hexdigest()
         self._reply(200, {"commitUrl": f"{self.hub.endpoint}/{repo_id}/commit/{oid}", "commitOid": oid,
                           "success": True})
+
+
+MS_TOKEN = "ms_standin_token"
+
+
+class ModelScopeStandIn(HubStandIn):
+    """ModelScope's upload API as `modelscope.hub.api.HubApi.create_repo` and `upload_folder` call it
+    (modelscope 1.40 delegating to modelscope_hub 0.5: modelscope_hub/_legacy_api.py create_repo,
+    validate_blobs, upload_blob, create_commit), with its `{"Code", "Data", "Message", "Success"}` bodies:
+      POST /api/v1/models                                  {"Path": org, "Name": name, "Visibility"} ; 409 if it exists
+      POST /api/v1/repos/models/{repo}/info/lfs/objects/batch   {"objects": [{oid, size}]} -> upload href per blob
+      PUT  /lfs-upload/{oid}                               the blob's bytes (sha256 checked)
+      POST /api/v1/repos/models/{repo}/commit/{revision}   {"actions": [{path, type: normal|lfs, content|sha256}]}
+    The client sends `Authorization: Bearer <token>` (and the token as the m_session_id cookie).
+    """
+
+    token = MS_TOKEN
+
+    @staticmethod
+    def _handler() -> type[BaseHTTPRequestHandler]:
+        return _ModelScopeHandler
+
+
+class _ModelScopeHandler(_Handler):
+    def _reply_ms(self, status: int, data: dict | None = None, message: str = "") -> None:
+        self._reply(status, {"Code": status, "Data": data, "Message": message, "Success": status == 200,
+                             "RequestId": "standin"})
+
+    def _authorized(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {self.hub.token}":
+            return True
+        self._reply_ms(401, message="Invalid access token")
+        return False
+
+    def do_POST(self):
+        path = self.path.split("?")[0]
+        self.hub.requests.append(f"POST {path}")
+        if not self._authorized():
+            return
+        body = json.loads(self._body())
+        if path == "/api/v1/models":
+            return self._create_ms(f"{body['Path']}/{body['Name']}")
+        m = re.fullmatch(r"/api/v1/repos/models/(.+?/.+?)/(info/lfs/objects/batch|commit/[^/]+)", path)
+        if not m:
+            return self._reply_ms(404, message=f"the stand-in does not implement {path}")
+        if m[1] not in self.hub.repos:
+            return self._reply_ms(404, message=f"model {m[1]} does not exist")
+        return self._lfs_batch_ms(body) if m[2].startswith("info") else self._commit_ms(m[1], body)
+
+    def _create_ms(self, repo_id: str) -> None:
+        if repo_id in self.hub.repos:
+            return self._reply_ms(409, message=f"model {repo_id} already exists")
+        self.hub.repos[repo_id] = {}
+        self._reply_ms(200, {"Path": repo_id.split("/")[0], "Name": repo_id.split("/")[1]})
+
+    def _lfs_batch_ms(self, body: dict) -> None:
+        objects = [{"oid": o["oid"], "size": o["size"], "actions": {} if o["oid"] in self.hub.blobs else
+                    {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{o['oid']}"}}} for o in body["objects"]]
+        self._reply_ms(200, {"objects": objects})
+
+    def _commit_ms(self, repo_id: str, body: dict) -> None:
+        files = {}
+        for action in body["actions"]:
+            if action["action"] not in ("create", "update"):
+                return self._reply_ms(400, message=f"the stand-in does not implement {action['action']}")
+            if action["type"] == "normal":
+                files[action["path"]] = base64.b64decode(action["content"])
+            elif action["sha256"] in self.hub.blobs:
+                files[action["path"]] = self.hub.blobs[action["sha256"]]
+                self.hub.lfs_paths.append(action["path"])
+            else:
+                return self._reply_ms(400, message=f"LFS object {action['sha256']} was never uploaded")
+        self.hub.repos[repo_id].update(files)
+        self._reply_ms(200, {"CommitId": hashlib.sha1(json.dumps(body).encode()).hexdigest()})

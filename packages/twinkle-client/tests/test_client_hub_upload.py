@@ -1,6 +1,6 @@
-"""`twinkle upload PATH hf://org/name` against a local STAND-IN of the Hugging Face Hub's upload API
-(tests/hub_standin.py: create repo, preupload, LFS batch + PUT, commit; no hub is reachable from these
-machines). The real `twinkle` console script runs huggingface_hub's own create_repo/upload_folder, and the
+"""`twinkle upload PATH hf://org/name | ms://org/name` against local STAND-INs of the Hugging Face Hub's
+and ModelScope's upload APIs (tests/hub_standin.py: create repo, LFS batch + PUT, commit; no hub is
+reachable from these machines). The real `twinkle` console script runs huggingface_hub's own create_repo/upload_folder, and the
 stand-in's received bytes must equal the local files. Also: `twinkle download`'s progress bar."""
 
 from __future__ import annotations
@@ -68,18 +68,40 @@ def test_cli_upload_errors_are_one_line(tmp_path):
         assert hub.requests == ["POST /api/repos/create"]  # only the refused one reached the hub
 
 
-def test_ms_upload_goes_through_modelscope_to_its_endpoint(tmp_path):
-    """ModelScope's upload protocol is not in the stand-in: this shows only that ms:// drives
-    modelscope's own client against MODELSCOPE_ENDPOINT (its create-repo call arrives, with the wrong
-    credentials for the stand-in) and that the refusal is one line, not a traceback."""
+def run_ms_cli(*args, hub, cache: Path, token=hub_standin.MS_TOKEN):
+    env = {**os.environ, "MODELSCOPE_ENDPOINT": hub.endpoint, "MODELSCOPE_API_TOKEN": token,
+           "MODELSCOPE_CACHE": str(cache)}
+    return subprocess.run([TWINKLE, "upload", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_ms_upload_sends_the_folder_byte_for_byte_through_modelscope(tmp_path):
+    """ms:// runs modelscope's own HubApi.create_repo + upload_folder against the ModelScope stand-in."""
+    folder = tmp_path / "adapter"
+    files = adapter_folder(folder)
+    with hub_standin.ModelScopeStandIn() as hub:
+        out = run_ms_cli(str(folder), "ms://lantern-labs/glimmer-lora", hub=hub, cache=tmp_path / "ms")
+        assert out.returncode == 0, out.stderr
+        assert hub.repos["lantern-labs/glimmer-lora"] == files  # nothing more (no upload cache file), nothing less
+        assert hub.lfs_paths == ["adapter_model.safetensors"]
+        assert out.stdout.strip() == f"uploaded {folder} -> {hub.endpoint}/models/lantern-labs/glimmer-lora"
+        assert "Committing batches" in out.stderr  # modelscope's own progress bar
+
+        # Again into the now existing repo (create answers 409; the upload goes on), changed weights.
+        files["adapter_model.safetensors"] = os.urandom(1000)
+        (folder / "adapter_model.safetensors").write_bytes(files["adapter_model.safetensors"])
+        out = run_ms_cli(str(folder), "ms://lantern-labs/glimmer-lora", hub=hub, cache=tmp_path / "ms")
+        assert out.returncode == 0, out.stderr
+        assert hub.repos["lantern-labs/glimmer-lora"] == files
+        assert hub.requests[0] == "POST /api/v1/models"
+
+
+def test_ms_upload_refusal_is_one_line(tmp_path):
     adapter_folder(tmp_path)
-    with hub_standin.HubStandIn() as hub:
-        env = {**os.environ, "MODELSCOPE_ENDPOINT": hub.endpoint, "MODELSCOPE_API_TOKEN": "ms-not-the-token"}
-        out = subprocess.run([TWINKLE, "upload", str(tmp_path), "ms://org/name"], capture_output=True, text=True,
-                             env=env, timeout=120)
+    with hub_standin.ModelScopeStandIn() as hub:
+        out = run_ms_cli(str(tmp_path), "ms://org/name", hub=hub, cache=tmp_path / "ms", token="ms-not-the-token")
         assert out.returncode == 1 and "Traceback" not in out.stderr
         assert "twinkle: ModelScope refused the upload to ms://org/name" in out.stderr and "401" in out.stderr
-        assert hub.requests == ["POST /api/v1/models"]
+        assert hub.repos == {} and hub.requests == ["POST /api/v1/models"]
 
 
 @pytest.mark.parametrize("hub, package, extra", [("hf", "huggingface_hub", "hf"),

@@ -37,6 +37,7 @@ OPTIONAL_BACKEND_MODULES = {
 USED_WITHOUT_IMPORT = {
     ("twinkle-data", "tokenizers"): "the fast tokenizer backend transformers loads tokenizer.json with",
     ("twinkle-serve", "uvicorn"): "imported by the server module at run time",
+    ("twinkle-model", "tensorboard"): "the writer behind torch.utils.tensorboard, which report_to='tensorboard' imports",
 }
 
 
@@ -46,11 +47,43 @@ def _name(requirement: str) -> str:
     return requirement.strip().lower().replace("_", "-")
 
 
+def extras_of(dist: str) -> dict[str, set[str]]:
+    project = tomllib.loads((PROJECTS[dist] / "pyproject.toml").read_text())["project"]
+    return {extra: {_name(r) for r in group} for extra, group in project.get("optional-dependencies", {}).items()}
+
+
 def declared(dist: str) -> tuple[set[str], set[str]]:
     project = tomllib.loads((PROJECTS[dist] / "pyproject.toml").read_text())["project"]
     required = {_name(r) for r in project.get("dependencies", [])}
-    extras = {_name(r) for group in project.get("optional-dependencies", {}).values() for r in group}
-    return required, extras
+    return required, set().union(*extras_of(dist).values())
+
+
+def _called_name(call: ast.Call) -> str | None:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+
+
+def _import_by_name_helpers(tree: ast.Module) -> set[str]:
+    """`import_module` and this file's functions that pass their first argument straight to it
+    (`_require("wandb", ...)`): a string literal given to one of them is a lazy import."""
+    helpers = {"import_module"}
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.args.args:
+            first = f.args.args[0].arg
+            if any(isinstance(c, ast.Call) and _called_name(c) == "import_module" and c.args
+                   and isinstance(c.args[0], ast.Name) and c.args[0].id == first for c in ast.walk(f)):
+                helpers.add(f.name)
+    return helpers
+
+
+def _imported_modules(node: ast.AST, helpers: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        return [node.module]
+    if (isinstance(node, ast.Call) and _called_name(node) in helpers and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return [node.args[0].value]
+    return []
 
 
 def third_party_imports(dist: str) -> dict[str, tuple[bool, str]]:
@@ -60,13 +93,9 @@ def third_party_imports(dist: str) -> dict[str, tuple[bool, str]]:
         tree = ast.parse(py.read_text(), str(py))
         in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                        for n in ast.walk(f)}
+        helpers = _import_by_name_helpers(tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
+            modules = _imported_modules(node, helpers)
             for module in modules:
                 top = module.split(".")[0]
                 if top in sys.stdlib_module_names or top in ("twinkle", "twinkle_server", "__future__"):
@@ -124,6 +153,31 @@ def test_every_declared_dependency_is_imported(dist):
     if dist == "twinkle":
         pytest.skip("the meta distribution's dependencies are what it installs, not what it imports")
     required, _ = declared(dist)
-    imported = {d for m in third_party_imports(dist) for d in distribution_of(m)} | imported_members(dist)
-    unused = sorted(r for r in required - imported - {dist} if (dist, r) not in USED_WITHOUT_IMPORT)
+    unused = sorted(r for r in required - imported_distributions(dist) - {dist} if (dist, r) not in USED_WITHOUT_IMPORT)
     assert not unused, f"{dist} declares {unused} but its src/ never imports them"
+
+
+def imported_distributions(dist: str) -> set[str]:
+    return {d for m in third_party_imports(dist) for d in distribution_of(m)} | imported_members(dist)
+
+
+@pytest.mark.parametrize("dist", sorted(PROJECTS))
+def test_every_extra_is_imported(dist):
+    """An extra is declared for code that imports it: one its src/ never imports installs for nothing."""
+    imported = imported_distributions(dist) | {dist}
+    unused = sorted(f"[{extra}] {r}" for extra, reqs in extras_of(dist).items() for r in reqs - imported
+                    if (dist, r) not in USED_WITHOUT_IMPORT)
+    assert not unused, f"{dist}'s extras declare what its src/ never imports: {unused}"
+
+
+def test_the_extra_scan_sees_an_unused_extra(monkeypatch, tmp_path):
+    """The guard itself can fail: give the client an extra it never imports."""
+    fake = tmp_path / "twinkle-client"
+    (fake / "src" / "twinkle" / "client").mkdir(parents=True)
+    (fake / "pyproject.toml").write_text('[project]\nname = "twinkle-client"\ndependencies = ["httpx"]\n'
+                                         '[project.optional-dependencies]\nplots = ["matplotlib>=3.8"]\n')
+    (fake / "src" / "twinkle" / "client" / "x.py").write_text("import httpx\n")
+    monkeypatch.setitem(PROJECTS, "twinkle-client", fake)
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)  # places are printed relative to ROOT
+    with pytest.raises(AssertionError, match=r"\[plots\] matplotlib"):
+        test_every_extra_is_imported("twinkle-client")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -96,4 +96,5 @@ class Registry(Generic[T]):
             if kwargs:
                 raise TypeError(f"keyword arguments {sorted(kwargs)} given with a ready {self.kind} instance")
             return name_or_obj
-        return self.get(name_or_obj)(**kwargs)
+        # Not an instance of base: a name or a class (ty cannot narrow T away through `self.base`).
+        return self.get(cast("str | type[T]", name_or_obj))(**kwargs)

@@ -7,8 +7,10 @@ and shows its own upload progress bars. Endpoints and tokens come from each libr
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
+import sys
 from pathlib import Path
 
 _TARGET = re.compile(r"(hf|ms)://([\w.\-]+/[\w.\-]+)")
@@ -58,7 +60,9 @@ def upload_folder(folder: str | Path, target: str, *, private: bool | None = Non
     visibility = None if private is None else ("private" if private else "public")
     try:
         api.create_repo(repo_id, visibility=visibility, exist_ok=True)
-        api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message)
+        # modelscope prints an upload report on stdout: stderr with its bars, so stdout stays the result.
+        with contextlib.redirect_stdout(sys.stderr):
+            api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message)
     except Exception as e:  # modelscope's error classes moved between releases (now modelscope_hub's)
         raise OSError(f"ModelScope refused the upload to ms://{repo_id}: {e}") from e
     return f"{api.endpoint.rstrip('/')}/models/{repo_id}"

@@ -82,13 +82,15 @@ def to_inputs(inputs, encoder: LocalEncoder | None = None) -> Inputs:
     if all(encoded) or template is not None:
         rows = []
         for row, is_encoded in zip(inputs, encoded):
+            full: Mapping = row if isinstance(row, Mapping) else {}  # an encoded row is always a Mapping
             if not is_encoded:
+                assert template is not None  # a chat in the batch means the template was found above
                 done = template.encode({"messages": _messages(row)})
                 if done is None:
                     raise ValueError("a chat is longer than the template's max_length")
-                row = {**(row if isinstance(row, Mapping) else {}), **done}
-            labels = _plain(row.get("labels"))
-            rows.append(EncodedRow(input_ids=_plain(row["input_ids"]), labels=labels, fields=_fields(row)))
+                full = {**full, **done}
+            labels = _plain(full.get("labels"))
+            rows.append(EncodedRow(input_ids=_plain(full["input_ids"]), labels=labels, fields=_fields(full)))
         return Inputs(rows=rows)
     if any(encoded):
         raise ValueError("mix of encoded rows and chats in one batch: install twinkle-data to encode the chats "

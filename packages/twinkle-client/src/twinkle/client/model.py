@@ -63,8 +63,9 @@ class TransformersModel:
         self.client = client or get_client()
         info = ModelInfo.model_validate(self.client.post("/models", CreateModelRequest(
             base_model=model_id, name=name, seed=seed).model_dump()))
-        self.model_id, self.base_model = info.model_id, info.base_model
-        self._encoder = LocalEncoder(self.base_model, encode)
+        self.model_id = info.model_id
+        self.base_model: str | None = info.base_model  # None on a proxy from attach()
+        self._encoder = LocalEncoder(info.base_model, encode)
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 

@@ -64,8 +64,10 @@ def encode_cached(part: datasets.Dataset, lineage: str | None, template, add_gen
     new_lineage = _hash(lineage, template.signature(), add_generation_prompt)
     folder = cache_root() / "encoded" / new_lineage
     if (folder / "dataset_info.json").exists():
-        logger.info("%s: encoded rows loaded from cache %s", key, folder)
-        return datasets.load_from_disk(str(folder)), new_lineage
+        cached = datasets.load_from_disk(str(folder))
+        if isinstance(cached, datasets.Dataset):  # anything else there is not ours: encode again
+            logger.info("%s: encoded rows loaded from cache %s", key, folder)
+            return cached, new_lineage
     encoded = encode_rows(part, template, add_generation_prompt, batch_size, key)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=".encoding-", dir=folder.parent)

@@ -144,20 +144,21 @@ class Dataset:
         if len(self._parts) < 2:
             return self
         parts = list(self._parts.values())
-        if any(isinstance(p, RowStream) for p in parts):
+        tables = [p for p in parts if isinstance(p, datasets.Dataset)]
+        if len(tables) < len(parts):
             streams = parts
             mixed: Part = RowStream(lambda: mix_streams(streams, strategy, probabilities, seed,
                                                         stopping_strategy), batch_size=self.batch_size)
             lineage = None
         else:
-            order = list(mix_order([len(p) for p in parts], strategy, probabilities, seed,
+            order = list(mix_order([len(p) for p in tables], strategy, probabilities, seed,
                                    stopping_strategy, num_samples))
             try:
-                combined = datasets.concatenate_datasets(parts)
+                combined = datasets.concatenate_datasets(tables)
             except ValueError:  # features differ in detail (e.g. optional struct fields): unify via rows
-                combined = rows_to_dataset([row for p in parts for row in p.to_list()])
+                combined = rows_to_dataset([row for p in tables for row in p.to_list()])
             offsets = [0]
-            for p in parts[:-1]:
+            for p in tables[:-1]:
                 offsets.append(offsets[-1] + len(p))
             mixed = combined.select([offsets[part] + row for part, row in order])
             lineages = list(self._lineage.values())

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import datasets
 import pyarrow as pa
+from datasets.table import InMemoryTable
 
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.meta import DatasetMeta
@@ -28,7 +29,7 @@ def _hash(*items: object) -> str:
 
 
 def _from_table(table: pa.Table) -> datasets.Dataset:
-    return datasets.Dataset(datasets.table.InMemoryTable(table))
+    return datasets.Dataset(InMemoryTable(table))
 
 
 def rows_to_dataset(rows: list[dict]) -> datasets.Dataset:
@@ -86,7 +87,7 @@ def _slice(part: Part, data_slice, key: str) -> Part:
 
 def load_part(meta: DatasetMeta, streaming: bool = False) -> tuple[Part, str | None]:
     """Load the rows ``meta`` names; returns the part and its lineage."""
-    if meta.data is not None:
+    if meta.data is not None or meta.dataset_id is None:  # DatasetMeta has one or the other
         part, lineage = _in_memory(meta, streaming)
     else:
         path = resolve_dataset_path(meta.dataset_id)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,22 @@ from twinkle.template.spans import marked_spans, per_round_spans, select_trained
 logger = logging.getLogger(__name__)
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
 IGNORE_INDEX = -100
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+def _load_tokenizer(model_id: str | None) -> PreTrainedTokenizerBase:
+    if model_id is None:
+        raise ValueError("Template needs a model_id (e.g. twinkle.hub.TEST_MODEL) or a tokenizer")
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    from twinkle.hub import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):  # transformers types this Optional
+        raise ValueError(f"no tokenizer found for model {model_id!r}")
+    return tokenizer
 
 
 class Template:
@@ -37,18 +53,12 @@ class Template:
 
     def __init__(self, model_id: str | None = None, max_length: int | None = None,
                  truncation_strategy: str = "raise", trained_rounds: Any = "all",
-                 default_system: str | None = None, tokenizer=None, chat_template: str | None = None,
+                 default_system: str | None = None, tokenizer: PreTrainedTokenizerBase | None = None, chat_template: str | None = None,
                  template_kwargs: dict | None = None):
         if truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
         if tokenizer is None:
-            if model_id is None:
-                raise ValueError("Template needs a model_id (e.g. twinkle.hub.TEST_MODEL) or a tokenizer")
-            from transformers import AutoTokenizer
-
-            from twinkle.hub import resolve_model_path
-
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_id))
+            tokenizer = _load_tokenizer(model_id)
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -189,7 +199,9 @@ class Template:
                       **self._context(tools))[0]
 
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        assert isinstance(text, str)  # one sequence of ids decodes to one string
+        return text
 
     def signature(self) -> str:
         """Hash of everything that changes the encoding (tokenizer, template, limits); the cache key."""

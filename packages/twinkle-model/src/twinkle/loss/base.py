@@ -34,6 +34,8 @@ class LossContext:
     fields: dict[str, torch.Tensor] = field(default_factory=dict)
     # log p_ref(target) from the reference policy (for a LoRA: the same base with the adapter disabled)
     ref_logps_B_T: torch.Tensor | None = None
+    # the collated inputs this context was built from (an engine reads row lengths from it)
+    batch: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_logits(cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None,

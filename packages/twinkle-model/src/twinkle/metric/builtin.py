@@ -22,15 +22,15 @@ class LossMetric(Metric):
         self.total, self.tokens, self.nonfinite = 0.0, 0, 0
         self.extras, self.extra_counts = defaultdict(float), defaultdict(int)
 
-    def on_forward(self, r: ForwardRecord):
-        if r.loss is None:
+    def on_forward(self, record: ForwardRecord):
+        if record.loss is None:
             return
-        if not r.finite:
+        if not record.finite:
             self.nonfinite += 1
             return
-        self.total += r.loss * max(r.loss_tokens, 1)
-        self.tokens += max(r.loss_tokens, 1)
-        for k, v in r.extras.items():
+        self.total += record.loss * max(record.loss_tokens, 1)
+        self.tokens += max(record.loss_tokens, 1)
+        for k, v in record.extras.items():
             self.extras[k] += v
             self.extra_counts[k] += 1
 
@@ -54,9 +54,9 @@ class TokenAccuracy(Metric):
     def reset(self):
         self.correct = self.tokens = 0
 
-    def on_forward(self, r):
-        self.correct += r.correct_tokens
-        self.tokens += r.loss_tokens
+    def on_forward(self, record):
+        self.correct += record.correct_tokens
+        self.tokens += record.loss_tokens
 
     def compute(self):
         return {"token_accuracy": self.correct / self.tokens if self.tokens else float("nan")}
@@ -75,14 +75,14 @@ class OptimizerMetric(Metric):
     def reset(self):
         self.norms, self.lr, self.skipped = [], None, 0
 
-    def on_step(self, r: StepRecord):
-        if r.lr is not None:
-            self.lr = r.lr
-        if r.skipped:
+    def on_step(self, record: StepRecord):
+        if record.lr is not None:
+            self.lr = record.lr
+        if record.skipped:
             self.skipped += 1
             self.total_skipped += 1
-        elif r.grad_norm is not None:
-            self.norms.append(r.grad_norm)
+        elif record.grad_norm is not None:
+            self.norms.append(record.grad_norm)
 
     def compute(self):
         out = {"skipped_steps": float(self.total_skipped)}
@@ -109,13 +109,13 @@ class ThroughputMetric(Metric):
     def reset(self):
         self.tokens, self.flops, self.seconds = 0, 0.0, 0.0
 
-    def on_forward(self, r):
-        self.tokens += r.input_tokens
-        self.flops += r.flops
-        self.seconds += r.seconds
+    def on_forward(self, record):
+        self.tokens += record.input_tokens
+        self.flops += record.flops
+        self.seconds += record.seconds
 
-    def on_step(self, r):
-        self.seconds += r.seconds
+    def on_step(self, record):
+        self.seconds += record.seconds
 
     def compute(self):
         if not self.seconds:

@@ -40,11 +40,16 @@ def measure_matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype =
     return _PEAKS[key]
 
 
+def _embeddings(model: torch.nn.Module) -> tuple[torch.nn.Embedding | None, torch.nn.Linear | None]:
+    """(input, output) embeddings of a transformers model; None for a model without them."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    return (get_in() if get_in is not None else None), (get_out() if get_out is not None else None)
+
+
 def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
     """(parameters that take part in matmuls, trainable ones); embedding lookups are not matmuls,
     but a tied output projection is, so it is counted once through the output embedding."""
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed, out = _embeddings(model)
     skip = {id(embed.weight)} if embed is not None else set()
     total = trainable = 0
     seen = set()

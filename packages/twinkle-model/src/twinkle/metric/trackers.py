@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 NAMES = ("tensorboard", "wandb", "mlflow", "trackio")
 
@@ -42,7 +42,7 @@ def _require(module: str, name: str, package: str):
                           f"pip install 'twinkle-model[{name}]'") from e
 
 
-def _numbers(metrics: Mapping[str, object]) -> dict[str, float]:
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
         if key == "step" or value is None or isinstance(value, (str, bytes)):

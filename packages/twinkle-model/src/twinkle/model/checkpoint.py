@@ -31,12 +31,16 @@ import copy
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from twinkle.model.strategy import full_tensor
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 STATE_DIR, STATE_TENSORS, STATE_JSON = "training_state", "state.safetensors", "state.json"
@@ -70,7 +74,7 @@ def save_adapter(path, config, tensors: dict[str, torch.Tensor], base_model: str
     config.save_pretrained(str(folder))
 
 
-def load_adapter(path) -> tuple[object, dict[str, torch.Tensor]]:
+def load_adapter(path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     """(LoraConfig, tensors by peft's saved names) from a folder written by `save_adapter` or peft."""
     from peft import LoraConfig
 
@@ -126,7 +130,10 @@ def _shard_like_params(state: dict, optimizer) -> dict:
 
 def _rng_state() -> dict:
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)
+    if not isinstance(numpy_state, tuple):  # legacy=True gives a dict only for a non-MT19937 generator
+        raise TypeError("numpy's global RNG is not MT19937: its state cannot be checkpointed")
+    kind, keys, pos, has_gauss, cached = numpy_state
     state = {"torch": torch.get_rng_state(), "python": (version, list(internal), gauss),
              "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
     if torch.cuda.is_available():

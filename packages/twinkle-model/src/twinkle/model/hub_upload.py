@@ -32,7 +32,7 @@ def _upload(folder: str, hub: str, repo: str, private: bool | None, token: str |
     ms = HubApi(endpoint=endpoint, token=token)
     ms.create_repo(repo, visibility=None if private is None else ("private" if private else "public"), exist_ok=True)
     ms.upload_folder(repo_id=repo, folder_path=folder, commit_message=commit_message)
-    return f"{ms.endpoint.rstrip('/')}/models/{repo}"
+    return f"{(ms.endpoint or '').rstrip('/')}/models/{repo}"  # HubApi always has one; typed Optional
 
 
 def push_to_hub(model, repo_id: str, adapter_name: str | None = None, *, private: bool | None = None,

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import TypeVar
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+T = TypeVar("T")
 
 NO_DECAY_MARKERS = ("bias", "norm", "ln_")
 
@@ -62,7 +65,7 @@ _OUR_SCHEDULERS = {"CosineWarmupScheduler": CosineWarmupScheduler, "LinearWarmup
                    "cosine": CosineWarmupScheduler, "linear": LinearWarmupScheduler}
 
 
-def _subclasses_in(module, base) -> dict[str, type]:
+def _subclasses_in(module, base: type[T]) -> dict[str, type[T]]:
     return {name: obj for name, obj in vars(module).items()
             if inspect.isclass(obj) and issubclass(obj, base) and obj is not base and not name.startswith("_")}
 

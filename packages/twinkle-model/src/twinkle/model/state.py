@@ -35,7 +35,7 @@ class AdapterState:
     optimizer_steps: int = 0      # steps taken (skipped ones excluded)
     consumed_batches: int = 0     # forward_backward calls ever: the data position on resume
     nonfinite_pending: bool = False  # a non-finite loss since the last step: that step will be skipped
-    grad_scaler: object = None       # torch.amp.GradScaler under fp16 mixed precision
+    grad_scaler: torch.amp.GradScaler | None = None  # under fp16 mixed precision
     pending_seconds: float = 0.0
     train_metrics: list[Metric] = field(default_factory=list)
     eval_metrics: list[Metric] = field(default_factory=list)

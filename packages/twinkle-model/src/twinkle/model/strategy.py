@@ -28,9 +28,13 @@ A data-parallel step must equal the one-process step on the same global batch. T
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+_MaybeTensor = TypeVar("_MaybeTensor", torch.Tensor, None)
 
 STRATEGIES = ("ddp", "fsdp2")
 UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "cp": "context parallelism", "ep": "expert parallelism"}
@@ -178,10 +182,12 @@ def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
 
 def no_sync(wrapped: torch.nn.Module, accumulate: bool):
     """Skip the gradient all-reduce on micro-batches that are not the last of an accumulation."""
-    if accumulate and hasattr(wrapped, "no_sync"):
-        return wrapped.no_sync()
-    if accumulate and hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
-        wrapped.set_requires_gradient_sync(False)
+    # DDP's no_sync / FSDP2's set_requires_gradient_sync: looked up, as nn.Module types neither
+    ddp_no_sync, fsdp_sync = getattr(wrapped, "no_sync", None), getattr(wrapped, "set_requires_gradient_sync", None)
+    if accumulate and ddp_no_sync is not None:
+        return ddp_no_sync()
+    if accumulate and fsdp_sync is not None:
+        fsdp_sync(False)
         return _restore_sync(wrapped)
     return contextlib.nullcontext()
 
@@ -194,7 +200,7 @@ def _restore_sync(wrapped):
         wrapped.set_requires_gradient_sync(True)
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> float:
+def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> float:
     """Global gradient norm (over every shard when gradients are DTensors), then clip in place."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
@@ -206,13 +212,15 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, norm_type: float
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A plain tensor from a possibly sharded (DTensor) one; collective for sharded ones."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
+    gather = getattr(t, "full_tensor", None)  # DTensor's
+    return gather() if gather is not None else t
 
 
-def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+def local_tensor(t: _MaybeTensor) -> _MaybeTensor:
     """This rank's piece of a DTensor (all of it when replicated, as tp keeps the lm_head); gradients
     flow back with the same placement. Plain tensors pass through."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    to_local = getattr(t, "to_local", None)  # DTensor's
+    return to_local() if to_local is not None else t
 
 
 def is_main_process() -> bool:

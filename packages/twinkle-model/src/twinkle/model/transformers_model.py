@@ -233,7 +233,8 @@ class TransformersModel(TwinkleModel):
             return False
         scaled = loss / state.gradient_accumulation_steps
         if self.mixed_precision == "fp16":  # fp16 gradients underflow without loss scaling
-            state.grad_scaler = state.grad_scaler or torch.amp.GradScaler(self.device.type)
+            if state.grad_scaler is None:
+                state.grad_scaler = torch.amp.GradScaler(self.device.type)
             scaled = state.grad_scaler.scale(scaled)
         scaled.backward()
         return True
@@ -403,10 +404,12 @@ class TransformersModel(TwinkleModel):
             if is_main_process():
                 checkpoint.save_full(self.hf_model, weights, path, self._tokenizer(state))
         else:
+            peft_model = self.peft_model
+            assert peft_model is not None  # a LoRA adapter exists, so the peft wrapper does
             weights = {k: full_tensor(v) for k, v in
-                       get_peft_model_state_dict(self.peft_model, adapter_name=state.name).items()}
+                       get_peft_model_state_dict(peft_model, adapter_name=state.name).items()}
             if is_main_process():
-                checkpoint.save_adapter(path, self.peft_model.peft_config[state.name], weights,
+                checkpoint.save_adapter(path, peft_model.peft_config[state.name], weights,
                                         checkpoint.base_model_id(self.model_id, self.model_path))
         if save_training_state:  # every rank: sharded optimizer state is gathered, rank 0 writes
             checkpoint.save_adapter_state(path, state, data_position, write=is_main_process())

@@ -99,9 +99,9 @@ class Reward:
             except Exception as exc:  # noqa: BLE001 - a bad sample must not sink the batch
                 texts.append(None)
                 errors[i] = f"{self.name}: {type(exc).__name__}: {exc}"
-        ok = [i for i, t in enumerate(texts) if t is not None]
+        ok = {i: t for i, t in enumerate(texts) if t is not None}
         try:
-            batch = self.score_batch([texts[i] for i in ok], [rows[i] for i in ok])
+            batch = self.score_batch(list(ok.values()), [rows[i] for i in ok])
             if len(batch) != len(ok):
                 raise ValueError(f"{type(self).__name__}.score_batch returned {len(batch)} values for {len(ok)} samples")
             for i, v in zip(ok, batch):
@@ -109,7 +109,7 @@ class Reward:
         except Exception:  # noqa: BLE001 - isolate the failing sample(s) by scoring one at a time
             for i in ok:
                 try:
-                    values[i] = _as_float(self.score_batch([texts[i]], [rows[i]])[0])
+                    values[i] = _as_float(self.score_batch([ok[i]], [rows[i]])[0])
                 except Exception as exc:  # noqa: BLE001
                     values[i] = self.failure_value
                     errors[i] = f"{self.name}: {type(exc).__name__}: {exc}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from twinkle.sampler import SampleResponse, SamplingParams
 
@@ -19,12 +20,18 @@ IGNORE_INDEX = -100
 _NOT_CONTEXT = ("input_ids", "labels", "messages", "tools", "attention_mask", "position_ids")
 
 
+class Decoder(Protocol):
+    """What a rollout needs from a tokenizer: ids back to text."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+
 @dataclass
 class Rollout:
     prompt_rows: list[dict]                 # one per prompt: what the dataset gave (ground truth, ...)
     responses: list[SampleResponse]         # one per prompt, each with G sequences
     group_size: int
-    tokenizer: object | None = None
+    tokenizer: Decoder | None = None
     meta: dict = field(default_factory=dict)
 
     @property

@@ -157,7 +157,9 @@ def save_adapter_folder(weights: AdapterWeights, path: str | Path, base_model_pa
         tensors[f"base_model.model.{module}.lora_A.weight"] = weights.lora_A[module]
         tensors[f"base_model.model.{module}.lora_B.weight"] = weights.lora_B[module]
     alpha = s * r
-    config = LoraConfig(r=r, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha, lora_dropout=0.0,
+    # peft annotates lora_alpha as int, but scales by alpha / r for any number: a fractional one is kept
+    config = LoraConfig(r=r, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha,  # ty: ignore[invalid-argument-type]
+                        lora_dropout=0.0,
                         target_modules=sorted({m.rsplit(".", 1)[-1] for m in weights.modules}), bias="none")
     checkpoint.save_adapter(path, config, tensors, base_model_path)
     return Path(path)

@@ -36,18 +36,23 @@ def split_prompts(adapter_position: int):
     adapter names, when given per prompt, at `adapter_position` or as `adapter_name=`); every other
     argument goes to every rank."""
 
-    def dispatch(args: tuple, kwargs: dict, mesh, rank: int) -> tuple[tuple, dict]:
-        args, kwargs = list(args), dict(kwargs)
-        inputs_at = (args, 0) if args else (kwargs, "inputs")
-        names_at = (args, adapter_position) if len(args) > adapter_position else (kwargs, "adapter_name")
-        items = prompt_items(inputs_at[0][inputs_at[1]])
+    def dispatch(call_args: tuple, kwargs: dict, mesh, rank: int) -> tuple[tuple, dict]:
+        args, kwargs = list(call_args), dict(kwargs)
+        items = prompt_items(args[0] if args else kwargs["inputs"])
         start, stop = split_bounds(len(items), mesh.data_world_size, mesh.get_rank("data", rank))
-        inputs_at[0][inputs_at[1]] = items[start:stop]
-        names = names_at[0].get(names_at[1]) if names_at[0] is kwargs else names_at[0][names_at[1]]
+        if args:
+            args[0] = items[start:stop]
+        else:
+            kwargs["inputs"] = items[start:stop]
+        names_positional = len(args) > adapter_position
+        names = args[adapter_position] if names_positional else kwargs.get("adapter_name")
         if isinstance(names, (list, tuple)):
             if len(names) != len(items):
                 raise ValueError(f"adapter_name lists {len(names)} names for {len(items)} prompts")
-            names_at[0][names_at[1]] = list(names)[start:stop]
+            if names_positional:
+                args[adapter_position] = list(names)[start:stop]
+            else:
+                kwargs["adapter_name"] = list(names)[start:stop]
         return tuple(args), kwargs
 
     return dispatch

@@ -59,6 +59,7 @@ class StopChecker:
             return True, prev_text_len
         if not self.stop_strings:
             return False, prev_text_len
+        assert self.tokenizer is not None  # __init__ refuses stop strings without a tokenizer
         text = self.tokenizer.decode(generated, skip_special_tokens=False)
         # A little slack: a split UTF-8 character may have decoded as U+FFFD last step.
         tail = text[max(0, prev_text_len - self._longest - 2):]

@@ -85,7 +85,7 @@ class SamplingParams:
     def from_dict(cls, data: dict | SamplingParams | None) -> SamplingParams:
         if data is None:
             return cls()
-        if isinstance(data, cls):
+        if isinstance(data, SamplingParams):
             return data
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:

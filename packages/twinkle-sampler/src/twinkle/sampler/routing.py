@@ -65,7 +65,7 @@ class LoRARouter:
 
     def _build_plan(self, row_adapters: list[str | None], device) -> None:
         self._plan = {}
-        names = set(row_adapters) - {None}
+        names = {r for r in row_adapters if r is not None}
         unknown = names - set(self.adapters)
         if unknown:
             raise KeyError(f"unknown adapter(s) {sorted(unknown)}; loaded: {sorted(self.adapters)}")

@@ -15,7 +15,7 @@ import torch
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler
 from twinkle.sampler.decoding import StopChecker, choose_tokens, row_seed
-from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams
+from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
 from twinkle.sampler.routing import LoRARouter
 
 
@@ -30,6 +30,7 @@ class TorchSampler(Sampler):
         if (model_id is None) == (model is None):
             raise ValueError("TorchSampler needs exactly one of model_id= or model=")
         if model is None:
+            assert model_id is not None  # exactly one of the two, checked above
             from twinkle.hub import resolve_model_path
 
             path = resolve_model_path(model_id)
@@ -137,14 +138,14 @@ class TorchSampler(Sampler):
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         # One row per (prompt, sample); rows of a prompt are adjacent.
         rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
-        sequences: list[SampledSequence | None] = [None] * len(rows)
+        sequences: list[SampledSequence] = []  # in row order: chunks are consecutive
         prompt_lps: dict[int, tuple] = {}
         for lo in range(0, len(rows), self.max_batch_size):
             chunk = rows[lo:lo + self.max_batch_size]
             seqs, lps = self._decode([prompts[p] for p, _ in chunk], [adapters[p] for p, _ in chunk],
                                      [row_seed(seed, j) for _, j in chunk], params)
+            sequences.extend(seqs)
             for k, (p, _) in enumerate(chunk):
-                sequences[lo + k] = seqs[k]
                 if lps is not None:
                     prompt_lps.setdefault(p, (lps[0][k], lps[1][k] if lps[1] is not None else None))
         responses = []
@@ -171,7 +172,7 @@ class TorchSampler(Sampler):
         logps = [[] for _ in range(n)]
         tops = [[] for _ in range(n)]
         text_len = [0] * n
-        reasons = ["length"] * n
+        reasons: list[StopReason] = ["length"] * n
         active = list(range(n))  # batch row -> original row
         prompt_lps = None
         with self.router.route(adapters, self.device):

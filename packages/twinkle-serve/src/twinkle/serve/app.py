@@ -77,9 +77,11 @@ def _document_tinker_bodies(app: FastAPI) -> None:
     generate = app.openapi
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
-            generate().setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
-        return app.openapi_schema
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()  # fastapi keeps it as app.openapi_schema
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
+        return schema
 
     app.openapi = openapi
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from typing import Any
 
 from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
@@ -62,7 +63,7 @@ class Idempotency:
                                    headers=[(b"idempotent-replayed", b"true")])
 
         self._in_flight[slot] = event = asyncio.Event()
-        answer = {"status": 0, "content_type": b"", "body": []}
+        answer: dict[str, Any] = {"status": 0, "content_type": b"", "body": []}
 
         unread = [body]
 

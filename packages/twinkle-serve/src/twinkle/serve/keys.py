@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # the stores have a `list` method, which shadows the builtin in class scope
 import hashlib
 import re
 import secrets
@@ -30,7 +31,7 @@ class KeyStore:
         self.table.add(name, hash_key(key))
         return key
 
-    def list(self) -> list[dict]:
+    def list(self) -> builtins.list[dict]:
         return self.table.list()
 
     def revoke(self, name: str) -> bool:

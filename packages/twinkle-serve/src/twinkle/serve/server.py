@@ -9,9 +9,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twinkle.serve.config import ServeConfig, load_config
 from twinkle.serve.runtime import Runtime
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("twinkle.serve")
 
@@ -26,7 +30,7 @@ class Server:
 
     url: str
     runtime: Runtime
-    _uvicorn: object
+    _uvicorn: uvicorn.Server
     _thread: threading.Thread
 
     def wait_ready(self, timeout: float = 300) -> "Server":

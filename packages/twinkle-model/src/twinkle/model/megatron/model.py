@@ -147,6 +147,8 @@ class MegatronModel(TwinkleModel):
         self.schedulers = []
 
     def _torch_optimizers(self) -> list[torch.optim.Optimizer]:
+        if self.optimizer is None:
+            raise ValueError("MegatronModel has no optimizer: call set_optimizer(...) first")
         chained = getattr(self.optimizer, "chained_optimizers", None) or [self.optimizer]
         return [o.optimizer for o in chained]
 

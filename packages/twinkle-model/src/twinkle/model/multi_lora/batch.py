@@ -67,9 +67,9 @@ def _row_fields(rows: list[dict]) -> dict[str, torch.Tensor | list]:
         if all(_is_number(v) for v in values):
             out[name] = torch.tensor(values, dtype=torch.float32)
         elif all(_is_number_sequence(v) for v in values):
-            for i, (r, v) in enumerate(zip(rows, values)):
-                if len(v) != len(r["input_ids"]):
-                    raise ValueError(f"row {i}: field {name!r} has {len(v)} values for {len(r['input_ids'])} "
+            for i, r in enumerate(rows):
+                if len(r[name]) != len(r["input_ids"]):
+                    raise ValueError(f"row {i}: field {name!r} has {len(r[name])} values for {len(r['input_ids'])} "
                                      "input_ids (per-token fields are aligned with labels)")
             out[name] = [torch.as_tensor(v, dtype=torch.float32) for v in values]
         elif any(_is_number(v) for v in values):
@@ -106,8 +106,8 @@ def collate(inputs, pad_id: int) -> Batch:
         mask[i, :n] = 1
         for k in per_token:
             per_token[k][i, :n] = fields[k][i]
-    fields.update(per_token)
-    return Batch(ids, mask, labels, fields)
+    # the per-token lists are now padded tensors
+    return Batch(ids, mask, labels, {**{k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}, **per_token})
 
 
 def _from_tensors(inputs: dict) -> Batch:

@@ -56,6 +56,12 @@ class MultiLoraLinear(nn.Module):
         self.generators: dict[str, torch.Generator] = {}
         self.routing = routing
 
+    def factors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (A, B) weights of adapter `name`."""
+        a, b = self.lora_A[name], self.lora_B[name]
+        assert isinstance(a, LoraWeight) and isinstance(b, LoraWeight)  # what add_adapter puts there
+        return a.weight, b.weight
+
     @property
     def in_features(self) -> int:
         return self.base_layer.in_features
@@ -91,12 +97,13 @@ class MultiLoraLinear(nn.Module):
         """(start, end, adapter, own length) for each run of rows whose adapter is on this layer."""
         names, sizes, lengths = self.routing.names, self.routing.sizes, self.routing.lengths
         if len(names) == 1:
-            return [(0, rows, names[0], lengths[0])] if names[0] in self.lora_A else []
+            only = names[0]
+            return [(0, rows, only, lengths[0])] if only is not None and only in self.lora_A else []
         if rows != sum(sizes):
             raise RuntimeError(f"routing covers {sum(sizes)} rows but the layer got a batch of {rows}")
         out, start = [], 0
         for name, size, length in zip(names, sizes, lengths):
-            if name in self.lora_A:
+            if name is not None and name in self.lora_A:
                 out.append((start, start + size, name, length))
             start += size
         return out
@@ -155,7 +162,8 @@ class _MultiLoraAdd(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outputs):
+        (grad_out,) = grad_outputs  # forward has one output
         plan = ctx.plan
         x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
         weights, lows = rest[:2 * len(plan)], rest[2 * len(plan):]
@@ -185,6 +193,8 @@ def wrap_linear_layers(model: nn.Module, names: list[str], routing: Routing) -> 
     for name in names:
         module = model.get_submodule(name)
         if not isinstance(module, MultiLoraLinear):
+            if not isinstance(module, nn.Linear):
+                raise TypeError(f"{name} is a {type(module).__name__}: multi-LoRA wraps nn.Linear layers only")
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             module = MultiLoraLinear(module, routing)

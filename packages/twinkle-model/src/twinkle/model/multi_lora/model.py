@@ -70,6 +70,13 @@ class MultiLoraModel(TwinkleModel):
             raise KeyError(f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}") \
                 from None
 
+    def lora_layer(self, module_name: str) -> MultiLoraLinear:
+        """The multi-LoRA wrapper at `module_name` (a layer some adapter targets)."""
+        layer = self.base.get_submodule(module_name)
+        if not isinstance(layer, MultiLoraLinear):
+            raise TypeError(f"{module_name} is a {type(layer).__name__}, not a multi-LoRA layer")
+        return layer
+
     def _generator(self, name: str, salt: int, seed: int | None) -> torch.Generator:
         # Seeded from the adapter's own name (or seed): its init and dropout never depend on
         # which other adapters exist or in what order they were added.
@@ -98,7 +105,7 @@ class MultiLoraModel(TwinkleModel):
         """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
         state = self._state(adapter_name)
         for module_name in state.module_names:
-            layer = self.base.get_submodule(module_name)
+            layer = self.lora_layer(module_name)
             layer.remove_adapter(adapter_name)
             if not layer.lora_A:
                 parent_name, _, child = module_name.rpartition(".")
@@ -119,9 +126,10 @@ class MultiLoraModel(TwinkleModel):
         state = self._state(adapter_name)
         out = {}
         for module_name in state.module_names:
-            layer = self.base.get_submodule(module_name)
-            out[f"base_model.model.{module_name}.lora_A.weight"] = layer.lora_A[state.name].weight
-            out[f"base_model.model.{module_name}.lora_B.weight"] = layer.lora_B[state.name].weight
+            layer = self.lora_layer(module_name)
+            a, b = layer.factors(state.name)
+            out[f"base_model.model.{module_name}.lora_A.weight"] = a
+            out[f"base_model.model.{module_name}.lora_B.weight"] = b
         return out
 
     # ---- passes ---------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ class AdapterSpec:
 
     def select(self, model: nn.Module) -> list[str]:
         """Names of the base model's Linear layers this adapter targets; an error if none."""
-        output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        get_output = getattr(model, "get_output_embeddings", None)  # transformers models have it
+        output = get_output() if get_output is not None else None
         # once another adapter (train_unembed) has wrapped the head, the head is its inner Linear
         output = getattr(output, "base_layer", output)
         names = []

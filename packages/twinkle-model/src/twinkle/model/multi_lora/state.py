@@ -30,7 +30,7 @@ class AdapterState:
     params: list[nn.Parameter]
     gradient_accumulation_steps: int = 1
     optimizer: torch.optim.Optimizer | None = None
-    scheduler: object | None = None
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     loss: Loss = field(default_factory=CrossEntropyLoss)
     micro_step: int = 0                          # forward_backward calls since the last optimizer step
     consumed_batches: int = 0                     # forward_backward calls ever: the data position on resume
@@ -55,7 +55,7 @@ class AdapterState:
         The TwinkleModel contract never calls this: there, a missing optimizer is an error."""
         if self.optimizer is None:
             self.set_optimizer("AdamW", lr=1e-4)
-        return self.optimizer
+        return self.require_optimizer()
 
     def set_scheduler(self, scheduler_cls, **kwargs) -> None:
         # One schedule implementation for both engines, so a tenant's lr curve does not depend on which runs it.

@@ -154,9 +154,8 @@ class MultiLoraBackend(TorchSampling, Backend):
         state = self._state(name)
         lora_A, lora_B, scaling = {}, {}, {}
         for module in state.module_names:
-            layer = self.engine.base.get_submodule(module)
-            lora_A[module] = layer.lora_A[name].weight.detach()
-            lora_B[module] = layer.lora_B[name].weight.detach()
+            a, b = self.engine.lora_layer(module).factors(name)
+            lora_A[module], lora_B[module] = a.detach(), b.detach()
             scaling[module] = state.spec.scaling
         return AdapterWeights(lora_A, lora_B, scaling)
 

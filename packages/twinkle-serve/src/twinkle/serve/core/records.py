@@ -8,14 +8,14 @@ their wire formats; nothing outside the store reads a raw row.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Api = Literal["tinker", "native"]
 Kind = Literal["training", "sampler", "external"]
 # the path segment of each checkpoint kind; `external` is a PEFT folder exported for download
-SEGMENT = {"training": "weights", "sampler": "sampler_weights", "external": "external_weights"}
-KIND = {v: k for k, v in SEGMENT.items()}
+SEGMENT: dict[Kind, str] = {"training": "weights", "sampler": "sampler_weights", "external": "external_weights"}
+KIND: dict[str, Kind] = {v: k for k, v in SEGMENT.items()}
 
 
 def _json(text, default):
@@ -73,7 +73,7 @@ class Sampler:
 
     @classmethod
     def from_row(cls, row: dict) -> "Sampler":
-        return cls(**{**row, "ephemeral": bool(row["ephemeral"])})
+        return replace(cls(**row), ephemeral=bool(row["ephemeral"]))  # SQLite stores booleans as 0/1
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Checkpoint:
 
     @classmethod
     def from_row(cls, row: dict) -> "Checkpoint":
-        return cls(**{**row, "public": bool(row["public"]), "user_metadata": _json(row["user_metadata"], {})})
+        return replace(cls(**row), public=bool(row["public"]), user_metadata=_json(row["user_metadata"], {}))
 
     @property
     def checkpoint_id(self) -> str:

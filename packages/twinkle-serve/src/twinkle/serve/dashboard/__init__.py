@@ -35,7 +35,7 @@ def build_dashboard_router(views: NativeViews) -> APIRouter:
     """Runs of both APIs (a Tinker run's forward_backward losses are on its curves as a native run's are)."""
     rt = views.rt
     tenant = Auth(rt).unmetered
-    page = resources.files(__package__).joinpath("index.html").read_text()
+    page = resources.files(__name__).joinpath("index.html").read_text()
     r = APIRouter(tags=["dashboard"])
 
     @r.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)

@@ -57,6 +57,7 @@ class NativeCompute:
             return [{"input_ids": r.input_ids, **({"labels": r.labels} if r.labels is not None else {}), **r.fields}
                     for r in inputs.rows]
         template, rows = self.template(backend), []
+        assert inputs.trajectories is not None  # exactly one of the two, checked above
         for i, traj in enumerate(inputs.trajectories):
             encoded = template.encode({"messages": [m.model_dump(exclude_none=True) for m in traj.messages]})
             if encoded is None:

@@ -119,10 +119,11 @@ def build_native_router(core: Service) -> APIRouter:
             raise NotFound(f"future {request_id!r} not found")
         if row.status == "pending":
             return FutureResult(request_id=request_id, status="pending")
-        payload = json.loads(row.payload) if row.content_type == "application/json" else None
+        payload = json.loads(row.payload) if row.content_type == "application/json" and row.payload else None
         if row.status == "failed":
-            return FutureResult(request_id=request_id, status="failed", error=payload.get("error"),
-                                category=payload.get("category"))
+            failure = payload if isinstance(payload, dict) else {}
+            return FutureResult(request_id=request_id, status="failed", error=failure.get("error"),
+                                category=failure.get("category"))
         return FutureResult(request_id=request_id, status="complete", result=payload)
 
     @r.get("/runs", response_model=RunList, summary="The caller's training runs (native and Tinker)")

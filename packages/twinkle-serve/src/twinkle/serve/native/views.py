@@ -34,7 +34,7 @@ class NativeViews:
             queue = req.model_id  # after the model's queued training
         elif req.checkpoint is not None:
             ckpt = self.svc.checkpoints.readable(tenant, req.checkpoint)
-            engine = self.rt.engine(self.store.runs.get(ckpt.model_id).base_model)
+            engine = self.rt.engine(self.store.runs.of_checkpoint(ckpt).base_model)
             queue = f"sample:{tenant}"
         else:
             engine, queue = self.rt.engine(req.base_model), f"sample:{tenant}"
@@ -49,6 +49,7 @@ class NativeViews:
                 prompts = [template.encode_prompt({"messages": [m.model_dump(exclude_none=True) for m in chat]})
                            ["input_ids"] for chat in req.chats]
             else:
+                assert req.prompts is not None  # exactly one of prompts / chats, checked above
                 prompts = req.prompts
             sampler = None
             if req.model_id is not None:  # a fresh snapshot of the adapter as trained so far

@@ -66,7 +66,7 @@ class TinkerRest:
         self.svc.checkpoints.set_ttl(self.svc.checkpoints.owned(tenant, run_id, checkpoint_id), ttl_seconds)
 
     def weights_info(self, tenant: str, path: str) -> dict:
-        run = self.store.runs.get(self.svc.checkpoints.readable(tenant, path).model_id)
+        run = self.store.runs.of_checkpoint(self.svc.checkpoints.readable(tenant, path))
         lora = run.lora
         return {"base_model": run.base_model, "is_lora": True, "lora_rank": lora.get("rank"),
                 "train_unembed": lora.get("train_unembed", False), "train_mlp": lora.get("train_mlp", True),

@@ -26,7 +26,7 @@ class TinkerSampling:
         model_path = body.get("model_path")
         if model_path:
             ckpt = self.svc.checkpoints.readable(tenant, model_path)
-            base_model = self.rt.store.runs.get(ckpt.model_id).base_model
+            base_model = self.rt.store.runs.of_checkpoint(ckpt).base_model
         else:
             base_model = self.rt.engine(body.get("base_model")).entry.name
         sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"

@@ -70,7 +70,10 @@ def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
     if any(engine.scheduler.cancel(request_id) for engine in rt.engines.values()):
         rt.hub.fail(request_id, "cancelled by the client (cancel_future) before it ran", "user")
         return {"request_id": request_id, "status": "cancelled"}
-    status = rt.store.futures.get(request_id, tenant).status
+    future = rt.store.futures.get(request_id, tenant)
+    if future is None:  # owned() said it exists: only a concurrent delete gets here
+        raise NotFound(f"future {request_id!r} not found")
+    status = future.status
     return {"request_id": request_id, "status": "running" if status == "pending" else "finished"}
 
 

@@ -113,7 +113,7 @@ class TinkerWeights:
                         ttl: int | None) -> str:
         """A readable checkpoint copied (files hard-linked: no bytes duplicated) into a new training run
         `model_id` of `session_id`, which holds it and cannot be trained on. -> the copy's tinker path."""
-        origin = self.rt.store.runs.get(source.model_id)
+        origin = self.rt.store.runs.of_checkpoint(source)
         run = self.svc.create_run(tenant, session_id, model_id, self.rt.engine(origin.base_model), "tinker",
                                   origin.lora, {"copied_from": source.tinker_path})
         meta = self.svc.checkpoints.meta(source)

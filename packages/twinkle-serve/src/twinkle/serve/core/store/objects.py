@@ -6,11 +6,13 @@ same answer as for an object that does not exist.
 
 from __future__ import annotations
 
+import builtins  # the stores have a `list` method, which shadows the builtin in class scope
 import json
 import time
 from dataclasses import asdict
 
 from twinkle.serve.core.records import Checkpoint, Run, Sampler, Session
+from twinkle.serve.errors import NotFound
 
 
 def _put(db, table: str, values: dict) -> None:
@@ -46,11 +48,11 @@ class Sessions:
         self.db.execute("UPDATE sessions SET finished_at=?, finish_reason=? WHERE session_id=?",
                         (time.time(), reason, session_id))
 
-    def list(self, tenant: str, limit: int, offset: int) -> list[Session]:
+    def list(self, tenant: str, limit: int, offset: int) -> builtins.list[Session]:
         return [Session.from_row(r) for r in self.db.all(
             "SELECT * FROM sessions WHERE tenant=? ORDER BY created_at DESC LIMIT ? OFFSET ?", (tenant, limit, offset))]
 
-    def sampler_ids(self, session_id: str) -> list[str]:
+    def sampler_ids(self, session_id: str) -> builtins.list[str]:
         return [r["sampler_id"] for r in self.db.all("SELECT sampler_id FROM samplers WHERE session_id=?",
                                                      (session_id,))]
 
@@ -70,7 +72,14 @@ class Runs:
         row = self.db.one("SELECT * FROM models WHERE model_id=?", (model_id,))
         return Run.from_row(row) if row else None
 
-    def count_owned(self, tenant: str, model_ids: list[str]) -> int:
+    def of_checkpoint(self, ckpt: Checkpoint) -> Run:
+        """The training run a checkpoint was saved from."""
+        run = self.get(ckpt.model_id)
+        if run is None:
+            raise NotFound(f"checkpoint {ckpt.tinker_path!r}: its training run {ckpt.model_id!r} no longer exists")
+        return run
+
+    def count_owned(self, tenant: str, model_ids: builtins.list[str]) -> int:
         if not model_ids:
             return 0
         marks = ",".join("?" for _ in model_ids)
@@ -83,11 +92,11 @@ class Runs:
     def touch(self, model_id: str) -> None:
         self.db.execute("UPDATE models SET last_request_time=? WHERE model_id=?", (time.time(), model_id))
 
-    def of_session(self, session_id: str) -> list[Run]:
+    def of_session(self, session_id: str) -> builtins.list[Run]:
         return [Run.from_row(r) for r in self.db.all("SELECT * FROM models WHERE session_id=? ORDER BY model_id",
                                                      (session_id,))]
 
-    def list(self, tenant: str, limit: int, offset: int = 0) -> list[Run]:
+    def list(self, tenant: str, limit: int, offset: int = 0) -> builtins.list[Run]:
         return [Run.from_row(r) for r in self.db.all(
             "SELECT * FROM models WHERE tenant=? ORDER BY created_at DESC, model_id LIMIT ? OFFSET ?",
             (tenant, limit, offset))]

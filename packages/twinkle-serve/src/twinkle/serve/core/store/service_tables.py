@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # the stores have a `list` method, which shadows the builtin in class scope
 import time
 
 from twinkle.serve.core.records import FutureRow
@@ -18,7 +19,7 @@ class Keys:
         self.db.execute("INSERT OR REPLACE INTO api_keys (name, key_hash, created_at, revoked_at) "
                         "VALUES (?, ?, ?, NULL)", (name, key_hash, time.time()))
 
-    def list(self) -> list[dict]:
+    def list(self) -> builtins.list[dict]:
         return self.db.all("SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at")
 
     def row(self, name: str) -> dict | None:
