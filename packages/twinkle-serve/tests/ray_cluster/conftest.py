@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# Before Ray is imported here: it reads the auth mode and token once per process. This process is
+# the server's Ray driver; the `ray start`s inherit the same token.
+os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)})
 pytest.importorskip("ray")
 
 
@@ -54,26 +57,17 @@ def _kill_cluster(temp: Path) -> None:
 
 @pytest.fixture(scope="session")
 def two_nodes():
-    """-> the head's address; this process (the server's Ray driver) gets the cluster's auth token."""
+    """-> the head's address."""
     import ray
 
     assert not ray.is_initialized(), "this process is already attached to a Ray cluster"
     temp = Path(tempfile.mkdtemp(prefix="tw-ray-", dir="/tmp"))  # short: Ray's unix sockets live under it
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    env = {**os.environ, **auth}
-    saved = {k: os.environ.get(k) for k in auth}
-    port = _free_port()
+    env, port = dict(os.environ), _free_port()
     try:
         _ray_start(["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}",
                     '--resources={"head_node": 1}'], env)
         _ray_start([f"--address=127.0.0.1:{port}", '--resources={"second_node": 1}'], env)
-        os.environ.update(auth)
         yield f"127.0.0.1:{port}"
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         _kill_cluster(temp)
         shutil.rmtree(temp, ignore_errors=True)

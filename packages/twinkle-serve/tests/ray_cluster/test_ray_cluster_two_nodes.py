@@ -114,5 +114,5 @@ def test_remote_actor_killed_mid_step_rebuilds_and_tenants_resume(servers, sft):
     again = native_model(native)
     again.resume_from_checkpoint(native_acked).result()
     assert native_steps(again, 1) == native_step2
-    paths = {c.tinker_path for c in tinker_client.create_rest_client().list_user_checkpoints().result().checkpoints}
-    assert acked in paths
+    rest = tinker.RestClient(base_url=remote.url, api_key=remote.create_key("kill-tinker"))
+    assert acked in {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints}
