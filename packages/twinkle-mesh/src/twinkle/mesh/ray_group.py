@@ -216,6 +216,9 @@ class RemoteGroup:
         return [results[r] for r in range(len(refs))]
 
     def _call(self, name: str, args: tuple, kwargs: dict):
+        if not self._actors:  # a rebuild failed part-way (e.g. no node to place a rank on yet)
+            raise WorkerDied(f"{self._cls.__name__}.{name}: remote group {self._group.name!r} has no live actors; "
+                             "remote_rebuild() it", -1, "", "NoActors")
         dispatch, collect = method_spec(self._cls, name)
         if dispatch == "all":
             payload = ray.put((args, kwargs))  # one copy in the object store, read by every rank
