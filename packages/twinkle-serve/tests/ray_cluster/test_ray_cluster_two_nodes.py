@@ -73,7 +73,8 @@ def test_remote_actor_killed_mid_step_rebuilds_and_tenants_resume(servers, sft):
     remote, _ = servers
     batch = [sft(s) for s in SEQS]
     adam = types.AdamParams(learning_rate=5e-2)
-    tinker_client = tinker.ServiceClient(base_url=remote.url, api_key=remote.create_key("kill-tinker"))
+    key = remote.create_key("kill-tinker")
+    tinker_client = tinker.ServiceClient(base_url=remote.url, api_key=key)
     tc = tinker_client.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=3).result()
     for _ in range(2):
         tc.forward_backward(batch, "cross_entropy").result()
@@ -114,5 +115,5 @@ def test_remote_actor_killed_mid_step_rebuilds_and_tenants_resume(servers, sft):
     again = native_model(native)
     again.resume_from_checkpoint(native_acked).result()
     assert native_steps(again, 1) == native_step2
-    rest = tinker.RestClient(base_url=remote.url, api_key=remote.create_key("kill-tinker"))
+    rest = tinker.RestClient(base_url=remote.url, api_key=key)
     assert acked in {c.tinker_path for c in rest.list_user_checkpoints().result().checkpoints}
