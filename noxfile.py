@@ -69,7 +69,7 @@ def _member_session(name: str, dist: str, folder: str) -> None:
 
 
 # Suites with a session of their own, left out of their member's session.
-OWN_SESSION = {"serve": ["packages/twinkle-serve/tests/reliability"]}
+OWN_SESSION = {"serve": ["packages/twinkle-serve/tests/reliability", "packages/twinkle-serve/tests/ray_cluster"]}
 
 for _name, (_dist, _folder) in MEMBERS.items():
     _member_session(_name, _dist, _folder)
@@ -100,6 +100,15 @@ def reliability(session: nox.Session) -> None:
     """The real `twinkle-server` under load, kill -9, fuzzing, isolation, bad data, limits (prints a summary)."""
     _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
     _pytest(session, "packages/twinkle-serve/tests/reliability")
+
+
+@nox.session(name="ray_cluster")
+def ray_cluster(session: nox.Session) -> None:
+    """A real two-node Ray cluster on this machine (`ray start --head` + `ray start --address`): the
+    server's model group across both nodes equals a local server; a SIGKILLed actor is survived
+    (about 4 minutes on two cores)."""
+    _sync(session, "--package", "twinkle-serve")
+    _pytest(session, "packages/twinkle-serve/tests/ray_cluster")
 
 
 @nox.session(name="all", default=False)

@@ -135,6 +135,25 @@ def test_a_second_component_shares_the_group_and_a_failed_build_names_the_rank(r
         FailsToBuildOnRank1(device_mesh=tm.DeviceMesh.from_sizes(dp_size=3), remote_group="model")
 
 
+def test_ray_killed_rank_is_named_and_the_group_rebuilds_fresh(ray_trainer, reference):
+    """kill -9 of one actor: the next call fails with WorkerDied naming the rank and its pid; the
+    rebuilt group has new actors built as the first ones were (the first step equals a fresh run's)."""
+    import signal
+
+    pids = [r["pid"] for r in ray_trainer.whoami()]
+    assert ray_trainer.remote_pids() == pids
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(tm.WorkerDied, match=rf"LoraTrainer.whoami failed: rank 1 of remote group 'model' died "
+                                            rf"\(pid {pids[1]} on node ") as died:
+        ray_trainer.whoami()
+    assert died.value.rank == 1 and isinstance(died.value, tm.RemoteError)
+    ray_trainer.remote_rebuild()
+    fresh = [r["pid"] for r in ray_trainer.whoami()]
+    assert len(set(fresh)) == 2 and not set(fresh) & set(pids)
+    rows = steps.make_rows()
+    assert ray_trainer.train_step(rows[:steps.GLOBAL_BATCH]) == pytest.approx(reference["losses"][0], abs=1e-5)
+
+
 def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):
     r = torchrun_result
     assert (r["world"], r["backend"]) == (2, "gloo")

@@ -121,6 +121,9 @@ def test_device_groups_validate_and_take_the_next_free_devices():
         DeviceGroup("x", [1, 1])
     with pytest.raises(ValueError, match="names must be unique"):
         assign_devices([DeviceGroup("a", 1), DeviceGroup("a", 1)])
+    assert DeviceGroup("x", 2, placement="spread").placement == "spread"
+    with pytest.raises(ValueError, match=r"placement 'strict' is not one of \('pack', 'spread'\)"):
+        DeviceGroup("x", 2, placement="strict")
 
 
 def test_initialize_local_seeds_globally_and_per_rank(monkeypatch, capsys):

@@ -3,56 +3,25 @@
 One local Ray cluster for the module (started by the server from its `ray` config section): the
 model group has 2 CPU actors (data parallel), and the sampler is colocated on the same group (two
 replicas, requests round robin). Driven by the unmodified tinker SDK, it must give the same losses,
-log-probs and samples as a server with everything in one process.
+log-probs and samples as a server with everything in one process; so must a native client (its
+adapter's token-mean loss, gradient accumulation, scheduler, metrics, save and resume).
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from twinkle.hub import TEST_MODEL
 
 pytest.importorskip("ray")
+sys.path.insert(0, str(Path(__file__).parent))
+from _remote_runs import SEQS, assert_native_runs_equal, run_native_loop, run_tinker_loop  # noqa: E402
 
-# Four datums of different lengths: the two data ranks get different slices and paddings.
-SEQS = [[5 + (7 * i + k) % 60 for i in range(n)] for k, n in enumerate((20, 13, 17, 9))]
-PROBE = [11 + (5 * i) % 70 for i in range(16)]
 RAY_CONFIG = {"ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "cpu"}]},
               "models": [{"name": TEST_MODEL, "remote_group": "model", "sampler_remote_group": "model"}]}
-
-
-def run_tinker_loop(server, sft):
-    """Three SL steps, a step after a failed request, a sampler: the numbers both servers must agree on."""
-    import tinker
-    from tinker import types
-
-    client = tinker.ServiceClient(base_url=server.url, api_key=server.create_key("ray-tenant"))
-    tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=5).result()
-    losses = []
-    for _ in range(3):
-        fb = tc.forward_backward([sft(s) for s in SEQS], "cross_entropy")
-        step = tc.optim_step(types.AdamParams(learning_rate=5e-2, weight_decay=0.01, grad_clip_norm=5.0))
-        losses.append(fb.result().metrics["loss:sum"])
-        step.result()
-    out = tc.forward([sft(s) for s in SEQS], "cross_entropy").result()
-    # A request whose loss overflows only in the last datum (data rank 1's slice) fails as a whole:
-    # rank 0's part of it must leave no gradient behind, so the next step equals one process's.
-    poisoned = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]), loss_fn_inputs={
-        "target_tokens": s[1:], "advantages": [1.0] * (len(s) - 1),  # sampled at logprob -200: ratio e^190
-        "logprobs": [-200.0 if k == len(SEQS) - 1 else -1.0] * (len(s) - 1)}) for k, s in enumerate(SEQS)]
-    clean = tc.forward_backward([sft(s) for s in SEQS[:2]], "cross_entropy")
-    with pytest.raises(Exception, match="not finite"):
-        tc.forward_backward(poisoned, "importance_sampling").result()
-    clean.result()
-    grad_norm = tc.optim_step(types.AdamParams(learning_rate=1e-4)).result().metrics["grad_norm:mean"]
-    sampler = tc.save_weights_and_get_sampling_client().result()
-    prompt = types.ModelInput.from_ints(PROBE[:6])
-    samples = [sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
-        max_tokens=5, seed=17, temperature=1.0)).result() for _ in range(2)]  # both sampler replicas
-    return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
-            "forward_loss": out.metrics["loss:sum"], "tc": tc, "client": client, "grad_norm_after_failure": grad_norm,
-            "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
-            "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples]}
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +32,21 @@ def ray_server(start, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def runs(ray_server, start, tmp_path_factory, sft):
-    local = start(tmp_path_factory.mktemp("serve-local"))
-    try:
-        expected = run_tinker_loop(local, sft)
-    finally:
-        local.stop()
-    return expected, run_tinker_loop(ray_server, sft)
+def local_server(start, tmp_path_factory):
+    srv = start(tmp_path_factory.mktemp("serve-local"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def runs(ray_server, local_server, sft):
+    return run_tinker_loop(local_server, sft), run_tinker_loop(ray_server, sft)
+
+
+def test_native_training_on_a_remote_group_equals_local(ray_server, local_server):
+    """Native (twinkle-client) training on a base model whose model group is 2 Ray actors (data
+    parallel, uneven row and loss-token splits) gives the in-process server's numbers."""
+    assert_native_runs_equal(run_native_loop(ray_server), run_native_loop(local_server))
 
 
 def test_model_and_sampler_run_as_ray_actor_groups(ray_server, runs):

@@ -59,7 +59,7 @@ def test_user_errors_come_back_as_user_errors(backends):
 
 
 def test_rank_results_merge_in_datum_order_and_fail_together():
-    from twinkle.serve.backend.remote import PeerFailed, merge_rank_results
+    from twinkle.serve.backend.shards import PeerFailed, merge_rank_results
 
     r0 = ForwardResult([np.array([-1.0]), np.array([-2.0])], {"loss:sum": 3.0, "clip:mean": 0.5})
     r1 = ForwardResult([np.array([-4.0])], {"loss:sum": 4.0, "clip:mean": 0.0})

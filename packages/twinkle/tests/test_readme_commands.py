@@ -42,6 +42,10 @@ HOW = {
     "uv run examples/sft_any_mode.py": RUN,
     "uv run torchrun --nproc_per_node=2 examples/sft_any_mode.py": RUN,
     "TWINKLE_MODE=ray uv run examples/sft_any_mode.py": RUN,
+    "uv run ray start --head --port=6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
+    "uv run ray start --address=HOST_A:6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
+    "uv run twinkle-server --port 8000 --data-dir ./twinkle-data --config two-hosts.toml":
+        "needs the two-host Ray cluster above: nox -s ray_cluster runs the same on one machine",
     "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py":
         "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
 }

@@ -8,7 +8,7 @@
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
-from twinkle.mesh.remote import RemoteError, remote_class, remote_method
+from twinkle.mesh.remote import RemoteError, WorkerDied, remote_class, remote_method
 from twinkle.mesh.runtime import (
     Runtime,
     get_device_placement,
@@ -23,4 +23,4 @@ from twinkle.mesh.runtime import (
 
 __all__ = ["DeviceGroup", "DeviceMesh", "RemoteError", "Runtime", "get_device_placement", "get_global_mesh",
            "get_runtime", "initialize", "rank_generator", "rank_seed", "remote_class", "remote_method",
-           "seed_everything", "shutdown"]
+           "seed_everything", "shutdown", "WorkerDied"]

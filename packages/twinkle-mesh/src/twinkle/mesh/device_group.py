@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEVICE_TYPES = ("cpu", "cuda")
+# How a ray-mode group's ranks spread over the cluster's nodes: as few nodes as fit ("pack"), or one
+# rank per node ("spread": Ray's STRICT_SPREAD; a group cannot then be larger than the cluster).
+PLACEMENTS = ("pack", "spread")
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class DeviceGroup:
     device_type: str = "cpu"
     # Extra Ray resources per rank (e.g. {"CPU": 2}), for when one logical device per rank is not enough.
     resources_per_rank: dict[str, float] = field(default_factory=dict)
+    placement: str = "pack"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -27,6 +31,8 @@ class DeviceGroup:
         if self.device_type not in DEVICE_TYPES:
             raise ValueError(f"DeviceGroup {self.name!r}: device_type {self.device_type!r} is not one of "
                              f"{DEVICE_TYPES}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"DeviceGroup {self.name!r}: placement {self.placement!r} is not one of {PLACEMENTS}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, (int, list, tuple)):
             raise ValueError(f"DeviceGroup {self.name!r}: ranks must be a count or a list of device "
                              f"indices, got {self.ranks!r}")

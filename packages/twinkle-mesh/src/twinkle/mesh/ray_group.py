@@ -1,9 +1,13 @@
 """RemoteGroup: a component living as one Ray actor per rank of a DeviceGroup.
 
-The actors are placed in the DeviceGroup's Ray placement group (one bundle per rank), form their own
-torch.distributed world (gloo on CPU, nccl on CUDA) rendezvousing at rank 0's node, and each runs
-`twinkle.mesh.initialize(mode='local')` with the component's mesh, so the component's code is the
-same code that runs under torchrun.
+The actors are placed in the DeviceGroup's Ray placement group (one bundle per rank; packed, or one
+rank per node), form their own torch.distributed world (gloo on CPU, nccl on CUDA) rendezvousing at
+rank 0's node, and each runs `twinkle.mesh.initialize(mode='local')` with the component's mesh, so the
+component's code is the same code that runs under torchrun.
+
+A rank whose process dies (killed, out of memory, its node lost) fails the call with `WorkerDied`,
+naming the rank, node and pid; the group is then unusable until `remote_rebuild()` starts a fresh
+set of actors (the state the old ones held is gone: the caller restores it).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
-from twinkle.mesh.remote import RemoteError, collect_results, dispatch_args, method_spec
+from twinkle.mesh.remote import RemoteError, WorkerDied, collect_results, dispatch_args, method_spec
 from twinkle.mesh.runtime import get_runtime, require_ray
 
 ray = require_ray()
@@ -43,8 +47,8 @@ class _GroupWorker:
             return ("err", type(e).__qualname__, str(e), traceback.format_exc())
 
     def node_info(self) -> dict:
-        return {"node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -104,16 +108,19 @@ def _pickle_class_by_value_if_needed(cls: type) -> None:
 
 def group_placement(group: DeviceGroup):
     """The Ray placement group reserving `group`'s devices (one bundle per rank: 1 CPU, plus 1 GPU
-    for cuda, plus `resources_per_rank`), made on first use and shared by its components."""
+    for cuda, plus `resources_per_rank`; `placement='spread'`: each bundle on its own node), made on
+    first use and shared by its components."""
     rt = get_runtime()
     if group.name not in rt.placements:
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if group.device_type == "cuda" else {}), **group.resources_per_rank}
-        pg = placement_group([dict(bundle) for _ in range(group.world_size)], strategy="PACK")
+        strategy = {"pack": "PACK", "spread": "STRICT_SPREAD"}[group.placement]
+        pg = placement_group([dict(bundle) for _ in range(group.world_size)], strategy=strategy)
         ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
         if not ready:
             remove_placement_group(pg)
-            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({group.world_size} x {bundle}) within "
-                               f"{PLACEMENT_TIMEOUT_S:.0f}s; cluster resources: {ray.cluster_resources()}")
+            nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
+            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({group.world_size} x {bundle}, "
+                               f"{strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s; live nodes' resources: {nodes}")
         rt.placements[group.name] = pg
     return rt.placements[group.name]
 
@@ -133,8 +140,13 @@ class RemoteGroup:
             if "device_mesh" in kwargs:  # the component sees the group's device type too
                 kwargs = {**kwargs, "device_mesh": mesh}
         self._cls, self._group, self._mesh, self._infos = cls, group, mesh, []
+        self._args, self._kwargs, self._seed = args, kwargs, rt.seed
         _pickle_class_by_value_if_needed(cls)
+        self._start()
+        rt.remote_groups.setdefault(group.name, []).append(self)
 
+    def _start(self) -> None:
+        group, n = self._group, self._group.world_size
         pg = group_placement(group)
         # Each actor takes a sliver of its rank's bundle, so several components built on one
         # DeviceGroup share its devices (colocated, as a model and its sampler often are).
@@ -144,17 +156,25 @@ class RemoteGroup:
                 **share, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
             ).remote(i, n)
             for i in range(n)]
+        self._infos = [{"node_ip": "?", "node_id": "?", "pid": "?", "gpu_ids": []} for _ in range(n)]
         try:
-            self._infos = [ray.get(a.node_info.remote()) for a in self._actors]
+            self._infos = self._gather([a.node_info.remote() for a in self._actors], "start", wrapped=False)
             port = ray.get(self._actors[0].free_port.remote())
             threads = max(1, int(group.resources_per_rank.get("CPU", 1)))
-            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, mesh, rt.seed, threads)
+            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, self._mesh, self._seed, threads)
                           for a in self._actors], "setup")
-            self._gather([a.construct.remote(cls, args, kwargs) for a in self._actors], f"{cls.__name__}()")
+            self._gather([a.construct.remote(self._cls, self._args, self._kwargs) for a in self._actors],
+                         f"{self._cls.__name__}()")
         except BaseException:
-            self.remote_shutdown()
+            self._kill_actors()
             raise
-        rt.remote_groups.setdefault(group.name, []).append(self)
+
+    def remote_rebuild(self) -> None:
+        """Replace every rank by a fresh actor built as the group first was (same class, arguments,
+        mesh and placement group): after a rank died, the survivors may be stuck in a collective with
+        it, so they go too. What the old actors held is gone."""
+        self._kill_actors()
+        self._start()
 
     # Proxy-owned names carry a `remote_` prefix so they cannot shadow the component's own methods.
     @property
@@ -165,7 +185,7 @@ class RemoteGroup:
     def remote_world_size(self) -> int:
         return len(self._actors)
 
-    def _gather(self, refs: list, what: str) -> list:
+    def _gather(self, refs: list, what: str, wrapped: bool = True) -> list:
         """Results in rank order; the first failing rank raises at once (its peers may be stuck in a
         collective waiting for it)."""
         pending = {ref: rank for rank, ref in enumerate(refs)}
@@ -176,9 +196,17 @@ class RemoteGroup:
                 rank = pending.pop(ref)
                 try:
                     out = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    info = self._infos[rank]
+                    raise WorkerDied(f"{what} failed: rank {rank} of remote group {self._group.name!r} died (pid "
+                                     f"{info['pid']} on node {info['node_ip']} {str(info['node_id'])[:12]}): "
+                                     f"{type(e).__name__}", rank, str(e), type(e).__name__) from None
                 except ray.exceptions.RayError as e:
                     raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
                                       f"{type(e).__name__}: {e}", rank, str(e), type(e).__name__) from None
+                if not wrapped:
+                    results[rank] = out
+                    continue
                 if out[0] == "err":
                     _, exc_type, message, tb = out
                     raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
@@ -188,6 +216,9 @@ class RemoteGroup:
         return [results[r] for r in range(len(refs))]
 
     def _call(self, name: str, args: tuple, kwargs: dict):
+        if not self._actors:  # a rebuild failed part-way (e.g. no node to place a rank on yet)
+            raise WorkerDied(f"{self._cls.__name__}.{name}: remote group {self._group.name!r} has no live actors; "
+                             "remote_rebuild() it", -1, "", "NoActors")
         dispatch, collect = method_spec(self._cls, name)
         if dispatch == "all":
             payload = ray.put((args, kwargs))  # one copy in the object store, read by every rank
@@ -213,17 +244,28 @@ class RemoteGroup:
         self.__dict__[name] = method
         return method
 
+    def remote_pids(self) -> list[int]:
+        """Each rank's actor process id, in rank order."""
+        return [info["pid"] for info in self._infos]
+
+    def remote_node_ids(self) -> list[str]:
+        """Each rank's Ray node id, in rank order."""
+        return [info["node_id"] for info in self._infos]
+
     def placement_lines(self) -> list[str]:
         kind = self._group.device_type
-        return [f"{self._cls.__name__} rank {r}: node {info['node_ip']} pid {info['pid']} "
+        return [f"{self._cls.__name__} rank {r}: node {info['node_ip']} {info['node_id'][:12]} pid {info['pid']} "
                 f"{kind}{' gpu ' + ','.join(info['gpu_ids']) if info['gpu_ids'] else ''}"
                 for r, info in enumerate(self._infos)]
 
-    def remote_shutdown(self) -> None:
-        """Stop the actors (the DeviceGroup keeps its reservation for other components)."""
+    def _kill_actors(self) -> None:
         for a in getattr(self, "_actors", []):
             ray.kill(a)
         self._actors = []
+
+    def remote_shutdown(self) -> None:
+        """Stop the actors (the DeviceGroup keeps its reservation for other components)."""
+        self._kill_actors()
         rt = get_runtime()
         if rt is not None and self in rt.remote_groups.get(self._group.name, []):
             rt.remote_groups[self._group.name].remove(self)

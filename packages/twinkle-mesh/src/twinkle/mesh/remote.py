@@ -30,6 +30,10 @@ class RemoteError(RuntimeError):
         self.rank, self.remote_traceback, self.exc_type = rank, remote_traceback, exc_type
 
 
+class WorkerDied(RemoteError):
+    """A rank's actor process is gone (killed, out of memory, node lost): the group must be rebuilt."""
+
+
 def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "first"):
     """dispatch: 'all' (every rank gets the same arguments) or 'slice' (every list, tuple, tensor,
     or dict of those is cut along its first axis by data rank; scalars go to everyone), or a

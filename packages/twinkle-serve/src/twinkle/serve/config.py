@@ -49,6 +49,7 @@ class RayGroup(_Strict):
     ranks: int = Field(ge=1)
     device_type: Literal["cpu", "cuda"] = "cpu"
     cpus_per_rank: float | None = Field(None, gt=0)  # Ray CPUs (= torch threads) per rank; default 1
+    placement: Literal["pack", "spread"] = "pack"  # "spread": one rank per Ray node
 
 
 class RayConfig(_Strict):

@@ -101,7 +101,7 @@ class Runtime:
 
         self._owns_ray = not require_ray().is_initialized()
         groups = [mesh.DeviceGroup(g.name, g.ranks, g.device_type,
-                                   {"CPU": g.cpus_per_rank} if g.cpus_per_rank else {})
+                                   {"CPU": g.cpus_per_rank} if g.cpus_per_rank else {}, g.placement)
                   for g in self.config.ray.groups]
         mesh.initialize(mode="ray", groups=groups, address=self.config.ray.address)
         self._ray_started = True

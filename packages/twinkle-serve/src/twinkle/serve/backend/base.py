@@ -7,6 +7,7 @@ called from the scheduler's worker thread, one at a time, so a backend needs no 
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -15,6 +16,17 @@ import numpy as np
 
 class UserError(Exception):
     """The request is wrong (bad tokens, shapes, loss name, NaN loss): fails only its own future."""
+
+
+def library_errors(fn):
+    """The libraries' complaints about a request (bad name, kwargs, shapes) are the caller's errors."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, KeyError) as e:
+            raise UserError(str(e).strip("'\"")) from None
+    return run
 
 
 @dataclass(frozen=True)
@@ -134,8 +146,9 @@ class Backend(ABC):
     """What the service asks of a base model's training/sampling backend.
 
     Capabilities are declared, never probed: every backend has a tokenizer, samplers it can install
-    and remove, and `close()`; `base_module` (for the adapter-memory estimate) and `multi_lora` (the
-    in-process engine the native API drives) are None where the backend has no such object here.
+    and remove, the native API's adapter operations, and `close()`; `base_module` (for the
+    adapter-memory estimate) and `multi_lora` (an in-process engine, for callers that want the object
+    itself) are None where the backend has no such object here.
     """
 
     base_model: str  # the name clients use
@@ -180,6 +193,28 @@ class Backend(ABC):
         """Load a checkpoint folder into adapter `name`, creating it from the folder's LoraConfig when
         missing; with `training_state` resume the optimizer too (`implicit_adam`: Tinker's, made when
         missing, its lr sent with every step, so no saved schedule applies). -> the resumed counters."""
+
+    # ---- the native API's adapters: a peft LoraConfig, the tenant's own optimizer, loss and metrics ----
+    @abstractmethod
+    def add_lora(self, name: str, config, gradient_accumulation_steps: int, seed: int | None) -> int:
+        """Build adapter `name` from a peft `LoraConfig`, starting from the weights peft draws after
+        `torch.manual_seed(seed)`; -> its rank."""
+
+    @abstractmethod
+    def adapter_rank(self, name: str) -> int | None:
+        """The adapter's LoRA rank; None when no adapter `name` exists."""
+
+    @abstractmethod
+    def configure_adapter(self, name: str, what: str, component: str, kwargs: dict, is_training: bool = True) -> None:
+        """Set the adapter's `loss`, `optimizer` or `lr_scheduler`, or add a `metric` (registered names)."""
+
+    @abstractmethod
+    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
+        """The TwinkleModel step rule (accumulation boundary, clip, step, scheduler) for one adapter."""
+
+    @abstractmethod
+    def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:
+        """The adapter's metrics since the last call (then reset), with `step` when training."""
 
     # ---- samplers ----
     @abstractmethod

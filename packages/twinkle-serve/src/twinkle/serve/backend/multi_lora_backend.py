@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
-                                        UserError)
+                                        UserError, library_errors)
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -58,6 +58,51 @@ class MultiLoraBackend(TorchSampling, Backend):
     def remove_adapter(self, name: str) -> None:
         if name in self.engine.adapters:
             self.engine.remove_adapter(name)
+
+    # ---- the native API's adapters ------------------------------------------------------------------
+    @library_errors
+    def add_lora(self, name: str, config, gradient_accumulation_steps: int, seed: int | None) -> int:
+        from twinkle.serve.backend.lora_init import peft_like_init
+
+        if name in self.engine.adapters:
+            raise UserError(f"adapter {name!r} already exists")
+        self.engine.add_adapter_to_model(name, config, gradient_accumulation_steps, seed=seed)
+        if seed is not None:
+            peft_like_init(self.engine, name, seed)
+        return self.engine.adapters[name].spec.rank
+
+    def adapter_rank(self, name: str) -> int | None:
+        state = self.engine.adapters.get(name)
+        return None if state is None else state.spec.rank
+
+    @library_errors
+    def configure_adapter(self, name: str, what: str, component: str, kwargs: dict, is_training: bool = True) -> None:
+        state = self._state(name)
+        if what == "loss":
+            state.set_loss(component, **kwargs)
+        elif what == "optimizer":
+            state.set_optimizer(component, **kwargs)
+        elif what == "lr_scheduler":  # the local TransformersModel's scheduler classes: one lr schedule in both modes
+            state.set_scheduler(component, **kwargs)
+        elif what == "metric":
+            from twinkle.metric import METRICS
+
+            state.metrics(is_training).append(METRICS.create(component, **kwargs))
+        else:
+            raise UserError(f"cannot configure {what!r}; expected loss, optimizer, lr_scheduler or metric")
+
+    @library_errors
+    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
+        self._state(name)
+        try:
+            return self.engine.clip_grad_and_step(max_grad_norm=max_grad_norm, adapter_name=name)
+        except RuntimeError as e:  # no gradients: forward_backward was not called
+            raise UserError(str(e)) from None
+
+    @library_errors
+    def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:
+        self._state(name)
+        return {k: float(v) for k, v in self.engine.calculate_metric(is_training, adapter_name=name).items()}
 
     def _state(self, name: str):
         if name not in self.engine.adapters:

@@ -76,13 +76,15 @@ class Scheduler:
                 self._cond.wait()
             if self._stopping:
                 return None
-            taken = [self._pop(self._ready.popleft())]
+            first = self._ready.popleft()
+            taken = [self._pop(first)]
             if taken[0][2] is not None and self.fuse_runner is not None:
-                # other models whose next request is fusable join this pass (one request per model)
+                # other models whose next request is fusable join this pass (one request per model:
+                # `first` is back in the ready list when it has more queued)
                 for queue in list(self._ready):
                     if len(taken) >= self.max_fuse:
                         break
-                    if self._queues[queue][0][4] is not None:
+                    if queue != first and self._queues[queue][0][4] is not None:
                         self._ready.remove(queue)
                         taken.append(self._pop(queue))
             return taken

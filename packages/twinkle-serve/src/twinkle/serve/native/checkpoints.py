@@ -18,17 +18,14 @@ class NativeCheckpoints:
 
     def save(self, tenant: str, model_id: str, seq, req: SaveRequest) -> dict:
         name = check_name(req.name)
-        backend = self.models.engine_of(self.models.model(tenant, model_id)).backend
-
         @user_errors
-        def work(engine, run):
+        def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
-            state = engine.adapters[internal]
 
             def fill(staging) -> dict:
                 backend.save_checkpoint(internal, staging, req.save_training_state)
                 return {"native": True, "adapter_name": self.models.label(model_id, internal),
-                        "lora": {"rank": state.spec.rank, "seed": None, "train_attn": True, "train_mlp": True,
+                        "lora": {"rank": backend.adapter_rank(internal), "seed": None, "train_attn": True, "train_mlp": True,
                                  "train_unembed": False}}
 
             ckpt = self.svc.checkpoints.write(run, "training", name, fill)
@@ -42,7 +39,6 @@ class NativeCheckpoints:
         if req.resume and not has_training_state(folder):
             raise BadRequest(f"checkpoint {req.path} was saved without save_training_state: it cannot resume")
         run = self.models.model(tenant, model_id)
-        backend = self.models.engine_of(run).backend
         label = req.adapter_name or "default"
         if not self.models.has(model_id, label):  # a new adapter from the folder's own LoraConfig: counted
             from peft import LoraConfig
@@ -51,16 +47,16 @@ class NativeCheckpoints:
                                 user_errors(LoraConfig.from_pretrained)(str(folder)))
 
         @user_errors
-        def work(engine, run):
+        def work(backend, run):
             new = not self.models.has(model_id, label)
             internal = internal_name(model_id, label) if new else self.models.adapter(model_id, label)
             try:
                 counters = backend.load_checkpoint(internal, folder, req.resume)
             finally:
                 if new:
-                    self.models.unreserve_unless_built(engine, internal)
+                    self.models.unreserve_unless_built(backend, internal)
             if new:
-                self.models.register(run, engine.adapters, label, internal)
+                self.models.register(run, backend.adapter_rank(internal), label, internal)
             out = {"path": req.path, "adapter_name": label, "resumed": False}
             if req.resume:  # the run's curve goes on from the checkpoint's forward_backward count
                 self.compute.fb_counts[(model_id, internal)] = counters["data_position"]

@@ -89,7 +89,7 @@ class NativeCompute:
             self.rt.store.curves.add(model_id, tenant, step, {"loss": out["loss"]} if out.get("finite") else {})
             return ForwardResult(loss=out["loss"], metrics=out.get("metrics", {})).model_dump()
 
-        def work(engine, run):
+        def work(_, run):
             if refused is not None:
                 raise refused
             internal = self.models.adapter(model_id, req.adapter_name)
@@ -106,12 +106,9 @@ class NativeCompute:
         from twinkle.client.schema import StepResult
 
         @user_errors
-        def work(engine, run):
+        def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
-            try:
-                out = engine.clip_grad_and_step(max_grad_norm=req.max_grad_norm, adapter_name=internal)
-            except RuntimeError as e:  # no gradients: forward_backward was not called
-                raise UserError(str(e)) from None
+            out = backend.clip_grad_and_step(internal, req.max_grad_norm)
             if out.get("stepped"):
                 self.rt.store.curves.add(model_id, tenant, out["step"], {"grad_norm": out["grad_norm"],
                                                                         "lr": out["lr"]})
@@ -122,12 +119,9 @@ class NativeCompute:
 
     def calculate_metric(self, tenant: str, model_id: str, seq, req: MetricRequest) -> dict:
         @user_errors
-        def work(engine, run):
+        def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
-            out = engine.calculate_metric(is_training=req.is_training, adapter_name=internal)
-            if req.is_training:
-                out["step"] = float(engine.adapters[internal].optimizer_steps)
-            return {k: float(v) for k, v in out.items()}
+            return backend.calculate_metric(internal, req.is_training)
 
         return self.models.submit(tenant, model_id, seq, work)
 

@@ -2,8 +2,9 @@
 
 A native model is a training run in the same store as Tinker's (`api='native'`, id
 `{session}:train:0`), so runs, checkpoints, limits, futures and the dashboard see both APIs alike.
-It holds any number of named LoRA adapters on the base model's `MultiLoraModel`; every operation runs
-on the scheduler's worker thread in the client's order (`seq`), and completes a future.
+It holds any number of named LoRA adapters on the base model's backend (through the typed `Backend`
+operations, so in this process or on a Ray remote group alike); every operation runs on the
+scheduler's worker thread in the client's order (`seq`), and completes a future.
 """
 
 from __future__ import annotations
@@ -15,24 +16,16 @@ import time
 
 from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
 from twinkle.serve.backend import UserError
+from twinkle.serve.backend.base import library_errors
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.errors import BadRequest
-from twinkle.serve.native.lora_init import peft_like_init
 
 
 def internal_name(model_id: str, adapter: str) -> str:
     return "n" + hashlib.sha1(f"{model_id}/{adapter}".encode()).hexdigest()[:16]
 
 
-def user_errors(fn):
-    """Library complaints about a request (bad name, kwargs, shapes) are the caller's errors."""
-    def run(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UserError(str(e).strip("'\"")) from None
-    return run
+user_errors = library_errors  # library complaints about a request are the caller's errors
 
 
 class NativeModels:
@@ -48,23 +41,17 @@ class NativeModels:
         return self.svc.run(tenant, model_id, api="native")
 
     def engine_of(self, run: Run):
-        engine = self.rt.engine(run.base_model)
-        if engine.backend.multi_lora is None:  # training runs on Ray actors, not in this process
-            raise BadRequest(f"base model {run.base_model!r} trains on the Ray remote group "
-                             f"{engine.entry.remote_group!r}; the native API drives the multi-LoRA engine in the "
-                             "server process (a model entry without remote_group; a sampler_remote_group is fine): "
-                             "use the Tinker API (/api/v1) for it")
-        return engine
+        return self.rt.engine(run.base_model)
 
     def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None) -> dict:
-        """Queue `fn(engine, run)` (a MultiLoraModel and the run) on the model's queue; a FutureRef."""
+        """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a FutureRef."""
         run = self.model(tenant, model_id)
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
             seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
         request_id = self.svc.submit(tenant, engine, model_id, seq,
-                                     lambda: ("json", fn(engine.backend.multi_lora, run)), fuse)
+                                     lambda: ("json", fn(engine.backend, run)), fuse)
         return {"request_id": request_id, "model_id": model_id}
 
     def adapter(self, model_id: str, name: str | None) -> str:
@@ -101,20 +88,20 @@ class NativeModels:
         with self._lock:
             return label in self._adapters.get(model_id, {})
 
-    def register(self, run: Run, engine_adapters, label: str, internal: str) -> None:
+    def register(self, run: Run, rank: int, label: str, internal: str) -> None:
         with self._lock:
             self._adapters.setdefault(run.model_id, {})[label] = internal
             labels = sorted(self._adapters[run.model_id])
         self.svc.set_live(run.model_id, self.rt.engine(run.base_model), internal, replace=False)
-        lora = {**run.lora, "rank": engine_adapters[internal].spec.rank, "adapters": labels}
+        lora = {**run.lora, "rank": rank, "adapters": labels}
         self.rt.store.runs.set_lora(run.model_id, lora)
 
     def reserve(self, run: Run, internal: str, config) -> None:
         """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
         user_errors(self.rt.adapter_memory.reserve)(internal, self.engine_of(run).backend, config)
 
-    def unreserve_unless_built(self, engine, internal: str) -> None:
-        if internal not in engine.adapters:  # a duplicate's failure must not free the original's share
+    def unreserve_unless_built(self, backend, internal: str) -> None:
+        if backend.adapter_rank(internal) is None:  # a duplicate's failure must not free the original's share
             self.rt.adapter_memory.release(internal)
 
     # ---- models and adapters -------------------------------------------------------------------
@@ -139,48 +126,34 @@ class NativeModels:
         self.reserve(run, internal, config)
 
         @user_errors
-        def work(engine, run):
-            if internal in engine.adapters:
+        def work(backend, run):
+            if backend.adapter_rank(internal) is not None:
                 raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
             try:
-                engine.add_adapter_to_model(internal, config, req.gradient_accumulation_steps, seed=run.lora["seed"])
+                rank = backend.add_lora(internal, config, req.gradient_accumulation_steps, run.lora["seed"])
             finally:
-                self.unreserve_unless_built(engine, internal)
-            peft_like_init(engine, internal, run.lora["seed"])
-            self.register(run, engine.adapters, req.adapter_name, internal)
+                self.unreserve_unless_built(backend, internal)
+            self.register(run, rank, req.adapter_name, internal)
             return {"adapter_name": req.adapter_name, "rank": config.r}
 
         return self.submit(tenant, model_id, seq, work)
 
     def configure(self, tenant: str, model_id: str, seq, what: str, req: NamedComponent) -> dict:
         @user_errors
-        def work(engine, run):
+        def work(backend, run):
             internal = self.adapter(model_id, req.adapter_name)
-            state = engine.adapters[internal]
-            if what == "loss":
-                state.set_loss(req.name, **req.kwargs)
-            elif what == "optimizer":
-                state.set_optimizer(req.name, **req.kwargs)
-            elif what == "lr_scheduler":
-                from twinkle.model.optim import resolve_scheduler
-
-                # the local TransformersModel's scheduler classes, so both modes follow one lr schedule
-                state.set_scheduler(resolve_scheduler(req.name), **req.kwargs)
-            else:
-                from twinkle.metric import METRICS
-
-                state.metrics(req.is_training).append(METRICS.create(req.name, **req.kwargs))
+            backend.configure_adapter(internal, what, req.name, req.kwargs, getattr(req, "is_training", True))
             return {"set": what, "name": req.name}
 
         return self.submit(tenant, model_id, seq, work)
 
     def close(self, tenant: str, model_id: str) -> dict:
         """Free the model's adapters once its queued work has run (the run and its checkpoints stay)."""
-        def work(engine, run):
+        def work(backend, run):
             with self._lock:
                 adapters = self._adapters.pop(model_id, {})
             for internal in adapters.values():
-                engine.remove_adapter(internal)
+                backend.remove_adapter(internal)
                 self.rt.adapter_memory.release(internal)
             self.rt.live.pop(model_id)
             self.rt.store.sessions.finish(run.session_id, "success")

@@ -1,0 +1,327 @@
+"""The ranks of the remote backend: `TrainShard` (the training model) and `SamplerShard` (the sampler).
+
+Both are `@remote_class`es: built with `remote_group='name'` after `twinkle.mesh.initialize(mode='ray')`
+they are Ray actor groups, built with `remote_group=None` plain objects in this process. What the ranks
+do so that a data-parallel group equals one process:
+
+- forward_backward: each data rank gets its contiguous slice of every request's datums (Tinker) or
+  rows (native). Tinker losses are token sums, so the batch's gradient is the sum of the ranks'. A
+  native adapter's loss is normalised over its own loss tokens, so each rank's share of a pass's
+  gradient is weighted by its fraction of the pass's loss tokens (exact for token-mean losses, the
+  built-ins; what DDP does otherwise). A step all-reduces (sums) the gradients, then every rank
+  takes the same optimizer step and the replicas stay equal.
+- what a rank learns from its slice (loss, token counts, its metric record) is exchanged, so every
+  rank feeds the same merged record to the adapter's metrics and answers with the same numbers.
+- a request fails on every rank or on none: a failure or a non-finite loss on any rank restores
+  every rank's gradients from before the pass.
+- sampling: each request runs on one rank of the sampler group (round robin).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from twinkle.mesh import remote_class, remote_method
+from twinkle.mesh.device_mesh import split_bounds
+from twinkle.metric import ForwardRecord
+from twinkle.serve.backend.base import AdamParams, DatumsPass, ForwardResult, UserError
+from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
+from twinkle.serve.backend.sampling import TorchSampling
+
+
+class PeerFailed(UserError):
+    """This rank's part was fine but another data rank's failed, so the whole request failed."""
+
+
+def returns_user_errors(fn):
+    """Answer a UserError as a value: the driver re-raises it as the user's error (a raised one would
+    come back as a RemoteError, a server error)."""
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            return e
+
+    run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+    return run
+
+
+def read_files(folder) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in Path(folder).rglob("*") if f.is_file()}
+
+
+def write_files(files: dict[str, bytes], folder) -> None:
+    for relative, data in files.items():
+        (Path(folder) / relative).parent.mkdir(parents=True, exist_ok=True)
+        (Path(folder) / relative).write_bytes(data)
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _group_device() -> str | None:
+    """'cuda' on a rank of a cuda DeviceGroup (Ray gave the actor its GPU); else the default (CPU)."""
+    from twinkle.mesh import get_global_mesh
+
+    return "cuda" if get_global_mesh().device_type == "cuda" else None
+
+
+def _examples(item) -> str:
+    return "data" if isinstance(item, DatumsPass) else "rows"
+
+
+# -- forward_backward fan-out / fan-in ------------------------------------------------------------
+def _slice_items(args, kwargs, mesh, rank):
+    """Rank `rank` gets its data rank's contiguous slice of every request's datums or rows."""
+    (items,) = args
+    data_rank, parts = mesh.get_rank("data", rank), mesh.data_world_size
+    cut = []
+    for item in items:
+        examples = getattr(item, _examples(item))
+        start, stop = split_bounds(len(examples), parts, data_rank)
+        cut.append(dataclasses.replace(item, **{_examples(item): examples[start:stop]}))
+    return (cut,), kwargs
+
+
+def merge_rank_results(per_rank: list[dict]) -> list:
+    """Per request: the first real error; else, for Tinker, logprobs in datum order, `:sum` metrics
+    summed and the rest averaged over tokens; for native, the ranks' agreed outcome with the rows'
+    log-probs in row order."""
+    merged = []
+    for i in range(len(per_rank[0]["results"])):
+        parts = [(r["results"][i], r["tokens"][i]) for r in per_rank]
+        errors = [x for x, _ in parts if isinstance(x, Exception)]
+        if errors:
+            merged.append(next((e for e in errors if not isinstance(e, PeerFailed)), errors[0]))
+            continue
+        done = [(x, n) for x, n in parts if x is not None]  # ranks with an empty slice did nothing
+        if isinstance(done[0][0], dict):  # a native outcome: every rank holds the same merged numbers
+            merged.append({**done[0][0], "logprobs": [lp for x, _ in done for lp in x.get("logprobs", [])]})
+            continue
+        total = sum(n for _, n in done)
+        metrics = {}
+        for key in done[0][0].metrics:
+            values = [(x.metrics[key], n) for x, n in done]
+            metrics[key] = (sum(v for v, _ in values) if key.endswith(":sum")
+                            else sum(v * n for v, n in values) / total)
+        merged.append(ForwardResult([lp for x, _ in done for lp in x.logprobs], metrics))
+    return merged
+
+
+@dataclasses.dataclass
+class _Saved:
+    """An adapter's training state before a pass, to undo it."""
+
+    grads: list
+    pending: bool
+    micro_step: int
+    consumed_batches: int
+
+
+class _Recorder(list):
+    """Stands in for an adapter's metric list during a pass: keeps the rank's record for merging."""
+
+    def __init__(self):
+        super().__init__([self])
+        self.record: ForwardRecord | None = None
+
+    def on_forward(self, record: ForwardRecord) -> None:
+        self.record = record
+
+
+def _merge_records(records: list[ForwardRecord]) -> ForwardRecord:
+    """The record one process would have made of the whole pass."""
+    tokens = sum(r.loss_tokens for r in records)
+    scored = [r for r in records if r.loss_tokens]
+    finite = bool(scored) and all(r.finite for r in scored)
+    if finite:
+        loss = sum(r.loss * r.loss_tokens for r in scored) / tokens
+    else:
+        loss = next((r.loss for r in scored if not r.finite), float("nan"))
+    extras = {k: sum(r.extras.get(k, 0.0) * r.loss_tokens for r in scored) / tokens
+              for k in (scored[0].extras if finite else {})}
+    return ForwardRecord(loss=loss, loss_tokens=tokens, input_tokens=sum(r.input_tokens for r in records),
+                         correct_tokens=sum(r.correct_tokens for r in records),
+                         seconds=max(r.seconds for r in records), flops=sum(r.flops for r in records),
+                         finite=finite, extras=extras)
+
+
+@remote_class
+class TrainShard(MultiLoraBackend):
+    """One data-parallel rank of the training model (MultiLoraModel, no sampler of its own)."""
+
+    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
+                 trust_remote_code: bool = False):
+        if model_path is None:  # resolved on this rank's node, as a hub id is
+            from twinkle.hub import resolve_model_path
+
+            model_path = str(resolve_model_path(base_model))
+        super().__init__(base_model, model_path, dtype=dtype, device=_group_device(),
+                         trust_remote_code=trust_remote_code)
+
+    def _init_sampler(self, *args, **kwargs) -> None:
+        pass  # sampling is the SamplerShard's
+
+    def describe(self) -> dict:
+        return {"vocab_size": self.vocab_size, "max_context": self.max_context}
+
+    create_adapter = returns_user_errors(MultiLoraBackend.create_adapter)
+    remove_adapter = returns_user_errors(MultiLoraBackend.remove_adapter)
+    add_lora = returns_user_errors(MultiLoraBackend.add_lora)
+    configure_adapter = returns_user_errors(MultiLoraBackend.configure_adapter)
+    calculate_metric = returns_user_errors(MultiLoraBackend.calculate_metric)
+
+    # Tensors cross to the server on the CPU (it may have no GPU).
+    @returns_user_errors
+    def adapter_tensors(self, name):
+        return super().adapter_tensors(name).to(device="cpu")
+
+    # Checkpoints cross as the folder's files, so no rank needs the server's disk; the ranks are
+    # replicas, so rank 0's files are everyone's.
+    @returns_user_errors
+    def checkpoint_files(self, name: str, training_state: bool) -> dict[str, bytes]:
+        with tempfile.TemporaryDirectory() as folder:
+            super().save_checkpoint(name, folder, training_state)
+            return read_files(folder)
+
+    @returns_user_errors
+    def load_checkpoint_files(self, name: str, files: dict[str, bytes], training_state: bool, implicit_adam: bool) -> dict:
+        with tempfile.TemporaryDirectory() as folder:
+            write_files(files, folder)
+            return super().load_checkpoint(name, folder, training_state, implicit_adam)
+
+    @remote_method(dispatch=_slice_items, collect=merge_rank_results)
+    def forward_backward_many(self, items) -> dict:
+        states = {it.adapter: self.engine.adapters[it.adapter] for it in items if it.adapter in self.engine.adapters}
+        saved = {it.adapter: _Saved([None if p.grad is None else p.grad.clone() for p in states[it.adapter].params],
+                                    states[it.adapter].nonfinite_pending, states[it.adapter].micro_step,
+                                    states[it.adapter].consumed_batches)
+                 for it in items if not it.forward_only and it.adapter in states}
+        recorders = {(name, train): _Recorder() for name in states for train in (True, False)}
+        kept = {name: (s.train_metrics, s.eval_metrics) for name, s in states.items()}
+        for name, s in states.items():
+            s.train_metrics, s.eval_metrics = recorders[(name, True)], recorders[(name, False)]
+        results: list = [None] * len(items)
+        live = [i for i, item in enumerate(items) if getattr(item, _examples(item))]
+        try:
+            if live:
+                for i, r in zip(live, super().forward_backward_many([items[i] for i in live])):
+                    results[i] = r
+        except Exception as e:  # noqa: BLE001 - every rank must still reach the collective below
+            for i in live:
+                results[i] = e
+        finally:
+            for name, s in states.items():
+                s.train_metrics, s.eval_metrics = kept[name]
+        mine = [(isinstance(r, Exception), None if r is None or isinstance(r, Exception)
+                 else recorders[(item.adapter, not item.forward_only)].record) for item, r in zip(items, results)]
+        everyone = [mine]
+        if _world() > 1:
+            everyone = [None] * _world()
+            dist.all_gather_object(everyone, mine)
+        for i, item in enumerate(items):
+            self._agree(i, item, results, [rank[i] for rank in everyone], mine[i][1], states.get(item.adapter),
+                        saved.get(item.adapter))
+        return {"results": results, "tokens": [sum(len(d.tokens) for d in item.data) if isinstance(item, DatumsPass)
+                                                else 0 for item in items]}
+
+    def _agree(self, i, item, results, parts, own, state, saved) -> None:
+        """Make request i's outcome and effects on this rank those of the whole request."""
+        failed = any(f for f, _ in parts)
+        records = [r for _, r in parts if r is not None]
+        merged = None if failed or not records else _merge_records(records)
+        if failed:
+            if not isinstance(results[i], Exception):
+                results[i] = PeerFailed("the request failed on another data-parallel rank")
+        elif not isinstance(item, DatumsPass):
+            mine = results[i] or {}
+            results[i] = {**mine, "loss": merged.loss, "loss_tokens": merged.loss_tokens, "finite": merged.finite,
+                          "metrics": dict(merged.extras)} if records else results[i]
+        if state is None:
+            return
+        if saved is not None:
+            if failed or (merged is not None and not merged.finite):
+                for p, grad in zip(state.params, saved.grads):
+                    p.grad = grad  # as if the pass never ran (or, non-finite, never back-propagated), on every rank
+            elif not isinstance(item, DatumsPass) and merged is not None and merged.loss_tokens and _world() > 1:
+                weight = (own.loss_tokens if own is not None else 0) / merged.loss_tokens
+                for p, grad in zip(state.params, saved.grads):
+                    if p.grad is not None:
+                        p.grad = (p.grad if grad is None else p.grad - grad) * weight + (0 if grad is None else grad)
+            if failed:  # the ranks' counters stay equal, so they agree on the next accumulation boundary
+                state.micro_step, state.consumed_batches = saved.micro_step, saved.consumed_batches
+                state.nonfinite_pending = saved.pending
+            else:
+                state.nonfinite_pending = saved.pending or (merged is not None and not merged.finite)
+                if not getattr(item, _examples(item)):  # an empty slice still counts as the window's micro-batch
+                    state.micro_step += 1
+                    state.consumed_batches += 1
+        if merged is not None:
+            for metric in state.metrics(not item.forward_only):
+                metric.on_forward(merged)
+
+    def _sum_gradients(self, state) -> None:
+        """Sum the ranks' gradients: the gradient of the whole batch's loss on every rank."""
+        if _world() == 1:
+            return
+        has = torch.tensor([float(any(p.grad is not None for p in state.params))], device=self.engine.device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)
+        if has.item():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in state.params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat)
+            for p, chunk in zip(state.params, flat.split([p.numel() for p in state.params])):
+                p.grad = chunk.view_as(p).clone()
+
+    @returns_user_errors
+    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
+        self._sum_gradients(self._state(name))
+        return super().optim_step(name, params)
+
+    @returns_user_errors
+    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
+        state = self._state(name)
+        if state.micro_step >= state.gradient_accumulation_steps:  # every rank agrees: their counters are equal
+            self._sum_gradients(state)
+        return super().clip_grad_and_step(name, max_grad_norm)
+
+
+def _one_rank(args, kwargs, mesh, rank):
+    """The request goes to rank `route % world`; the other ranks get an empty call and answer None."""
+    if kwargs.get("route", 0) % mesh.world_size == rank:
+        return args, kwargs
+    return (), {"route": -1}
+
+
+@remote_class
+class SamplerShard(TorchSampling):
+    """One replica of the sampler (TorchSampler on its own copy of the base weights)."""
+
+    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
+                 max_batch_size: int = 64, trust_remote_code: bool = False):
+        from transformers import AutoConfig
+
+        if model_path is None:
+            from twinkle.hub import resolve_model_path
+
+            model_path = str(resolve_model_path(base_model))
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        self.vocab_size = config.vocab_size
+        self.max_context = int(getattr(config, "max_position_embeddings", 4096))
+        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size, device=_group_device(),
+                           trust_remote_code=trust_remote_code)
+
+    def set_adapter(self, name: str, weights) -> None:
+        self.sampler.set_adapter(name, weights)
+
+    @remote_method(dispatch=_one_rank, collect=lambda results: next(r for r in results if r is not None))
+    def sample_one(self, *args, route: int = 0):
+        if route < 0:
+            return None
+        return returns_user_errors(self.sample)(*args)
