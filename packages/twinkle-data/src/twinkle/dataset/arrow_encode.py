@@ -1,0 +1,159 @@
+"""Encoding at scale: rows streamed through a Template into an Arrow file, one chunk at a time.
+
+Memory stays bounded whatever the row count. Rows are pulled from the source a chunk at a time; at
+most ``2 * num_proc`` chunks are in flight (being encoded or waiting their turn to be written); each
+encoded chunk becomes one Arrow record batch, written the moment it is next in order and then dropped.
+The result is read back memory-mapped, so the encoded dataset never sits in Python lists.
+
+Rendering a chat template is Python (Jinja) and takes most of the time, so a process pool over chunks
+uses every core; the tokenizer's own threads would only speed up the tokenizing part
+(``benchmarks/bench_data_scale.py`` measures both). Workers run with ``TOKENIZERS_PARALLELISM=false``
+so the two kinds of parallelism do not fight over the same cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+from tqdm import tqdm
+
+from twinkle.dataset.errors import DataError
+from twinkle.dataset.readers import rows_to_columns
+
+
+@dataclass
+class EncodeReport:
+    rows_read: int = 0
+    rows_written: int = 0
+    dropped: int = 0          # deleted by the template (longer than max_length, truncation 'delete')
+    max_rows_held: int = 0    # most rows read from the source but not yet written, at any moment
+
+
+_template = None  # a worker process's own copy, set once by _start_worker
+
+
+def _start_worker(template) -> None:
+    global _template
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _template = template
+
+
+def encode_chunk(rows: list[dict], first: int, add_generation_prompt: bool,
+                 template=None) -> tuple[pa.RecordBatch | None, int]:
+    """One chunk of rows to (its record batch or None when every row was dropped, rows dropped)."""
+    template = template or _template
+    encoded = template.batch_encode(rows, add_generation_prompt=add_generation_prompt, first_index=first)
+    kept = [e for e in encoded if e is not None]
+    if not kept:
+        return None, len(encoded)
+    try:
+        return pa.RecordBatch.from_pydict(rows_to_columns(kept)), len(encoded) - len(kept)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise DataError(f"rows {first}..{first + len(rows) - 1}: encoded rows have inconsistent types: {e}") from None
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, first: int) -> pa.RecordBatch:
+    """A later chunk in the first chunk's schema (a column that was all None there, or missing here)."""
+    if batch.schema.equals(schema):
+        return batch
+    extra = set(batch.schema.names) - set(schema.names)
+    if extra:
+        raise DataError(f"rows from {first}: columns {sorted(extra)} appear that the first rows did not have; "
+                        f"give every row the same keys")
+    columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
+               for f in schema]
+    try:
+        return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise DataError(f"rows from {first}: column types differ from the first rows' ({e}); "
+                        f"give every row the same types") from None
+
+
+class _Sink:
+    """Writes record batches in order to an Arrow stream file and keeps the counts."""
+
+    def __init__(self, path: Path, report: EncodeReport, bar):
+        self.path, self.report, self.bar = path, report, bar
+        self.writer = self.schema = None
+        self.done = 0  # rows read and fully handled (written or dropped)
+
+    def put(self, result: tuple[pa.RecordBatch | None, int], n_rows: int, first: int) -> None:
+        batch, dropped = result
+        if batch is not None:
+            if self.writer is None:
+                self.schema = batch.schema
+                self.writer = pa.ipc.new_stream(str(self.path), self.schema)
+            batch = _conform(batch, self.schema, first)
+            self.writer.write_batch(batch)
+            self.report.rows_written += batch.num_rows
+        self.report.dropped += dropped
+        self.done += n_rows
+        self.bar.update(n_rows)
+
+    def close(self) -> None:
+        if self.writer is None:  # nothing survived: an empty file that still reads back
+            self.writer = pa.ipc.new_stream(str(self.path), pa.schema([]))
+        self.writer.close()
+
+
+def _chunks(rows: Iterable[dict], size: int, report: EncodeReport, sink: _Sink) -> Iterator[tuple[int, list[dict]]]:
+    it = iter(rows)
+    while chunk := list(itertools.islice(it, size)):
+        first = report.rows_read
+        report.rows_read += len(chunk)
+        report.max_rows_held = max(report.max_rows_held, report.rows_read - sink.done)
+        yield first, chunk
+
+
+def encode_to_arrow(rows: Iterable[dict], template, path: str | os.PathLike, *, add_generation_prompt: bool = False,
+                    num_proc: int = 1, chunk_rows: int = 1000, total: int | None = None,
+                    desc: str = "encode") -> tuple[datasets.Dataset, EncodeReport]:
+    """Encode ``rows`` (any iterable, read once) with ``template`` into the Arrow file ``path``.
+
+    Returns the encoded dataset, memory-mapped from ``path``, and an EncodeReport. ``num_proc`` > 1
+    encodes chunks of ``chunk_rows`` in that many worker processes; the output order is the input's.
+    A progress bar is drawn on stderr only when it is a terminal.
+    """
+    if num_proc < 1 or chunk_rows < 1:
+        raise ValueError(f"num_proc and chunk_rows must be >= 1, got {num_proc} and {chunk_rows}")
+    path = Path(path)
+    report = EncodeReport()
+    with tqdm(total=total, desc=desc, unit="row", disable=None) as bar:
+        sink = _Sink(path, report, bar)
+        try:
+            chunks = _chunks(rows, chunk_rows, report, sink)
+            if num_proc == 1:
+                for first, chunk in chunks:
+                    sink.put(encode_chunk(chunk, first, add_generation_prompt, template), len(chunk), first)
+            else:
+                _encode_in_pool(chunks, template, add_generation_prompt, num_proc, sink)
+        finally:
+            sink.close()
+    return datasets.Dataset.from_file(str(path)), report
+
+
+def _encode_in_pool(chunks, template, add_generation_prompt: bool, num_proc: int, sink: _Sink) -> None:
+    # spawn, not fork: the parent may hold torch / tokenizer threads and Ray state that fork copies badly
+    pool = ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(template,))
+    pending: deque[tuple[Future, int, int]] = deque()
+    try:
+        for first, chunk in chunks:
+            pending.append((pool.submit(encode_chunk, chunk, first, add_generation_prompt), len(chunk), first))
+            if len(pending) >= 2 * num_proc:  # bounded: wait for the oldest before reading more
+                future, n, at = pending.popleft()
+                sink.put(future.result(), n, at)
+        while pending:
+            future, n, at = pending.popleft()
+            sink.put(future.result(), n, at)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
