@@ -99,3 +99,21 @@ def test_peak_memory_stays_flat_when_the_rows_grow_10x(tmp_path):
         assert result["rows"] == n
         peaks[n] = result["peak_kb"]
     assert peaks[10_000] - peaks[1_000] < 40 * 1024, peaks
+
+
+def test_columns_that_change_between_chunks_come_out_as_one_conversion_would(tmp_path, tiny_template):
+    """A column None in the first chunk and numbers later, an int column that turns float, a message
+    field and a key only later rows have: nothing is dropped or refused, the types are the widest."""
+    rows = list(chat_rows(90))
+    for row in rows:
+        row["score"] = None
+    rows[45]["score"] = 3
+    rows[70]["score"] = 0.5
+    rows[80]["messages"][1]["loss"] = False
+    rows[85]["source"] = "web"
+    expected = in_memory(rows, tiny_template)
+    encoded, _ = encode_to_arrow(rows, tiny_template, tmp_path / "drift.arrow", chunk_rows=20)
+    assert encoded.to_list() == expected
+    assert encoded[80]["messages"][1]["loss"] is False and encoded[85]["source"] == "web"
+    assert encoded.features["score"].dtype == "float64"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drift.arrow"]  # segments cleaned up

@@ -61,38 +61,53 @@ def encode_chunk(rows: list[dict], first: int, add_generation_prompt: bool,
         raise DataError(f"rows {first}..{first + len(rows) - 1}: encoded rows have inconsistent types: {e}") from None
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema, first: int) -> pa.RecordBatch:
-    """A later chunk in the first chunk's schema (a column that was all None there, or missing here)."""
-    if batch.schema.equals(schema):
-        return batch
-    extra = set(batch.schema.names) - set(schema.names)
-    if extra:
-        raise DataError(f"rows from {first}: columns {sorted(extra)} appear that the first rows did not have; "
-                        f"give every row the same keys")
+def _cast(batch: pa.RecordBatch, schema: pa.Schema, first: int) -> pa.RecordBatch:
+    """``batch`` in a schema at least as wide as its own (columns it lacks become nulls)."""
     columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
                for f in schema]
     try:
         return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise DataError(f"rows from {first}: column types differ from the first rows' ({e}); "
-                        f"give every row the same types") from None
+        raise DataError(f"rows from {first}: column types differ from earlier rows' ({e})") from None
+
+
+def _widen(schema: pa.Schema, other: pa.Schema, first: int) -> pa.Schema:
+    try:
+        return pa.unify_schemas([schema, other], promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise DataError(f"rows from {first}: column types differ from earlier rows' ({e})") from None
 
 
 class _Sink:
-    """Writes record batches in order to an Arrow stream file and keeps the counts."""
+    """Writes record batches in order to one Arrow stream file and keeps the counts.
+
+    Chunks can disagree in detail (a key or message field only later rows have, a column all None so
+    far): a batch the current schema cannot hold losslessly starts a new segment in the widened
+    schema, and at the end the segments are rewritten, batch by batch, into the final schema, so the
+    file equals what one conversion of all rows would give."""
 
     def __init__(self, path: Path, report: EncodeReport, bar):
         self.path, self.report, self.bar = path, report, bar
         self.writer = self.schema = None
+        self.segments: list[Path] = []
         self.done = 0  # rows read and fully handled (written or dropped)
+
+    def _start_segment(self, schema: pa.Schema) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.segments.append(self.path.with_name(f"{self.path.name}.part{len(self.segments)}"))
+        self.schema, self.writer = schema, pa.ipc.new_stream(str(self.segments[-1]), schema)
 
     def put(self, result: tuple[pa.RecordBatch | None, int], n_rows: int, first: int) -> None:
         batch, dropped = result
         if batch is not None:
-            if self.writer is None:
-                self.schema = batch.schema
-                self.writer = pa.ipc.new_stream(str(self.path), self.schema)
-            batch = _conform(batch, self.schema, first)
+            if self.schema is None:
+                self._start_segment(batch.schema)
+            elif not batch.schema.equals(self.schema):
+                wider = _widen(self.schema, batch.schema, first)
+                if not wider.equals(self.schema):
+                    self._start_segment(wider)
+                batch = _cast(batch, self.schema, first)
             self.writer.write_batch(batch)
             self.report.rows_written += batch.num_rows
         self.report.dropped += dropped
@@ -101,8 +116,18 @@ class _Sink:
 
     def close(self) -> None:
         if self.writer is None:  # nothing survived: an empty file that still reads back
-            self.writer = pa.ipc.new_stream(str(self.path), pa.schema([]))
+            pa.ipc.new_stream(str(self.path), pa.schema([])).close()
+            return
         self.writer.close()
+        if len(self.segments) == 1:
+            os.replace(self.segments[0], self.path)
+            return
+        with pa.ipc.new_stream(str(self.path), self.schema) as out:
+            for segment in self.segments:
+                with pa.memory_map(str(segment)) as source:
+                    for batch in pa.ipc.open_stream(source):
+                        out.write_batch(_cast(batch, self.schema, 0))
+                segment.unlink()
 
 
 def _chunks(rows: Iterable[dict], size: int, report: EncodeReport, sink: _Sink) -> Iterator[tuple[int, list[dict]]]:
