@@ -143,3 +143,25 @@ def test_ms_without_extra_or_network(tmp_path, monkeypatch, silent_server):
 def test_unknown_path_is_a_clear_error():
     with pytest.raises(DataError, match="neither a local file or folder nor a dataset id"):
         Dataset(DatasetMeta("./no/such/place"))
+
+
+def test_a_jsonl_read_in_chunks_equals_one_table_of_all_its_rows(tmp_path):
+    """Keys and struct fields that only a later chunk has, and ints that turn into floats, come out as
+    if every row had been converted at once."""
+    from twinkle.dataset.readers import iter_rows, read_file, rows_to_columns
+
+    path = tmp_path / "mixed.jsonl"
+    with path.open("w") as f:
+        for i in range(1000):
+            row = {"id": i, "messages": [{"role": "user", "content": f"q{i}"}]}
+            if i == 650:
+                row["messages"][0]["loss"] = False
+                row["score"] = 2.5
+            if i == 10:
+                row["score"] = 1
+            f.write(json.dumps(row) + "\n")
+    chunked = read_file(path, chunk_rows=300)
+    whole = pa.Table.from_pydict(rows_to_columns(list(iter_rows(path))))
+    assert chunked.schema == whole.schema and chunked.schema.field("score").type == pa.float64()
+    assert chunked.to_pylist() == whole.to_pylist()
+    assert chunked.to_pylist()[650]["messages"][0]["loss"] is False

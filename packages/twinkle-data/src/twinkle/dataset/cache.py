@@ -3,6 +3,9 @@
 The key hashes the data's lineage (source files with sizes and mtimes, slices, every preprocessor
 and filter with its settings) and the template's signature (tokenizer, chat template, limits), so a
 changed file, op or tokenizer misses the cache instead of serving stale tokens.
+
+Encoding streams into an Arrow file (twinkle.dataset.arrow_encode), so memory stays bounded however
+many rows there are; a cached result is memory-mapped from its file.
 """
 
 from __future__ import annotations
@@ -11,71 +14,55 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import datasets
-from tqdm import tqdm
 
+from twinkle.dataset.arrow_encode import encode_to_arrow
 from twinkle.dataset.loading import _hash
 from twinkle.hub import cache_root
 
 logger = logging.getLogger(__name__)
+ENCODED_FILE = "encoded.arrow"
+FORMAT = "arrow-stream-1"  # part of the key: folders written in an earlier layout are simply missed
 
 
-def encode_rows(part: datasets.Dataset, template, add_generation_prompt: bool, batch_size: int,
-                key: str) -> datasets.Dataset:
-    from twinkle.dataset.dataset import apply_rows
+def iter_part_rows(part: datasets.Dataset, batch_size: int) -> Iterator[dict]:
+    for columns in part.iter(batch_size=batch_size):
+        yield from (dict(zip(columns, values)) for values in zip(*columns.values()))
 
-    dropped = 0
-    # On stderr only when it is a terminal (disable=None): logs and CI output stay clean.
-    bar = tqdm(total=len(part), desc=f"encode {key}", unit="row", disable=None)
 
-    def op(rows, first):
-        nonlocal dropped
-        encoded = template.batch_encode(rows, add_generation_prompt=add_generation_prompt, first_index=first)
-        kept = [e for e in encoded if e is not None]
-        dropped += len(encoded) - len(kept)
-        bar.update(len(rows))
-        return kept
-
-    with bar:
-        result = apply_rows(part, op, batch_size)
-    if dropped:
+def _encode_into(folder: Path, part: datasets.Dataset, template, add_generation_prompt: bool, batch_size: int,
+                 key: str, num_proc: int) -> datasets.Dataset:
+    encoded, report = encode_to_arrow(iter_part_rows(part, batch_size), template, folder / ENCODED_FILE,
+                                      add_generation_prompt=add_generation_prompt, num_proc=num_proc,
+                                      chunk_rows=batch_size, total=len(part), desc=f"encode {key}")
+    if report.dropped:
         logger.warning("%s: %d rows longer than max_length=%s were deleted (truncation_strategy='delete')",
-                       key, dropped, template.max_length)
-    return result
-
-
-def _quiet_save(data: datasets.Dataset, folder: str) -> None:
-    from datasets import utils as hf_tqdm
-
-    was_disabled = hf_tqdm.are_progress_bars_disabled()
-    hf_tqdm.disable_progress_bars()  # a cache write is not worth a progress bar in the user's log
-    try:
-        data.save_to_disk(folder)
-    finally:
-        if not was_disabled:
-            hf_tqdm.enable_progress_bars()
+                       key, report.dropped, template.max_length)
+    return encoded
 
 
 def encode_cached(part: datasets.Dataset, lineage: str | None, template, add_generation_prompt: bool,
-                  batch_size: int, key: str) -> tuple[datasets.Dataset, str | None]:
-    if lineage is None:
-        return encode_rows(part, template, add_generation_prompt, batch_size, key), None
+                  batch_size: int, key: str, num_proc: int = 1) -> tuple[datasets.Dataset, str | None]:
+    root = cache_root() / "encoded"
+    root.mkdir(parents=True, exist_ok=True)
+    if lineage is None:  # nothing to key a cache on: encode through a scratch file, keep the result in memory
+        with tempfile.TemporaryDirectory(prefix=".uncached-", dir=root) as scratch:
+            encoded = _encode_into(Path(scratch), part, template, add_generation_prompt, batch_size, key, num_proc)
+            return datasets.Dataset.from_file(encoded.cache_files[0]["filename"], in_memory=True), None
     new_lineage = _hash(lineage, template.signature(), add_generation_prompt)
-    folder = cache_root() / "encoded" / new_lineage
-    if (folder / "dataset_info.json").exists():
-        cached = datasets.load_from_disk(str(folder))
-        if isinstance(cached, datasets.Dataset):  # anything else there is not ours: encode again
-            logger.info("%s: encoded rows loaded from cache %s", key, folder)
-            return cached, new_lineage
-    encoded = encode_rows(part, template, add_generation_prompt, batch_size, key)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".encoding-", dir=folder.parent)
+    folder = root / _hash(new_lineage, FORMAT)
+    if (folder / ENCODED_FILE).exists():
+        logger.info("%s: encoded rows loaded from cache %s", key, folder)
+        return datasets.Dataset.from_file(str(folder / ENCODED_FILE)), new_lineage
+    staging = Path(tempfile.mkdtemp(prefix=".encoding-", dir=root))
     try:
-        _quiet_save(encoded, staging)
+        _encode_into(staging, part, template, add_generation_prompt, batch_size, key, num_proc)
         os.rename(staging, folder)  # atomic: a concurrent writer of the same key simply loses the race
     except OSError:
         pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return encoded, new_lineage
+    return datasets.Dataset.from_file(str(folder / ENCODED_FILE)), new_lineage

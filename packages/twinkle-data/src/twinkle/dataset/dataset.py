@@ -120,9 +120,11 @@ class Dataset:
             self.template = TEMPLATES.get(template)(model_id=model_id, max_length=max_length, **kwargs)
         return self
 
-    def encode(self, add_generation_prompt: bool = False, cache: bool = True) -> Dataset:
+    def encode(self, add_generation_prompt: bool = False, cache: bool = True, num_proc: int = 1) -> Dataset:
         """Tokenize every row with the template: ``input_ids`` and ``labels`` (or, with
-        ``add_generation_prompt``, prompts for sampling). Arrow data is cached on disk by lineage."""
+        ``add_generation_prompt``, prompts for sampling). Arrow data is encoded chunk by chunk into an
+        Arrow file (``num_proc`` worker processes; memory bounded whatever the row count), cached on
+        disk by lineage and memory-mapped; streamed data is encoded lazily as it is read."""
         if self.template is None:
             raise DataError("encode() needs a template: call dataset.set_template(...) first")
         template = self.template
@@ -133,7 +135,7 @@ class Dataset:
                 continue
             lineage = self._lineage[key] if cache else None
             self._parts[key], self._lineage[key] = encode_cached(
-                part, lineage, template, add_generation_prompt, self.batch_size, key)
+                part, lineage, template, add_generation_prompt, self.batch_size, key, num_proc)
         return self
 
     def mix_dataset(self, strategy: str = "concat", probabilities: Sequence[float] | None = None,

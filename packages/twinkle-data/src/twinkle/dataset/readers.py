@@ -6,6 +6,7 @@ which line to fix, not that "JSON parsing failed".
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,12 +119,19 @@ def rows_to_columns(rows: list[dict]) -> dict[str, list]:
     return {k: [row.get(k) for row in rows] for k in keys}
 
 
-def read_file(path: Path) -> pa.Table:
+def read_file(path: Path, chunk_rows: int = 10_000) -> pa.Table:
+    """The whole file as one Arrow table, built ``chunk_rows`` rows at a time: a big JSONL never sits
+    in memory as Python dicts (a dict per row costs several times its Arrow form)."""
     fmt = data_format(path)
     if fmt in ("parquet", "csv"):
         return read_table(path)
-    rows = list(iter_rows(path))
+    rows = iter_rows(path)
     try:
-        return pa.Table.from_pydict(rows_to_columns(rows))
+        tables = [pa.Table.from_pydict(rows_to_columns(chunk))
+                  for chunk in iter(lambda: list(itertools.islice(rows, chunk_rows)), [])]
+        if not tables:
+            return pa.table({})
+        # chunks may differ in detail (a key or struct field only some rows have): unified like one table
+        return pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
     except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
         raise DataError(f"{path}: rows have inconsistent types across lines: {e}") from None

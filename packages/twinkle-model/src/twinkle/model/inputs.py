@@ -148,6 +148,21 @@ def check_vocab(batch: dict[str, torch.Tensor], vocab_size: int) -> None:
                              f"the vocabulary of size {vocab_size}")
 
 
+def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(batch row, start, length) of each input sequence: one per row when padded (right padding,
+    its real tokens from the attention mask), several per row when packed (padding-free: no attention
+    mask, and ``position_ids`` restart at 0 where each sequence begins)."""
+    ids = batch["input_ids"]
+    if "attention_mask" in batch or "position_ids" not in batch:
+        lengths = batch["attention_mask"].sum(1).tolist() if "attention_mask" in batch else [ids.shape[1]] * ids.shape[0]
+        return [(b, 0, int(n)) for b, n in enumerate(lengths)]
+    spans = []
+    for b, positions in enumerate(batch["position_ids"]):
+        starts = (positions == 0).nonzero().flatten().tolist() + [positions.numel()]
+        spans.extend((b, s, e - s) for s, e in zip(starts, starts[1:]))
+    return spans
+
+
 def shift_fields(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Align per-token fields with the shifted targets (drop position 0, which nothing predicts)."""
     return {k: (v[:, 1:] if v.dim() >= 2 else v) for k, v in fields.items()}

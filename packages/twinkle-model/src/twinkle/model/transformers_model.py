@@ -304,8 +304,7 @@ class TransformersModel(TwinkleModel):
                 _, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
             logps = ctx.logps_B_T.float()
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
-        lengths = ctx.batch["attention_mask"].sum(1).tolist() if "attention_mask" in ctx.batch else [logps.shape[1] + 1] * logps.shape[0]
-        rows = [[0.0] + logps[i, : n - 1].tolist() for i, n in enumerate(lengths)]
+        rows = [[0.0] + logps[b, s: s + n - 1].tolist() for b, s, n in model_inputs.sequence_spans(ctx.batch)]
         return {"loss": float(out.loss) if out else None, "logprobs": rows}
 
     @remote_method()
