@@ -69,10 +69,10 @@ class DataLoader:
             self._length = None  # streamed: no random access
 
     # ---- order ---------------------------------------------------------------------------------
-    def _order(self) -> np.ndarray:
+    def _order(self, length: int) -> np.ndarray:
         if not self.shuffle:
-            return np.arange(self._length)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self._length)
+            return np.arange(length)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(length)
 
     def _stream_order(self) -> Iterator[tuple[int, object]]:
         """(position, row) from a streamed dataset: a seeded shuffle buffer, replayed from the start on
@@ -86,6 +86,7 @@ class DataLoader:
     def _fetch(self, position: int, index: int | None, row=None):
         try:
             if row is None:
+                assert index is not None, "a row by index comes from a dataset with random access"
                 row = self.dataset[int(index)]
             reason = self.check(row)
         except (DataError, KeyError, ValueError, TypeError, IndexError) as e:
@@ -99,7 +100,7 @@ class DataLoader:
 
     def _global_batches(self) -> Iterator[list]:
         if self._length is not None:
-            order = self._order()
+            order = self._order(self._length)
             source = ((p, int(order[p]), None) for p in range(self.position, self._length))
         else:
             source = ((p, None, row) for p, row in itertools.islice(self._stream_order(), self.position, None))

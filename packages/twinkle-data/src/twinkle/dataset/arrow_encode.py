@@ -51,6 +51,7 @@ def encode_chunk(rows: list[dict], first: int, add_generation_prompt: bool,
                  template=None) -> tuple[pa.RecordBatch | None, int]:
     """One chunk of rows to (its record batch or None when every row was dropped, rows dropped)."""
     template = template or _template
+    assert template is not None, "encode_chunk runs in a worker started by _start_worker, or is given the template"
     encoded = template.batch_encode(rows, add_generation_prompt=add_generation_prompt, first_index=first)
     kept = [e for e in encoded if e is not None]
     if not kept:
@@ -108,6 +109,7 @@ class _Sink:
                 if not wider.equals(self.schema):
                     self._start_segment(wider)
                 batch = _cast(batch, self.schema, first)
+            assert self.writer is not None  # _start_segment opened it for the first batch
             self.writer.write_batch(batch)
             self.report.rows_written += batch.num_rows
         self.report.dropped += dropped

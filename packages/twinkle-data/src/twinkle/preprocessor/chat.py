@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from twinkle.dataset.errors import DataError
 from twinkle.preprocessor.base import Preprocessor
@@ -78,7 +79,7 @@ class MessagesProcessor(Preprocessor):
         if role is None:
             raise DataError(f"{index_hint}: unknown speaker {speaker!r}; expected one of {', '.join(ROLE_ALIASES)}")
         content = turn.get("content", turn.get("value"))
-        message = {"role": role, "content": "" if content is None else str(content)}
+        message: dict[str, Any] = {"role": role, "content": "" if content is None else str(content)}
         if str(speaker).lower() == "function_call":  # ShareGPT keeps the call as JSON text in value
             try:
                 call = json.loads(message["content"])

@@ -19,11 +19,12 @@ import socket
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
 from twinkle.mesh.remote import RemoteError, WorkerDied, collect_results, dispatch_args, method_spec
-from twinkle.mesh.runtime import get_runtime, require_ray
+from twinkle.mesh.runtime import get_runtime, ray_runtime, require_ray
 
 ray = require_ray()
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
@@ -110,7 +111,7 @@ def group_placement(group: DeviceGroup):
     """The Ray placement group reserving `group`'s devices (one bundle per rank: 1 CPU, plus 1 GPU
     for cuda, plus `resources_per_rank`; `placement='spread'`: each bundle on its own node), made on
     first use and shared by its components."""
-    rt = get_runtime()
+    rt = ray_runtime()
     if group.name not in rt.placements:
         bundle = {"CPU": 1.0, **({"GPU": 1.0} if group.device_type == "cuda" else {}), **group.resources_per_rank}
         strategy = {"pack": "PACK", "spread": "STRICT_SPREAD"}[group.placement]
@@ -129,7 +130,7 @@ class RemoteGroup:
     """Proxy for `cls` built on every rank of `group`. Methods keep their names and signatures."""
 
     def __init__(self, cls: type, group: DeviceGroup, args: tuple, kwargs: dict):
-        rt = get_runtime()
+        rt = ray_runtime()
         n = group.world_size
         mesh = kwargs.get("device_mesh")
         if not isinstance(mesh, DeviceMesh):
@@ -139,7 +140,8 @@ class RemoteGroup:
             mesh = DeviceMesh(dict(mesh.sizes), ep_size=mesh.ep_size, device_type=group.device_type)
             if "device_mesh" in kwargs:  # the component sees the group's device type too
                 kwargs = {**kwargs, "device_mesh": mesh}
-        self._cls, self._group, self._mesh, self._infos = cls, group, mesh, []
+        self._cls, self._group, self._mesh = cls, group, mesh
+        self._infos: list[dict[str, Any]] = []
         self._args, self._kwargs, self._seed = args, kwargs, rt.seed
         _pickle_class_by_value_if_needed(cls)
         self._start()
@@ -266,7 +268,7 @@ class RemoteGroup:
     def remote_shutdown(self) -> None:
         """Stop the actors (the DeviceGroup keeps its reservation for other components)."""
         self._kill_actors()
-        rt = get_runtime()
+        rt = get_runtime()  # None after shutdown(): nothing to unregister from
         if rt is not None and self in rt.remote_groups.get(self._group.name, []):
             rt.remote_groups[self._group.name].remove(self)
 

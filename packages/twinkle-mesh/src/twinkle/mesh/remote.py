@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import torch
 
@@ -63,6 +64,9 @@ def method_spec(cls: type, name: str) -> tuple:
     return ("all", "first")
 
 
+C = TypeVar("C", bound=type)
+
+
 def _wrap_init(cls: type) -> None:
     """Make cls.__init__ swallow `remote_group` unless it declares it itself."""
     init = cls.__init__
@@ -79,11 +83,12 @@ def _wrap_init(cls: type) -> None:
             kwargs["remote_group"] = remote_group
         init(self, *args, **kwargs)
 
-    __init__.__twinkle_wrapped__ = True
-    cls.__init__ = __init__
+    # setattr: patching a class's methods at decoration time is dynamic by nature
+    setattr(__init__, "__twinkle_wrapped__", True)
+    setattr(cls, "__init__", __init__)
 
 
-def remote_class(cls: type) -> type:
+def remote_class(cls: C) -> C:
     """Class decorator: `Cls(..., remote_group='model')` is an actor group in ray mode. Subclasses
     inherit the behaviour (their own __init__ need not know about `remote_group`)."""
     if not isinstance(cls, type):
@@ -104,18 +109,18 @@ def remote_class(cls: type) -> type:
             return object.__new__(klass)
         return base_new(klass, *args, **kwargs)
 
-    cls.__new__ = staticmethod(__new__)
+    setattr(cls, "__new__", staticmethod(__new__))
     parent_hook = cls.__dict__.get("__init_subclass__")
 
     def __init_subclass__(sub, **kwargs):
         if parent_hook is not None:
             parent_hook.__func__(sub, **kwargs)
         else:
-            super(cls, sub).__init_subclass__(**kwargs)
+            super(cls, sub).__init_subclass__(**kwargs)  # ty: ignore[invalid-super-argument] - cls is a class (C is bound to type); ty does not see a TypeVar as one
         _wrap_init(sub)
 
-    cls.__init_subclass__ = classmethod(__init_subclass__)
-    cls.__twinkle_remote_class__ = True
+    setattr(cls, "__init_subclass__", classmethod(__init_subclass__))
+    setattr(cls, "__twinkle_remote_class__", True)
     return cls
 
 

@@ -126,6 +126,13 @@ def get_runtime() -> Runtime | None:
     return _RUNTIME
 
 
+def ray_runtime() -> Runtime:
+    """The runtime a Ray group runs under; a remote group exists only after initialize(mode='ray')."""
+    if _RUNTIME is None:
+        raise RuntimeError("no Twinkle runtime: call twinkle.initialize(mode='ray', ...) before using remote groups")
+    return _RUNTIME
+
+
 def get_global_mesh() -> DeviceMesh:
     """The mesh given to initialize() (or one data-parallel dim over this job's world)."""
     if _RUNTIME is None:

@@ -12,5 +12,5 @@ SAMPLERS: Registry[Sampler] = Registry("sampler", "twinkle.sampler", Sampler)
 get_sampler_class = SAMPLERS.get
 
 
-def register_sampler(name: str, cls: type) -> type:
+def register_sampler(name: str, cls: type[Sampler]) -> type[Sampler]:
     return SAMPLERS.register(cls, name=name)
