@@ -110,9 +110,14 @@ def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimi
     params = list(named_params)  # the caller's trainable set (an inactive LoRA has requires_grad off)
     if not params:
         raise ValueError("no trainable parameters for the optimizer")
-    accepts_decay = "weight_decay" in inspect.signature(cls.__init__).parameters
+    signature = inspect.signature(cls.__init__).parameters
+    if "foreach" in signature and "fused" not in kwargs and all(p.device.type == "cpu" for _, p in params):
+        # torch's CPU default is a Python loop over parameters; its foreach kernels give the same
+        # numbers bit for bit in one call per op (a LoRA has ~100 small factors: the loop dominates)
+        kwargs.setdefault("foreach", True)
+    accepts_decay = "weight_decay" in signature
     if accepts_decay:
-        default = inspect.signature(cls.__init__).parameters["weight_decay"].default
+        default = signature["weight_decay"].default
         decay = kwargs.pop("weight_decay", default if isinstance(default, (int, float)) else 0.0)
         return cls(param_groups(params, decay), **kwargs)
     return cls([p for _, p in params], **kwargs)

@@ -217,6 +217,8 @@ class MultiLoraModel(TwinkleModel):
 
     def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool) -> dict:
         start = time.perf_counter()
+        # tenants with equally many rows next to each other: each layer runs them as one batched matmul
+        work = sorted(work, key=lambda item: item[1].rows)
         refs = self._reference_logps(work) if train else {}
         logits = self._logits([(s.name, b) for s, b in work], train)
         outcomes, records, total, offset = {}, {}, None, 0
@@ -279,7 +281,8 @@ class MultiLoraModel(TwinkleModel):
         grad_norm = None
         if grads and not state.nonfinite_pending:
             limit = max_grad_norm if max_grad_norm is not None else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit))
+            # foreach: one call over all factors instead of a Python loop per tensor (same numbers on CPU)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit, foreach=True))
         skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm)).item()
         if not skipped:
             optimizer.step()
