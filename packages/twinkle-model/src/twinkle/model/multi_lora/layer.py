@@ -84,6 +84,16 @@ class MultiLoraLinear(nn.Module):
         self.scaling[name], self.dropout[name] = scaling, dropout
         self.generators[name] = dropout_generator
 
+    def load_adapter(self, name: str, a_R_I: torch.Tensor, b_O_R: torch.Tensor, scaling: float) -> None:
+        """An inference-only adapter from given factors, sharing their storage (a sampler's adapters)."""
+        if a_R_I.shape[1] != self.in_features or b_O_R.shape[0] != self.out_features or a_R_I.shape[0] != b_O_R.shape[1]:
+            raise ValueError(f"A {tuple(a_R_I.shape)} / B {tuple(b_O_R.shape)} do not fit "
+                             f"Linear({self.in_features}, {self.out_features})")
+        a, b = nn.Module(), nn.Module()
+        a.weight, b.weight = nn.Parameter(a_R_I, requires_grad=False), nn.Parameter(b_O_R, requires_grad=False)
+        self.lora_A[name], self.lora_B[name] = a, b
+        self.scaling[name], self.dropout[name], self.generators[name] = scaling, 0.0, None
+
     def remove_adapter(self, name: str) -> None:
         del self.lora_A[name], self.lora_B[name]
         del self.scaling[name], self.dropout[name], self.generators[name]
@@ -267,3 +277,12 @@ def wrap_linear_layers(model: nn.Module, names: list[str], routing: Routing) -> 
             setattr(parent, child, module)
         wrappers.append(module)
     return wrappers
+
+
+def unwrap_empty_layers(model: nn.Module, names: list[str]) -> None:
+    """Put the plain Linear back wherever a named MultiLoraLinear holds no adapter any more."""
+    for name in names:
+        layer = model.get_submodule(name)
+        if isinstance(layer, MultiLoraLinear) and not layer.lora_A:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer.base_layer)

@@ -25,7 +25,7 @@ from twinkle.model import checkpoint
 from twinkle.model.base import TwinkleModel
 
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
-from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, wrap_linear_layers
+from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
 from twinkle.model.multi_lora.state import AdapterState
 
@@ -98,11 +98,8 @@ class MultiLoraModel(TwinkleModel):
         """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
         state = self._state(adapter_name)
         for module_name in state.module_names:
-            layer = self.base.get_submodule(module_name)
-            layer.remove_adapter(adapter_name)
-            if not layer.lora_A:
-                parent_name, _, child = module_name.rpartition(".")
-                setattr(self.base.get_submodule(parent_name) if parent_name else self.base, child, layer.base_layer)
+            self.base.get_submodule(module_name).remove_adapter(adapter_name)
+        unwrap_empty_layers(self.base, state.module_names)
         del self.adapters[adapter_name]
 
     def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
