@@ -26,6 +26,7 @@ from twinkle.model.base import TwinkleModel
 
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
+from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
 from twinkle.model.multi_lora.state import AdapterState
 
@@ -52,6 +53,17 @@ class MultiLoraModel(TwinkleModel):
         self.seed = seed
         self.routing = Routing()
         self.adapters: dict[str, AdapterState] = {}
+        self._trimmer: IdleTrimmer | None = None
+
+    def release_memory_when_idle(self, idle_seconds: float = 1.0) -> None:
+        """For a long-running server: give freed memory back to the OS once no pass, step or
+        adapter removal has happened for `idle_seconds` (twinkle.model.multi_lora.memory)."""
+        limit_malloc_arenas()
+        self._trimmer = IdleTrimmer(idle_seconds)
+
+    def _worked(self) -> None:
+        if self._trimmer is not None:
+            self._trimmer.touch()
 
     # ---- adapters -------------------------------------------------------------------------------
     @property
@@ -101,6 +113,7 @@ class MultiLoraModel(TwinkleModel):
             self.base.get_submodule(module_name).remove_adapter(adapter_name)
         unwrap_empty_layers(self.base, state.module_names)
         del self.adapters[adapter_name]
+        self._worked()
 
     def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
         self._state(adapter_name).set_optimizer(optimizer_cls, **kwargs)
@@ -181,6 +194,7 @@ class MultiLoraModel(TwinkleModel):
                 outcomes[name] = error
         if work:
             outcomes.update(self._pass(work, train, return_logprobs))
+            self._worked()
         errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
         if errors and raise_errors:
             name, error = next(iter(errors.items()))
@@ -293,6 +307,7 @@ class MultiLoraModel(TwinkleModel):
                             seconds=time.perf_counter() - start)
         for metric in state.train_metrics:
             metric.on_step(record)
+        self._worked()
         return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": lr,
                 "step": state.optimizer_steps}
 
