@@ -13,7 +13,7 @@ import json
 import os
 
 import torch
-from bench_multi_lora_fused import PeftSwitching, fused_step, make_batches, make_engine, measure, summary
+from bench_multi_lora_fused import PeftSwitching, fused_step, make_batches, make_engine, measure, summary, tenants
 
 from twinkle.hub import DEFAULT_MODEL, resolve_model_path
 from twinkle.model.multi_lora.planner import FusionPlanner, Request
@@ -36,9 +36,10 @@ def main():
     parser.add_argument("--seq", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    engine = make_engine(DEFAULT_MODEL)
-    batches = make_batches(args.rows, args.seq, engine.base.config.vocab_size)
-    baseline = PeftSwitching(resolve_model_path(DEFAULT_MODEL), batches)
+    ranks = tenants(4)
+    engine = make_engine(DEFAULT_MODEL, ranks)
+    batches = make_batches(ranks, args.rows, args.seq, engine.base.config.vocab_size)
+    baseline = PeftSwitching(resolve_model_path(DEFAULT_MODEL), ranks, batches)
     planner = FusionPlanner()
     plan = planner.plan([Request(t, "forward_backward", rows) for t, rows in batches.items()])
     tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)

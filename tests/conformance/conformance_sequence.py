@@ -63,10 +63,10 @@ def lr_factor(step: int, total: int) -> float:
     """CosineWarmupScheduler's factor at `step` (for the Tinker SDK, which takes the lr each step)."""
     import math
 
-    if step < WARMUP:
-        return (step + 1) / (WARMUP + 1)
-    progress = min(1.0, (step - WARMUP) / max(1, total - WARMUP))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if step < WARMUP:  # transformers' warmup, which CosineWarmupScheduler builds
+        return step / max(1, WARMUP)
+    progress = (step - WARMUP) / max(1, total - WARMUP)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 @dataclass

@@ -135,8 +135,9 @@ def test_schedulers_follow_their_formulas():
 
     p = torch.nn.Parameter(torch.zeros(1))
     for cls, expect in [
-        (CosineWarmupScheduler, [1 / 3, 2 / 3, 1.0, 0.5 * (1 + torch.cos(torch.tensor(torch.pi / 4)).item()), 0.5]),
-        (LinearWarmupScheduler, [1 / 3, 2 / 3, 1.0, 0.75, 0.5]),
+        # transformers' schedules: warmup lr·step/warmup (Twinkle's own used (step+1)/(warmup+1))
+        (CosineWarmupScheduler, [0.0, 0.5, 1.0, 0.5 * (1 + torch.cos(torch.tensor(torch.pi / 4)).item()), 0.5]),
+        (LinearWarmupScheduler, [0.0, 0.5, 1.0, 0.75, 0.5]),
     ]:
         opt = torch.optim.SGD([p], lr=1.0)
         sched = cls(opt, num_warmup_steps=2, num_training_steps=6)
@@ -207,3 +208,29 @@ def test_rl_loss_inputs_travel_with_the_rows(rows):
     expected = -sum((1.0 if i % 2 else -1.0) * k for i, k in enumerate(n)) / sum(n)
     assert out["loss"] == pytest.approx(expected, abs=1e-5)
     assert out["clip_fraction"] == 0.0
+
+
+def test_scheduler_names_are_transformers_get_scheduler_family():
+    from transformers import get_scheduler
+
+    from twinkle.model.optim import resolve_scheduler
+
+    def lrs(make):
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        sched, out = make(opt), []
+        for _ in range(8):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    for ours, theirs, extra in [("cosine", "cosine", {}), ("linear", "linear", {}),
+                                ("constant_with_warmup", "constant_with_warmup", {}),
+                                ("CosineWarmupScheduler", "cosine_with_min_lr", {"min_lr_ratio": 0.1})]:
+        mine = lrs(lambda o: resolve_scheduler(ours)(o, num_warmup_steps=3, num_training_steps=7, **extra))
+        kwargs = {"min_lr_rate": 0.1} if extra else None
+        reference = lrs(lambda o: get_scheduler(theirs, o, num_warmup_steps=3, num_training_steps=7,
+                                                scheduler_specific_kwargs=kwargs))
+        assert mine == reference, ours
+    assert lrs(lambda o: resolve_scheduler("LinearWarmupScheduler")(o, 2, 6, min_lr_ratio=0.5))[2:7] == \
+        pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5])

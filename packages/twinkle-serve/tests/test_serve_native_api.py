@@ -66,7 +66,7 @@ def test_train_save_download_resume(native, rows, tmp_path):
     model = new_model(a, name="roundtrip")
     model.set_loss("CrossEntropyLoss")
     model.set_optimizer("AdamW", lr=1e-2)
-    model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=1, num_training_steps=10)
+    model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=0, num_training_steps=10)
     model.add_metric("TokenAccuracy", is_training=False)
     first = model.forward_backward(inputs=rows)
     server_encoded = model.forward_only(inputs=CHATS)  # raw chats: the server's template encodes them
@@ -93,7 +93,7 @@ def test_train_save_download_resume(native, rows, tmp_path):
         resumed.resume_from_checkpoint(path).result()
     resumed.load(path).result()  # the adapter, built from the checkpoint's own LoraConfig
     resumed.set_optimizer("AdamW", lr=1e-2)
-    resumed.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=1, num_training_steps=10)
+    resumed.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=0, num_training_steps=10)
     out = resumed.resume_from_checkpoint(path).result()
     assert out["resumed"] and out["optimizer_steps"] == 1
     again = resumed.forward_only(inputs=rows).result()

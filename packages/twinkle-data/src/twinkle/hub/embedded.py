@@ -1,6 +1,7 @@
 """The embedded default models: tiny Qwen3s built offline, bit-identical on every machine.
 
-`twinkle://qwen3-tiny` (test preset, ~0.2M parameters) and `twinkle://qwen3-demo` (~5M) resolve,
+`twinkle://qwen3-tiny` (test preset, ~0.2M parameters), `twinkle://qwen3-demo` (~5M) and
+`twinkle://qwen3-small` (~51M, for benchmarks: built only when something asks for it) resolve,
 with no network, to an ordinary Hugging Face checkpoint folder in the cache, built on first use from
 a fixed config, a fixed seed and the byte-level BPE tokenizer shipped in `assets/`. Everything
 downstream loads that folder with `from_pretrained(path)`, exactly as it would a hub checkpoint.
@@ -41,6 +42,9 @@ PRESETS: dict[str, EmbeddedPreset] = {
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=24),
     "qwen3-demo": EmbeddedPreset(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
                                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    # ~51M: big enough that GEMMs, not per-op overheads, decide a step (benchmarks; never unit tests)
+    "qwen3-small": EmbeddedPreset(hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
+                                  num_attention_heads=8, num_key_value_heads=4, head_dim=64),
 }
 # sha256 over every tensor (`weights_digest`). A build that disagrees is refused, not published: a
 # change here means the embedded weights change for everyone (a new init in torch/transformers, or
@@ -48,9 +52,11 @@ PRESETS: dict[str, EmbeddedPreset] = {
 PINNED_WEIGHTS = {
     "qwen3-tiny": "72666c4e610617bfbfb551fdf12306d2b1d54c416042e9c09771c99c6c7fc227",
     "qwen3-demo": "7764d66af5b3bf906fe3bf2e9492839e1add35bebd98192e8d2fd57143b18242",
+    "qwen3-small": "99a04eb9e5741a5f757f697442d1d556789fcd8c63fdeacbd2f9c082cf4dad06",
 }
 DEFAULT_MODEL = SCHEME + "qwen3-demo"
 TEST_MODEL = SCHEME + "qwen3-tiny"
+SMALL_MODEL = SCHEME + "qwen3-small"
 
 
 def cache_root() -> Path:

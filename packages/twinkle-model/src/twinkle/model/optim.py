@@ -1,14 +1,16 @@
 """Optimizers and learning-rate schedulers by name.
 
-Any `torch.optim` optimizer and any `torch.optim.lr_scheduler` scheduler can be named, plus the
-warmup schedules below. Parameters are split into a decayed group (matrices) and a no-decay group
-(biases, norm weights, anything 1-D), the usual rule for transformer training.
+Any `torch.optim` optimizer can be named. Schedulers: any `torch.optim.lr_scheduler` class, any
+name of transformers' `get_scheduler` family, and the warmup names Twinkle has always taken
+(`CosineWarmupScheduler`, `LinearWarmupScheduler`, `cosine`, `linear`), which build transformers'
+own schedules (warmup lr·step/warmup, as the HF Trainer). Parameters are split into a decayed
+group (matrices) and a no-decay group (biases, norm weights, anything 1-D), the usual rule for
+transformer training.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from typing import TypeVar
 
 import torch
@@ -19,50 +21,53 @@ T = TypeVar("T")
 NO_DECAY_MARKERS = ("bias", "norm", "ln_")
 
 
-def _warmup_factor(step: int, warmup: int) -> float:
-    return (step + 1) / (warmup + 1) if step < warmup else 1.0
+def CosineWarmupScheduler(optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0,
+                          num_cycles: float = 0.5, last_epoch: int = -1) -> LambdaLR:
+    """transformers' cosine schedule with linear warmup (lr·step/warmup), decaying to base·min_lr_ratio."""
+    from transformers import get_cosine_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
+
+    if min_lr_ratio:
+        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps,
+                                                           num_cycles, last_epoch, min_lr_rate=min_lr_ratio)
+    return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, num_cycles, last_epoch)
 
 
-class CosineWarmupScheduler(LambdaLR):
-    """lr(step) = base·(step+1)/(warmup+1) during warmup, then cosine from base to base·min_lr_ratio
-    over the remaining `num_training_steps − num_warmup_steps` steps (and flat after that)."""
+def LinearWarmupScheduler(optimizer, num_warmup_steps: int, num_training_steps: int | None = None,
+                          min_lr_ratio: float = 0.0, last_epoch: int = -1) -> LambdaLR:
+    """transformers' linear warmup, then linear decay to base·min_lr_ratio at `num_training_steps`
+    (constant after warmup when num_training_steps is None)."""
+    from transformers import (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup,
+                              get_polynomial_decay_schedule_with_warmup)
 
-    def __init__(self, optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0,
-                 num_cycles: float = 0.5, last_epoch: int = -1):
-        self.num_warmup_steps, self.num_training_steps = num_warmup_steps, num_training_steps
-        self.min_lr_ratio, self.num_cycles = min_lr_ratio, num_cycles
-        super().__init__(optimizer, self._factor, last_epoch)
-
-    def _factor(self, step: int) -> float:
-        if step < self.num_warmup_steps:
-            return _warmup_factor(step, self.num_warmup_steps)
-        span = max(1, self.num_training_steps - self.num_warmup_steps)
-        progress = min(1.0, (step - self.num_warmup_steps) / span)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * 2.0 * self.num_cycles * progress))
-        return self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine
+    if num_training_steps is None:
+        return get_constant_schedule_with_warmup(optimizer, num_warmup_steps, last_epoch)
+    if min_lr_ratio:
+        lr_end = optimizer.defaults["lr"] * min_lr_ratio
+        return get_polynomial_decay_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps,
+                                                         lr_end=lr_end, power=1.0, last_epoch=last_epoch)
+    return get_linear_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, last_epoch)
 
 
-class LinearWarmupScheduler(LambdaLR):
-    """Linear warmup to base over `num_warmup_steps`, then linear decay to base·min_lr_ratio at
-    `num_training_steps` (constant after warmup when num_training_steps is None)."""
+def _transformers_schedule(name: str):
+    def make(optimizer, num_warmup_steps: int | None = None, num_training_steps: int | None = None, **kwargs):
+        from transformers import get_scheduler
 
-    def __init__(self, optimizer, num_warmup_steps: int, num_training_steps: int | None = None,
-                 min_lr_ratio: float = 0.0, last_epoch: int = -1):
-        self.num_warmup_steps, self.num_training_steps, self.min_lr_ratio = num_warmup_steps, num_training_steps, min_lr_ratio
-        super().__init__(optimizer, self._factor, last_epoch)
-
-    def _factor(self, step: int) -> float:
-        if step < self.num_warmup_steps:
-            return _warmup_factor(step, self.num_warmup_steps)
-        if self.num_training_steps is None:
-            return 1.0
-        span = max(1, self.num_training_steps - self.num_warmup_steps)
-        progress = min(1.0, (step - self.num_warmup_steps) / span)
-        return 1.0 - (1.0 - self.min_lr_ratio) * progress
+        return get_scheduler(name, optimizer, num_warmup_steps=num_warmup_steps,
+                             num_training_steps=num_training_steps, scheduler_specific_kwargs=kwargs or None)
+    make.__name__ = make.__qualname__ = name
+    return make
 
 
-_OUR_SCHEDULERS = {"CosineWarmupScheduler": CosineWarmupScheduler, "LinearWarmupScheduler": LinearWarmupScheduler,
-                   "cosine": CosineWarmupScheduler, "linear": LinearWarmupScheduler}
+# The names users already pass keep their meaning (and min_lr_ratio); every other name of
+# transformers' get_scheduler family ('constant_with_warmup', 'polynomial', ...) works as there.
+_NAMED_SCHEDULERS = {"CosineWarmupScheduler": CosineWarmupScheduler, "LinearWarmupScheduler": LinearWarmupScheduler,
+                     "cosine": CosineWarmupScheduler, "linear": LinearWarmupScheduler}
+
+
+def _transformers_schedulers() -> dict:
+    from transformers import SchedulerType
+
+    return {t.value: _transformers_schedule(t.value) for t in SchedulerType if t.value not in _NAMED_SCHEDULERS}
 
 
 def _subclasses_in(module, base: type[T]) -> dict[str, type[T]]:
@@ -74,8 +79,12 @@ def optimizer_names() -> list[str]:
     return sorted(_subclasses_in(torch.optim, torch.optim.Optimizer))
 
 
+def _schedulers() -> dict:
+    return {**_subclasses_in(torch.optim.lr_scheduler, LRScheduler), **_transformers_schedulers(), **_NAMED_SCHEDULERS}
+
+
 def scheduler_names() -> list[str]:
-    return sorted({**_subclasses_in(torch.optim.lr_scheduler, LRScheduler), **_OUR_SCHEDULERS})
+    return sorted(_schedulers())
 
 
 def resolve_optimizer(optimizer_cls) -> type[torch.optim.Optimizer]:
@@ -87,10 +96,13 @@ def resolve_optimizer(optimizer_cls) -> type[torch.optim.Optimizer]:
     return found
 
 
-def resolve_scheduler(scheduler_cls) -> type[LRScheduler]:
+def resolve_scheduler(scheduler_cls):
+    """A callable `(optimizer, **kwargs) -> LRScheduler` for a scheduler class, factory or name."""
     if isinstance(scheduler_cls, type) and issubclass(scheduler_cls, LRScheduler):
         return scheduler_cls
-    found = {**_subclasses_in(torch.optim.lr_scheduler, LRScheduler), **_OUR_SCHEDULERS}.get(scheduler_cls)
+    if callable(scheduler_cls) and not isinstance(scheduler_cls, type):
+        return scheduler_cls  # a factory (one of ours, resolved already, or the caller's own)
+    found = _schedulers().get(scheduler_cls)
     if found is None:
         raise ValueError(f"unknown lr scheduler {scheduler_cls!r}; registered: {', '.join(scheduler_names())}")
     return found
@@ -113,9 +125,14 @@ def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimi
     params = list(named_params)  # the caller's trainable set (an inactive LoRA has requires_grad off)
     if not params:
         raise ValueError("no trainable parameters for the optimizer")
-    accepts_decay = "weight_decay" in inspect.signature(cls.__init__).parameters
+    signature = inspect.signature(cls.__init__).parameters
+    if "foreach" in signature and "fused" not in kwargs and all(p.device.type == "cpu" for _, p in params):
+        # torch's CPU default is a Python loop over parameters; its foreach kernels give the same
+        # numbers bit for bit in one call per op (a LoRA has ~100 small factors: the loop dominates)
+        kwargs.setdefault("foreach", True)
+    accepts_decay = "weight_decay" in signature
     if accepts_decay:
-        default = inspect.signature(cls.__init__).parameters["weight_decay"].default
+        default = signature["weight_decay"].default
         decay = kwargs.pop("weight_decay", default if isinstance(default, (int, float)) else 0.0)
         return cls(param_groups(params, decay), **kwargs)
     return cls([p for _, p in params], **kwargs)

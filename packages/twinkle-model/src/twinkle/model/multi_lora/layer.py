@@ -13,6 +13,7 @@ import math
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 
 class Routing:
@@ -53,7 +54,7 @@ class MultiLoraLinear(nn.Module):
         self.lora_B = nn.ModuleDict()
         self.scaling: dict[str, float] = {}
         self.dropout: dict[str, float] = {}
-        self.generators: dict[str, torch.Generator] = {}
+        self.generators: dict[str, torch.Generator | None] = {}
         self.routing = routing
 
     def factors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +89,16 @@ class MultiLoraLinear(nn.Module):
         self.lora_A[name], self.lora_B[name] = a, b
         self.scaling[name], self.dropout[name] = scaling, dropout
         self.generators[name] = dropout_generator
+
+    def load_adapter(self, name: str, a_R_I: torch.Tensor, b_O_R: torch.Tensor, scaling: float) -> None:
+        """An inference-only adapter from given factors, sharing their storage (a sampler's adapters)."""
+        if a_R_I.shape[1] != self.in_features or b_O_R.shape[0] != self.out_features or a_R_I.shape[0] != b_O_R.shape[1]:
+            raise ValueError(f"A {tuple(a_R_I.shape)} / B {tuple(b_O_R.shape)} do not fit "
+                             f"Linear({self.in_features}, {self.out_features})")
+        a, b = nn.Module(), nn.Module()
+        a.weight, b.weight = nn.Parameter(a_R_I, requires_grad=False), nn.Parameter(b_O_R, requires_grad=False)
+        self.lora_A[name], self.lora_B[name] = a, b
+        self.scaling[name], self.dropout[name], self.generators[name] = scaling, 0.0, None
 
     def remove_adapter(self, name: str) -> None:
         del self.lora_A[name], self.lora_B[name]
@@ -126,26 +137,90 @@ class MultiLoraLinear(nn.Module):
         segments = self._segments(x.shape[0])
         if not segments:
             return out
-        plan = [(start, end, self.scaling[name], self._keep_mask(name, x[start:end], length))
-                for start, end, name, length in segments]
+        plan = self._plan(x, segments)
         weights = [w for _, _, name, _ in segments for w in (self.lora_A[name].weight, self.lora_B[name].weight)]
         if not torch.is_grad_enabled():
             _add_low_rank(x, out, plan, weights)
             return out
         return _MultiLoraAdd.apply(x, out, plan, *weights)
 
+    def _plan(self, x: torch.Tensor, segments: list[tuple[int, int, str, int]]) -> list[_Group]:
+        """Consecutive segments of equal size form one group, computed as one batched matmul."""
+        groups: list[_Group] = []
+        for start, end, name, length in segments:
+            keep = self._keep_mask(name, x[start:end], length)
+            last = groups[-1] if groups else None
+            if last is not None and last.end == start and last.size == end - start:
+                last.add(end, self.scaling[name], keep)
+            else:
+                groups.append(_Group(start, end, [self.scaling[name]], [keep]))
+        return groups
 
-def _add_low_rank(x, out, plan, weights) -> list[torch.Tensor]:
-    """out[rows] += scaling * (x[rows] * keep) @ A.T @ B.T for each segment, in place; returns the
-    rank-r activations (what B's gradient needs)."""
-    lows = []
-    for i, (start, end, scaling, keep) in enumerate(plan):
-        a_R_I, b_O_R = weights[2 * i], weights[2 * i + 1]
-        x_seg = x[start:end] if keep is None else x[start:end] * keep
-        low = x_seg.reshape(-1, x.shape[-1]) @ a_R_I.t()
-        out[start:end].view(-1, out.shape[-1]).addmm_(low, b_O_R.t(), alpha=scaling)
-        lows.append(low)
-    return lows
+
+class _Group:
+    """A run of consecutive, equally sized segments: `count` tenants of `size` rows each.
+
+    One tenant: two plain matmuls at its own rank. Several: their factors stacked (ranks
+    zero-padded to the largest) and one `bmm` per product over the tenants, the segmented LoRA
+    matmul of punica/S-LoRA done with a stock kernel. Zero rows of A give zero columns of the
+    rank-r activation, so padding changes no result, and the padded parts' gradients are dropped."""
+
+    def __init__(self, start: int, end: int, scalings: list[float], keeps: list):
+        self.start, self.end, self.size = start, end, end - start
+        self.scalings, self.keeps = scalings, keeps
+
+    def add(self, end: int, scaling: float, keep) -> None:
+        self.end = end
+        self.scalings.append(scaling)
+        self.keeps.append(keep)
+
+    @property
+    def count(self) -> int:
+        return len(self.scalings)
+
+    def dropped(self, t: torch.Tensor) -> torch.Tensor:
+        """t (this group's rows) times each tenant's dropout mask; t itself when no tenant drops."""
+        if all(k is None for k in self.keeps):
+            return t
+        return t * torch.cat([torch.ones_like(t[:self.size]) if k is None else k for k in self.keeps])
+
+    def x(self, x: torch.Tensor, dtype) -> torch.Tensor:
+        """This group's rows of x, dropout applied, as [count, tokens, in] (one tenant: [tokens, in])."""
+        rows = self.dropped(x[self.start:self.end]).to(dtype)
+        return rows.reshape(self.count, -1, x.shape[-1]) if self.count > 1 else rows.reshape(-1, x.shape[-1])
+
+
+def _stack(weights, group: _Group, offset: int):
+    """(A [count, r, in], B.T [count, r, out], scalings [count, 1, 1]) of a group, ranks zero-padded."""
+    a = [weights[2 * (offset + i)] for i in range(group.count)]
+    b_t = [weights[2 * (offset + i) + 1].t() for i in range(group.count)]
+    scale = torch.tensor(group.scalings, dtype=a[0].dtype, device=a[0].device).view(-1, 1, 1)
+    return pad_sequence(a, batch_first=True), pad_sequence(b_t, batch_first=True), scale
+
+
+def _add_low_rank(x, out, plan, weights) -> list[tuple]:
+    """out[rows] += (scaling * (x[rows] * keep) @ A.T) @ B.T for every segment, in place; returns
+    per group what backward needs: the stacked factors and scalings (None for one tenant) and the
+    scaled rank-r activations."""
+    saved, offset = [], 0
+    for group in plan:
+        xg = group.x(x, weights[2 * offset].dtype)
+        out_g = out[group.start:group.end].view(*xg.shape[:-1], out.shape[-1])
+        if group.count == 1:
+            a_R_I, bt_R_O = weights[2 * offset], weights[2 * offset + 1].t()
+            low = torch.mm(xg, a_R_I.t()).mul_(group.scalings[0])
+            stacks, add = (None, None, None), (out_g.addmm_, torch.mm)
+        else:
+            a_C_R_I, bt_C_R_O, scale = _stack(weights, group, offset)
+            low = torch.bmm(xg, a_C_R_I.transpose(1, 2)).mul_(scale)
+            stacks, add, bt_R_O = (a_C_R_I, bt_C_R_O, scale), (out_g.baddbmm_, torch.bmm), bt_C_R_O
+        if out.dtype == low.dtype:
+            add[0](low, bt_R_O)
+        else:  # adapters kept in another dtype than the base (a sampler's fp32 adapters on a bf16 base)
+            out_g.add_(add[1](low, bt_R_O).to(out.dtype))
+        saved.append((*stacks, low))
+        offset += group.count
+    return saved
 
 
 class _MultiLoraAdd(torch.autograd.Function):
@@ -155,35 +230,46 @@ class _MultiLoraAdd(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, out, plan, *weights):
-        lows = _add_low_rank(x, out, plan, weights)
+        saved = _add_low_rank(x, out, plan, weights)
         ctx.mark_dirty(out)
-        ctx.plan = plan
-        ctx.save_for_backward(x, *weights, *lows)
+        ctx.plan, ctx.ranks = plan, [w.shape[0] for w in weights[::2]]
+        ctx.stacks = [stacks for *stacks, _ in saved]
+        ctx.save_for_backward(x, *weights, *(low for *_, low in saved))
         return out
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         (grad_out,) = grad_outputs  # forward has one output
-        plan = ctx.plan
+        plan, ranks = ctx.plan, ctx.ranks
         x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
-        weights, lows = rest[:2 * len(plan)], rest[2 * len(plan):]
-        in_features, out_features = x.shape[-1], grad_out.shape[-1]
+        weights, lows = rest[:2 * len(ranks)], rest[2 * len(ranks):]
         grad_x = None
         if ctx.needs_input_grad[0]:
-            covered = sum(end - start for start, end, _, _ in plan)
+            covered = sum(g.end - g.start for g in plan)
             grad_x = torch.empty_like(x) if covered == x.shape[0] else torch.zeros_like(x)
-        grad_weights = []
-        for i, (start, end, scaling, keep) in enumerate(plan):
-            a_R_I, b_O_R, low = weights[2 * i], weights[2 * i + 1], lows[i]
-            g_N_O = grad_out[start:end].reshape(-1, out_features)
-            x_seg = x[start:end] if keep is None else x[start:end] * keep
-            grad_b = torch.mm(g_N_O.t(), low) * scaling
-            g_low = torch.mm(g_N_O, b_O_R) * scaling
-            grad_a = torch.mm(g_low.t(), x_seg.reshape(-1, in_features))
-            if grad_x is not None:
-                g_x = torch.mm(g_low, a_R_I).view(x_seg.shape)
-                grad_x[start:end] = g_x if keep is None else g_x * keep
-            grad_weights += [grad_a, grad_b]
+        grad_weights, offset = [], 0
+        for group, low, (a_C_R_I, bt_C_R_O, scale) in zip(plan, lows, ctx.stacks):
+            xg = group.x(x, low.dtype)
+            g = grad_out[group.start:group.end].to(low.dtype)
+            if group.count == 1:
+                a_R_I, b_O_R = weights[2 * offset], weights[2 * offset + 1]
+                g_N_O = g.reshape(-1, g.shape[-1])
+                grad_b = torch.mm(g_N_O.t(), low)
+                g_low = torch.mm(g_N_O, b_O_R).mul_(group.scalings[0])
+                grad_weights += [torch.mm(g_low.t(), xg), grad_b]
+                g_x = torch.mm(g_low, a_R_I) if grad_x is not None else None
+            else:
+                g_C_N_O = g.reshape(group.count, -1, g.shape[-1])
+                grad_bt = torch.bmm(low.transpose(1, 2), g_C_N_O)
+                g_low = torch.bmm(g_C_N_O, bt_C_R_O.transpose(1, 2)).mul_(scale)
+                grad_a = torch.bmm(g_low.transpose(1, 2), xg)
+                for i in range(group.count):
+                    r = ranks[offset + i]
+                    grad_weights += [grad_a[i, :r], grad_bt[i, :r].t()]
+                g_x = torch.bmm(g_low, a_C_R_I) if grad_x is not None else None
+            if g_x is not None and grad_x is not None:
+                grad_x[group.start:group.end] = group.dropped(g_x.reshape(grad_x[group.start:group.end].shape))
+            offset += group.count
         return grad_x, grad_out, None, *grad_weights
 
 
@@ -201,3 +287,12 @@ def wrap_linear_layers(model: nn.Module, names: list[str], routing: Routing) -> 
             setattr(parent, child, module)
         wrappers.append(module)
     return wrappers
+
+
+def unwrap_empty_layers(model: nn.Module, names: list[str]) -> None:
+    """Put the plain Linear back wherever a named MultiLoraLinear holds no adapter any more."""
+    for name in names:
+        layer = model.get_submodule(name)
+        if isinstance(layer, MultiLoraLinear) and not layer.lora_A:
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, layer.base_layer)

@@ -31,6 +31,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
+        from twinkle.model.multi_lora.memory import share_frozen_weights
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
@@ -42,6 +43,8 @@ class MultiLoraBackend(TorchSampling, Backend):
         self.vocab_size = hf.get_input_embeddings().weight.shape[0]
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
         self._init_sampler(model_path, torch_dtype, max_batch_size, device=device, trust_remote_code=trust_remote_code)
+        share_frozen_weights(hf, self.sampler.model)  # one copy of the frozen base for training and sampling
+        self.engine.release_memory_when_idle()  # freed activations go back to the OS when the queue is quiet
 
     # ---- adapters ----------------------------------------------------------------------------------
     def create_adapter(self, name: str, spec: LoraSpec) -> None:
