@@ -31,6 +31,17 @@ def _with_key(method: str, headers: dict | None) -> dict | None:
     return {"X-Idempotency-Key": uuid.uuid4().hex, **(headers or {})}
 
 
+def _retryable(resp) -> bool:
+    """429/503 are retried after their Retry-After, except a 429 naming a quota (tokens per day): it
+    lasts until the day ends, so the caller hears of it now."""
+    if resp.status_code not in RETRY_STATUSES:
+        return False
+    try:
+        return "quota" not in resp.json()
+    except ValueError:
+        return True
+
+
 def _backoff(attempt: int) -> float:
     return 0.5 * 2 ** attempt
 
@@ -82,7 +93,7 @@ class TwinkleClient:
                 time.sleep(_backoff(lost))
                 lost += 1
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+            if attempt < self.max_retries and _retryable(resp):
                 time.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:
@@ -114,7 +125,7 @@ class TwinkleClient:
                 await asyncio.sleep(_backoff(lost))
                 lost += 1
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+            if attempt < self.max_retries and _retryable(resp):
                 await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:

@@ -19,6 +19,7 @@ class NativeCheckpoints:
     def save(self, tenant: str, model_id: str, seq, req: SaveRequest) -> dict:
         name = check_name(req.name)
         backend = self.models.engine_of(self.models.model(tenant, model_id)).backend
+        self.svc.admit_save(tenant)
 
         @user_errors
         def work(engine, run):

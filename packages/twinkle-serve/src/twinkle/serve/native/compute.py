@@ -73,7 +73,7 @@ class NativeCompute:
         except UserError as e:
             rows, refused = [], e
         tokens = sum(len(r["input_ids"]) for r in rows)
-        self.rt.limits.input_tokens(tenant, tokens)
+        self.svc.admit_tokens(tenant, tokens)
 
         def finish(internal: str, out) -> dict:
             if isinstance(out, Exception):

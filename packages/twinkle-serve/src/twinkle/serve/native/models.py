@@ -136,6 +136,7 @@ class NativeModels:
         internal = internal_name(model_id, req.adapter_name)
         if self.has(model_id, req.adapter_name):
             raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
+        self.svc.admit_adapter(tenant)
         self.reserve(run, internal, config)
 
         @user_errors
