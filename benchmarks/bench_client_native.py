@@ -8,14 +8,17 @@ each step's loss before the next call (no pipelining), and (c) reading the losse
 among them what serving adds per step: `overhead_ms_per_step` (wall), and the CPU the client and
 the server process spent per step against the local loop's (`*_cpu_ms_per_step`).
 
-Serving costs a fixed amount per request (HTTP parse and routing, auth, the future's and the
-idempotent answer's SQLite rows; a step is 2 submissions and 1 poll). On a 2-core machine that CPU is
-taken from the step itself, so it shows in full against the default tiny model's ~29 ms step:
-about 1.5-2.5 ms per step after this release's work (client ~1.2 ms CPU per step, was ~4.4; server
-~0.5-0.7 ms per request, was ~1.1), i.e. a ratio of about 0.92-0.95 there, while on the demo model
-(~245 ms per step) the same cost is under 1%. Measure both:
+Serving costs a fixed amount of CPU per request (HTTP parse and routing, auth, the future's and the
+idempotent answer's SQLite rows; a step is 2 submissions and 1 long poll), and on a 2-core machine
+that CPU is taken from the step itself. Measured as CPU time (robust to load) on the test model:
+server ~0.95 ms per submission and ~0.25 ms per poll answer (before this work ~1.4 and ~0.9: FastAPI
+tried ~80 routes per call, h11 + asyncio, thread hops for sync auth dependencies), client ~0.2 ms per
+call (was ~1.9 with httpx). That is ~3 ms of CPU per step, which the tiny model's ~29 ms step cannot
+hide: expect a ratio of ~0.92 there (0.846 before), while against the demo model's ~245 ms step the
+same cost is ~1% (ratio ~0.99). Measure both, with alternating rounds, on a quiet machine:
 
-    uv run python benchmarks/bench_client_native.py [--model twinkle://qwen3-demo] [--steps 20]
+    uv run python benchmarks/bench_client_native.py --steps 40 --rounds 4
+    uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3
 """
 
 from __future__ import annotations
