@@ -11,12 +11,13 @@ thread hop each (two per request here), while a key lookup takes microseconds on
 
 from __future__ import annotations
 
-from fastapi import Depends, Security
+from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 
 from twinkle.serve.errors import Unauthorized
 from twinkle.serve.runtime import Runtime
 
+TENANT = "twinkle.tenant"  # the ASGI scope key where the idempotency middleware leaves the caller it looked up
 API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="APIKeyHeader",
                        description="A `tml-` key made with `twinkle-server keys create NAME`; its name is the tenant")
 
@@ -36,8 +37,8 @@ class Auth:
     def _caller(self, metered: bool):
         rt = self.rt
 
-        async def tenant(key: str | None = Security(API_KEY)) -> str:
-            name = rt.keys.tenant_for(key)
+        async def tenant(request: Request, key: str | None = Security(API_KEY)) -> str:
+            name = request.scope.get(TENANT) or rt.keys.tenant_for(key)
             if name is None:
                 raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
                                    "`twinkle-server keys create NAME`")

@@ -99,7 +99,7 @@ class NativeCompute:
         internal = self.models.peek_adapter(model_id, req.adapter_name)
         if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
             fuse = (RowsPass(internal, rows, not backward), lambda out: ("json", finish(internal, out)))
-        return self.models.submit(tenant, model_id, seq, work, fuse)
+        return self.models.submit(tenant, model_id, seq, work, fuse, run=run)
 
     def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:
         from twinkle.client.schema import StepResult

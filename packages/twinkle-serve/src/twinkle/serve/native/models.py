@@ -56,9 +56,11 @@ class NativeModels:
                              "use the Tinker API (/api/v1) for it")
         return engine
 
-    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None) -> dict:
-        """Queue `fn(engine, run)` (a MultiLoraModel and the run) on the model's queue; a FutureRef."""
-        run = self.model(tenant, model_id)
+    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None,
+               run: Run | None = None) -> dict:
+        """Queue `fn(engine, run)` (a MultiLoraModel and the run) on the model's queue; a FutureRef.
+        `run`: the tenant's run when the caller has already looked it up."""
+        run = run or self.model(tenant, model_id)
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
