@@ -1,12 +1,10 @@
 """Usage and quotas per key against a real server, through the native client and the tinker SDK:
 tokens trained and sampled and checkpoint bytes are counted per key and per run (both APIs, the
-`twinkle-server keys usage` CLI, the dashboard); quotas set with `twinkle-server keys set-quota`
-refuse with 429 (tokens per day) or 409 (storage, adapters) and a JSON body naming the quota, and
-survive a restart."""
+core's usage report, the dashboard); quotas set in the store (what `twinkle-server keys set-quota`
+does: apps/twinkle-server/tests drives the command against a server process) refuse with 429 (tokens
+per day) or 409 (storage, adapters) and a JSON body naming the quota, and survive a restart."""
 
 from __future__ import annotations
-
-import json
 
 import httpx
 import pytest
@@ -18,11 +16,14 @@ ROWS = [{"input_ids": list(range(5, 37)), "labels": list(range(5, 37))},
 ROW_TOKENS = sum(len(r["input_ids"]) for r in ROWS)
 
 
-def cli(capsys, *args) -> tuple[int, str]:
-    from twinkle_server.cli import main
+def report(server, tenant: str) -> dict:
+    from twinkle.serve.core.usage import UsageLedger
 
-    rc = main(["keys", *args])
-    return rc, capsys.readouterr().out
+    return UsageLedger(server.runtime.store).report(tenant)
+
+
+def set_quota(server, tenant: str, **quotas) -> dict:
+    return server.runtime.store.quotas.set(tenant, **quotas)
 
 
 def native_model(server, key, **client_kw):
@@ -42,8 +43,8 @@ def own_server(start, tmp_path_factory):
     srv.stop()
 
 
-def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server, capsys):
-    server, data_dir = own_server
+def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server):
+    server, _ = own_server
     key = server.create_key("quota-native")
     model = native_model(server, key)
     for _ in range(2):
@@ -51,15 +52,12 @@ def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server, 
     model.forward_only(inputs=ROWS[:1]).result()
     trained = 2 * ROW_TOKENS + len(ROWS[0]["input_ids"])
 
-    rc, out = cli(capsys, "usage", "quota-native", "--json", "--data-dir", str(data_dir))
-    (report,) = json.loads(out)
-    assert rc == 0 and report["tokens"]["training"] == trained and report["tokens_today"] == trained
-    assert [(r["model_id"], r["training"]) for r in report["runs"]] == [(model.model_id, trained)]
+    counted = report(server, "quota-native")
+    assert counted["tokens"]["training"] == trained and counted["tokens_today"] == trained
+    assert [(r["model_id"], r["training"]) for r in counted["runs"]] == [(model.model_id, trained)]
 
     # tokens per day: the next forward_backward would pass the quota -> 429 naming it (not retried)
-    rc, out = cli(capsys, "set-quota", "quota-native", "--tokens-per-day", str(trained + ROW_TOKENS - 1),
-                  "--data-dir", str(data_dir))
-    assert rc == 0 and f"tokens_per_day {trained + ROW_TOKENS - 1}" in out
+    set_quota(server, "quota-native", tokens_per_day=trained + ROW_TOKENS - 1)
     from twinkle.client.errors import TwinkleAPIError
 
     with pytest.raises(TwinkleAPIError, match="tokens_per_day quota") as refused:
@@ -73,13 +71,13 @@ def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server, 
     model.forward_backward(inputs=ROWS[1:]).result()  # still within the quota: runs
 
     # adapters: one live adapter is the quota -> a second answers 409
-    cli(capsys, "set-quota", "quota-native", "--adapters", "1", "--data-dir", str(data_dir))
+    set_quota(server, "quota-native", adapters=1)
     with pytest.raises(TwinkleAPIError, match="adapters quota") as refused:
         model.add_adapter_to_model("b", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
     assert refused.value.status == 409
 
     # storage: the first checkpoint fits under 1 byte used; once stored, the next save answers 409
-    cli(capsys, "set-quota", "quota-native", "--storage-bytes", "1", "--data-dir", str(data_dir))
+    set_quota(server, "quota-native", storage_bytes=1)
     model.save("first").result()
     raw = httpx.post(f"{server.url}/twinkle/v1/models/{model.model_id}/save", headers={"X-API-Key": key},
                      json={"name": "second"}, timeout=30)
@@ -93,13 +91,13 @@ def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server, 
     assert run["usage"]["checkpoint_bytes"] == summary["usage"]["checkpoint_bytes"] > 0
 
 
-def test_tinker_sdk_runs_are_counted_and_refused_alike(own_server, capsys, sft):
+def test_tinker_sdk_runs_are_counted_and_refused_alike(own_server, sft):
     import tinker
     from tinker import types
 
-    server, data_dir = own_server
+    server, _ = own_server
     key = server.create_key("quota-tinker")
-    cli(capsys, "set-quota", "quota-tinker", "--adapters", "1", "--data-dir", str(data_dir))
+    set_quota(server, "quota-tinker", adapters=1)
     service = tinker.ServiceClient(base_url=server.url, api_key=key)
     tc = service.create_lora_training_client(base_model=TEST_MODEL, rank=4).result()
     data = [sft(list(range(5, 30)))]
@@ -114,18 +112,17 @@ def test_tinker_sdk_runs_are_counted_and_refused_alike(own_server, capsys, sft):
     with pytest.raises(Exception, match="adapters quota"):  # the SDK's 409 error, not retried
         service.create_lora_training_client(base_model=TEST_MODEL, rank=4).result()
 
-    rc, out = cli(capsys, "usage", "quota-tinker", "--json", "--data-dir", str(data_dir))
-    (report,) = json.loads(out)
-    assert report["tokens"] == {"training": 24, "sampling_prefill": 7, "sampling_sample": n_sampled}
-    (run,) = report["runs"]
+    counted = report(server, "quota-tinker")
+    assert counted["tokens"] == {"training": 24, "sampling_prefill": 7, "sampling_sample": n_sampled}
+    (run,) = counted["runs"]
     assert run["api"] == "tinker" and run["training"] == 24 and run["sampling"] == 7 + n_sampled
-    assert run["checkpoint_bytes"] == report["checkpoint_bytes"] > 0
+    assert run["checkpoint_bytes"] == counted["checkpoint_bytes"] > 0
 
 
-def test_quotas_survive_a_restart(own_server, start, capsys):
+def test_quotas_survive_a_restart(own_server, start):
     server, data_dir = own_server
     key = server.create_key("quota-restart")
-    cli(capsys, "set-quota", "quota-restart", "--tokens-per-day", "10", "--data-dir", str(data_dir))
+    set_quota(server, "quota-restart", tokens_per_day=10)
     server.stop()
     again = start(data_dir)
     try:
