@@ -4,9 +4,21 @@ server runs, so the ratio measures serving, not a difference of engines), (b) th
 twinkle-client proxy against a real twinkle-server (its own process on loopback, see _server.py), reading
 each step's loss before the next call (no pipelining), and (c) reading the losses only at the end
 (pipelined: the client queues calls while the server computes). Prints a final JSON line with
-`ratio` = pipelined native steps/s / local steps/s, the unpipelined ratio, and the raw numbers.
+`ratio` = pipelined native steps/s / local steps/s, the unpipelined ratio, and the raw numbers,
+among them what serving adds per step: `overhead_ms_per_step` (wall), and the CPU the client and
+the server process spent per step against the local loop's (`*_cpu_ms_per_step`).
 
-    uv run python benchmarks/bench_client_native.py [--model twinkle://qwen3-demo] [--steps 20]
+Serving costs a fixed amount of CPU per request (HTTP parse and routing, auth, the future's and the
+idempotent answer's SQLite rows; a step is 2 submissions and 1 long poll), and on a 2-core machine
+that CPU is taken from the step itself. Measured as CPU time (robust to load) on the test model:
+server ~0.95 ms per submission and ~0.25 ms per poll answer (before this work ~1.4 and ~0.9: FastAPI
+tried ~80 routes per call, h11 + asyncio, thread hops for sync auth dependencies), client ~0.2 ms per
+call (was ~1.9 with httpx). That is ~3 ms of CPU per step, which the tiny model's ~29 ms step cannot
+hide: expect a ratio of ~0.92 there (0.846 before), while against the demo model's ~245 ms step the
+same cost is ~1% (ratio ~0.99). Measure both, with alternating rounds, on a quiet machine:
+
+    uv run python benchmarks/bench_client_native.py --steps 40 --rounds 4
+    uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3
 """
 
 from __future__ import annotations
@@ -39,6 +51,12 @@ def prepare(model, rows):
     float(model.forward_backward(inputs=rows)["loss"])  # warm-up (and, over HTTP, waits for the set-up)
     model.clip_grad_and_step()
     return model
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) another process has used so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_steps(model, rows, steps: int, pipelined: bool) -> float:
@@ -78,6 +96,7 @@ def main() -> None:
     initialize(mode="local", seed=42)
     proc, url, (key,) = start_server(args.model, 1)  # the server process inherits OMP_NUM_THREADS
     seconds = {"local": 0.0, "native": 0.0, "pipelined": 0.0}
+    cpu = {"local": 0.0, "client": 0.0, "server": 0.0}  # local loop; client and server in the pipelined loop
     try:
         client = TwinkleClient(url, key)
         models = {"local": prepare(MultiLoraModel(model_id=args.model), rows),
@@ -86,7 +105,13 @@ def main() -> None:
         per_round = max(1, args.steps // args.rounds)
         for _ in range(args.rounds):  # alternating, so load from other processes hits all three alike
             for name, model in models.items():
+                mine, server = time.process_time(), process_cpu(proc.pid)
                 seconds[name] += run_steps(model, rows, per_round, pipelined=name == "pipelined")
+                if name == "local":
+                    cpu["local"] += time.process_time() - mine
+                elif name == "pipelined":
+                    cpu["client"] += time.process_time() - mine
+                    cpu["server"] += process_cpu(proc.pid) - server
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -94,7 +119,10 @@ def main() -> None:
     local, unpipelined, pipelined = (steps / seconds[k] for k in ("local", "native", "pipelined"))
     print(json.dumps({"ratio": round(pipelined / local, 4), "ratio_unpipelined": round(unpipelined / local, 4),
                       "local_steps_per_s": round(local, 3), "native_steps_per_s": round(unpipelined, 3),
-                      "native_pipelined_steps_per_s": round(pipelined, 3), "model": args.model,
+                      "native_pipelined_steps_per_s": round(pipelined, 3),
+                      "overhead_ms_per_step": round(1000 / pipelined - 1000 / local, 3),
+                      **{f"{k}_cpu_ms_per_step": round(1000 * v / steps, 3) for k, v in cpu.items()},
+                      "model": args.model,
                       "steps": steps, "threads": args.threads, "batch": args.batch, "length": args.length}))
 
 

@@ -96,6 +96,21 @@ def test_keys_and_a_served_training_step(tmp_path):
         first = tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
         tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         assert tc.forward([datum], "cross_entropy").result().metrics["loss:sum"] < first
+        # usage per key and run, as counted by the running server; a quota set now refuses at once
+        import json
+
+        (usage,) = json.loads(_cli("keys", "usage", "alice", "--json", "--data-dir", str(data)).stdout)
+        assert usage["tokens"]["training"] == 2 * len(datum.model_input.to_ints())  # forward_backward + forward
+        assert [r["training"] for r in usage["runs"]] == [usage["tokens"]["training"]]
+        assert "alice: trained 38 tokens" in _cli("keys", "usage", "--data-dir", str(data)).stdout
+        quota = _cli("keys", "set-quota", "alice", "--adapters", "1", "--data-dir", str(data))
+        assert quota.returncode == 0 and "adapters 1" in quota.stdout
+        refused = httpx.post(url + "/api/v1/create_model", headers={"X-API-Key": key}, json={
+            "session_id": client.holder.get_session_id(), "model_seq_id": 7, "base_model": TEST_MODEL,
+            "lora_config": {"rank": 4}})
+        assert refused.status_code == 409 and refused.json()["quota"] == "adapters"
+        assert refused.headers["x-should-retry"] == "false"
+        assert _cli("keys", "set-quota", "nobody", "--adapters", "1", "--data-dir", str(data)).returncode == 1
         client.holder.close() if hasattr(client.holder, "close") else None
 
         listed = _cli("keys", "list", "--data-dir", str(data)).stdout

@@ -90,18 +90,19 @@ def test_a_lost_answer_is_retried_with_the_same_idempotency_key(monkeypatch):
     import httpx
 
     from twinkle.client import http as client_http
+    from twinkle.client.wire import Answer
 
     monkeypatch.setattr(client_http, "_backoff", lambda attempt: 0)
     seen = []
 
-    def handler(request: httpx.Request):
-        seen.append((request.method, request.headers.get("x-idempotency-key")))
+    def answering(method, path, json_body=None, params=None, headers=None, timeout=None):
+        seen.append((method, (headers or {}).get("X-Idempotency-Key")))
         if len(seen) in (1, 2):  # the server ran it, the answer was lost on the way back
-            raise httpx.ReadTimeout("answer lost", request=request)
-        return httpx.Response(200, json={"request_id": "f1"})
+            raise httpx.ReadTimeout("answer lost")
+        return Answer(method, path, 200, {}, b'{"request_id": "f1"}')
 
     client = client_http.TwinkleClient("http://twinkle.invalid", "tml-x")
-    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(handler))
+    monkeypatch.setattr(client.wire, "send", answering)
     assert client.post("/models/m/forward_backward", {"inputs": []}) == {"request_id": "f1"}
     assert [m for m, _ in seen] == ["POST"] * 3
     assert len({k for _, k in seen}) == 1 and len(seen[0][1]) == 32  # one key for every attempt
@@ -111,12 +112,52 @@ def test_a_lost_answer_is_retried_with_the_same_idempotency_key(monkeypatch):
     client.get("/runs")
     assert seen[-1] == ("GET", None)  # reads carry no key
 
-    def refused(request):
-        seen.append((request.method, None))
-        raise httpx.ConnectError("refused", request=request)
-
     seen.clear()
-    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(refused))
+    client = client_http.TwinkleClient("http://127.0.0.1:9", "tml-x")  # nothing listens on port 9
+    real_send = client.wire.send
+
+    def counted(*args, **kwargs):
+        seen.append(args[0])
+        return real_send(*args, **kwargs)
+
+    monkeypatch.setattr(client.wire, "send", counted)
     with pytest.raises(httpx.ConnectError):
         client.get("/runs")
     assert len(seen) == 1 + client_http.TRANSPORT_RETRIES
+
+
+def test_keep_alive_connection_is_reused_and_a_closed_one_replaced():
+    """The sync client keeps one connection per thread; when the server closed it while idle, the next
+    call opens a new one instead of failing."""
+    import http.server
+    import threading
+
+    from twinkle.client.http import TwinkleClient
+
+    peers = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):
+            peers.append(self.client_address[1])
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = TwinkleClient(f"http://127.0.0.1:{server.server_address[1]}", "tml-x")
+        assert client.get("/a") == {"ok": True} and client.get("/b") == {"ok": True}
+        assert len(peers) == 2 and peers[0] == peers[1]  # one connection for both calls
+        client.wire._local.conn.sock.shutdown(2)  # as if the server had dropped the idle connection
+        assert client.get("/c") == {"ok": True}
+        assert peers[2] != peers[0]
+    finally:
+        server.shutdown()

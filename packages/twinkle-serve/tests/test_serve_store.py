@@ -77,3 +77,25 @@ def test_a_database_from_a_newer_server_is_refused(tmp_path):
     db.close()
     with pytest.raises(RuntimeError, match="newer than this server"):
         Store(tmp_path)
+
+
+def test_a_v3_database_upgrades_to_per_run_usage_and_quotas(tmp_path):
+    """store_v3.sqlite: the first release's database as the previous release (schema 3) left it, with
+    token usage it counted. Version 4 keeps that usage and adds per-run usage and per-key quotas."""
+    shutil.copy(FIXTURE.with_name("store_v3.sqlite"), tmp_path / "twinkle.db")
+    assert sqlite3.connect(tmp_path / "twinkle.db").execute("PRAGMA user_version").fetchone()[0] == 3
+    store = Store(tmp_path)
+    assert store.version == VERSION >= 4
+    assert store.usage.totals("alice") == {"training": 1234, "sampling_sample": 56}
+    assert store.quotas.get("alice") == {"tokens_per_day": None, "storage_bytes": None, "adapters": None}
+    store.quotas.set("alice", tokens_per_day=5000, adapters=2)
+    store.quotas.set("alice", adapters=None)  # one field changed, the others kept
+    store.usage.add_to_run(TINKER, "alice", "training", 10)
+    store.usage.add_to_run(TINKER, "alice", "training", 5)
+    runs = {r["model_id"]: r for r in store.usage.of_runs("alice")}
+    assert runs[TINKER]["training"] == 15 and runs[NATIVE]["training"] == 0
+    assert runs[TINKER]["checkpoint_bytes"] == sum(c.size_bytes for c in store.checkpoints.of_run(TINKER, "alice"))
+    store.close()
+    store = Store(tmp_path)  # quotas are in the database: a restarted server keeps them
+    assert store.quotas.get("alice") == {"tokens_per_day": 5000, "storage_bytes": None, "adapters": None}
+    store.close()

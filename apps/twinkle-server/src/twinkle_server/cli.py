@@ -4,11 +4,14 @@
     twinkle-server keys create NAME [--data-dir DIR]    # prints a new tml- key (shown once)
     twinkle-server keys list [--data-dir DIR]
     twinkle-server keys revoke NAME [--data-dir DIR]
+    twinkle-server keys usage [NAME] [--json]           # tokens trained/sampled, checkpoint bytes, per run
+    twinkle-server keys set-quota NAME [--tokens-per-day N] [--storage-bytes N] [--adapters N]  # "none" clears
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from datetime import datetime
@@ -37,7 +40,60 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
     s = actions.add_parser("list", help="list keys (names only; keys are stored hashed)")
     s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)  # or before `keys`
+    s = actions.add_parser("usage", help="tokens trained and sampled, checkpoint bytes and quotas, per key and run")
+    s.add_argument("name", nargs="?", help="one key (default: every key)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
+    s = actions.add_parser("set-quota", help="set a key's quotas (refused with 429/409 past them; 'none' clears)")
+    s.add_argument("name")
+    for flag in ("--tokens-per-day", "--storage-bytes", "--adapters"):
+        s.add_argument(flag, type=_quota, default=argparse.SUPPRESS, metavar="N|none")
+    s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
     return p
+
+
+def _quota(text: str) -> int | None:
+    if text.lower() == "none":
+        return None
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"a quota is a whole number >= 0 or 'none', got {text!r}")
+    return int(text)
+
+
+def _usage_text(report: dict) -> str:
+    t, q = report["tokens"], report["quotas"]
+    limits = ", ".join(f"{k} {'-' if v is None else v}" for k, v in q.items())
+    lines = [f"{report['tenant']}: trained {t['training']} tokens, sampled {t['sampling_prefill']} prompt + "
+             f"{t['sampling_sample']} sampled tokens, {report['tokens_today']} tokens today, "
+             f"checkpoints {report['checkpoint_bytes']} bytes; quotas: {limits}"]
+    lines += [f"  {r['model_id']} ({r['api']}): trained {r['training']}, sampled {r['sampling']} tokens, "
+              f"checkpoints {r['checkpoint_bytes']} bytes" for r in report["runs"]]
+    return "\n".join(lines)
+
+
+def _keys_report(store, keys, args) -> int:
+    from twinkle.serve.core.usage import UsageLedger
+
+    names = [args.name] if args.name else [row["name"] for row in keys.list() if not row["revoked_at"]]
+    if args.name and not store.keys.active(args.name):
+        print(f"no active key named {args.name!r}", file=sys.stderr)
+        return 1
+    reports = [UsageLedger(store).report(name) for name in names]
+    print(json.dumps(reports, indent=2) if args.json else "\n".join(_usage_text(r) for r in reports))
+    return 0
+
+
+def _set_quota(store, args) -> int:
+    if not store.keys.active(args.name):
+        print(f"no active key named {args.name!r}", file=sys.stderr)
+        return 1
+    changes = {k: getattr(args, k) for k in store.quotas.FIELDS if hasattr(args, k)}
+    if not changes:
+        print("nothing to set: pass --tokens-per-day, --storage-bytes and/or --adapters", file=sys.stderr)
+        return 2
+    quotas = store.quotas.set(args.name, **changes)
+    print(f"{args.name}: " + ", ".join(f"{k} {'-' if v is None else v}" for k, v in quotas.items()))
+    return 0
 
 
 def keys_main(args: argparse.Namespace) -> int:
@@ -50,6 +106,10 @@ def keys_main(args: argparse.Namespace) -> int:
     try:
         if args.action == "create":
             print(keys.create(args.name))
+        elif args.action == "usage":
+            return _keys_report(store, keys, args)
+        elif args.action == "set-quota":
+            return _set_quota(store, args)
         elif args.action == "list":
             for row in keys.list():
                 state = "revoked" if row["revoked_at"] else "active"

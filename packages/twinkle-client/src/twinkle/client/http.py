@@ -1,5 +1,8 @@
 """The HTTP session to one Twinkle server: API key, retries, sync and async.
 
+Synchronous calls go over keep-alive `http.client` connections (`wire.py` says why); the async path and
+streamed downloads use httpx.
+
 Retries: a 429/503 (nothing was accepted) after its Retry-After; a lost connection or a timed-out
 answer a few times with backoff. Every non-GET call carries one X-Idempotency-Key for all its
 attempts, so a submission whose answer was lost on the wire runs once on the server.
@@ -16,6 +19,7 @@ import httpx
 
 from twinkle.client.errors import TwinkleAPIError
 from twinkle.client.schema import PREFIX
+from twinkle.client.wire import Wire
 
 RETRY_STATUSES = (429, 503)
 TRANSPORT_RETRIES = 3  # lost connections / timeouts; then the error reaches the caller
@@ -27,11 +31,23 @@ def _with_key(method: str, headers: dict | None) -> dict | None:
     return {"X-Idempotency-Key": uuid.uuid4().hex, **(headers or {})}
 
 
+def _retryable(resp) -> bool:
+    """429/503 are retried after their Retry-After, except a 429 naming a quota (tokens per day): it
+    lasts until the day ends, so the caller hears of it now."""
+    if resp.status_code not in RETRY_STATUSES:
+        return False
+    try:
+        return "quota" not in resp.json()
+    except ValueError:
+        return True
+
+
 def _backoff(attempt: int) -> float:
     return 0.5 * 2 ** attempt
 
 
-def _error(resp: httpx.Response) -> TwinkleAPIError:
+def _error(resp, method: str | None = None, path: str | None = None) -> TwinkleAPIError:
+    """A TwinkleAPIError from an httpx.Response or a wire Answer (then with its method and path)."""
     try:
         body = resp.json()
         message = body.get("error") or body.get("detail") or resp.text
@@ -40,7 +56,9 @@ def _error(resp: httpx.Response) -> TwinkleAPIError:
         category = body.get("category")
     except ValueError:
         message, category = resp.text, None
-    return TwinkleAPIError(f"{resp.request.method} {resp.request.url.path} -> {resp.status_code}: {message}",
+    method = method or resp.request.method
+    path = path or resp.request.url.path
+    return TwinkleAPIError(f"{method} {path} -> {resp.status_code}: {message}",
                            resp.status_code, category)
 
 
@@ -58,31 +76,36 @@ class TwinkleClient:
         self._headers = {"X-API-Key": api_key}
         self._timeout = httpx.Timeout(timeout, connect=10.0)
         self.http = httpx.Client(base_url=self.base_url, headers=self._headers, timeout=self._timeout)
+        self.wire = Wire(self.base_url, self._headers, timeout, connect_timeout=10.0)
         self._async: httpx.AsyncClient | None = None
 
     # ---- sync ----------------------------------------------------------------------------------
-    def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False):
+    def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False,
+                timeout: float | None = None):
         url = path if path.startswith(PREFIX) else PREFIX + path
         headers, lost = _with_key(method, headers), 0
         for attempt in range(self.max_retries + TRANSPORT_RETRIES + 1):  # room for both kinds: ends in return or raise
             try:
-                resp = self.http.request(method, url, json=json, params=params, headers=headers)
+                resp = self.wire.send(method, url, json, params, headers, timeout)
             except httpx.TransportError:
                 if lost >= TRANSPORT_RETRIES:
                     raise
                 time.sleep(_backoff(lost))
                 lost += 1
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+            if attempt < self.max_retries and _retryable(resp):
                 time.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:
-                raise _error(resp)
+                raise _error(resp, method, url)
             return resp.content if raw else resp.json()
         raise AssertionError("unreachable")
 
     def get(self, path: str, **params):
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None})
+        # a long poll (`timeout=` seconds on the server) may hold the answer that long: read for longer
+        wait = params.get("timeout")
+        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
+                            timeout=None if wait is None else max(self._timeout.read or 0, wait + 30))
 
     def post(self, path: str, body=None, seq: int | None = None):
         headers = {"X-Twinkle-Seq": str(seq)} if seq is not None else None
@@ -102,7 +125,7 @@ class TwinkleClient:
                 await asyncio.sleep(_backoff(lost))
                 lost += 1
                 continue
-            if resp.status_code in RETRY_STATUSES and attempt < self.max_retries:
+            if attempt < self.max_retries and _retryable(resp):
                 await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:
@@ -111,6 +134,7 @@ class TwinkleClient:
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        self.wire.close()
         self.http.close()
 
     def __repr__(self) -> str:

@@ -40,7 +40,7 @@ def create_app(rt: Runtime) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse({"error": exc.message, "detail": exc.message}, status_code=exc.status,
+        return JSONResponse({"error": exc.message, "detail": exc.message, **exc.extra}, status_code=exc.status,
                             headers=exc.headers)
 
     @app.exception_handler(LimitExceeded)

@@ -81,6 +81,9 @@ class ServeConfig(_Strict):
     tenant_limits: dict[str, Limits] = Field(default_factory=dict)  # per key name, replacing `limits`
     long_poll_s: float = Field(25.0, gt=0, le=40)
     max_request_bytes: int = Field(64 * 2**20, ge=1024)  # larger request bodies answer 413
+    # A finished future's result stays retrievable this long, then its row (and its sampling-queue
+    # entry) is removed: the tables would otherwise grow by a row per request forever.
+    futures_keep_hours: float = Field(24.0, gt=0)
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
     # Experiment trackers for every run's curves, as transformers' report_to: "tensorboard", "wandb",

@@ -11,6 +11,7 @@ class ApiError(Exception):
     def __init__(self, message: str, headers: dict | None = None):
         super().__init__(message)
         self.message, self.headers = message, headers or {}
+        self.extra: dict = {}  # more fields of the JSON body (e.g. which quota refused)
 
 
 class BadRequest(ApiError):

@@ -19,6 +19,7 @@ import hashlib
 import time
 from typing import Any
 
+from twinkle.serve.auth import TENANT
 from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.core.store import Store
@@ -44,6 +45,8 @@ class Idempotency:
         headers = dict(scope["headers"])
         key = headers.get(HEADER, b"").decode("latin-1")
         tenant = self.keys.tenant_for(headers.get(b"x-api-key", b"").decode("latin-1") or None)
+        if tenant is not None:
+            scope[TENANT] = tenant  # the auth dependency reads it: one key lookup per request
         if not key or tenant is None:  # no key: nothing to dedupe; no tenant: auth answers 401 downstream
             return await self.app(scope, receive, send)
         if len(key) > MAX_KEY_LEN:

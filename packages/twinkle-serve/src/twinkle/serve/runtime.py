@@ -52,7 +52,7 @@ class Runtime:
             self.trackers = RunTrackers(config.report_to, self.data_dir / "runs")
             self.store.curves.on_add = self.trackers.log
         self.keys = KeyStore(self.store)
-        self.hub = FutureHub(self.store)
+        self.hub = FutureHub(self.store, config.futures_keep_hours * 3600)
         self.limits = TenantLimits(config.limits, config.tenant_limits)
         self.engines: dict[str, Engine] = {}
         self.ready = threading.Event()

@@ -1,7 +1,8 @@
 """Futures: every submission gets a request id; `retrieve_future` long-polls it.
 
 Results are written to SQLite before the waiting poll is woken, so a result a client has seen
-survives a restart. Waiting is on an asyncio.Event per future (set from the worker thread through
+survives a restart. Finished futures are kept `keep_s` (the config's futures_keep_hours), then pruned:
+at start, and at most once every `keep_s / 24` while the server runs. Waiting is on an asyncio.Event per future (set from the worker thread through
 the event loop), never a sleep loop.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 import uuid
 
 from twinkle.serve.core.records import FutureRow
@@ -20,8 +22,8 @@ PROTO = "application/x-protobuf"
 
 
 class FutureHub:
-    def __init__(self, store: Store):
-        self.futures = store.futures
+    def __init__(self, store: Store, keep_s: float = 24 * 3600):
+        self.futures, self.keep_s = store.futures, keep_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._events: dict[str, asyncio.Event] = {}
         self._lock = threading.Lock()
@@ -29,13 +31,22 @@ class FutureHub:
         self.futures.fail_pending(JSON, json.dumps({"error": "the server restarted while this request was pending, so it may or may not have run; "
                                           "check its effect (e.g. list checkpoints) and resubmit it",
                                          "category": "server"}).encode())
+        self._pruned_at = 0.0
+        self.prune()
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
+    def prune(self) -> int:
+        """Remove futures finished more than keep_s ago; -> how many."""
+        self._pruned_at = now = time.time()
+        return self.futures.prune(now - self.keep_s)
+
     def create(self, tenant: str) -> str:
         request_id = uuid.uuid4().hex
         self.futures.create(request_id, tenant)
+        if time.time() - self._pruned_at > self.keep_s / 24:
+            self.prune()
         return request_id
 
     def _finish(self, request_id: str, status: str, content_type: str, payload: bytes) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.checkpoints import CheckpointOps
 from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
+from twinkle.serve.core.usage import UsageLedger
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Engine, Runtime
 
@@ -22,6 +23,7 @@ class Service:
     def __init__(self, rt: Runtime):
         self.rt, self.store = rt, rt.store
         self.checkpoints = CheckpointOps(rt)
+        self.usage = UsageLedger(rt.store)
 
     # ---- sessions ------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list | None = None, user_metadata: dict | None = None) -> Session:
@@ -74,14 +76,31 @@ class Service:
         self.store.curves.add(run.model_id, run.tenant, step, metrics)
         return step
 
-    # ---- usage (tokens per API key and UTC hour; the Tinker billing routes report it) ----------
+    # ---- usage (per API key and run; the Tinker billing routes, the CLI and dashboard report it) --
     def count_training(self, run: Run, tokens: int) -> None:
         """Model input tokens of a forward or forward_backward that succeeded, in either API."""
-        self.store.usage.add(run.tenant, run.session_id, run.base_model, "training", tokens)
+        self.usage.count_training(run, tokens)
 
     def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
-        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, "sampling_prefill", prompt_tokens)
-        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, "sampling_sample", sampled_tokens)
+        self.usage.count_sampling(sampler, prompt_tokens, sampled_tokens)
+
+    def admit_tokens(self, tenant: str, tokens: int) -> None:
+        """429 past the key's rate limit of input tokens/s, or its tokens_per_day quota."""
+        self.rt.limits.input_tokens(tenant, tokens)
+        self.usage.check_tokens(tenant, tokens)
+
+    def admit_adapter(self, tenant: str) -> None:
+        """409 when the key already holds its quota of live adapters (a native run may hold several)."""
+        live = 0
+        for model_id in self.rt.live.run_ids():
+            run = self.store.runs.owned(model_id, tenant)
+            if run is not None:
+                live += len(run.lora.get("adapters") or [None])
+        self.usage.check_adapters(tenant, live)
+
+    def admit_save(self, tenant: str) -> None:
+        """409 when the key's checkpoints already fill its storage_bytes quota."""
+        self.usage.check_storage(tenant)
 
     # ---- queued work ---------------------------------------------------------------------------
     def submit(self, tenant: str, engine: Engine, queue: str, seq_id: int | None,

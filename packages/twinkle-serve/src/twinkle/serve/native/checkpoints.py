@@ -18,6 +18,8 @@ class NativeCheckpoints:
 
     def save(self, tenant: str, model_id: str, seq, req: SaveRequest) -> dict:
         name = check_name(req.name)
+        self.svc.admit_save(tenant)
+
         @user_errors
         def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)

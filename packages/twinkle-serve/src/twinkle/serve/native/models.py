@@ -43,9 +43,11 @@ class NativeModels:
     def engine_of(self, run: Run):
         return self.rt.engine(run.base_model)
 
-    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None) -> dict:
-        """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a FutureRef."""
-        run = self.model(tenant, model_id)
+    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None,
+               run: Run | None = None) -> dict:
+        """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a
+        FutureRef. `run`: the tenant's run when the caller has already looked it up."""
+        run = run or self.model(tenant, model_id)
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
@@ -123,6 +125,7 @@ class NativeModels:
         internal = internal_name(model_id, req.adapter_name)
         if self.has(model_id, req.adapter_name):
             raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
+        self.svc.admit_adapter(tenant)
         self.reserve(run, internal, config)
 
         @user_errors

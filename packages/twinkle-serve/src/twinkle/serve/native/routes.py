@@ -8,7 +8,7 @@ header orders a model's requests as the client issued them (pipelined clients se
 
 import json
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import Depends, Header, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -16,6 +16,7 @@ from twinkle.client.schema import (PREFIX, AddAdapterRequest, AddMetricRequest, 
                                    ForwardRequest, FutureRef, FutureResult, LoadRequest, LogRequest, MetricRequest,
                                    ModelInfo, NamedComponent, ResultTypes, RunCurves, RunList, SampleRequest, SaveRequest,
                                    ServerStatus, StepRequest)
+from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
@@ -25,7 +26,7 @@ from twinkle.serve.native.models import NativeModels
 from twinkle.serve.native.views import NativeViews
 
 
-def build_native_router(core: Service) -> APIRouter:
+def build_native_router(core: Service) -> PrefixRouter:
     rt, auth = core.rt, Auth(core.rt)
     models = NativeModels(core)
     compute = NativeCompute(models)
@@ -33,7 +34,7 @@ def build_native_router(core: Service) -> APIRouter:
     # submissions are metered; reads and polling (GET) are not
     tenant, ready = auth.unmetered, auth.ready
 
-    r = APIRouter(prefix=PREFIX, tags=["twinkle"])
+    r = PrefixRouter(PREFIX, tags=["twinkle"])
     Seq = Header(None, alias="X-Twinkle-Seq", description="client order of this model's requests")
 
     @r.post("/models", response_model=ModelInfo, summary="Create a training model (a run) on a base model")

@@ -52,6 +52,7 @@ class TinkerModels:
         session_id = self.svc.session(tenant, session_id).session_id
         engine = self.rt.engine(base_model)
         self.svc.admit_run(tenant)
+        self.svc.admit_adapter(tenant)
         if not isinstance(model_seq_id, int):
             raise BadRequest("model_seq_id must be an integer")
         model_id = f"{session_id}:train:{model_seq_id}"
@@ -101,7 +102,7 @@ class TinkerModels:
         except UserError as e:
             raise BadRequest(str(e)) from None
         run = self.svc.run(tenant, model_id)
-        self.rt.limits.input_tokens(tenant, sum(len(d.tokens) for d in data))
+        self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         engine = self.rt.engine(run.base_model)
         self.rt.store.runs.touch(model_id)
         if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import sqlite3
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.futures import PROTO
 from twinkle.serve.core.service import Service
@@ -39,14 +40,14 @@ async def json_body(request: Request) -> dict:
     return body
 
 
-def build_router(svc: Service) -> APIRouter:
+def build_router(svc: Service) -> PrefixRouter:
     rt, auth = svc.rt, Auth(svc.rt)
     models, sampling, rest = TinkerModels(svc), TinkerSampling(svc), TinkerRest(svc)
     weights = TinkerWeights(svc, models, sampling)
     # Polling and liveness calls are not counted against requests/s: the SDK makes them on its own.
     tenant, unmetered, ready_tenant = auth.metered, auth.unmetered, auth.ready
 
-    r = APIRouter(prefix="/api/v1", tags=["tinker"])
+    r = PrefixRouter("/api/v1", tags=["tinker"])
 
     # ---- bootstrap, sessions, telemetry ----
     @r.post("/client/config")

@@ -9,10 +9,11 @@ URL is the credential. Another tenant's object is a 404, a malformed body a 400 
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.service import Service
 from twinkle.serve.tinker import custom_loss_service, sampling_queue, sessions_extra, usage
@@ -23,14 +24,14 @@ from twinkle.serve.tinker.sampling import TinkerSampling
 from twinkle.serve.tinker.weights import TinkerWeights
 
 
-def build_extra_router(svc: Service) -> APIRouter:
+def build_extra_router(svc: Service) -> PrefixRouter:
     rt, auth = svc.rt, Auth(svc.rt)
     # the SDK polls retrieve_futures on its own (like retrieve_future): not metered
     caller, poller = auth.metered, auth.unmetered
     sampling = TinkerSampling(svc)
     weights = TinkerWeights(svc, TinkerModels(svc), sampling)
 
-    r = APIRouter(prefix="/api/v1", tags=["tinker"])
+    r = PrefixRouter("/api/v1", tags=["tinker"])
 
     @r.post("/create_custom_loss")
     async def create_custom_loss(request: Request, t: str = Depends(caller)):

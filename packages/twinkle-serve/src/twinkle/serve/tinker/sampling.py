@@ -55,7 +55,7 @@ class TinkerSampling:
         sampler = self.sampler(tenant, body.get("sampling_session_id"))
         engine = self.rt.engine(sampler.base_model)
         prompt, n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
-        self.rt.limits.input_tokens(tenant, len(prompt))
+        self.svc.admit_tokens(tenant, len(prompt))
         params, target_layout = sample_params(body, len(prompt), engine.backend.vocab_size)
         want_prompt_lps = bool(body.get("prompt_logprobs"))
         adapter = folder = None

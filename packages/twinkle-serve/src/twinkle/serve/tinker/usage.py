@@ -1,6 +1,6 @@
 """Usage, counted in real tokens per API key, and the key's own record (Tinker billing / auth routes).
 
-Counted by the service core (`Service.count_training`/`count_sampling`) where the work completes, in
+Counted by the service core (`twinkle.serve.core.usage`, through `Service.count_training`/`count_sampling`) where the work completes, in
 both APIs: training tokens (model input tokens of every forward and
 forward_backward that succeeded, custom losses included), sampling prefill tokens (each sample
 request's prompt) and sampled tokens (every returned sequence), in UTC-hour buckets. Prices, storage

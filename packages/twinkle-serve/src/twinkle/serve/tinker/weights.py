@@ -37,6 +37,7 @@ class TinkerWeights:
 
     def save_weights(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))
+        self.svc.admit_save(tenant)
         engine = self.rt.engine(run.base_model)
         name = check_name(body.get("path") or f"ckpt-{uuid.uuid4().hex[:8]}")
 
@@ -51,6 +52,7 @@ class TinkerWeights:
         engine = self.rt.engine(run.base_model)
         if body.get("path"):
             name = check_name(body["path"])
+            self.svc.admit_save(tenant)
 
             def work():
                 return "json", {"type": "save_weights_for_sampler",
@@ -95,6 +97,7 @@ class TinkerWeights:
         if body.get("age_encryption_recipients"):
             raise BadRequest("age_encryption_recipients: encrypted exports are not supported by this server")
         run = self.svc.run(tenant, body.get("model_id"))
+        self.svc.admit_save(tenant)
         engine = self.rt.engine(run.base_model)
         name = check_name(body.get("path"))
         for field in ("ttl_seconds", "seq_id"):

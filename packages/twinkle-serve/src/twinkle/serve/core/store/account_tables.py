@@ -1,5 +1,6 @@
 """SQL for the SDK 0.38 extras (schema V3): custom losses, the sampling completion queue, session
-projects and search, and token usage per UTC hour (counted by both APIs)."""
+projects and search, and token usage per UTC hour (counted by both APIs); per-run usage and per-key
+quotas (schema V4)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,32 @@ class Usage:
                         "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
                         (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)))
 
+    def add_to_run(self, model_id: str, tenant: str, kind: str, tokens: int) -> None:
+        self.db.execute("INSERT INTO run_usage (model_id, tenant, kind, tokens) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT(model_id, kind) DO UPDATE SET tokens = tokens + ?",
+                        (model_id, tenant, kind, int(tokens), int(tokens)))
+
+    def since(self, tenant: str, start: float) -> int:
+        """Tokens of every kind the tenant used in the hours from `start` on."""
+        return self.db.one("SELECT COALESCE(SUM(tokens), 0) AS n FROM usage WHERE tenant=? AND hour >= ?",
+                           (tenant, start))["n"]
+
+    def totals(self, tenant: str) -> dict[str, int]:
+        """All-time tokens of the tenant by kind."""
+        return {r["kind"]: r["tokens"] for r in self.db.all(
+            "SELECT kind, SUM(tokens) AS tokens FROM usage WHERE tenant=? GROUP BY kind", (tenant,))}
+
+    def of_runs(self, tenant: str) -> list[dict]:
+        """Per run of the tenant: tokens by kind and checkpoint bytes stored, runs with either."""
+        return self.db.all(
+            "SELECT m.model_id, m.api, m.created_at, "
+            "(SELECT COALESCE(SUM(tokens), 0) FROM run_usage u WHERE u.model_id = m.model_id AND u.kind = 'training') "
+            " AS training, "
+            "(SELECT COALESCE(SUM(tokens), 0) FROM run_usage u WHERE u.model_id = m.model_id AND u.kind != 'training') "
+            " AS sampling, "
+            "(SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints c WHERE c.model_id = m.model_id) AS checkpoint_bytes "
+            "FROM models m WHERE m.tenant=? ORDER BY m.created_at", (tenant,))
+
     def buckets(self, tenant: str, start: float, end: float) -> list[dict]:
         return self.db.all("SELECT hour, session_id, base_model, kind, tokens FROM usage WHERE tenant=? AND hour >= ? "
                            "AND hour < ? ORDER BY hour, tokens DESC", (tenant, start, end))
@@ -117,3 +144,25 @@ class Projects:
             sql += " AND COALESCE(p.project_id, 'default') = ?"
             args.append(project_id)
         return self.db.one(sql, tuple(args))
+
+
+class Quotas:
+    """Per-key limits; a missing row or a NULL field means no limit."""
+
+    FIELDS = ("tokens_per_day", "storage_bytes", "adapters")
+
+    def __init__(self, db):
+        self.db = db
+
+    def get(self, tenant: str) -> dict:
+        row = self.db.one("SELECT tokens_per_day, storage_bytes, adapters FROM quotas WHERE tenant=?", (tenant,))
+        return row or dict.fromkeys(self.FIELDS)
+
+    def set(self, tenant: str, **values) -> dict:
+        """Change the given fields (None clears one); the others keep their value."""
+        merged = {**self.get(tenant), **values}
+        _put(self.db, "quotas", {"tenant": tenant, **{k: merged[k] for k in self.FIELDS}})
+        return merged
+
+    def bytes_stored(self, tenant: str) -> int:
+        return self.db.one("SELECT COALESCE(SUM(size_bytes), 0) AS n FROM checkpoints WHERE tenant=?", (tenant,))["n"]

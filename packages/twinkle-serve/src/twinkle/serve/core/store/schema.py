@@ -56,7 +56,18 @@ CREATE TABLE IF NOT EXISTS usage (tenant TEXT NOT NULL, hour INTEGER NOT NULL, s
 CREATE INDEX IF NOT EXISTS sample_requests_sampler ON sample_requests (tenant, sampler_id, clone);
 """
 
-MIGRATIONS = [V1, V2, V3]
+# 4: usage per training run (the `usage` table counts per key, hour and session), and per-key quotas
+# (NULL: no limit), set with `twinkle-server keys set-quota`.
+V4 = """
+CREATE TABLE IF NOT EXISTS run_usage (model_id TEXT NOT NULL, tenant TEXT NOT NULL, kind TEXT NOT NULL,
+    tokens INTEGER NOT NULL, PRIMARY KEY (model_id, kind));
+CREATE INDEX IF NOT EXISTS run_usage_tenant ON run_usage (tenant);
+CREATE TABLE IF NOT EXISTS quotas (tenant TEXT PRIMARY KEY, tokens_per_day INTEGER, storage_bytes INTEGER,
+    adapters INTEGER);
+CREATE INDEX IF NOT EXISTS usage_tenant_hour ON usage (tenant, hour);
+"""
+
+MIGRATIONS = [V1, V2, V3, V4]
 VERSION = len(MIGRATIONS)
 
 

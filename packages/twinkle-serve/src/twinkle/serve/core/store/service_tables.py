@@ -67,6 +67,17 @@ class Futures:
         row = self.db.one("SELECT COUNT(*) AS n, SUM(tenant=?) AS mine FROM futures WHERE status='pending'", (tenant,))
         return row["n"] or 0, row["mine"] or 0
 
+    def prune(self, before: float) -> int:
+        """Retire futures finished before `before` (their results were retrievable for the whole
+        retention window), and the sampling-queue rows that named them; pending ones always stay.
+        -> futures removed."""
+        removed = self.db.execute("DELETE FROM futures WHERE status != 'pending' AND completed_at < ?", (before,))
+        self.db.execute("DELETE FROM sample_requests WHERE request_id NOT IN (SELECT request_id FROM futures)")
+        return removed
+
+    def count(self) -> int:
+        return self.db.one("SELECT COUNT(*) AS n FROM futures")["n"]
+
     def completed_since(self, t: float) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM futures WHERE completed_at > ?", (t,))["n"]
 
