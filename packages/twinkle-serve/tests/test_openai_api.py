@@ -143,6 +143,24 @@ def test_text_completions_stop_strings_and_logprobs(ann, trained, tokenizer):
     assert "".join(pieces) == ANSWER and len([p for p in pieces if p]) > 1
 
 
+def test_twinkle_export_merges_the_server_checkpoint(server, trained, tokenizer, reference, tmp_path):
+    import subprocess
+    import sys
+
+    from transformers import AutoModelForCausalLM
+
+    folder = server.runtime.data_dir / server.runtime.store.checkpoints.get(trained).dir
+    out = tmp_path / "merged"
+    done = subprocess.run([sys.executable, "-m", "twinkle.client.cli", "export", "--merge", str(folder), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == f"wrote {out}", done.stderr
+    tokens = chat_ids(tokenizer, QUESTION) + tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    with torch.no_grad():
+        logp = torch.log_softmax(merged(input_ids=torch.tensor([tokens])).logits[0], -1)
+    assert torch.allclose(logp, reference(tokens), atol=1e-4)
+
+
 def test_unknown_model_and_another_tenants_checkpoint_are_404(server, keys, ann, trained):
     import openai
 
