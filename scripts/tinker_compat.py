@@ -18,7 +18,6 @@ import base64
 import inspect
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -258,16 +257,24 @@ def call_method(c: Context, name: str) -> Row:
 
 
 def call_cli(c: Context, command: str, home: str) -> Row:
+    """The subcommand run in this process through click (as `tinker ...` runs it, without a
+    new interpreter's start-up for each), with its own HOME for the credentials `auth` stores."""
+    from click.testing import CliRunner
+    from tinker.cli.__main__ import main_cli
+
     name = f"cli: {command}"
     if name in NOT_APPLICABLE or CLI.get(command) is None:
         return Row(name, "not applicable", NOT_APPLICABLE.get(name, "no call written for it"))
-    env = {**os.environ, "TINKER_BASE_URL": c.url, "TINKER_API_KEY": c.key, "TINKER_TELEMETRY": "0", "HOME": home}
-    proc = subprocess.run([sys.executable, "-m", "tinker.cli", *command.split(), *CLI[command](c)],
-                          input=c.key + "\n", capture_output=True, text=True, env=env, timeout=300)
-    if proc.returncode == 0:
+    env = {"TINKER_BASE_URL": c.url, "TINKER_API_KEY": c.key, "TINKER_TELEMETRY": "0", "HOME": home}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = CliRunner().invoke(main_cli, [*command.split(), *CLI[command](c)], input=c.key + "\n", env=env)
+    if result.exit_code == 0:
         return Row(name, "works")
-    lines = [line for line in (proc.stderr + proc.stdout).strip().splitlines() if line.strip()]
-    return Row(name, "refused", (lines[-1] if lines else f"exit {proc.returncode}")[:200])
+    error = getattr(result, "stderr", "") if result.exception is None or isinstance(result.exception, SystemExit) \
+        else _reason(result.exception)
+    lines = [line for line in (error or result.output).strip().splitlines() if line.strip()]
+    return Row(name, "refused", (lines[-1] if lines else f"exit {result.exit_code}")[:200])
 
 
 def survey(url: str, key: str, base_model: str, only: set[str] | None = None) -> list[Row]:
