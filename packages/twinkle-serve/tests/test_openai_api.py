@@ -186,6 +186,10 @@ def test_bad_keys_and_unsupported_parameters_are_openai_errors(server, ann):
     with pytest.raises(openai.BadRequestError) as err:
         ask(ann, TEST_MODEL, max_tokens=5000)
     assert "exceeds the context" in err.value.body["message"]
-    # the raw wire: a missing bearer is 401 in OpenAI's shape
+    # the raw wire: a missing bearer is 401 in OpenAI's shape; nulls (as many clients send) are defaults
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": TEST_MODEL, "messages": []})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {ann.api_key}"},
+                   json={"model": TEST_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                         "n": None, "logprobs": None, "stop": None, "temperature": None, "seed": None})
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None

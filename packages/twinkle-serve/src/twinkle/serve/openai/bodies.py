@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
@@ -13,6 +13,12 @@ MAX_TOP_LOGPROBS = 20
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        # many OpenAI-compatible clients send every field, unset ones as null: null means "the default"
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
