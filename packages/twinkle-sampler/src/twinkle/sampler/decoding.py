@@ -28,6 +28,7 @@ def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs_B_V = sorted_B_V.softmax(dim=-1)
         # Drop a token once the mass *before* it already reaches top_p (the top token always stays).
         drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= params.top_p
+        drop_B_V[:, 0] = False  # even when top_p rounds to 0 in float32 (5e-324): never an empty nucleus
         drop_B_V = drop_B_V.scatter(-1, order_B_V, drop_B_V)
         logits_B_V = logits_B_V.masked_fill(drop_B_V, float("-inf"))
     return logits_B_V
