@@ -56,6 +56,9 @@ def test_filter_logits_keeps_exactly_the_nucleus():
     assert kept(top_p=0.8) == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
     assert kept(top_p=0.81) == [True, True, True, False]
     assert kept(top_p=0.5) == [True, False, False, False]
+    assert kept(top_p=5e-324) == [True, False, False, False]  # 0 in float32: still the top token
+    coldest = filter_logits(logits, SamplingParams(temperature=5e-324)).softmax(dim=-1)  # likewise: not 0/0
+    assert coldest[0].tolist() == [1.0, 0.0, 0.0, 0.0]
 
 
 def test_top_logprobs_and_no_logprobs(sampler, prompts):

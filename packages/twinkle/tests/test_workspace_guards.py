@@ -100,6 +100,7 @@ ALLOWED_EXTRAS = {
     # opt-in: tokenize with the server's templates on the laptop; it pulls in torch, which the
     # client's own install never does (test_client_alone_in_an_empty_venv_imports_without_torch)
     ("twinkle-client", "twinkle-data"): "local-encoding",
+    ("twinkle-client", "twinkle-model"): "export",  # `twinkle export --merge`: torch, only when asked for
 }
 
 

@@ -6,6 +6,7 @@ server capacity and queue. Server and key from --base-url/--api-key or TWINKLE_B
     twinkle download tinker://<model_id>/weights/<name> -o ./my-lora
     twinkle status
     twinkle upload ./my-lora hf://org/name        (or ms://org/name; needs no server)
+    twinkle export --merge ./my-lora ./merged     (base + LoRA as one transformers folder; needs no server)
 """
 
 from __future__ import annotations
@@ -97,6 +98,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("target", help="hf://ORG/NAME (huggingface_hub) or ms://ORG/NAME (modelscope)")
     up.add_argument("--private", action="store_true", help="create the repo private")
     up.add_argument("-m", "--message", default="Upload with twinkle", help="commit message")
+    ex = sub.add_parser("export", help="write base model + LoRA checkpoint merged, as a transformers folder")
+    ex.add_argument("--merge", action="store_true", required=True,
+                    help="fold the LoRA into the base weights (the only export; the unmerged adapter is the "
+                         "checkpoint folder itself)")
+    ex.add_argument("checkpoint", help="a LoRA checkpoint folder: a local PEFT folder or a server checkpoint folder")
+    ex.add_argument("out", help="the folder to write (new or empty)")
+    ex.add_argument("--base", help="the base model (default: the one the checkpoint names)")
+    ex.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="default: the base model's")
     for sp in (runs, ck, sub.choices["status"]):
         sp.add_argument("--json", action="store_true", help="machine-readable output")
     return p
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"twinkle: {e}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "export":  # local work on torch: twinkle-model, imported only when asked for
+        return _export(args)
     try:
         client = TwinkleClient(args.base_url, args.api_key, max_retries=3)
         print(COMMANDS[args.command](client, args))
@@ -123,6 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except httpx.HTTPError as e:
         print(f"twinkle: cannot reach the server at {client.base_url}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _export(args) -> int:
+    try:
+        from twinkle.model.export import export_merged
+    except ImportError:
+        print("twinkle: export needs torch and twinkle-model: pip install 'twinkle-client[export]'", file=sys.stderr)
+        return 1
+    try:
+        print(f"wrote {export_merged(args.checkpoint, args.out, base=args.base, dtype=args.dtype)}")
+    except (ValueError, OSError) as e:
+        print(f"twinkle: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -19,7 +19,9 @@ def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Ten
     """Temperature, then top-k, then top-p (nucleus); removed tokens get -inf."""
     # Shift each row's best logit to 0 first (softmax does not change): a tiny temperature then sends the
     # others to -inf instead of overflowing every logit to inf (a NaN distribution).
-    logits_B_V = (logits_B_V - logits_B_V.max(dim=-1, keepdim=True).values) / params.temperature
+    # A temperature below float32's smallest normal (5e-324 arrives from JSON) would become 0 (0/0 = NaN).
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    logits_B_V = (logits_B_V - logits_B_V.max(dim=-1, keepdim=True).values) / temperature
     if params.top_k and params.top_k < logits_B_V.shape[-1]:
         kth_B_1 = logits_B_V.topk(params.top_k, dim=-1).values[:, -1:]
         logits_B_V = logits_B_V.masked_fill(logits_B_V < kth_B_1, float("-inf"))
@@ -28,6 +30,7 @@ def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs_B_V = sorted_B_V.softmax(dim=-1)
         # Drop a token once the mass *before* it already reaches top_p (the top token always stays).
         drop_B_V = (probs_B_V.cumsum(dim=-1) - probs_B_V) >= params.top_p
+        drop_B_V[:, 0] = False  # even when top_p rounds to 0 in float32 (5e-324): never an empty nucleus
         drop_B_V = drop_B_V.scatter(-1, order_B_V, drop_B_V)
         logits_B_V = logits_B_V.masked_fill(drop_B_V, float("-inf"))
     return logits_B_V

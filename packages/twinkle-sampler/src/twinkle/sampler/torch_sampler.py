@@ -140,10 +140,14 @@ class TorchSampler(Sampler):
         rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
         sequences: list[SampledSequence] = []  # in row order: chunks are consecutive
         prompt_lps: dict[int, tuple] = {}
-        for lo in range(0, len(rows), self.max_batch_size):
-            chunk = rows[lo:lo + self.max_batch_size]
+        n = params.num_samples
+        # whole groups per chunk when they fit, so a prompt's n samples share one prefill (GRPO groups)
+        step = self.max_batch_size - self.max_batch_size % n if n <= self.max_batch_size else self.max_batch_size
+        for lo in range(0, len(rows), step):
+            chunk = rows[lo:lo + step]
             seqs, lps = self._decode([prompts[p] for p, _ in chunk], [adapters[p] for p, _ in chunk],
-                                     [row_seed(seed, j) for _, j in chunk], params)
+                                     [row_seed(seed, j) for _, j in chunk], params,
+                                     group=n if n > 1 and step % n == 0 else 1)
             sequences.extend(seqs)
             for k, (p, _) in enumerate(chunk):
                 if lps is not None:
@@ -158,14 +162,17 @@ class TorchSampler(Sampler):
         return responses
 
     def _decode(self, prompts: list[Prompt], adapters: list[str | None], seeds: list[int],
-                params: SamplingParams) -> tuple[list[SampledSequence], tuple | None]:
-        """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None))."""
+                params: SamplingParams, group: int = 1) -> tuple[list[SampledSequence], tuple | None]:
+        """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None)).
+
+        `group` > 1: rows come in runs of `group` equal (prompt, adapter) pairs; each run's prompt is
+        prefilled once and its KV cache expanded to the run's rows."""
         from transformers import DynamicCache
 
         n = len(prompts)
         stop = StopChecker(params, [] if params.ignore_eos else self.eos_token_ids, self.tokenizer)
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
-        ids_B_T, mask_B_T = self._left_pad(prompts)
+        ids_B_T, mask_B_T = self._left_pad(prompts[::group])
         pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         tokens = [[] for _ in range(n)]
@@ -175,14 +182,21 @@ class TorchSampler(Sampler):
         reasons: list[StopReason] = ["length"] * n
         active = list(range(n))  # batch row -> original row
         prompt_lps = None
-        with self.router.route(adapters, self.device):
+        with self.router.route(adapters[::group], self.device):
             out = self.model(input_ids=ids_B_T, attention_mask=mask_B_T, position_ids=pos_B_T,
                              use_cache=True, **{self._cache_kw: cache},
                              logits_to_keep=0 if params.prompt_logprobs else 1)
             if params.prompt_logprobs:
                 prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T, params.prompt_top_logprobs)
+                prompt_lps = tuple(None if rows is None else [r for r in rows for _ in range(group)]
+                                   for rows in prompt_lps)
             logits_B_V = out.logits[:, -1].float()
             next_pos_B = pos_B_T[:, -1] + 1
+            if group > 1:
+                cache.batch_repeat_interleave(group)
+                logits_B_V, mask_B_T, next_pos_B = (t.repeat_interleave(group, dim=0)
+                                                    for t in (logits_B_V, mask_B_T, next_pos_B))
+                self.router.reroute(adapters, self.device)
             for step in range(params.max_tokens):
                 logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
                 next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
@@ -214,10 +228,10 @@ class TorchSampler(Sampler):
                                  position_ids=next_pos_B[:, None], use_cache=True, **{self._cache_kw: cache})
                 logits_B_V = out.logits[:, -1].float()
                 next_pos_B = next_pos_B + 1
-        decode = self.tokenizer is not None
+        tokenizer = self.tokenizer
         seqs = [SampledSequence(
             tokens=tokens[r], logprobs=logps[r] if params.logprobs is not False else None,
             stop_reason=reasons[r],
-            text=self.tokenizer.decode(tokens[r], skip_special_tokens=False) if decode else None,
+            text=tokenizer.decode(tokens[r], skip_special_tokens=False) if tokenizer is not None else None,
             top_logprobs=tops[r] if params.top_logprobs else None) for r in range(n)]
         return seqs, prompt_lps

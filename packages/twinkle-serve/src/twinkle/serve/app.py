@@ -18,6 +18,7 @@ from twinkle.serve.errors import ApiError
 from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
+from twinkle.serve.openai import build_openai_router
 from twinkle.serve.probes import build_probe_router
 from twinkle.serve.prometheus import RequestMetrics, build_metrics_router
 from twinkle.serve.runtime import Runtime
@@ -66,6 +67,7 @@ def create_app(rt: Runtime) -> FastAPI:
     native = build_native_router(core)
     app.include_router(native)
     app.include_router(build_dashboard_router(native.native_views))
+    app.include_router(build_openai_router(core))  # the OpenAI-compatible API (twinkle.serve.openai)
     _document_tinker_bodies(app)
     return app
 

@@ -1,0 +1,80 @@
+"""The request bodies this server understands. Unknown fields are refused by name (400), never ignored:
+a caller who sends `tools` or `logit_bias` must learn that they did nothing."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_are_defaults(cls, data):
+        # many OpenAI-compatible clients send every field, unset ones as null: null means "the default"
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+    model: str
+    n: int = Field(1, ge=1, le=MAX_N)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: dict | None = None
+    user: str | None = None  # an end-user id for abuse tracking: accepted, not used
+
+    # penalties are accepted at their no-op value only
+    presence_penalty: Literal[0, 0.0] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None
+
+    def stop_list(self) -> list[str] | None:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        if stop is not None and (len(stop) > 4 or not all(stop)):
+            from twinkle.serve.openai.errors import OpenAIError
+
+            raise OpenAIError(400, f"stop must be up to 4 non-empty strings, got {self.stop!r}", "stop")
+        return stop or None
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Body):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Body):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this route
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: Literal[False] = False

@@ -1,0 +1,104 @@
+"""`/v1/models`, `/v1/chat/completions`, `/v1/completions`: OpenAI's wire format over the service core.
+
+The bearer token is the tenant's `tml-` key (X-API-Key works too). Responses are computed before the
+first byte is sent, so a failure is always a proper error status; `stream=true` then sends the
+result as OpenAI's server-sent-event chunks, one per token.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from twinkle.serve.auth import API_KEY
+from twinkle.serve.backend import SampleParams
+from twinkle.serve.core.service import Service
+from twinkle.serve.openai import responses
+from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest, _Body
+from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
+from twinkle.serve.openai.generate import generate
+from twinkle.serve.openai.models import ModelResolver
+from twinkle.serve.openai.text import render
+
+BEARER = HTTPBearer(auto_error=False, scheme_name="OpenAIBearer",
+                    description="The tenant's `tml-` key as the bearer token (the OpenAI clients' api_key)")
+
+
+def build_openai_router(svc: Service) -> APIRouter:
+    rt = svc.rt
+    models = ModelResolver(svc)
+    router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+
+    def tenant(bearer: HTTPAuthorizationCredentials | None = Security(BEARER),
+               key: str | None = Security(API_KEY)) -> str:
+        name = rt.keys.tenant_for(bearer.credentials if bearer else key)
+        if name is None:
+            raise OpenAIError(401, "Incorrect or missing API key: send a key made with `twinkle-server keys create "
+                                   "NAME` as `Authorization: Bearer tml-...`", code="invalid_api_key")
+        rt.limits.request(name)
+        return name
+
+    def ready(name: str = Depends(tenant)) -> str:
+        rt.require_ready()
+        return name
+
+    @router.get("/models")
+    def list_models(name: str = Depends(ready)) -> dict:
+        return {"object": "list", "data": models.listing(name)}
+
+    @router.get("/models/{model:path}")
+    def get_model(model: str, name: str = Depends(ready)) -> dict:
+        models.resolve(name, model)
+        return next(m for m in models.listing(name) if model in (m["id"], m.get("name")))
+
+    def params(body: _Body, top: int, max_tokens: int | None) -> SampleParams:
+        return SampleParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
+                            stop=body.stop_list(), topk_sample=top)
+
+    @router.post("/chat/completions")
+    async def chat(body: ChatRequest, name: str = Depends(ready)):
+        target = models.resolve(name, body.model)
+        if body.top_logprobs and not body.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
+        tokenizer = target.engine.backend.tokenizer
+        prompt = chat_prompt(tokenizer, body)
+        (result,) = await generate(svc, name, target, [prompt], body.n,
+                                   params(body, body.top_logprobs or 0, body.limit()))
+        rendered = [render(tokenizer, s, body.stop_list()) for s in result.sequences]
+        usage = responses.usage([prompt], [result])
+        if body.stream:
+            return responses.stream(responses.chat_chunks(tokenizer, body, rendered, usage))
+        return responses.chat_completion(tokenizer, body, rendered, usage)
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, name: str = Depends(ready)):
+        target = models.resolve(name, body.model)
+        tokenizer = target.engine.backend.tokenizer
+        prompts = completion_prompts(tokenizer, body.prompt)
+        results = await generate(svc, name, target, prompts, body.n,
+                                 params(body, body.logprobs or 0, body.max_tokens))
+        rendered = [render(tokenizer, s, body.stop_list()) for r in results for s in r.sequences]
+        usage = responses.usage(prompts, results)
+        if body.stream:
+            return responses.stream(responses.completion_chunks(tokenizer, body, rendered, usage))
+        return responses.completion(tokenizer, body, rendered, usage)
+
+    return router
+
+
+def chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(400, f"model {body.model!r} has no chat template; use /v1/completions", "messages")
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def completion_prompts(tokenizer, prompt) -> list[list[int]]:
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise OpenAIError(400, "prompt is empty", "prompt")
+    if all(isinstance(t, int) for t in prompt):
+        return [list(prompt)]
+    return [p if isinstance(p, list) else tokenizer(p)["input_ids"] for p in prompt]
