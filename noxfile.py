@@ -77,12 +77,14 @@ for _name, (_dist, _folder) in MEMBERS.items():
 
 @nox.session(name="lint")
 def lint(session: nox.Session) -> None:
-    """ruff over the whole tree (rules in the root pyproject: pyflakes and pycodestyle's error class)."""
-    session.install("ruff>=0.8")
+    """ruff over the whole tree: lint (rules in the root pyproject: pyflakes and pycodestyle's error
+    class) and format (`uvx ruff format .` fixes what this reports)."""
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(name="types", default=False)
+@nox.session(name="types")
 def types(session: nox.Session) -> None:
     """ty over every member's src (settings in the root pyproject), in an env with every member and extra
     that installs on CPU. The meta distribution is uninstalled: its twinkle/__init__.py spans the namespace

@@ -68,7 +68,10 @@ def export_merged(checkpoint, out, base: str | None = None, dtype: str | None = 
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:  # written beside `out` and renamed into place: never half a model under its name
         merged.save_pretrained(str(staging), safe_serialization=True)
-        AutoTokenizer.from_pretrained(base_path).save_pretrained(str(staging))
+        tokenizer = AutoTokenizer.from_pretrained(base_path)
+        if tokenizer is None:
+            raise ValueError(f"the base model at {base_path} has no tokenizer to export with the merged weights")
+        tokenizer.save_pretrained(str(staging))
         if out.exists():
             out.rmdir()
         staging.rename(out)

@@ -64,9 +64,9 @@ def create_app(rt: Runtime) -> FastAPI:
     core = Service(rt)  # both APIs are translations over this one service core
     app.include_router(build_router(core))
     app.include_router(build_extra_router(core))  # the rest of the SDK 0.38 routes
-    native = build_native_router(core)
+    native, native_views = build_native_router(core)
     app.include_router(native)
-    app.include_router(build_dashboard_router(native.native_views))
+    app.include_router(build_dashboard_router(native_views))
     app.include_router(build_openai_router(core))  # the OpenAI-compatible API (twinkle.serve.openai)
     _document_tinker_bodies(app)
     return app

@@ -7,6 +7,7 @@ called from the scheduler's worker thread, one at a time, so a backend needs no 
 
 from __future__ import annotations
 
+from typing import Any
 import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -153,11 +154,14 @@ class Backend(ABC):
 
     base_model: str  # the name clients use
     tokenizer_path: str  # a local folder AutoTokenizer loads offline
-    tokenizer: object  # a transformers tokenizer, loaded in this process
+    tokenizer: Any  # a transformers tokenizer, loaded in this process
     vocab_size: int
     max_context: int
     base_module: object | None = None
     multi_lora: object | None = None
+
+    def __init__(self, base_model: str, model_path: str, **options) -> None:
+        """Every backend is built from a model entry: the name clients use, a local folder, the entry's options."""
 
     # ---- adapters (one per training model) ----
     @abstractmethod

@@ -40,7 +40,9 @@ class MultiLoraBackend(TorchSampling, Backend):
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
         # base_model_name_or_path of saved adapters: the hub id for a hub model, else this local folder
         self.engine.model_id, self.engine.model_path = base_model, model_path
-        self.vocab_size = hf.get_input_embeddings().weight.shape[0]
+        embeddings = hf.get_input_embeddings()
+        assert isinstance(embeddings, torch.nn.Embedding), type(embeddings)
+        self.vocab_size = embeddings.num_embeddings
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
         self._init_sampler(model_path, torch_dtype, max_batch_size, device=device, trust_remote_code=trust_remote_code)
         share_frozen_weights(hf, self.sampler.model)  # one copy of the frozen base for training and sampling

@@ -51,9 +51,9 @@ class RemoteBackend(Backend):
         self.base_model, self.tokenizer_path = base_model, model_path
         # the operator's trust_remote_code travels to every rank with the other construction options
         self.trainer = TrainShard(base_model, shard_model_path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                  remote_group=remote_group)
+                                  remote_group=remote_group)  # ty: ignore[unknown-argument] - remote_class adds it
         self.samplers = SamplerShard(base_model, shard_model_path, dtype=dtype, max_batch_size=max_batch_size,
-                                     trust_remote_code=trust_remote_code, remote_group=sampler_remote_group)
+                                     trust_remote_code=trust_remote_code, remote_group=sampler_remote_group)  # ty: ignore[unknown-argument] - remote_class adds it
         if remote_group is None:  # a local shard: its engine and base model are in this process
             self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
         info = self.trainer.describe()
@@ -74,7 +74,7 @@ class RemoteBackend(Backend):
             self._lost.update({name: why for name in lost})
             self._adapters.clear()
             log.error("%s (%d adapters lost); rebuilding", e, len(lost))
-            self.trainer.remote_rebuild()
+            self.trainer.remote_rebuild()  # ty: ignore[missing-attribute] - a RemoteGroup proxy's method
             raise GroupRebuilt(why) from None
 
     def _sample(self, method: str, *args, **kwargs):
@@ -83,7 +83,7 @@ class RemoteBackend(Backend):
         except WorkerDied as e:
             self._sampler_names.clear()
             log.error("%s; rebuilding the sampler group", e)
-            self.samplers.remote_rebuild()
+            self.samplers.remote_rebuild()  # ty: ignore[missing-attribute] - a RemoteGroup proxy's method
             raise GroupRebuilt(f"{e}; the sampler group was rebuilt: save weights for a sampler again") from None
 
     def _check(self, name: str) -> None:
@@ -128,12 +128,12 @@ class RemoteBackend(Backend):
         return self._train("calculate_metric", name, is_training)
 
     # ---- training ----------------------------------------------------------------------------------
-    def forward_backward_many(self, items) -> list:
+    def forward_backward_many(self, passes) -> list:
         """Bad requests are answered here, before any rank sees them (so none trains on part of one).
         Native rows were checked by the native layer; Tinker datums are checked here."""
-        results: list = [None] * len(items)
+        results: list = [None] * len(passes)
         valid = []
-        for i, item in enumerate(items):
+        for i, item in enumerate(passes):
             try:
                 self._check(item.adapter)
                 if isinstance(item, DatumsPass):
@@ -143,7 +143,7 @@ class RemoteBackend(Backend):
             except UserError as e:
                 results[i] = e
         if valid:
-            out = self._train("forward_backward_many", [items[i] for i in valid])
+            out = self._train("forward_backward_many", [passes[i] for i in valid])
             if isinstance(out, dict):  # a local shard: one rank's answer, not yet collected
                 out = merge_rank_results([out])
             for i, r in zip(valid, out):

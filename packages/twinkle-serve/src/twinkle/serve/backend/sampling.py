@@ -25,7 +25,7 @@ class TorchSampling:
                                     tokenizer=self.tokenizer, max_batch_size=max_batch_size, device=device)
 
     def install_sampler_from_adapter(self, sampler, adapter):
-        self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())
+        self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())  # ty: ignore[missing-attribute] - a mixin: the training backend it joins has adapter_tensors
 
     def install_sampler_from_folder(self, sampler, folder):
         if sampler not in self.sampler.adapter_names:

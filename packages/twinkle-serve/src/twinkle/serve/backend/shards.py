@@ -141,7 +141,7 @@ def _merge_records(records: list[ForwardRecord]) -> ForwardRecord:
     scored = [r for r in records if r.loss_tokens]
     finite = bool(scored) and all(r.finite for r in scored)
     if finite:
-        loss = sum(r.loss * r.loss_tokens for r in scored) / tokens
+        loss = sum((r.loss or 0.0) * r.loss_tokens for r in scored) / tokens  # a finite scored record has a loss
     else:
         loss = next((r.loss for r in scored if not r.finite), float("nan"))
     extras = {k: sum(r.extras.get(k, 0.0) * r.loss_tokens for r in scored) / tokens
@@ -221,7 +221,7 @@ class TrainShard(MultiLoraBackend):
                 s.train_metrics, s.eval_metrics = kept[name]
         mine = [(isinstance(r, Exception), None if r is None or isinstance(r, Exception)
                  else recorders[(item.adapter, not item.forward_only)].record) for item, r in zip(items, results)]
-        everyone = [mine]
+        everyone: list = [mine]
         if _world() > 1:
             everyone = [None] * _world()
             dist.all_gather_object(everyone, mine)
@@ -239,10 +239,10 @@ class TrainShard(MultiLoraBackend):
         if failed:
             if not isinstance(results[i], Exception):
                 results[i] = PeerFailed("the request failed on another data-parallel rank")
-        elif not isinstance(item, DatumsPass):
+        elif not isinstance(item, DatumsPass) and merged is not None:  # merged: some rank scored rows
             mine = results[i] or {}
             results[i] = {**mine, "loss": merged.loss, "loss_tokens": merged.loss_tokens, "finite": merged.finite,
-                          "metrics": dict(merged.extras)} if records else results[i]
+                          "metrics": dict(merged.extras)}
         if state is None:
             return
         if saved is not None:

@@ -115,6 +115,7 @@ class Scheduler:
             return
         self.fused_passes += 1
         self.fused_items.update(type(fuse[0]).__name__ for _, _, fuse in taken)
+        assert self.fuse_runner is not None  # several are taken only when a fuse_runner exists
         try:
             results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
         except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving

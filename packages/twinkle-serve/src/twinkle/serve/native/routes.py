@@ -26,7 +26,8 @@ from twinkle.serve.native.models import NativeModels
 from twinkle.serve.native.views import NativeViews
 
 
-def build_native_router(core: Service) -> PrefixRouter:
+def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
+    """The native API's router, and its views (the dashboard reads the same runs and status)."""
     rt, auth = core.rt, Auth(core.rt)
     models = NativeModels(core)
     compute = NativeCompute(models)
@@ -155,5 +156,4 @@ def build_native_router(core: Service) -> PrefixRouter:
                            save={"path": "tinker://s:train:0/weights/ckpt", "model_id": "s:train:0"},
                            sample={"outputs": []}, calculate_metric={"loss": 2.5, "step": 1.0})
 
-    r.native_views = views  # the dashboard reads the same runs and status
-    return r
+    return r, views

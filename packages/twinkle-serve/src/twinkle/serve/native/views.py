@@ -67,7 +67,7 @@ class NativeViews:
                                         text=backend.tokenizer.decode(s.tokens, skip_special_tokens=True))
                         for s in result.sequences]))
             finally:
-                if req.model_id is not None:
+                if req.model_id is not None and sampler is not None:
                     backend.remove_sampler(sampler)
             return "json", SampleResult(outputs=outputs).model_dump()
 

@@ -32,8 +32,8 @@ class _Body(BaseModel):
     user: str | None = None  # an end-user id for abuse tracking: accepted, not used
 
     # penalties are accepted at their no-op value only
-    presence_penalty: Literal[0, 0.0] | None = None
-    frequency_penalty: Literal[0, 0.0] | None = None
+    presence_penalty: Literal[0, 0.0] | None = None  # ty: ignore[invalid-type-form] - pydantic matches 0.0 too
+    frequency_penalty: Literal[0, 0.0] | None = None  # ty: ignore[invalid-type-form] - pydantic matches 0.0 too
 
     def stop_list(self) -> list[str] | None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop

@@ -26,7 +26,7 @@ async def generate(svc: Service, tenant: str, target: Target, prompts: list[list
     results: list[SampleResult] = []
 
     def run():  # on the scheduler's worker thread, like every other backend call
-        if folder is not None:
+        if folder is not None and target.adapter is not None:  # both come from the target's checkpoint
             engine.backend.install_sampler_from_folder(target.adapter, folder)
         for prompt in prompts:
             result = engine.backend.sample(target.adapter, prompt, n, params, False)
@@ -36,9 +36,11 @@ async def generate(svc: Service, tenant: str, target: Target, prompts: list[list
 
     request_id = svc.submit(tenant, engine, f"openai:{tenant}", None, run)
     row = await rt.hub.wait(request_id, tenant, POLL_S)
-    while row.status == "pending":
+    while row is not None and row.status == "pending":
         row = await rt.hub.wait(request_id, tenant, POLL_S)
+    if row is None:
+        raise OpenAIError(500, f"request {request_id} vanished from the future store")
     if row.status == "failed":
-        failure = json.loads(row.payload)
+        failure = json.loads(row.payload or b"{}")
         raise OpenAIError(400 if failure.get("category") == "user" else 500, failure["error"])
     return results

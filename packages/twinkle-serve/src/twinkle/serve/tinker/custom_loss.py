@@ -12,6 +12,7 @@ out on purpose: every value a loss computes stays bounded by the datum's own ten
 
 from __future__ import annotations
 
+from typing import Any
 import math
 import operator
 import re
@@ -82,7 +83,7 @@ class _Ref:
 class _Node:
     op: str  # call_function | call_method
     name: str
-    call: object  # the callable (call_function) or method name (call_method)
+    call: Any  # the callable (call_function) or method name (call_method)
     args: tuple
     kwargs: dict
 

@@ -33,7 +33,7 @@ def create(svc: Service, tenant: str, body: dict) -> dict:
     except LossGraphError as e:
         raise BadRequest(f"create_custom_loss {body.get('name')!r}: {e}") from None
     loss_id = f"{session_id}:loss:{seq}"
-    svc.store.custom_losses.put(loss_id, tenant, session_id, body["name"], body["inputs"], body["graph"])
+    svc.store.custom_losses.put(loss_id, tenant, str(session_id), str(body["name"]), body["inputs"], body["graph"])
     request_id = svc.rt.hub.create(tenant)
     svc.rt.hub.complete_json(request_id, {"type": "create_custom_loss", "loss_id": loss_id})
     return {"request_id": request_id}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from pydantic import BaseModel
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -99,7 +100,7 @@ def build_router(svc: Service) -> PrefixRouter:
         return rest.get_session(t, session_id)
 
     # ---- training ----
-    def json_route(path: str, fn, body: type):
+    def json_route(path: str, fn, body: type[BaseModel]):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             body = await json_body(request)
             try:
@@ -177,7 +178,10 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.post("/weights_info", openapi_extra=b.documented(b.WeightsInfoBody))
     async def weights_info(request: Request, t: str = Depends(tenant)):
-        return rest.weights_info(t, (await json_body(request)).get("tinker_path"))
+        path = (await json_body(request)).get("tinker_path")
+        if not isinstance(path, str):
+            raise BadRequest(f"weights_info needs tinker_path as a string, got {path!r}")
+        return rest.weights_info(t, path)
 
     @r.get("/checkpoints")
     def user_checkpoints(limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),

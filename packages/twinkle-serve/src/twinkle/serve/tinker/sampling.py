@@ -66,7 +66,7 @@ class TinkerSampling:
             adapter = sampler_name(sampler.sampler_id)
 
         def run():
-            if folder is not None:
+            if folder is not None and adapter is not None:  # set together, from a saved checkpoint
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps)
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
