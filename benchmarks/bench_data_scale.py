@@ -36,8 +36,10 @@ from pathlib import Path
 ROUNDS = 2
 NUM_PROC = 2
 TOPICS = ("rivers", "prime numbers", "lanterns", "the moon", "bread", "chess", "rain", "bridges", "glass", "owls")
-WORDS = ("light quiet stone over under seven bright slowly because water every small old new far near "
-         "always never maybe first last deep open").split()
+WORDS = (
+    "light quiet stone over under seven bright slowly because water every small old new far near "
+    "always never maybe first last deep open"
+).split()
 
 
 def write_jsonl(path: Path, rows: int, seed: int = 0) -> None:
@@ -51,7 +53,9 @@ def write_jsonl(path: Path, rows: int, seed: int = 0) -> None:
             messages = [{"role": "system", "content": "You are a helpful assistant."}] if i % 4 == 0 else []
             for _ in range(1 + (i % 5 == 0)):
                 messages.append({"role": "user", "content": f"Tell me about {rng.choice(TOPICS)}. {sentence(2, 12)}"})
-                messages.append({"role": "assistant", "content": " ".join(sentence(4, 16) for _ in range(rng.randint(1, 4)))})
+                messages.append(
+                    {"role": "assistant", "content": " ".join(sentence(4, 16) for _ in range(rng.randint(1, 4)))}
+                )
             f.write(json.dumps({"id": i, "messages": messages}) + "\n")
 
 
@@ -60,8 +64,10 @@ def rss_now_mb() -> float:
 
 
 def peak_mb() -> dict:
-    return {"peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "worker_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
+    return {
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "worker_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+    }
 
 
 def side_twinkle(jsonl: Path, out: Path, rows: int, num_proc: int) -> dict:  # the first `rows` rows
@@ -74,11 +80,18 @@ def side_twinkle(jsonl: Path, out: Path, rows: int, num_proc: int) -> dict:  # t
     before = rss_now_mb()
     start = time.perf_counter()
     source = (row for row, _ in zip(iter_rows(jsonl), range(rows)))
-    encoded, report = encode_to_arrow(source, template, out / "twinkle.arrow", num_proc=num_proc, chunk_rows=1000,
-                                      total=rows, desc="twinkle encode")
+    encoded, report = encode_to_arrow(
+        source, template, out / "twinkle.arrow", num_proc=num_proc, chunk_rows=1000, total=rows, desc="twinkle encode"
+    )
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "rows": report.rows_written, "max_rows_held": report.max_rows_held,
-            "rss_before_mb": before, "sample": sample(encoded), **peak_mb()}
+    return {
+        "seconds": seconds,
+        "rows": report.rows_written,
+        "max_rows_held": report.max_rows_held,
+        "rss_before_mb": before,
+        "sample": sample(encoded),
+        **peak_mb(),
+    }
 
 
 def side_hf(jsonl: Path, out: Path) -> dict:
@@ -139,17 +152,22 @@ def main() -> None:
         jsonl = tmp / "chat.jsonl"
         t0 = time.perf_counter()
         write_jsonl(jsonl, args.rows)
-        print(f"wrote {args.rows} rows ({jsonl.stat().st_size / 2**20:.0f} MB) in {time.perf_counter() - t0:.1f} s",
-              flush=True)
+        print(
+            f"wrote {args.rows} rows ({jsonl.stat().st_size / 2**20:.0f} MB) in {time.perf_counter() - t0:.1f} s",
+            flush=True,
+        )
         runs: dict[str, list[dict]] = {"twinkle": [], "hf": []}
         for r in range(ROUNDS):
-            for name in (("hf", "twinkle") if r % 2 == 0 else ("twinkle", "hf")):
+            for name in ("hf", "twinkle") if r % 2 == 0 else ("twinkle", "hf"):
                 out = tmp / f"{name}-{r}"
                 out.mkdir()
                 result = run_side(name, jsonl, out, rows=args.rows, env={"TOKENIZERS_PARALLELISM": "false"})
                 runs[name].append(result)
-                print(f"round {r} {name}: {result['rows'] / result['seconds']:.0f} rows/s, "
-                      f"peak {result['peak_rss_mb']} MB (+ worker {result['worker_peak_rss_mb']} MB)", flush=True)
+                print(
+                    f"round {r} {name}: {result['rows'] / result['seconds']:.0f} rows/s, "
+                    f"peak {result['peak_rss_mb']} MB (+ worker {result['worker_peak_rss_mb']} MB)",
+                    flush=True,
+                )
         out = tmp / "threads"
         out.mkdir()
         threads = run_side("threads", jsonl, out, rows=args.rows // 10, env={"TOKENIZERS_PARALLELISM": "true"})
@@ -158,23 +176,27 @@ def main() -> None:
     assert tw["sample"] == hf["sample"], "the two sides encoded differently"
     tw_rps = statistics.median(r["rows"] / r["seconds"] for r in runs["twinkle"])
     hf_rps = statistics.median(r["rows"] / r["seconds"] for r in runs["hf"])
-    print(json.dumps({
-        "benchmark": "bench_data_scale",
-        "rows": args.rows,
-        "num_proc": NUM_PROC,
-        "speedup": round(tw_rps / hf_rps, 3),
-        "twinkle_rows_per_s": round(tw_rps, 1),
-        "hf_map_num_proc_rows_per_s": round(hf_rps, 1),
-        "twinkle_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["twinkle"]),
-        "twinkle_worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in runs["twinkle"]),
-        "hf_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["hf"]),
-        "hf_worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in runs["hf"]),
-        "twinkle_max_rows_held": tw["max_rows_held"],
-        "rss_after_imports_mb": tw["rss_before_mb"],  # torch + transformers + tokenizer, before any row
-        "tokenizer_threads_1_proc_rows_per_s": round(threads["rows"] / threads["seconds"], 1),
-        "tokenizer_threads_rows": threads["rows"],
-        "rounds": ROUNDS,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "bench_data_scale",
+                "rows": args.rows,
+                "num_proc": NUM_PROC,
+                "speedup": round(tw_rps / hf_rps, 3),
+                "twinkle_rows_per_s": round(tw_rps, 1),
+                "hf_map_num_proc_rows_per_s": round(hf_rps, 1),
+                "twinkle_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["twinkle"]),
+                "twinkle_worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in runs["twinkle"]),
+                "hf_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["hf"]),
+                "hf_worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in runs["hf"]),
+                "twinkle_max_rows_held": tw["max_rows_held"],
+                "rss_after_imports_mb": tw["rss_before_mb"],  # torch + transformers + tokenizer, before any row
+                "tokenizer_threads_1_proc_rows_per_s": round(threads["rows"] / threads["seconds"], 1),
+                "tokenizer_threads_rows": threads["rows"],
+                "rounds": ROUNDS,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,16 @@ MODEL = "twinkle://qwen3-small"
 BATCH, SEQ = 8, 256
 
 KINDS = {  # operator name fragments -> what they are, for the time split
-    "mm": "gemm", "addmm": "gemm", "bmm": "gemm", "linear": "gemm",
-    "scaled_dot_product": "attention", "softmax": "softmax/loss", "nll_loss": "softmax/loss",
-    "cross_entropy": "softmax/loss", "_foreach": "optimizer", "norm": "norm/clip",
+    "mm": "gemm",
+    "addmm": "gemm",
+    "bmm": "gemm",
+    "linear": "gemm",
+    "scaled_dot_product": "attention",
+    "softmax": "softmax/loss",
+    "nll_loss": "softmax/loss",
+    "cross_entropy": "softmax/loss",
+    "_foreach": "optimizer",
+    "norm": "norm/clip",
 }
 
 
@@ -96,13 +103,27 @@ def main():
     flops = step_flops(BATCH * SEQ, SEQ, n_matmul, n_trainable, layers, q_width)
     median = statistics.median(times)
     mfu = flops / median / peak
-    print(json.dumps({
-        "benchmark": "mfu_lora_step", "model": MODEL, "batch": BATCH, "seq_len": SEQ, "threads": args.threads,
-        "load_avg": os.getloadavg()[0], "params": sum(p.numel() for p in hf_model.parameters()),
-        "peak_gflops": round(peak / 1e9, 2), "step_gflops": round(flops / 1e9, 2), "step_s": round(median, 4),
-        "step_s_all": [round(t, 4) for t in times], "achieved_gflops": round(flops / median / 1e9, 2),
-        "time_share": time_share(model, rows), "goal": 0.30, "ratio": round(mfu, 4),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "mfu_lora_step",
+                "model": MODEL,
+                "batch": BATCH,
+                "seq_len": SEQ,
+                "threads": args.threads,
+                "load_avg": os.getloadavg()[0],
+                "params": sum(p.numel() for p in hf_model.parameters()),
+                "peak_gflops": round(peak / 1e9, 2),
+                "step_gflops": round(flops / 1e9, 2),
+                "step_s": round(median, 4),
+                "step_s_all": [round(t, 4) for t in times],
+                "achieved_gflops": round(flops / median / 1e9, 2),
+                "time_share": time_share(model, rows),
+                "goal": 0.30,
+                "ratio": round(mfu, 4),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,9 @@ class HandWritten:
 
     def step(self) -> float:
         logits = self.model(input_ids=self.input_ids, attention_mask=torch.ones_like(self.input_ids)).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                 self.labels[:, 1:].reshape(-1), ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), self.labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.opt.step()
@@ -101,8 +102,15 @@ def main():
     n_matmul, n_trainable = matmul_params(hand.model)
     layers, q_width = attention_dims(hand.model.config)
     flops = step_flops(BATCH * SEQ, SEQ, n_matmul, n_trainable, layers, q_width)
-    result = {"model": DEFAULT_MODEL, "batch": BATCH, "seq_len": SEQ, "threads": args.threads, "steps": args.steps,
-              "peak_gflops": peak / 1e9, "step_gflops": flops / 1e9}
+    result = {
+        "model": DEFAULT_MODEL,
+        "batch": BATCH,
+        "seq_len": SEQ,
+        "threads": args.threads,
+        "steps": args.steps,
+        "peak_gflops": peak / 1e9,
+        "step_gflops": flops / 1e9,
+    }
     for name in times:
         median = statistics.median(times[name])
         result[f"{name}_step_s"] = median

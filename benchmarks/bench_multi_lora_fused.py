@@ -64,8 +64,11 @@ class PeftSwitching:
     def __init__(self, path, ranks, batches):
         torch.manual_seed(0)
         tenants = list(ranks)
-        self.model = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-                                    lora(ranks[tenants[0]]), adapter_name=tenants[0])
+        self.model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            lora(ranks[tenants[0]]),
+            adapter_name=tenants[0],
+        )
         for tenant in tenants[1:]:
             self.model.add_adapter(tenant, lora(ranks[tenant]))
         self.params, self.optimizers, self.tensors = {}, {}, {}
@@ -73,15 +76,18 @@ class PeftSwitching:
             self.model.set_adapter(tenant)
             self.params[tenant] = [p for p in self.model.parameters() if p.requires_grad]
             self.optimizers[tenant] = torch.optim.AdamW(self.params[tenant], lr=LR)
-            self.tensors[tenant] = (torch.tensor([r["input_ids"] for r in batches[tenant]]),
-                                    torch.tensor([r["labels"] for r in batches[tenant]]))
+            self.tensors[tenant] = (
+                torch.tensor([r["input_ids"] for r in batches[tenant]]),
+                torch.tensor([r["labels"] for r in batches[tenant]]),
+            )
 
     def step(self):
         for tenant, (ids, labels) in self.tensors.items():
             self.model.set_adapter(tenant)
             logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                     labels[:, 1:].reshape(-1), ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
+            )
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.params[tenant], 1.0)
             self.optimizers[tenant].step()
@@ -116,9 +122,13 @@ def measure(loops: dict, steps: int, warmup: int) -> dict[str, list[tuple[float,
 def summary(times: list[tuple[float, float]], tokens: int) -> dict:
     median = statistics.median(w for w, _ in times)
     cpu = statistics.median(c for _, c in times)
-    return {"median_s": round(median, 5), "tokens_per_s": round(tokens / median, 1),
-            "median_cpu_s": round(cpu, 5), "tokens_per_cpu_s": round(tokens / cpu, 1),
-            "all_s": [round(w, 5) for w, _ in times]}
+    return {
+        "median_s": round(median, 5),
+        "tokens_per_s": round(tokens / median, 1),
+        "median_cpu_s": round(cpu, 5),
+        "tokens_per_cpu_s": round(tokens / cpu, 1),
+        "all_s": [round(w, 5) for w, _ in times],
+    }
 
 
 def run_config(count: int, rows: int, seq: int, args) -> dict:
@@ -128,14 +138,26 @@ def run_config(count: int, rows: int, seq: int, args) -> dict:
     batches = make_batches(ranks, rows, seq, engine.base.config.vocab_size)
     baseline = PeftSwitching(path, ranks, batches)
     tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)
-    times = measure({"fused": lambda: fused_step(engine, batches), "peft": baseline.step,
-                     "sequential": lambda: sequential_step(engine, batches)}, args.steps, args.warmup)
+    times = measure(
+        {
+            "fused": lambda: fused_step(engine, batches),
+            "peft": baseline.step,
+            "sequential": lambda: sequential_step(engine, batches),
+        },
+        args.steps,
+        args.warmup,
+    )
     result = {name: summary(t, tokens) for name, t in times.items()}
     fused, peft, sequential = (result[k]["tokens_per_s"] for k in ("fused", "peft", "sequential"))
-    return {"tenants": ranks, "rows_per_tenant": rows, "seq": seq, **result,
-            "speedup_vs_engine_sequential": round(fused / sequential, 3),
-            "cpu_speedup": round(result["fused"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
-            "speedup": round(fused / peft, 3)}
+    return {
+        "tenants": ranks,
+        "rows_per_tenant": rows,
+        "seq": seq,
+        **result,
+        "speedup_vs_engine_sequential": round(fused / sequential, 3),
+        "cpu_speedup": round(result["fused"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
+        "speedup": round(fused / peft, 3),
+    }
 
 
 def main():
@@ -151,13 +173,20 @@ def main():
         count, rows, seq = (int(v) for v in config.split("x"))
         configs[config] = run_config(count, rows, seq, args)
         print(json.dumps({config: configs[config]}))
-    print(json.dumps({
-        "benchmark": "multi_lora_fused_small", "model": DEFAULT_MODEL, "threads": args.threads,
-        "load_avg": os.getloadavg()[0],
-        **{f"speedup_{k}": v["speedup"] for k, v in configs.items()},
-        **{f"cpu_speedup_{k}": v["cpu_speedup"] for k, v in configs.items()},
-        "configs": configs, "speedup": min(v["speedup"] for v in configs.values()),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_lora_fused_small",
+                "model": DEFAULT_MODEL,
+                "threads": args.threads,
+                "load_avg": os.getloadavg()[0],
+                **{f"speedup_{k}": v["speedup"] for k, v in configs.items()},
+                **{f"cpu_speedup_{k}": v["cpu_speedup"] for k, v in configs.items()},
+                "configs": configs,
+                "speedup": min(v["speedup"] for v in configs.values()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ RANKS = (8, 16, 32)
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         import os
+
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
@@ -66,18 +67,28 @@ def child(tenants: int) -> dict:
     time.sleep(2.0)  # quiet: the engine gives freed memory back by itself
     after = rss_bytes()
     # named_parameters() counts a tied embedding/head once, as memory does
-    base_bytes = sum(t.numel() * t.element_size() for n, t in [*engine.base.named_parameters(),
-                                                                 *engine.base.named_buffers()]
-                     if ".lora_A." not in n and ".lora_B." not in n)
+    base_bytes = sum(
+        t.numel() * t.element_size()
+        for n, t in [*engine.base.named_parameters(), *engine.base.named_buffers()]
+        if ".lora_A." not in n and ".lora_B." not in n
+    )
     adapter_bytes = sum(engine.adapters[n].parameter_bytes() for n in names)
-    return {"runtime_rss": runtime, "rss": after, "rss_busy": busy, "engine_bytes": after - runtime,
-            "engine_bytes_busy": busy - runtime, "ideal_bytes": base_bytes + adapter_bytes,
-            "base_bytes": base_bytes, "adapters_with_optimizer_bytes": adapter_bytes}
+    return {
+        "runtime_rss": runtime,
+        "rss": after,
+        "rss_busy": busy,
+        "engine_bytes": after - runtime,
+        "engine_bytes_busy": busy - runtime,
+        "ideal_bytes": base_bytes + adapter_bytes,
+        "base_bytes": base_bytes,
+        "adapters_with_optimizer_bytes": adapter_bytes,
+    }
 
 
 def run_child(tenants: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", str(tenants)], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(tenants)], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -93,16 +104,21 @@ def main():
     singles = [run_child(1) for _ in range(args.tenants)]
     separate_rss = sum(s["rss"] for s in singles)
     mib = 1 << 20
-    print(json.dumps({
-        "benchmark": "multi_lora_memory", "tenants": args.tenants,
-        "one_process": {k: round(v / mib, 2) for k, v in one.items()},
-        "single_tenant_process_mib": [round(s["rss"] / mib, 2) for s in singles],
-        "separate_processes_total_rss_mib": round(separate_rss / mib, 2),
-        "one_process_rss_mib": round(one["rss"] / mib, 2),
-        "separate_over_one_process": round(separate_rss / one["rss"], 3),
-        "ratio_busy": round(one["engine_bytes_busy"] / one["ideal_bytes"], 3),
-        "ratio": round(one["engine_bytes"] / one["ideal_bytes"], 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_lora_memory",
+                "tenants": args.tenants,
+                "one_process": {k: round(v / mib, 2) for k, v in one.items()},
+                "single_tenant_process_mib": [round(s["rss"] / mib, 2) for s in singles],
+                "separate_processes_total_rss_mib": round(separate_rss / mib, 2),
+                "one_process_rss_mib": round(one["rss"] / mib, 2),
+                "separate_over_one_process": round(separate_rss / one["rss"], 3),
+                "ratio_busy": round(one["engine_bytes_busy"] / one["ideal_bytes"], 3),
+                "ratio": round(one["engine_bytes"] / one["ideal_bytes"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

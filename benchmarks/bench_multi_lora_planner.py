@@ -43,17 +43,35 @@ def main():
     planner = FusionPlanner()
     plan = planner.plan([Request(t, "forward_backward", rows) for t, rows in batches.items()])
     tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)
-    times = measure({"planner": lambda: planned_step(engine, batches, planner), "peft": baseline.step,
-                     "forced_fusion": lambda: fused_step(engine, batches)}, args.steps, args.warmup)
+    times = measure(
+        {
+            "planner": lambda: planned_step(engine, batches, planner),
+            "peft": baseline.step,
+            "forced_fusion": lambda: fused_step(engine, batches),
+        },
+        args.steps,
+        args.warmup,
+    )
     result = {name: summary(t, tokens) for name, t in times.items()}
-    print(json.dumps({
-        "benchmark": "multi_lora_planner_large", "model": DEFAULT_MODEL, "rows_per_tenant": args.rows,
-        "seq": args.seq, "threads": args.threads, "load_avg": os.getloadavg()[0],
-        "planner_passes": [[r.tenant for r in g.requests] for g in plan], **result,
-        "forced_fusion_vs_peft": round(result["forced_fusion"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3),
-        "cpu_speedup": round(result["planner"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
-        "speedup": round(result["planner"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "multi_lora_planner_large",
+                "model": DEFAULT_MODEL,
+                "rows_per_tenant": args.rows,
+                "seq": args.seq,
+                "threads": args.threads,
+                "load_avg": os.getloadavg()[0],
+                "planner_passes": [[r.tenant for r in g.requests] for g in plan],
+                **result,
+                "forced_fusion_vs_peft": round(
+                    result["forced_fusion"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3
+                ),
+                "cpu_speedup": round(result["planner"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
+                "speedup": round(result["planner"]["tokens_per_s"] / result["peft"]["tokens_per_s"], 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

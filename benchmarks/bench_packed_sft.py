@@ -76,8 +76,9 @@ class HandWrittenPadded:
     def step(self, rows) -> float:
         ids, labels, mask = self.collate(rows)
         logits = self.logits(ids, mask)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
-                                                 labels[:, 1:].reshape(-1), ignore_index=-100)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.opt.step()
@@ -120,7 +121,9 @@ def main():
     packed = TwinklePacked()
     padded = HandWrittenPadded(resolve_model_path(DEFAULT_MODEL))
     batches = make_batches(args.warmup + args.steps, packed.model.vocab_size)
-    logp_diff = max(float((a - b).abs().max()) for a, b in zip(packed.logprobs(batches[0]), padded.logprobs(batches[0])))
+    logp_diff = max(
+        float((a - b).abs().max()) for a, b in zip(packed.logprobs(batches[0]), padded.logprobs(batches[0]))
+    )
     assert logp_diff < 1e-4, f"packed and padded per-token log-probs differ by {logp_diff}"
 
     seconds = {"packed": 0.0, "padded": 0.0}
@@ -140,20 +143,28 @@ def main():
             padded_tokens += BATCH * max(len(r["input_ids"]) for r in rows)
     assert abs(losses["packed"][0] - losses["padded"][0]) < 1e-4, (losses["packed"][0], losses["padded"][0])
     packed_tps, padded_tps = real_tokens / seconds["packed"], real_tokens / seconds["padded"]
-    print(json.dumps({
-        "benchmark": "bench_packed_sft",
-        "model": DEFAULT_MODEL,
-        "speedup": round(packed_tps / padded_tps, 3),
-        "packed_tokens_per_s": round(packed_tps, 1),
-        "padded_tokens_per_s": round(padded_tps, 1),
-        "cpu_time_speedup": round(cpu_seconds["padded"] / cpu_seconds["packed"], 3),
-        "padding_efficiency": round(real_tokens / padded_tokens, 3),
-        "steps": args.steps, "batch": BATCH, "threads": args.threads,
-        "real_tokens": real_tokens,
-        "first_batch_max_logprob_diff": logp_diff,
-        "first_loss_packed": losses["packed"][0], "first_loss_padded": losses["padded"][0],
-        "last_loss_packed": losses["packed"][-1], "last_loss_padded": losses["padded"][-1],
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "bench_packed_sft",
+                "model": DEFAULT_MODEL,
+                "speedup": round(packed_tps / padded_tps, 3),
+                "packed_tokens_per_s": round(packed_tps, 1),
+                "padded_tokens_per_s": round(padded_tps, 1),
+                "cpu_time_speedup": round(cpu_seconds["padded"] / cpu_seconds["packed"], 3),
+                "padding_efficiency": round(real_tokens / padded_tokens, 3),
+                "steps": args.steps,
+                "batch": BATCH,
+                "threads": args.threads,
+                "real_tokens": real_tokens,
+                "first_batch_max_logprob_diff": logp_diff,
+                "first_loss_packed": losses["packed"][0],
+                "first_loss_padded": losses["padded"][0],
+                "last_loss_packed": losses["packed"][-1],
+                "last_loss_padded": losses["padded"][-1],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ class BenchTrainer:
     def train_step(self, rows: list[dict]) -> float:
         ids_B_T = torch.tensor([r["input_ids"] for r in rows])
         logits_B_T_V = self.model(input_ids=ids_B_T).logits
-        loss_sum = F.cross_entropy(logits_B_T_V[:, :-1].reshape(-1, logits_B_T_V.shape[-1]),
-                                   ids_B_T[:, 1:].reshape(-1), reduction="sum")
+        loss_sum = F.cross_entropy(
+            logits_B_T_V[:, :-1].reshape(-1, logits_B_T_V.shape[-1]), ids_B_T[:, 1:].reshape(-1), reduction="sum"
+        )
         tokens = torch.tensor(float(ids_B_T[:, 1:].numel()))
         if self.group is not None:
             dist.all_reduce(tokens, group=self.group)
@@ -113,19 +114,34 @@ def main() -> None:
 
     local_s, ray_s = statistics.median(times["local"]), statistics.median(times["ray"])
     local1_s = statistics.median(times["local_1thread"])
-    print(json.dumps({
-        "benchmark": "ray_remote_group_step", "model": args.model, "global_batch": args.batch,
-        "tokens_per_row": args.length, "timed_steps": args.steps, "ray_ranks": 2, "ray_threads_per_rank": 1,
-        "local_threads": args.local_threads,
-        "ratio": round(ray_s / local_s, 3), "local_step_s": round(local_s, 4), "ray_step_s": round(ray_s, 4),
-        "local_1thread_step_s": round(local1_s, 4), "ratio_vs_local_1thread": round(ray_s / local1_s, 3),
-        "local_times_s": [round(t, 4) for t in times["local"]], "ray_times_s": [round(t, 4) for t in times["ray"]],
-        "local_1thread_times_s": [round(t, 4) for t in times["local_1thread"]],
-        "ray_init_s": round(ray_init_s, 2), "ray_group_start_s": round(group_start_s, 2),
-        # Same batches, same init, same optimizer: the three runs must agree (a correctness guard).
-        "max_loss_diff": max(abs(a - b) for name in ("local", "local_1thread")
-                             for a, b in zip(losses[name], losses["ray"])),
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "ray_remote_group_step",
+                "model": args.model,
+                "global_batch": args.batch,
+                "tokens_per_row": args.length,
+                "timed_steps": args.steps,
+                "ray_ranks": 2,
+                "ray_threads_per_rank": 1,
+                "local_threads": args.local_threads,
+                "ratio": round(ray_s / local_s, 3),
+                "local_step_s": round(local_s, 4),
+                "ray_step_s": round(ray_s, 4),
+                "local_1thread_step_s": round(local1_s, 4),
+                "ratio_vs_local_1thread": round(ray_s / local1_s, 3),
+                "local_times_s": [round(t, 4) for t in times["local"]],
+                "ray_times_s": [round(t, 4) for t in times["ray"]],
+                "local_1thread_times_s": [round(t, 4) for t in times["local_1thread"]],
+                "ray_init_s": round(ray_init_s, 2),
+                "ray_group_start_s": round(group_start_s, 2),
+                # Same batches, same init, same optimizer: the three runs must agree (a correctness guard).
+                "max_loss_diff": max(
+                    abs(a - b) for name in ("local", "local_1thread") for a, b in zip(losses[name], losses["ray"])
+                ),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

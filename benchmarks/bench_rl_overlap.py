@@ -86,10 +86,15 @@ def run(base: str, overlap: bool, steps: int, prompts: int, group: int, seed: in
     if rollouts:
         rollouts.close()
     totals = timer.summary()
-    return {"steps": steps, "wall_s": round(wall, 3), "steps_per_s": steps / wall,
-            "phase_s": {k: round(totals.get(f"time/{k}", 0.0), 3) for k in PHASES},
-            "phase_share": {k: round(totals.get(f"time/{k}", 0.0) / wall, 3) for k in PHASES},
-            "mean_reward": sum(rewards_seen[1:]) / steps, "staleness": max(staleness, default=0)}
+    return {
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "steps_per_s": steps / wall,
+        "phase_s": {k: round(totals.get(f"time/{k}", 0.0), 3) for k in PHASES},
+        "phase_share": {k: round(totals.get(f"time/{k}", 0.0) / wall, 3) for k in PHASES},
+        "mean_reward": sum(rewards_seen[1:]) / steps,
+        "staleness": max(staleness, default=0),
+    }
 
 
 def _restart(timer, rollouts):
@@ -114,11 +119,25 @@ def main() -> None:
     sync = run(base, False, args.steps, args.prompts, args.group, args.seed)
     print(f"synchronous: {sync['steps_per_s']:.3f} steps/s, shares {sync['phase_share']}", flush=True)
     over = run(base, True, args.steps, args.prompts, args.group, args.seed)
-    print(f"overlapped:  {over['steps_per_s']:.3f} steps/s, shares {over['phase_share']} "
-          f"(max staleness {over['staleness']})", flush=True)
-    print(json.dumps({"benchmark": "rl_overlap", "model": args.model, "torch_threads": torch.get_num_threads(),
-                      "cpu_count": os.cpu_count(), "samples_per_step": args.prompts * args.group,
-                      "speedup": over["steps_per_s"] / sync["steps_per_s"], "synchronous": sync, "overlapped": over}))
+    print(
+        f"overlapped:  {over['steps_per_s']:.3f} steps/s, shares {over['phase_share']} "
+        f"(max staleness {over['staleness']})",
+        flush=True,
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "rl_overlap",
+                "model": args.model,
+                "torch_threads": torch.get_num_threads(),
+                "cpu_count": os.cpu_count(),
+                "samples_per_step": args.prompts * args.group,
+                "speedup": over["steps_per_s"] / sync["steps_per_s"],
+                "synchronous": sync,
+                "overlapped": over,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

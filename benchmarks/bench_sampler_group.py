@@ -39,17 +39,24 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     text = " ".join(f"Step {i}: add {i} and {3 * i}, then check the sum." for i in range(args.prompt_tokens))
-    prompt = tokenizer(text)["input_ids"][:args.prompt_tokens]
+    prompt = tokenizer(text)["input_ids"][: args.prompt_tokens]
     sampler = TorchSampler(model=model, tokenizer=tokenizer)
-    params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=True,
-                            num_samples=args.n, seed=0)
+    params = SamplingParams(
+        max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, logprobs=True, num_samples=args.n, seed=0
+    )
     ids = torch.tensor([prompt])
 
     def run_hf() -> int:
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, top_k=0,
-                                 num_return_sequences=args.n, max_new_tokens=args.new_tokens,
-                                 min_new_tokens=args.new_tokens)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=0,
+                num_return_sequences=args.n,
+                max_new_tokens=args.new_tokens,
+                min_new_tokens=args.new_tokens,
+            )
         return (out.shape[1] - ids.shape[1]) * out.shape[0]
 
     def run_twinkle() -> int:
@@ -65,9 +72,21 @@ def main() -> None:
             assert got == args.n * args.new_tokens, got
     hf, tw = statistics.median(hf_s), statistics.median(tw_s)
     print(f"HF generate (n={args.n})  {hf:.3f} s   TorchSampler (shared prefill)  {tw:.3f} s")
-    print(json.dumps({"bench": "sampler_group", "speedup": round(hf / tw, 3), "model": args.model, "n": args.n,
-                      "prompt_tokens": len(prompt), "new_tokens": args.new_tokens, "hf_generate_s": hf_s,
-                      "torch_sampler_s": tw_s, "torch_sampler_returns_logprobs": True}))
+    print(
+        json.dumps(
+            {
+                "bench": "sampler_group",
+                "speedup": round(hf / tw, 3),
+                "model": args.model,
+                "n": args.n,
+                "prompt_tokens": len(prompt),
+                "new_tokens": args.new_tokens,
+                "hf_generate_s": hf_s,
+                "torch_sampler_s": tw_s,
+                "torch_sampler_returns_logprobs": True,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ def main() -> None:
     for name in ADAPTERS:
         sampler.set_adapter(name, extract_adapter(peft_model, name))
 
-    prompts = [tokenizer(f"Tenant {i}: tell me about number {i * 13}." + " please" * (i % 3))["input_ids"]
-               for i in range(len(ADAPTERS) * PER_ADAPTER)]
+    prompts = [
+        tokenizer(f"Tenant {i}: tell me about number {i * 13}." + " please" * (i % 3))["input_ids"]
+        for i in range(len(ADAPTERS) * PER_ADAPTER)
+    ]
     row_adapters = [ADAPTERS[i // PER_ADAPTER] for i in range(len(prompts))]
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     tokenizer.padding_side = "left"
@@ -57,9 +59,11 @@ def main() -> None:
         total = 0
         for k, name in enumerate(ADAPTERS):
             peft_model.set_adapter(name)
-            batch = tokenizer.pad({"input_ids": prompts[k * PER_ADAPTER:(k + 1) * PER_ADAPTER]}, return_tensors="pt")
+            batch = tokenizer.pad({"input_ids": prompts[k * PER_ADAPTER : (k + 1) * PER_ADAPTER]}, return_tensors="pt")
             with torch.no_grad():
-                out = peft_model.generate(**batch, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)
+                out = peft_model.generate(
+                    **batch, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+                )
             total += (out.shape[1] - batch["input_ids"].shape[1]) * PER_ADAPTER
         return total
 
@@ -77,11 +81,23 @@ def main() -> None:
     seq, one = statistics.median(seq_s), statistics.median(batch_s)
     print(f"4 sequential peft generate calls  {seq:.3f} s")
     print(f"one TorchSampler batch (4 adapters) {one:.3f} s")
-    print(json.dumps({"bench": "sampler_multi_adapter", "speedup": round(seq / one, 3), "model": DEFAULT_MODEL,
-                      "adapters": len(ADAPTERS), "rows_per_adapter": PER_ADAPTER, "new_tokens": NEW_TOKENS,
-                      "lora_rank": 16, "sequential_generate_s": seq_s, "one_batch_s": batch_s,
-                      "one_batch_tokens_per_s": round(len(prompts) * NEW_TOKENS / one, 1),
-                      "sequential_tokens_per_s": round(len(prompts) * NEW_TOKENS / seq, 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "sampler_multi_adapter",
+                "speedup": round(seq / one, 3),
+                "model": DEFAULT_MODEL,
+                "adapters": len(ADAPTERS),
+                "rows_per_adapter": PER_ADAPTER,
+                "new_tokens": NEW_TOKENS,
+                "lora_rank": 16,
+                "sequential_generate_s": seq_s,
+                "one_batch_s": batch_s,
+                "one_batch_tokens_per_s": round(len(prompts) * NEW_TOKENS / one, 1),
+                "sequential_tokens_per_s": round(len(prompts) * NEW_TOKENS / seq, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -56,10 +56,22 @@ def main() -> None:
     tw_tps = BATCH * NEW_TOKENS / statistics.median(tw_s)
     print(f"HF generate   {hf_tps:8.0f} tokens/s   (median of {REPEATS}: {statistics.median(hf_s):.3f} s)")
     print(f"TorchSampler  {tw_tps:8.0f} tokens/s   (median of {REPEATS}: {statistics.median(tw_s):.3f} s)")
-    print(json.dumps({"bench": "sampler_throughput", "speedup": round(tw_tps / hf_tps, 3), "model": DEFAULT_MODEL,
-                      "batch": BATCH, "new_tokens": NEW_TOKENS, "torch_sampler_tokens_per_s": round(tw_tps, 1),
-                      "hf_generate_tokens_per_s": round(hf_tps, 1), "torch_sampler_s": tw_s, "hf_generate_s": hf_s,
-                      "torch_sampler_returns_logprobs": True}))
+    print(
+        json.dumps(
+            {
+                "bench": "sampler_throughput",
+                "speedup": round(tw_tps / hf_tps, 3),
+                "model": DEFAULT_MODEL,
+                "batch": BATCH,
+                "new_tokens": NEW_TOKENS,
+                "torch_sampler_tokens_per_s": round(tw_tps, 1),
+                "hf_generate_tokens_per_s": round(hf_tps, 1),
+                "torch_sampler_s": tw_s,
+                "hf_generate_s": hf_s,
+                "torch_sampler_returns_logprobs": True,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

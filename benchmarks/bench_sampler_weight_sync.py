@@ -55,8 +55,13 @@ def main() -> None:
     for step in range(STEPS + 1):  # the first step warms up
         t = time.perf_counter()
         responses = sampler.sample(prompts, params, adapter_name="policy")
-        rows = [{"input_ids": r.prompt_tokens + r.sequences[0].tokens,
-                 "labels": [-100] * len(r.prompt_tokens) + r.sequences[0].tokens} for r in responses]
+        rows = [
+            {
+                "input_ids": r.prompt_tokens + r.sequences[0].tokens,
+                "labels": [-100] * len(r.prompt_tokens) + r.sequences[0].tokens,
+            }
+            for r in responses
+        ]
         model.forward_backward(inputs=rows, adapter_name="policy")
         model.clip_grad_and_step(adapter_name="policy")
         t_sync = time.perf_counter()
@@ -71,10 +76,17 @@ def main() -> None:
     copying = InProcessCheckpointEngine(copy=True)
     copy_s = timed(lambda: copying.sync(model, sampler, "policy", sampler_adapter_name="snapshot"))
     adapter_bytes = extract_adapter(model, "policy").num_bytes()
-    result = {"bench": "sampler_weight_sync", "model": DEFAULT_MODEL, "lora_rank": 16,
-              "adapter_bytes": adapter_bytes, "rl_step_s": step_s,
-              "rl_step_median_s": statistics.median(step_s), "sync_in_step_s": sync_s,
-              "inprocess_zero_copy_sync_s": zero_copy, "inprocess_copy_sync_s": copy_s}
+    result = {
+        "bench": "sampler_weight_sync",
+        "model": DEFAULT_MODEL,
+        "lora_rank": 16,
+        "adapter_bytes": adapter_bytes,
+        "rl_step_s": step_s,
+        "rl_step_median_s": statistics.median(step_s),
+        "sync_in_step_s": sync_s,
+        "inprocess_zero_copy_sync_s": zero_copy,
+        "inprocess_copy_sync_s": copy_s,
+    }
     try:
         import ray
     except ImportError:
@@ -82,9 +94,11 @@ def main() -> None:
     else:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
         try:
+
             def via_store():
                 payload = ray.get(ray.put(adapter_to_payload(extract_adapter(model, "policy"), 0)))
                 sampler.set_adapter("via_store", payload_to_adapter(payload))
+
             result["object_store_sync_s"] = timed(via_store)
         finally:
             ray.shutdown()
@@ -93,8 +107,10 @@ def main() -> None:
     result["copy_ratio"] = round(copy_s / step, 6)
     if result["object_store_sync_s"] is not None:
         result["object_store_ratio"] = round(result["object_store_sync_s"] / step, 6)
-    print(f"RL step {step:.3f} s; zero-copy sync {zero_copy * 1e3:.2f} ms ({100 * zero_copy / step:.3f}%), "
-          f"copy sync {copy_s * 1e3:.2f} ms ({100 * copy_s / step:.3f}%), adapter {adapter_bytes / 1e6:.2f} MB")
+    print(
+        f"RL step {step:.3f} s; zero-copy sync {zero_copy * 1e3:.2f} ms ({100 * zero_copy / step:.3f}%), "
+        f"copy sync {copy_s * 1e3:.2f} ms ({100 * copy_s / step:.3f}%), adapter {adapter_bytes / 1e6:.2f} MB"
+    )
     print(json.dumps({"ratio": result.pop("ratio"), **result}))
 
 

@@ -55,11 +55,18 @@ def served_rss(model: str, tenants: int) -> int:
     proc, url, keys = start_server(model, 1)
     try:
         service = tinker.ServiceClient(base_url=url, api_key=keys[0])
-        clients = [service.create_lora_training_client(base_model=model, rank=rank_of(i), seed=i).result()
-                   for i in range(tenants)]
+        clients = [
+            service.create_lora_training_client(base_model=model, rank=rank_of(i), seed=i).result()
+            for i in range(tenants)
+        ]
         rows = [[(7 * i + j) % 800 + 3 for j in range(SEQ + 1)] for i in range(ROWS)]
-        data = [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
-                            loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * SEQ}) for r in rows]
+        data = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(r[:-1]),
+                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * SEQ},
+            )
+            for r in rows
+        ]
         for _ in range(STEPS):
             pending = []
             for client in clients:  # every tenant's step in flight at once: the server fuses them
@@ -111,9 +118,13 @@ def main():
         base, adapters = ideal_bytes(tenants)
         ratio = (rss - runtime) / (base + adapters)
         ratios.append(ratio)
-        result[f"tenants_{tenants}"] = {"rss_mib": round(rss / mib, 1), "held_mib": round((rss - runtime) / mib, 1),
-                                        "base_mib": round(base / mib, 1), "adapters_adamw_mib": round(adapters / mib, 1),
-                                        "ratio": round(ratio, 3)}
+        result[f"tenants_{tenants}"] = {
+            "rss_mib": round(rss / mib, 1),
+            "held_mib": round((rss - runtime) / mib, 1),
+            "base_mib": round(base / mib, 1),
+            "adapters_adamw_mib": round(adapters / mib, 1),
+            "ratio": round(ratio, 3),
+        }
         print(json.dumps({f"tenants_{tenants}": result[f"tenants_{tenants}"]}), flush=True)
     result["load_avg"] = os.getloadavg()[0]
     result["ratio"] = round(max(ratios), 3)

@@ -40,13 +40,21 @@ class SdkTenant:
         from tinker import types
 
         self.types, self.index = types, index
-        self.tc = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
-            base_model=model, rank=8, seed=index).result()
+        self.tc = (
+            tinker.ServiceClient(base_url=url, api_key=key)
+            .create_lora_training_client(base_model=model, rank=8, seed=index)
+            .result()
+        )
 
     def submit(self, rows):
         t = self.types
-        data = [t.Datum(model_input=t.ModelInput.from_ints(r[:-1]),
-                        loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)}) for r in rows]
+        data = [
+            t.Datum(
+                model_input=t.ModelInput.from_ints(r[:-1]),
+                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)},
+            )
+            for r in rows
+        ]
         return self.tc.forward_backward(data, "cross_entropy"), self.tc.optim_step(t.AdamParams(learning_rate=1e-4))
 
 
@@ -60,8 +68,9 @@ class NativeTenant:
         self.model.set_optimizer("AdamW", lr=1e-4).result(timeout=600)
 
     def submit(self, rows):
-        return self.model.forward_backward(inputs=[{"input_ids": r, "labels": r} for r in rows]), \
-            self.model.clip_grad_and_step()
+        return self.model.forward_backward(
+            inputs=[{"input_ids": r, "labels": r} for r in rows]
+        ), self.model.clip_grad_and_step()
 
 
 def run_tenant(tenant, index: int, steps: int, window: int, shape, latencies: list[float], barrier=None) -> None:
@@ -110,8 +119,10 @@ def main():
 
         together = [[] for _ in tenants]
         barrier = threading.Barrier(len(tenants) + 1)
-        threads = [threading.Thread(target=run_tenant, args=(t, i, args.steps, args.window, shape, together[i], barrier))
-                   for i, t in enumerate(tenants)]
+        threads = [
+            threading.Thread(target=run_tenant, args=(t, i, args.steps, args.window, shape, together[i], barrier))
+            for i, t in enumerate(tenants)
+        ]
         for th in threads:
             th.start()
         barrier.wait()
@@ -126,11 +137,25 @@ def main():
     steps = len(tenants) * args.steps
     assert all(len(x) == args.steps for x in together), "a tenant lost a step"
     p99 = np.array([np.percentile(x, 99) for x in together]) * 1e3
-    print(json.dumps({"speedup": alone_s / together_s, "p99_max_over_median": float(p99.max() / np.median(p99)),
-                      "together_steps_per_s": steps / together_s, "one_at_a_time_steps_per_s": steps / alone_s,
-                      "p99_ms_median_tenant": float(np.median(p99)), "p99_ms_worst_tenant": float(p99.max()),
-                      "tenants": len(tenants), "sdk_tenants": (len(tenants) + 1) // 2, "steps": args.steps,
-                      "window": args.window, "batch": args.batch, "seq": args.seq, "model": args.model}))
+    print(
+        json.dumps(
+            {
+                "speedup": alone_s / together_s,
+                "p99_max_over_median": float(p99.max() / np.median(p99)),
+                "together_steps_per_s": steps / together_s,
+                "one_at_a_time_steps_per_s": steps / alone_s,
+                "p99_ms_median_tenant": float(np.median(p99)),
+                "p99_ms_worst_tenant": float(p99.max()),
+                "tenants": len(tenants),
+                "sdk_tenants": (len(tenants) + 1) // 2,
+                "steps": args.steps,
+                "window": args.window,
+                "batch": args.batch,
+                "seq": args.seq,
+                "model": args.model,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -38,15 +38,15 @@ def local_seconds(backend, adapters, rows, steps) -> float:
     """Steps of every adapter in `adapters`; several adapters' forward_backward run as one fused pass."""
     from twinkle.serve.backend import AdamParams, Datum, DatumsPass
 
-    data = [Datum(r[:-1], {"target_tokens": np.array(r[1:]), "weights": np.ones(len(r) - 1, np.float32)})
-            for r in rows]
+    data = [Datum(r[:-1], {"target_tokens": np.array(r[1:]), "weights": np.ones(len(r) - 1, np.float32)}) for r in rows]
     start = time.perf_counter()
     for _ in range(steps):
         if len(adapters) == 1:
             backend.forward_backward(adapters[0], data, "cross_entropy", {}, False)
         else:
-            outs = backend.forward_backward_many([DatumsPass(name, data, "cross_entropy", {}, False)
-                                                  for name in adapters])
+            outs = backend.forward_backward_many(
+                [DatumsPass(name, data, "cross_entropy", {}, False) for name in adapters]
+            )
             assert not any(isinstance(o, Exception) for o in outs), outs
         for name in adapters:
             backend.optim_step(name, AdamParams(learning_rate=1e-4))
@@ -61,11 +61,18 @@ class SdkTenant:
         from tinker import types
 
         self.types = types
-        self.data = [types.Datum(model_input=types.ModelInput.from_ints(r[:-1]),
-                                 loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)})
-                     for r in rows]
-        self.tc = tinker.ServiceClient(base_url=url, api_key=key).create_lora_training_client(
-            base_model=model, rank=16, seed=0).result()
+        self.data = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(r[:-1]),
+                loss_fn_inputs={"target_tokens": r[1:], "weights": [1.0] * (len(r) - 1)},
+            )
+            for r in rows
+        ]
+        self.tc = (
+            tinker.ServiceClient(base_url=url, api_key=key)
+            .create_lora_training_client(base_model=model, rank=16, seed=0)
+            .result()
+        )
         self.seconds(1)  # warm-up
 
     def seconds(self, steps, barrier=None) -> float:
@@ -127,11 +134,25 @@ def main():
         proc.wait(timeout=60)
     steps = per_round * args.rounds
     rate = {k: steps * (4 if k.endswith("_4") else 1) / v for k, v in seconds.items()}
-    print(json.dumps({"ratio": rate["server_1"] / rate["local_1"], "ratio_4_tenants": rate["server_4"] / rate["local_4"],
-                      "server_steps_per_s": rate["server_1"], "local_steps_per_s": rate["local_1"],
-                      "server_4_tenants_steps_per_s": rate["server_4"], "local_4_adapters_fused_steps_per_s": rate["local_4"],
-                      "local_step_ms": 1000 / rate["local_1"], "model": args.model, "torch_threads": torch_threads,
-                      "batch": args.batch, "seq": args.seq, "steps": steps, "rounds": args.rounds}))
+    print(
+        json.dumps(
+            {
+                "ratio": rate["server_1"] / rate["local_1"],
+                "ratio_4_tenants": rate["server_4"] / rate["local_4"],
+                "server_steps_per_s": rate["server_1"],
+                "local_steps_per_s": rate["local_1"],
+                "server_4_tenants_steps_per_s": rate["server_4"],
+                "local_4_adapters_fused_steps_per_s": rate["local_4"],
+                "local_step_ms": 1000 / rate["local_1"],
+                "model": args.model,
+                "torch_threads": torch_threads,
+                "batch": args.batch,
+                "seq": args.seq,
+                "steps": steps,
+                "rounds": args.rounds,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

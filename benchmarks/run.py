@@ -54,8 +54,14 @@ def run_one(name: str) -> dict:
     if "ratio" not in result and "speedup" not in result:
         raise SystemExit(f"{name}: its JSON has neither 'ratio' nor 'speedup'")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE).stdout
-    return {"benchmark": name, "date": datetime.date.today().isoformat(), "commit": commit.strip(),
-            "load_avg": round(max(load_before, os.getloadavg()[0]), 2), "cpus": os.cpu_count(), "result": result}
+    return {
+        "benchmark": name,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit.strip(),
+        "load_avg": round(max(load_before, os.getloadavg()[0]), 2),
+        "cpus": os.cpu_count(),
+        "result": result,
+    }
 
 
 def newest_records() -> dict[str, dict]:
@@ -67,8 +73,9 @@ def newest_records() -> dict[str, dict]:
 
 def _headline(result: dict) -> str:
     key = "speedup" if "speedup" in result else "ratio"
-    scalars = [(k, v) for k, v in result.items()
-               if k != key and isinstance(v, int | float) and not isinstance(v, bool)][:5]
+    scalars = [
+        (k, v) for k, v in result.items() if k != key and isinstance(v, int | float) and not isinstance(v, bool)
+    ][:5]
     raw = ", ".join(f"{k} {v:.4g}" for k, v in scalars)
     return f"**{key} {result[key]:.3f}**" + (f"; {raw}" if raw else "")
 

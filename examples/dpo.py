@@ -58,7 +58,9 @@ def wrong_answer(question: str, truth: int, mode: str, rng: random.Random) -> in
     return truth + rng.choice([-10, -2, -1, 1, 2, 10])
 
 
-def preference_pairs(split: str, template: Template, limit: int | None, seed: int, mode: str = "wrong-op") -> list[dict]:
+def preference_pairs(
+    split: str, template: Template, limit: int | None, seed: int, mode: str = "wrong-op"
+) -> list[dict]:
     """Encoded (chosen, rejected) rows: the right answer against a wrong one (see `wrong_answer`)."""
     if mode not in REJECTED:
         raise ValueError(f"unknown rejected-answer mode {mode!r}; expected one of {REJECTED}")
@@ -76,7 +78,7 @@ def evaluate(model, pairs, batch_size: int = 50) -> dict:
     """Preference and implicit-reward accuracy on pairs (no gradient)."""
     policy, reference = [], []
     for lo in range(0, len(pairs), batch_size):
-        batch = pairs[lo:lo + batch_size]
+        batch = pairs[lo : lo + batch_size]
         rows = [r for p in batch for r in (p, {"input_ids": p["rejected_input_ids"], "labels": p["rejected_labels"]})]
         rows = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows]
         policy += _sequence_logps(model.forward_only(inputs=rows, adapter_name=ADAPTER)["logprobs"], rows)
@@ -87,7 +89,8 @@ def evaluate(model, pairs, batch_size: int = 50) -> dict:
     n = len(chosen_p)
     return {
         "preference_accuracy": sum(c > r for c, r in zip(chosen_p, rejected_p)) / n,
-        "reward_accuracy": sum((c - cr) > (r - rr) for c, r, cr, rr in zip(chosen_p, rejected_p, chosen_r, rejected_r)) / n,
+        "reward_accuracy": sum((c - cr) > (r - rr) for c, r, cr, rr in zip(chosen_p, rejected_p, chosen_r, rejected_r))
+        / n,
         "chosen_logp": sum(chosen_p) / n,
         # mean log π(chosen) − log π(rejected): the preference's strength, not just its sign
         "policy_margin": sum(c - r for c, r in zip(chosen_p, rejected_p)) / n,
@@ -127,13 +130,18 @@ def main(argv=None) -> dict:
     held_out = preference_pairs("test", template, args.eval_pairs, args.seed + 1, args.rejected)
 
     model = TransformersModel(model_id=base)
-    model.add_adapter_to_model(ADAPTER, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
-                                                   target_modules="all-linear", lora_dropout=0.0))
+    model.add_adapter_to_model(
+        ADAPTER,
+        LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0),
+    )
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
-    model.set_loss("DPOLoss", adapter_name=ADAPTER, beta=args.beta)  # no ref_logprobs: adapter disabled is the reference
+    model.set_loss(
+        "DPOLoss", adapter_name=ADAPTER, beta=args.beta
+    )  # no ref_logprobs: adapter disabled is the reference
 
-    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
-                            run_name=time.strftime("dpo-%Y%m%d-%H%M%S"))
+    tracker = open_trackers(
+        args.report_to, logging_dir=args.logging_dir, config=vars(args), run_name=time.strftime("dpo-%Y%m%d-%H%M%S")
+    )
     curve = [(0, evaluate(model, held_out))]
     print(f"step 0: held-out {curve[0][1]}")
     rng = random.Random(args.seed)
@@ -144,13 +152,17 @@ def main(argv=None) -> dict:
         model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER)
         history.append(out)
         tracker.log(out, step=step)
-        line = (f"step {step}: loss {out['loss']:.4f} train reward_accuracy {out['reward_accuracy']:.2f} "
-                f"margin {out['reward_margin']:.3f}")
+        line = (
+            f"step {step}: loss {out['loss']:.4f} train reward_accuracy {out['reward_accuracy']:.2f} "
+            f"margin {out['reward_margin']:.3f}"
+        )
         if step % args.eval_every == 0 or step == args.steps:
             curve.append((step, evaluate(model, held_out)))
             tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
-            line += (f"  held-out preference {curve[-1][1]['preference_accuracy']:.3f} "
-                     f"reward {curve[-1][1]['reward_accuracy']:.3f}")
+            line += (
+                f"  held-out preference {curve[-1][1]['preference_accuracy']:.3f} "
+                f"reward {curve[-1][1]['reward_accuracy']:.3f}"
+            )
         print(line, flush=True)
 
     tracker.close()
@@ -158,19 +170,33 @@ def main(argv=None) -> dict:
     print("held-out preference accuracy: " + "  ".join(f"{s}:{m['preference_accuracy']:.3f}" for s, m in curve))
     print("held-out reward accuracy:     " + "  ".join(f"{s}:{m['reward_accuracy']:.3f}" for s, m in curve))
     print("held-out policy margin:       " + "  ".join(f"{s}:{m['policy_margin']:.3f}" for s, m in curve))
-    plot = save_curves(args.plot, {
-        "held-out preference accuracy": ([s for s, _ in curve], [m["preference_accuracy"] for _, m in curve]),
-        "held-out implicit-reward accuracy": ([s for s, _ in curve], [m["reward_accuracy"] for _, m in curve]),
-        "train reward accuracy": (list(range(1, len(history) + 1)), [h["reward_accuracy"] for h in history]),
-    }, title="DPO (LoRA; reference = adapter disabled)", ylabel="accuracy")
+    plot = save_curves(
+        args.plot,
+        {
+            "held-out preference accuracy": ([s for s, _ in curve], [m["preference_accuracy"] for _, m in curve]),
+            "held-out implicit-reward accuracy": ([s for s, _ in curve], [m["reward_accuracy"] for _, m in curve]),
+            "train reward accuracy": (list(range(1, len(history) + 1)), [h["reward_accuracy"] for h in history]),
+        },
+        title="DPO (LoRA; reference = adapter disabled)",
+        ylabel="accuracy",
+    )
     print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
-    summary = {"example": "dpo", "steps": args.steps, "pairs_per_step": args.batch_pairs, "held_out_pairs": len(held_out),
-               "preference_accuracy_start": curve[0][1]["preference_accuracy"],
-               "preference_accuracy_end": curve[-1][1]["preference_accuracy"],
-               "reward_accuracy_start": curve[0][1]["reward_accuracy"],
-               "policy_margin_start": curve[0][1]["policy_margin"], "policy_margin_end": curve[-1][1]["policy_margin"],
-               "reward_accuracy_end": curve[-1][1]["reward_accuracy"], "rejected": args.rejected, "lr": args.lr,
-               "beta": args.beta, "minutes": round(minutes, 2)}
+    summary = {
+        "example": "dpo",
+        "steps": args.steps,
+        "pairs_per_step": args.batch_pairs,
+        "held_out_pairs": len(held_out),
+        "preference_accuracy_start": curve[0][1]["preference_accuracy"],
+        "preference_accuracy_end": curve[-1][1]["preference_accuracy"],
+        "reward_accuracy_start": curve[0][1]["reward_accuracy"],
+        "policy_margin_start": curve[0][1]["policy_margin"],
+        "policy_margin_end": curve[-1][1]["policy_margin"],
+        "reward_accuracy_end": curve[-1][1]["reward_accuracy"],
+        "rejected": args.rejected,
+        "lr": args.lr,
+        "beta": args.beta,
+        "minutes": round(minutes, 2),
+    }
     print(json.dumps(summary))
     return summary
 

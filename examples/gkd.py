@@ -60,8 +60,14 @@ def teacher_topk(teacher, rows: list[dict], k: int) -> list[dict]:
         # logits at t-1 predict token t; position 0 has no prediction (its label is -100 anyway)
         top_ids = torch.cat([torch.zeros(1, k, dtype=torch.long), top.indices[i, : n - 1]])
         top_lps = torch.cat([torch.zeros(1, k), top.values[i, : n - 1]])
-        out.append({"input_ids": r["input_ids"], "labels": r["labels"],
-                    "teacher_topk_ids": top_ids.tolist(), "teacher_topk_logprobs": top_lps.tolist()})
+        out.append(
+            {
+                "input_ids": r["input_ids"],
+                "labels": r["labels"],
+                "teacher_topk_ids": top_ids.tolist(),
+                "teacher_topk_logprobs": top_lps.tolist(),
+            }
+        )
     return out
 
 
@@ -78,8 +84,12 @@ def main(argv=None) -> dict:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=2)
     p.add_argument("--top-k", type=int, default=16)
-    p.add_argument("--on-policy", type=float, default=0.5,
-                   help="GKD's lambda: the share of each step's prompts answered by the student; the rest by the teacher")
+    p.add_argument(
+        "--on-policy",
+        type=float,
+        default=0.5,
+        help="GKD's lambda: the share of each step's prompts answered by the student; the rest by the teacher",
+    )
     p.add_argument("--beta", type=float, default=0.5, help="GKD's JSD mix (0: forward KL, 1: reverse KL)")
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--eval-prompts", type=int, default=100)
@@ -121,12 +131,16 @@ def main(argv=None) -> dict:
         own_rows = teacher_topk(teacher, own.training_rows([0.0] * len(own)), args.top_k)
         agree = sum(a == b for a, b in zip(own.texts, teacher_answers.texts)) / len(held_out)
         reward = ArithmeticAccuracy()(own.texts, own.reward_rows())
-        return {"loss_on_teacher_answers": model.forward_only(inputs=teacher_rows, adapter_name=ADAPTER)["loss"],
-                "loss_on_own_answers": model.forward_only(inputs=own_rows, adapter_name=ADAPTER)["loss"],
-                "agreement": agree, "accuracy": sum(reward.values) / len(reward)}
+        return {
+            "loss_on_teacher_answers": model.forward_only(inputs=teacher_rows, adapter_name=ADAPTER)["loss"],
+            "loss_on_own_answers": model.forward_only(inputs=own_rows, adapter_name=ADAPTER)["loss"],
+            "agreement": agree,
+            "accuracy": sum(reward.values) / len(reward),
+        }
 
-    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
-                            run_name=time.strftime("gkd-%Y%m%d-%H%M%S"))
+    tracker = open_trackers(
+        args.report_to, logging_dir=args.logging_dir, config=vars(args), run_name=time.strftime("gkd-%Y%m%d-%H%M%S")
+    )
     curve = [(0, evaluate())]
     print(f"teacher held-out accuracy {teacher_acc:.3f}; student step 0: {_fmt(curve[0][1])}")
     params = SamplingParams(max_tokens=6, temperature=1.0, num_samples=args.group)
@@ -160,19 +174,34 @@ def main(argv=None) -> dict:
     for key in ("loss_on_teacher_answers", "loss_on_own_answers", "agreement", "accuracy"):
         print(f"held-out {key}: " + "  ".join(f"{s}:{m[key]:.3f}" for s, m in curve))
     print(f"teacher held-out accuracy {teacher_acc:.3f}")
-    plot = save_curves(args.plot, {
-        "held-out GKD loss, teacher's answers": (steps, [m["loss_on_teacher_answers"] for _, m in curve]),
-        "held-out GKD loss, student's answers": (steps, [m["loss_on_own_answers"] for _, m in curve]),
-        "held-out agreement with teacher": (steps, [m["agreement"] for _, m in curve]),
-    }, title="On-policy distillation (GKD)", ylabel="JSD to teacher / agreement")
+    plot = save_curves(
+        args.plot,
+        {
+            "held-out GKD loss, teacher's answers": (steps, [m["loss_on_teacher_answers"] for _, m in curve]),
+            "held-out GKD loss, student's answers": (steps, [m["loss_on_own_answers"] for _, m in curve]),
+            "held-out agreement with teacher": (steps, [m["agreement"] for _, m in curve]),
+        },
+        title="On-policy distillation (GKD)",
+        ylabel="JSD to teacher / agreement",
+    )
     print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
-    summary = {"example": "gkd", "steps": args.steps, "prompts_per_step": args.prompts, "group": args.group,
-               "held_out_prompts": len(held_out), "teacher_accuracy": teacher_acc,
-               "loss_start": curve[0][1]["loss_on_teacher_answers"], "loss_end": curve[-1][1]["loss_on_teacher_answers"],
-               "own_loss_start": curve[0][1]["loss_on_own_answers"], "own_loss_end": curve[-1][1]["loss_on_own_answers"],
-               "agreement_start": curve[0][1]["agreement"], "agreement_end": curve[-1][1]["agreement"],
-               "student_accuracy_start": curve[0][1]["accuracy"], "student_accuracy_end": curve[-1][1]["accuracy"],
-               "minutes": round((time.perf_counter() - t_start) / 60, 2)}
+    summary = {
+        "example": "gkd",
+        "steps": args.steps,
+        "prompts_per_step": args.prompts,
+        "group": args.group,
+        "held_out_prompts": len(held_out),
+        "teacher_accuracy": teacher_acc,
+        "loss_start": curve[0][1]["loss_on_teacher_answers"],
+        "loss_end": curve[-1][1]["loss_on_teacher_answers"],
+        "own_loss_start": curve[0][1]["loss_on_own_answers"],
+        "own_loss_end": curve[-1][1]["loss_on_own_answers"],
+        "agreement_start": curve[0][1]["agreement"],
+        "agreement_end": curve[-1][1]["agreement"],
+        "student_accuracy_start": curve[0][1]["accuracy"],
+        "student_accuracy_end": curve[-1][1]["accuracy"],
+        "minutes": round((time.perf_counter() - t_start) / 60, 2),
+    }
     print(json.dumps(summary))
     return summary
 

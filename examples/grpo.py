@@ -74,8 +74,10 @@ def main(argv=None) -> dict:
     print(f"base: {base} ({time.perf_counter() - t_start:.0f}s)")
 
     model = TransformersModel(model_id=base)
-    model.add_adapter_to_model(ADAPTER, LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank,
-                                                   target_modules="all-linear", lora_dropout=0.0))
+    model.add_adapter_to_model(
+        ADAPTER,
+        LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0),
+    )
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
     model.set_loss("GRPOLoss", adapter_name=ADAPTER, beta=args.beta)
 
@@ -86,12 +88,17 @@ def main(argv=None) -> dict:
     version = engine.sync(model, sampler, ADAPTER)
 
     # Exact hits are rare at the start; closeness (exp(-|error|/5)) gives every group a gradient.
-    reward = WeightedReward({"accuracy": (ArithmeticAccuracy(), 1.0),
-                             "closeness": (NumericCloseness(scale=5.0), 0.5),
-                             "format": (FormatReward(r"-?\d+(<\|im_end\|>)?", match="full"), 0.1)})
+    reward = WeightedReward(
+        {
+            "accuracy": (ArithmeticAccuracy(), 1.0),
+            "closeness": (NumericCloseness(scale=5.0), 0.5),
+            "format": (FormatReward(r"-?\d+(<\|im_end\|>)?", match="full"), 0.1),
+        }
+    )
     advantage = GRPOAdvantage(scale_by="group")
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, num_samples=args.group,
-                            logprobs=True)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, num_samples=args.group, logprobs=True
+    )
 
     train_prompts = arithmetic_prompts("train")
     held_out = arithmetic_prompts("test", limit=args.eval_prompts)
@@ -105,10 +112,15 @@ def main(argv=None) -> dict:
 
     def evaluate():
         m = greedy_scores(sampler, held_out, reward, ADAPTER, max_tokens=args.max_tokens)
-        return {"reward": m["reward/mean"], "accuracy": m["reward/accuracy/mean"], "closeness": m["reward/closeness/mean"]}
+        return {
+            "reward": m["reward/mean"],
+            "accuracy": m["reward/accuracy/mean"],
+            "closeness": m["reward/closeness/mean"],
+        }
 
-    tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, config=vars(args),
-                            run_name=time.strftime("grpo-%Y%m%d-%H%M%S"))
+    tracker = open_trackers(
+        args.report_to, logging_dir=args.logging_dir, config=vars(args), run_name=time.strftime("grpo-%Y%m%d-%H%M%S")
+    )
     curve = [(0, evaluate())]
     print(f"step 0: held-out {curve[0][1]}")
     timer = PhaseTimer()
@@ -140,11 +152,17 @@ def main(argv=None) -> dict:
             with timer.phase("sync"):
                 version = engine.sync(model, sampler, ADAPTER)
 
-        metrics = {"step": step, **reward_metrics(rewards), "loss": stats.get("loss"),
-                   "clip_fraction": stats.get("clip_fraction"), "kl": stats.get("kl"),
-                   "grad_norm": step_out.get("grad_norm"),
-                   "entropy": sampled_entropy([s.logprobs for s in rollout.sequences]),
-                   "staleness": rollout.meta.get("staleness", 0), **timer.step_metrics()}
+        metrics = {
+            "step": step,
+            **reward_metrics(rewards),
+            "loss": stats.get("loss"),
+            "clip_fraction": stats.get("clip_fraction"),
+            "kl": stats.get("kl"),
+            "grad_norm": step_out.get("grad_norm"),
+            "entropy": sampled_entropy([s.logprobs for s in rollout.sequences]),
+            "staleness": rollout.meta.get("staleness", 0),
+            **timer.step_metrics(),
+        }
         if args.is_stats and rows:
             now = model.forward_only(inputs=rows, adapter_name=ADAPTER)["logprobs"]
             mask = [[float(label != -100) for label in r["labels"]] for r in rows]
@@ -160,14 +178,20 @@ def main(argv=None) -> dict:
             tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
             if rollouts:
                 rollouts.start(next_prompts())
-        acc = (f"  held-out reward {curve[-1][1]['reward']:.3f} acc {curve[-1][1]['accuracy']:.3f}"
-               if curve[-1][0] == step else "")
-        print(f"step {step}: reward {metrics['reward/mean']:.3f} (acc {metrics['reward/accuracy/mean']:.3f}, "
-              f"close {metrics['reward/closeness/mean']:.3f} fmt {metrics['reward/format/mean']:.2f}) loss {metrics['loss'] or 0:.4f} kl {metrics['kl'] or 0:.4f} "
-              f"clip {metrics['clip_fraction'] or 0:.3f} H {metrics['entropy']:.2f} "
-              f"[{metrics['time/step']:.1f}s: " + " ".join(f"{k} {metrics.get('share/' + k, 0):.0%}"
-                                                         for k in ("sample", "score", "train", "sync")) + f"]{acc}",
-              flush=True)
+        acc = (
+            f"  held-out reward {curve[-1][1]['reward']:.3f} acc {curve[-1][1]['accuracy']:.3f}"
+            if curve[-1][0] == step
+            else ""
+        )
+        print(
+            f"step {step}: reward {metrics['reward/mean']:.3f} (acc {metrics['reward/accuracy/mean']:.3f}, "
+            f"close {metrics['reward/closeness/mean']:.3f} fmt {metrics['reward/format/mean']:.2f}) loss {metrics['loss'] or 0:.4f} kl {metrics['kl'] or 0:.4f} "
+            f"clip {metrics['clip_fraction'] or 0:.3f} H {metrics['entropy']:.2f} "
+            f"[{metrics['time/step']:.1f}s: "
+            + " ".join(f"{k} {metrics.get('share/' + k, 0):.0%}" for k in ("sample", "score", "train", "sync"))
+            + f"]{acc}",
+            flush=True,
+        )
     if rollouts:
         rollouts.close()
     tracker.close()
@@ -176,23 +200,37 @@ def main(argv=None) -> dict:
     print("held-out reward curve:   " + "  ".join(f"{s}:{m['reward']:.3f}" for s, m in curve))
     print("held-out accuracy curve: " + "  ".join(f"{s}:{m['accuracy']:.3f}" for s, m in curve))
     window = max(1, args.steps // 8)
-    train_curve = [(history[i]["step"], sum(h["reward/mean"] for h in history[i:i + window]) / len(history[i:i + window]))
-                   for i in range(0, len(history), window)]
+    train_curve = [
+        (history[i]["step"], sum(h["reward/mean"] for h in history[i : i + window]) / len(history[i : i + window]))
+        for i in range(0, len(history), window)
+    ]
     print("train reward curve:      " + "  ".join(f"{s}:{r:.3f}" for s, r in train_curve))
-    plot = save_curves(args.plot, {"held-out reward (greedy)": ([s for s, _ in curve], [m["reward"] for _, m in curve]),
-                                   "held-out accuracy (greedy)": ([s for s, _ in curve], [m["accuracy"] for _, m in curve]),
-                                   "train reward (sampled)": ([h["step"] for h in history],
-                                                              [h["reward/mean"] for h in history])},
-                       title=f"GRPO on arithmetic ({'overlapped' if args.overlap else 'synchronous'})",
-                       ylabel="accuracy / reward")
+    plot = save_curves(
+        args.plot,
+        {
+            "held-out reward (greedy)": ([s for s, _ in curve], [m["reward"] for _, m in curve]),
+            "held-out accuracy (greedy)": ([s for s, _ in curve], [m["accuracy"] for _, m in curve]),
+            "train reward (sampled)": ([h["step"] for h in history], [h["reward/mean"] for h in history]),
+        },
+        title=f"GRPO on arithmetic ({'overlapped' if args.overlap else 'synchronous'})",
+        ylabel="accuracy / reward",
+    )
     print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
-    summary = {"example": "grpo", "overlap": args.overlap, "steps": args.steps,
-               "samples_per_step": args.prompts * args.group, "held_out_prompts": len(held_out),
-               "reward_start": curve[0][1]["reward"], "reward_end": curve[-1][1]["reward"],
-               "accuracy_start": curve[0][1]["accuracy"], "accuracy_end": curve[-1][1]["accuracy"],
-               "closeness_start": curve[0][1]["closeness"], "closeness_end": curve[-1][1]["closeness"],
-               "minutes": round(minutes, 2),
-               "rl_steps_per_s": timer.summary()["steps_per_s"]}
+    summary = {
+        "example": "grpo",
+        "overlap": args.overlap,
+        "steps": args.steps,
+        "samples_per_step": args.prompts * args.group,
+        "held_out_prompts": len(held_out),
+        "reward_start": curve[0][1]["reward"],
+        "reward_end": curve[-1][1]["reward"],
+        "accuracy_start": curve[0][1]["accuracy"],
+        "accuracy_end": curve[-1][1]["accuracy"],
+        "closeness_start": curve[0][1]["closeness"],
+        "closeness_end": curve[-1][1]["closeness"],
+        "minutes": round(minutes, 2),
+        "rl_steps_per_s": timer.summary()["steps_per_s"],
+    }
     print(json.dumps(summary))
     return summary
 

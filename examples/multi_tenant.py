@@ -36,8 +36,10 @@ def bundled(name: str) -> list[dict]:
 def datum(tokens, weights):
     from tinker import types
 
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": weights[1:]},
+    )
 
 
 def tenant_a(client, model, steps):
@@ -50,8 +52,9 @@ def tenant_a(client, model, steps):
     data = []
     for row in rows:
         answer = row["response"].replace("{{NAME}}", "Twinkle").replace("{{AUTHOR}}", "ModelScope")
-        prompt = tok.apply_chat_template([{"role": "user", "content": row["query"]}], tokenize=False,
-                                         add_generation_prompt=True)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": row["query"]}], tokenize=False, add_generation_prompt=True
+        )
         p_ids = tok.encode(prompt, add_special_tokens=False)
         a_ids = tok.encode(answer + "<|im_end|>", add_special_tokens=False)
         data.append(datum(p_ids + a_ids, [0.0] * len(p_ids) + [1.0] * len(a_ids)))
@@ -94,15 +97,24 @@ def tenant_c(client, model, steps, group=8):
     tc = client.create_lora_training_client(base_model=model, rank=16, seed=3).result()
     tok = tc.get_tokenizer()
     questions = [r["question"] for r in bundled("arithmetic")[:4]]
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                                  add_generation_prompt=True), add_special_tokens=False)
-               for q in questions]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
+        for q in questions
+    ]
     rewards_per_iter = []
     for it in range(steps):
         sampler = tc.save_weights_and_get_sampling_client().result()
-        futures = [sampler.sample(types.ModelInput.from_ints(p), num_samples=group,
-                                  sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=100 * it + i))
-                   for i, p in enumerate(prompts)]
+        futures = [
+            sampler.sample(
+                types.ModelInput.from_ints(p),
+                num_samples=group,
+                sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=100 * it + i),
+            )
+            for i, p in enumerate(prompts)
+        ]
         data, rewards = [], []
         for prompt, fut in zip(prompts, futures):
             seqs = fut.result().sequences
@@ -112,10 +124,16 @@ def tenant_c(client, model, steps, group=8):
             for s, reward in zip(seqs, r):
                 n = len(prompt) - 1
                 tokens = prompt + s.tokens
-                data.append(types.Datum(
-                    model_input=types.ModelInput.from_ints(tokens[:-1]),
-                    loss_fn_inputs={"target_tokens": tokens[1:], "logprobs": [0.0] * n + list(s.logprobs),
-                                    "advantages": [0.0] * n + [reward - mean] * len(s.tokens)}))
+                data.append(
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints(tokens[:-1]),
+                        loss_fn_inputs={
+                            "target_tokens": tokens[1:],
+                            "logprobs": [0.0] * n + list(s.logprobs),
+                            "advantages": [0.0] * n + [reward - mean] * len(s.tokens),
+                        },
+                    )
+                )
         tc.forward_backward(data, "importance_sampling")
         tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
         rewards_per_iter.append(sum(rewards) / len(rewards))
@@ -137,7 +155,7 @@ def tenant_d(client, model, steps):
     local = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     sampler = client.create_sampling_client(base_model=model).result()
     worst = 0.0
-    for row in bundled("arithmetic")[:max(2, steps)]:
+    for row in bundled("arithmetic")[: max(2, steps)]:
         ids = tok.encode(f"{row['question']} {row['answer']}", add_special_tokens=False)
         remote = sampler.compute_logprobs(types.ModelInput.from_ints(ids)).result()
         with torch.no_grad():
@@ -165,9 +183,14 @@ def main() -> int:
     if args.base_url is None:
         import twinkle
 
-        server = twinkle.initialize(mode="http", port=0, data_dir=tempfile.mkdtemp(prefix="twinkle-mt-"),
-                                    config={"models": [{"name": args.model}]}, block=False,
-                                    log_level="warning").wait_ready()
+        server = twinkle.initialize(
+            mode="http",
+            port=0,
+            data_dir=tempfile.mkdtemp(prefix="twinkle-mt-"),
+            config={"models": [{"name": args.model}]},
+            block=False,
+            log_level="warning",
+        ).wait_ready()
         url, keys = server.url, {t: server.create_key(f"tenant-{t}") for t in TENANTS}
     else:
         url, keys = args.base_url, {t: os.environ[f"TWINKLE_KEY_{t}"] for t in TENANTS}

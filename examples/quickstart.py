@@ -60,8 +60,10 @@ def main() -> None:
     model = TransformersModel(model_id=args.model)
     model.add_adapter_to_model(ADAPTER, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     model.set_optimizer(optimizer_cls="AdamW", lr=args.lr)
-    print(f"model {args.model}: {sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M params, "
-          f"{len(dataset)} training rows, ready in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"model {args.model}: {sum(p.numel() for p in model.hf_model.parameters()) / 1e6:.1f}M params, "
+        f"{len(dataset)} training rows, ready in {time.perf_counter() - t0:.1f}s"
+    )
 
     tracker = open_trackers(args.report_to, logging_dir=args.logging_dir, run_name="quickstart", config=vars(args))
     losses: list[float] = []
@@ -80,8 +82,12 @@ def main() -> None:
     tracker.log(metrics, step=args.steps)  # the run's totals: tokens/s, MFU, accuracy, grad norm
     tracker.close()
     window = max(1, args.steps // 10)
-    print("loss curve:", " ".join(f"{sum(losses[i:i + window]) / len(losses[i:i + window]):.2f}"
-                                  for i in range(0, len(losses), window)))
+    print(
+        "loss curve:",
+        " ".join(
+            f"{sum(losses[i : i + window]) / len(losses[i : i + window]):.2f}" for i in range(0, len(losses), window)
+        ),
+    )
     print(f"tokens/s {metrics.get('tokens_per_s', 0):.0f}, MFU {metrics.get('mfu', 0):.3f}")
 
     sampler = TorchSampler(args.model, template=Template(model_id=args.model))

@@ -24,31 +24,35 @@ OUTPUT = os.environ.get("TWINKLE_SFT_OUTPUT", "last-checkpoint")
 
 groups = [DeviceGroup(name="default", ranks=1, device_type="cpu")]
 mesh = DeviceMesh.from_sizes(dp_size=int(os.environ.get("WORLD_SIZE", "1")))
-twinkle.initialize(mode="local", global_device_mesh=mesh)   # or mode='ray', groups=groups
+twinkle.initialize(mode="local", global_device_mesh=mesh)  # or mode='ray', groups=groups
 
 
 def train():
     # a slice of the bundled self-cognition dataset: 'data_slice' picks rows
     dataset = Dataset(dataset_meta=DatasetMeta("twinkle://self-cognition", data_slice=range(200)))
     dataset.set_template("Template", model_id=BASE, max_length=256)
-    dataset.map(SelfCognitionProcessor("Glimmer", "Lantern Labs"))   # fills the name/author placeholders
+    dataset.map(SelfCognitionProcessor("Glimmer", "Lantern Labs"))  # fills the name/author placeholders
     dataset.encode()
 
     dataloader = DataLoader(dataset=dataset, batch_size=8, min_batch_size=8)
-    model = TransformersModel(model_id=BASE)           # remote_group='default' in ray mode
+    model = TransformersModel(model_id=BASE)  # remote_group='default' in ray mode
 
-    model.add_adapter_to_model("default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"),
-                               gradient_accumulation_steps=2)
+    model.add_adapter_to_model(
+        "default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"), gradient_accumulation_steps=2
+    )
     model.set_optimizer(optimizer_cls="AdamW", lr=1e-4)
-    model.set_lr_scheduler(scheduler_cls="CosineWarmupScheduler", num_warmup_steps=5,
-                           num_training_steps=num_training_steps(len(dataloader), gradient_accumulation_steps=2))
+    model.set_lr_scheduler(
+        scheduler_cls="CosineWarmupScheduler",
+        num_warmup_steps=5,
+        num_training_steps=num_training_steps(len(dataloader), gradient_accumulation_steps=2),
+    )
 
     for step, batch in enumerate(dataloader):
         model.forward_backward(inputs=batch)
-        model.clip_grad_and_step()                     # steps only on accumulation boundaries
+        model.clip_grad_and_step()  # steps only on accumulation boundaries
         if step % 20 == 0:
             print(step, model.calculate_metric(is_training=True))
-    model.save(OUTPUT)                                 # a PEFT folder for a LoRA
+    model.save(OUTPUT)  # a PEFT folder for a LoRA
 
 
 if __name__ == "__main__":

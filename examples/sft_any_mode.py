@@ -67,18 +67,20 @@ def train():
     dataloader = DataLoader(dataset=dataset, batch_size=8, min_batch_size=8, seed=0)
     model = TransformersModel(model_id=BASE, remote_group="default")
 
-    model.add_adapter_to_model("default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"),
-                               gradient_accumulation_steps=2)
+    model.add_adapter_to_model(
+        "default", LoraConfig(r=8, lora_alpha=32, target_modules="all-linear"), gradient_accumulation_steps=2
+    )
     model.set_optimizer(optimizer_cls="AdamW", lr=LR)
-    model.set_lr_scheduler(scheduler_cls="CosineWarmupScheduler", num_warmup_steps=2,
-                           num_training_steps=STEPS or len(dataloader))
+    model.set_lr_scheduler(
+        scheduler_cls="CosineWarmupScheduler", num_warmup_steps=2, num_training_steps=STEPS or len(dataloader)
+    )
 
     losses = []
     for step, batch in enumerate(dataloader):
         if STEPS is not None and step >= STEPS:
             break
         losses.append(model.forward_backward(inputs=batch))  # a dict, or (http) a future of one
-        model.clip_grad_and_step()                           # steps only on accumulation boundaries
+        model.clip_grad_and_step()  # steps only on accumulation boundaries
         if step % 4 == 0:
             print(step, model.calculate_metric(is_training=True))
     losses = [float(out["loss"]) for out in losses]

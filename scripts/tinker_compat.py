@@ -31,8 +31,10 @@ BEGIN, END = "<!-- tinker-compat:begin -->", "<!-- tinker-compat:end -->"
 CLASSES = ("ServiceClient", "TrainingClient", "SamplingClient", "RestClient")
 PROMPT = [5, 12, 19, 26, 33, 40]
 
-_JWT = ("the SDK asks for the hosted service's JWT sign-in, which this server reports as disabled: it "
-        "authenticates `tml-` API keys (`auth/apikey/me` answers who a key is)")
+_JWT = (
+    "the SDK asks for the hosted service's JWT sign-in, which this server reports as disabled: it "
+    "authenticates `tml-` API keys (`auth/apikey/me` answers who a key is)"
+)
 NOT_APPLICABLE = {
     "ServiceClient.get_telemetry": "client-side: the SDK's own telemetry object",
     "TrainingClient.get_telemetry": "client-side: the SDK's own telemetry object",
@@ -44,9 +46,9 @@ NOT_APPLICABLE = {
     "cli: auth whoami": _JWT,
     "SamplingClient.on_queue_state_change": "a hook the SDK calls on itself when the server reports queue state",
     "SamplingClient.create": "internal constructor (takes the SDK's client holder); "
-                             "ServiceClient.create_sampling_client is the public way",
+    "ServiceClient.create_sampling_client is the public way",
     "cli: checkpoint push-hf": "uploads to huggingface.co, which needs a network; tests/test_serve_tinker_cli.py "
-                               "drives it up to the upload against a local stand-in of the Hub",
+    "drives it up to the upload against a local stand-in of the Hub",
 }
 
 
@@ -71,8 +73,10 @@ class Context:
         self.rest = self.service.create_rest_client()
         self.tc = self.service.create_lora_training_client(base_model=base_model, rank=4, seed=0).result()
         seq = PROMPT + [47, 54]
-        self.datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                                 loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)})
+        self.datum = types.Datum(
+            model_input=types.ModelInput.from_ints(seq[:-1]),
+            loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+        )
         self.tc.forward_backward([self.datum], "cross_entropy").result()
         self.tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
         self.state_path = self.tc.save_state("state").result().path
@@ -120,7 +124,8 @@ CALLS = {
     "TrainingClient.forward": lambda c, f: f([c.datum], "cross_entropy"),
     "TrainingClient.forward_backward": lambda c, f: f([c.datum], "cross_entropy"),
     "TrainingClient.forward_backward_custom": lambda c, f: f(
-        [c.datum], lambda data, lps: (sum(-lp.sum() for lp in lps), {})),
+        [c.datum], lambda data, lps: (sum(-lp.sum() for lp in lps), {})
+    ),
     "TrainingClient.optim_step": lambda c, f: f(c.types.AdamParams(learning_rate=1e-4)),
     "TrainingClient.save_state": lambda c, f: f("state-2", overwrite=True),
     "TrainingClient.load_state": lambda c, f: f(c.state_path),
@@ -129,14 +134,16 @@ CALLS = {
     "TrainingClient.save_weights_and_get_sampling_client": lambda c, f: f(),
     "TrainingClient.save_weights_external": lambda c, f: f("external-2"),
     "TrainingClient.create_sampling_client": lambda c, f: f(c.sampler_path),
-    "SamplingClient.sample": lambda c, f: f(c.types.ModelInput.from_ints(PROMPT), 2,
-                                            c.types.SamplingParams(max_tokens=4, seed=1)),
+    "SamplingClient.sample": lambda c, f: f(
+        c.types.ModelInput.from_ints(PROMPT), 2, c.types.SamplingParams(max_tokens=4, seed=1)
+    ),
     "SamplingClient.compute_logprobs": lambda c, f: f(c.types.ModelInput.from_ints(PROMPT)),
     "SamplingClient.get_base_model": lambda c, f: f(),
     "SamplingClient.get_tokenizer": lambda c, f: f(),
     "SamplingClient.get_sampler_handle": lambda c, f: f(),
     "SamplingClient.from_sampler_handle": lambda c, f: f(c.sc.get_sampler_handle(), api_key=c.key).sample(
-        c.types.ModelInput.from_ints(PROMPT), 1, c.types.SamplingParams(max_tokens=2)),
+        c.types.ModelInput.from_ints(PROMPT), 1, c.types.SamplingParams(max_tokens=2)
+    ),
     "RestClient.whoami": lambda c, f: f(),
     "RestClient.get_server_capabilities": lambda c, f: f(),
     "RestClient.get_training_run": lambda c, f: f(c.tc.model_id),
@@ -166,17 +173,23 @@ CALLS = {
 TARGETS = {"ServiceClient": "service", "TrainingClient": "tc", "SamplingClient": "sc", "RestClient": "rest"}
 
 CLI = {  # subcommand -> arguments (ctx -> list)
-    "auth login": lambda c: [], "auth status": lambda c: [], "auth whoami": lambda c: [],
+    "auth login": lambda c: [],
+    "auth status": lambda c: [],
+    "auth whoami": lambda c: [],
     "auth logout": lambda c: [],
     "billing checkpoint-storage": lambda c: [],
     "billing usage": lambda c: [_now(-24).date().isoformat(), _now(24).date().isoformat()],
-    "checkpoint list": lambda c: [], "checkpoint info": lambda c: [c.state_path],
+    "checkpoint list": lambda c: [],
+    "checkpoint info": lambda c: [c.state_path],
     "checkpoint download": lambda c: [c.state_path, "--output", tempfile.mkdtemp()],
-    "checkpoint publish": lambda c: [c.sampler_path], "checkpoint unpublish": lambda c: [c.sampler_path],
+    "checkpoint publish": lambda c: [c.sampler_path],
+    "checkpoint unpublish": lambda c: [c.sampler_path],
     "checkpoint set-ttl": lambda c: [c.fresh_checkpoint(), "--ttl", "3600"],
     "checkpoint delete": lambda c: [c.fresh_checkpoint(), "--yes"],
     "checkpoint push-hf": None,
-    "model list": lambda c: [], "run list": lambda c: [], "run info": lambda c: [c.tc.model_id],
+    "model list": lambda c: [],
+    "run list": lambda c: [],
+    "run info": lambda c: [c.tc.model_id],
     "session export-trace": lambda c: [c.session_id, "--url-only"],
     "version": lambda c: [],
 }
@@ -271,8 +284,11 @@ def call_cli(c: Context, command: str, home: str) -> Row:
         result = CliRunner().invoke(main_cli, [*command.split(), *CLI[command](c)], input=c.key + "\n", env=env)
     if result.exit_code == 0:
         return Row(name, "works")
-    error = getattr(result, "stderr", "") if result.exception is None or isinstance(result.exception, SystemExit) \
+    error = (
+        getattr(result, "stderr", "")
+        if result.exception is None or isinstance(result.exception, SystemExit)
         else _reason(result.exception)
+    )
     lines = [line for line in (error or result.output).strip().splitlines() if line.strip()]
     return Row(name, "refused", (lines[-1] if lines else f"exit {result.exit_code}")[:200])
 
@@ -300,9 +316,14 @@ def survey(url: str, key: str, base_model: str, only: set[str] | None = None) ->
 
 def table(rows: list[Row], version: str) -> str:
     counts = {s: sum(r.status == s for r in rows) for s in ("works", "refused", "not applicable", "fails")}
-    lines = [f"Generated by `scripts/tinker_compat.py` against `tinker=={version}`: "
-             + ", ".join(f"{n} {s}" for s, n in counts.items() if n) + ".", "",
-             "| SDK surface | status | note |", "|---|---|---|"]
+    lines = [
+        f"Generated by `scripts/tinker_compat.py` against `tinker=={version}`: "
+        + ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        + ".",
+        "",
+        "| SDK surface | status | note |",
+        "|---|---|---|",
+    ]
     lines += [f"| `{r.name}` | {r.status} | {r.note.replace('|', '/')} |" for r in rows]
     return "\n".join(lines)
 
@@ -334,8 +355,14 @@ def main() -> int:
     p.add_argument("--print", action="store_true", help="print the table, leave README.md alone")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
-        server = initialize(mode="http", port=0, data_dir=data_dir, config={"models": [{"name": TEST_MODEL}]},
-                            block=False, log_level="error").wait_ready()
+        server = initialize(
+            mode="http",
+            port=0,
+            data_dir=data_dir,
+            config={"models": [{"name": TEST_MODEL}]},
+            block=False,
+            log_level="error",
+        ).wait_ready()
         try:
             rows = survey(server.url, server.create_key("compat"), TEST_MODEL)
         finally:

@@ -12,8 +12,9 @@ MATRIX: dict[str, dict] = {}
 
 
 def local_mode(make, init_folder, tmp_path):
-    return sequence.Mode(make=make, init_path=init_folder, checkpoint=str(tmp_path / "ckpt"),
-                         sample=sequence.sample_locally)
+    return sequence.Mode(
+        make=make, init_path=init_folder, checkpoint=str(tmp_path / "ckpt"), sample=sequence.sample_locally
+    )
 
 
 def _max_diff(got, want) -> float:
@@ -38,7 +39,9 @@ def compare(pair: str, record: dict, reference: dict, skip=()) -> None:
     MATRIX[pair] = row
     worst = {c: v for c, v in row.items() if c != "samples" and v is not None and v > TOLERANCE}
     assert not worst, f"{pair} differs from the reference beyond {TOLERANCE}: {worst}"
-    assert row["samples"] in (True, None), f"{pair}: greedy samples differ: {record['samples']} vs {reference['samples']}"
+    assert row["samples"] in (True, None), (
+        f"{pair}: greedy samples differ: {record['samples']} vs {reference['samples']}"
+    )
 
 
 def refuse(pair: str, message: str) -> None:
@@ -47,9 +50,13 @@ def refuse(pair: str, message: str) -> None:
 
 def markdown() -> str:
     head = ["engine · mode", *COLUMNS, "samples"]
-    lines = [f"Max |difference| from local TransformersModel (fp32, twinkle://qwen3-tiny, tolerance {TOLERANCE:g}; "
-             "samples: identical greedy tokens; — : not exposed by that API).", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        f"Max |difference| from local TransformersModel (fp32, twinkle://qwen3-tiny, tolerance {TOLERANCE:g}; "
+        "samples: identical greedy tokens; — : not exposed by that API).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for pair, row in MATRIX.items():
         if "refused" in row:
             lines.append(f"| {pair} | refused: {row['refused']} |" + " |" * (len(head) - 2))

@@ -48,7 +48,7 @@ def make_rows(n: int, seed: int) -> list[dict]:
 
 def micro_batches() -> list[list[dict]]:
     rows = make_rows(MICRO_BATCHES * GLOBAL_ROWS, seed=7)
-    return [rows[i:i + GLOBAL_ROWS] for i in range(0, len(rows), GLOBAL_ROWS)]
+    return [rows[i : i + GLOBAL_ROWS] for i in range(0, len(rows), GLOBAL_ROWS)]
 
 
 PROBE = make_rows(3, seed=11)
@@ -71,13 +71,13 @@ def lr_factor(step: int, total: int) -> float:
 
 @dataclass
 class Mode:
-    make: Callable[[], object]                     # a fresh engine
+    make: Callable[[], object]  # a fresh engine
     shard: Callable[[list], list] = lambda rows: rows
     gather: Callable[[list], list] = lambda rows: rows
-    init_path: str | None = None                   # a LoRA folder holding the shared initial weights
-    checkpoint: str = "ckpt"                       # where save writes (a folder, or a server-side name)
-    to_folder: Callable[[str], str] = lambda path: path   # a saved checkpoint as a local PEFT folder
-    sample: Callable[[object, str], list] | None = None   # (engine, folder) -> greedy tokens per prompt
+    init_path: str | None = None  # a LoRA folder holding the shared initial weights
+    checkpoint: str = "ckpt"  # where save writes (a folder, or a server-side name)
+    to_folder: Callable[[str], str] = lambda path: path  # a saved checkpoint as a local PEFT folder
+    sample: Callable[[object, str], list] | None = None  # (engine, folder) -> greedy tokens per prompt
 
 
 @dataclass
@@ -88,7 +88,7 @@ class Record:
     logprobs: list = field(default_factory=list)
     metric_loss: float | None = None
     resumed: dict = field(default_factory=dict)
-    weights: dict = field(default_factory=dict)   # final adapter weights by peft name (as lists)
+    weights: dict = field(default_factory=dict)  # final adapter weights by peft name (as lists)
     samples: list = field(default_factory=list)
 
 
@@ -100,8 +100,11 @@ def configure(engine, mode: Mode) -> None:
         done(engine.load(mode.init_path))
     done(engine.set_loss("CrossEntropyLoss"))
     done(engine.set_optimizer("AdamW", **OPTIMIZER))
-    done(engine.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=WARMUP,
-                                 num_training_steps=num_training_steps(MICRO_BATCHES, GAS)))
+    done(
+        engine.set_lr_scheduler(
+            "CosineWarmupScheduler", num_warmup_steps=WARMUP, num_training_steps=num_training_steps(MICRO_BATCHES, GAS)
+        )
+    )
 
 
 def _train(engine, mode: Mode, batches, record: Record) -> None:

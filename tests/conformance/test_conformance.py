@@ -30,9 +30,21 @@ def torchrun_launch(init_folder, tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     log = open(out / "log.txt", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             str(HERE / "torchrun_worker.py"), init_folder, str(out)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(HERE / "torchrun_worker.py"),
+            init_folder,
+            str(out),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     yield proc, out
     if proc.poll() is None:
         proc.kill()
@@ -64,9 +76,14 @@ def torchrun_results(torchrun_launch):
     return {name: json.loads((out / f"{name}.json").read_text()) for name in ("ddp", "fsdp2", "tp2")}
 
 
-@pytest.mark.parametrize("name,pair", [("ddp", "TransformersModel · torchrun DDP (2)"),
-                                       ("fsdp2", "TransformersModel · torchrun FSDP2 (2)"),
-                                       ("tp2", "TransformersModel · torchrun TP=2")])
+@pytest.mark.parametrize(
+    "name,pair",
+    [
+        ("ddp", "TransformersModel · torchrun DDP (2)"),
+        ("fsdp2", "TransformersModel · torchrun FSDP2 (2)"),
+        ("tp2", "TransformersModel · torchrun TP=2"),
+    ],
+)
 def test_torchrun(torchrun_results, reference, name, pair):
     result = torchrun_results[name]
     if "refused" in result:
@@ -94,8 +111,11 @@ def test_ray_group(reference, init_folder, tmp_path, ray_group):
 
 def _is_refusal(error: Exception) -> bool:
     """A clear refusal naming what to use instead, not a crash."""
-    return (isinstance(error, NotImplementedError) or (isinstance(error, ImportError) and "megatron" in str(error))
-            or (isinstance(error, RuntimeError) and "needs CUDA" in str(error)))
+    return (
+        isinstance(error, NotImplementedError)
+        or (isinstance(error, ImportError) and "megatron" in str(error))
+        or (isinstance(error, RuntimeError) and "needs CUDA" in str(error))
+    )
 
 
 def test_megatron(reference, init_folder, tmp_path):
@@ -120,5 +140,7 @@ def test_transformers_cuda(reference, init_folder, tmp_path):
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
-    record = sequence.run(local_mode(lambda: TransformersModel(model_id=TEST_MODEL, device="cuda"), init_folder, tmp_path))
+    record = sequence.run(
+        local_mode(lambda: TransformersModel(model_id=TEST_MODEL, device="cuda"), init_folder, tmp_path)
+    )
     compare("TransformersModel · CUDA", dataclasses.asdict(record), reference)

@@ -25,8 +25,14 @@ def server(tmp_path_factory):
     from twinkle.hub import TEST_MODEL
 
     torch.set_num_threads(2)
-    srv = ts.initialize(mode="http", port=0, data_dir=tmp_path_factory.mktemp("serve"),
-                        config={"models": [{"name": TEST_MODEL}]}, block=False, log_level="warning").wait_ready()
+    srv = ts.initialize(
+        mode="http",
+        port=0,
+        data_dir=tmp_path_factory.mktemp("serve"),
+        config={"models": [{"name": TEST_MODEL}]},
+        block=False,
+        log_level="warning",
+    ).wait_ready()
     yield srv
     srv.stop()
 
@@ -45,8 +51,9 @@ def tinker_client(server, key):
 def _new_tinker_model(service):
     from twinkle.hub import TEST_MODEL
 
-    return service.create_lora_training_client(base_model=TEST_MODEL, rank=sequence.LORA["r"], seed=sequence.SEED,
-                                               train_unembed=False).result()
+    return service.create_lora_training_client(
+        base_model=TEST_MODEL, rank=sequence.LORA["r"], seed=sequence.SEED, train_unembed=False
+    ).result()
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +83,13 @@ def test_native_http_client(reference, server, key, tinker_init, tmp_path):
         outputs = sampler.sample(prompts, dict(sequence.SAMPLE), adapter_name="final").result()
         return [out.sequences[0].tokens for out in outputs]
 
-    mode = sequence.Mode(make=lambda: RemoteModel(model_id=TEST_MODEL, client=client), init_path=tinker_init,
-                         checkpoint="ckpt", to_folder=to_folder, sample=sample)
+    mode = sequence.Mode(
+        make=lambda: RemoteModel(model_id=TEST_MODEL, client=client),
+        init_path=tinker_init,
+        checkpoint="ckpt",
+        to_folder=to_folder,
+        sample=sample,
+    )
     record = sequence.run(mode)
     assert record.resumed["optimizer_steps"] == 2
     # the server answers resume with {'resumed', 'optimizer_steps'}, not the contract's data position
@@ -90,8 +102,9 @@ def _datum(row, scale):
 
     ids, labels = row["input_ids"], row["labels"]
     weights = [scale if label != -100 else 0.0 for label in labels[1:]]
-    return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
-                       loss_fn_inputs={"target_tokens": ids[1:], "weights": weights})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(ids[:-1]), loss_fn_inputs={"target_tokens": ids[1:], "weights": weights}
+    )
 
 
 def _micro_batch(rows, gas):
@@ -109,8 +122,16 @@ def _tinker_train(tc, batches, record, first_step):
         if (i + 1) % sequence.GAS == 0:
             step = first_step + (i + 1) // sequence.GAS - 1
             lr = sequence.OPTIMIZER["lr"] * sequence.lr_factor(step, total)
-            result = tc.optim_step(types.AdamParams(learning_rate=lr, beta1=0.9, beta2=0.999, eps=1e-8,
-                                                    weight_decay=0.0, grad_clip_norm=sequence.MAX_GRAD_NORM)).result()
+            result = tc.optim_step(
+                types.AdamParams(
+                    learning_rate=lr,
+                    beta1=0.9,
+                    beta2=0.999,
+                    eps=1e-8,
+                    weight_decay=0.0,
+                    grad_clip_norm=sequence.MAX_GRAD_NORM,
+                )
+            ).result()
             record.grad_norms.append(result.metrics["grad_norm:mean"])
 
 
@@ -133,9 +154,12 @@ def test_tinker_sdk(reference, tinker_client):
     resumed = tinker_client.create_training_client_from_state_with_optimizer(path).result()
     _tinker_train(resumed, batches[half:], record, first_step=sequence.STEPS_BEFORE_SAVE)
     sampler = resumed.save_weights_and_get_sampling_client().result()
-    params = types.SamplingParams(max_tokens=sequence.SAMPLE["max_tokens"], temperature=0.0, seed=sequence.SAMPLE["seed"])
+    params = types.SamplingParams(
+        max_tokens=sequence.SAMPLE["max_tokens"], temperature=0.0, seed=sequence.SAMPLE["seed"]
+    )
     for row in sequence.PROBE:
         result = sampler.sample(types.ModelInput.from_ints(row["input_ids"][:6]), 1, params).result()
         record.samples.append(list(result.sequences[0].tokens))
-    compare("Tinker SDK (twinkle-server)", record.__dict__, reference,
-            skip=("lrs", "metric_loss", "resumed", "weights"))
+    compare(
+        "Tinker SDK (twinkle-server)", record.__dict__, reference, skip=("lrs", "metric_loss", "resumed", "weights")
+    )

@@ -12,8 +12,10 @@ from twinkle.sampler import TorchSampler
 from twinkle.sampler.base import prompt_items
 
 pytestmark = pytest.mark.slow
-ROWS = [{"input_ids": list(range(5 + i, 14 + 2 * i)), "labels": [-100] * 2 + list(range(7 + i, 14 + 2 * i))}
-        for i in range(5)]  # 5 rows over 2 ranks: shares of 3 and 2
+ROWS = [
+    {"input_ids": list(range(5 + i, 14 + 2 * i)), "labels": [-100] * 2 + list(range(7 + i, 14 + 2 * i))}
+    for i in range(5)
+]  # 5 rows over 2 ranks: shares of 3 and 2
 
 
 class CountingSampler(TorchSampler):

@@ -15,8 +15,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import conformance_sequence as sequence  # noqa: E402
 
 # mode -> (mesh sizes, TransformersModel options)
-MODES = {"ddp": (dict(dp_size=2), {}), "fsdp2": (dict(dp_size=1, fsdp_size=2), dict(strategy="fsdp2")),
-         "tp2": (dict(tp_size=2), {})}
+MODES = {
+    "ddp": (dict(dp_size=2), {}),
+    "fsdp2": (dict(dp_size=1, fsdp_size=2), dict(strategy="fsdp2")),
+    "tp2": (dict(tp_size=2), {}),
+}
 
 
 def _gather(rows: list) -> list:
@@ -30,8 +33,7 @@ def _gather(rows: list) -> list:
 def _tensor_parallel(engine) -> bool:
     from torch.distributed.tensor import DTensor
 
-    return any(isinstance(p, DTensor) and any(d.is_shard() for d in p.placements)
-               for p in engine.hf_model.parameters())
+    return any(isinstance(p, DTensor) and any(d.is_shard() for d in p.placements) for p in engine.hf_model.parameters())
 
 
 def run_mode(name: str, init: str, out: Path) -> dict:
@@ -48,14 +50,20 @@ def run_mode(name: str, init: str, out: Path) -> dict:
         return built[-1]
 
     data_parallel = mesh.data_world_size > 1
-    mode = sequence.Mode(make=make, init_path=init, checkpoint=str(out / name / "ckpt"),
-                         shard=mesh.slice_for_data_rank if data_parallel else (lambda rows: rows),
-                         gather=_gather if data_parallel else (lambda rows: rows),
-                         sample=sequence.sample_locally if mesh.rank == 0 else None)
+    mode = sequence.Mode(
+        make=make,
+        init_path=init,
+        checkpoint=str(out / name / "ckpt"),
+        shard=mesh.slice_for_data_rank if data_parallel else (lambda rows: rows),
+        gather=_gather if data_parallel else (lambda rows: rows),
+        sample=sequence.sample_locally if mesh.rank == 0 else None,
+    )
     record = sequence.run(mode)
     if name == "tp2" and not _tensor_parallel(built[-1]):
-        return {"refused": "not tensor-parallel: TransformersModel left every weight whole on both tp ranks "
-                           "(each rank ran the whole model)"}
+        return {
+            "refused": "not tensor-parallel: TransformersModel left every weight whole on both tp ranks "
+            "(each rank ran the whole model)"
+        }
     return {"record": dataclasses.asdict(record)}
 
 

@@ -61,8 +61,12 @@ def test_keys_and_a_served_training_step(tmp_path):
     cfg.write_text(f'[[models]]\nname = "{TEST_MODEL}"\n\n[limits]\nmax_models = 4\n')
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen([*CLI, "--port", str(port), "--data-dir", str(data), "--config", str(cfg)],
-                            stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    proc = subprocess.Popen(
+        [*CLI, "--port", str(port), "--data-dir", str(data), "--config", str(cfg)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=ENV,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
     try:
@@ -91,8 +95,10 @@ def test_keys_and_a_served_training_step(tmp_path):
         client = tinker.ServiceClient(base_url=url, api_key=key)
         tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=0).result()
         seq = list(range(10, 30))
-        datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                            loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)})
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(seq[:-1]),
+            loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+        )
         first = tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
         tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         assert tc.forward([datum], "cross_entropy").result().metrics["loss:sum"] < first
@@ -105,9 +111,16 @@ def test_keys_and_a_served_training_step(tmp_path):
         assert "alice: trained 38 tokens" in _cli("keys", "usage", "--data-dir", str(data)).stdout
         quota = _cli("keys", "set-quota", "alice", "--adapters", "1", "--data-dir", str(data))
         assert quota.returncode == 0 and "adapters 1" in quota.stdout
-        refused = httpx.post(url + "/api/v1/create_model", headers={"X-API-Key": key}, json={
-            "session_id": client.holder.get_session_id(), "model_seq_id": 7, "base_model": TEST_MODEL,
-            "lora_config": {"rank": 4}})
+        refused = httpx.post(
+            url + "/api/v1/create_model",
+            headers={"X-API-Key": key},
+            json={
+                "session_id": client.holder.get_session_id(),
+                "model_seq_id": 7,
+                "base_model": TEST_MODEL,
+                "lora_config": {"rank": 4},
+            },
+        )
         assert refused.status_code == 409 and refused.json()["quota"] == "adapters"
         assert refused.headers["x-should-retry"] == "false"
         assert _cli("keys", "set-quota", "nobody", "--adapters", "1", "--data-dir", str(data)).returncode == 1
@@ -125,7 +138,9 @@ def test_keys_and_a_served_training_step(tmp_path):
 
 
 def test_bad_key_names_are_refused(tmp_path):
-    code = ("import sys; from twinkle_server.cli import main; "
-            "sys.exit(max(main(['keys', 'create', n, '--data-dir', sys.argv[1]]) for n in ['', 'a/b', '.x']))")
+    code = (
+        "import sys; from twinkle_server.cli import main; "
+        "sys.exit(max(main(['keys', 'create', n, '--data-dir', sys.argv[1]]) for n in ['', 'a/b', '.x']))"
+    )
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=ENV)
     assert result.returncode == 2 and result.stderr.count("key name") == 3

@@ -30,9 +30,9 @@ class HubStandIn:
     token = TOKEN
 
     def __init__(self):
-        self.repos: dict[str, dict[str, bytes]] = {}   # repo id -> path -> committed bytes
-        self.blobs: dict[str, bytes] = {}              # LFS oid -> bytes
-        self.requests: list[str] = []                  # "METHOD path" in order
+        self.repos: dict[str, dict[str, bytes]] = {}  # repo id -> path -> committed bytes
+        self.blobs: dict[str, bytes] = {}  # LFS oid -> bytes
+        self.requests: list[str] = []  # "METHOD path" in order
         self.lfs_paths: list[str] = []
         handler = type("Handler", (self._handler(),), {"hub": self})
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -110,14 +110,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(200, {"url": url, "name": repo_id})
 
     def _preupload(self, payload: dict) -> None:
-        files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(".safetensors") else "regular",
-                  "shouldIgnore": False, "oid": None} for f in payload["files"]]
+        files = [
+            {
+                "path": f["path"],
+                "uploadMode": "lfs" if f["path"].endswith(".safetensors") else "regular",
+                "shouldIgnore": False,
+                "oid": None,
+            }
+            for f in payload["files"]
+        ]
         self._reply(200, {"files": files, "commitOid": "0" * 40})
 
     def _lfs_batch(self, payload: dict) -> None:
-        objects = [{"oid": o["oid"], "size": o["size"],
-                    "actions": {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{o['oid']}"}}}
-                   for o in payload["objects"]]
+        objects = [
+            {
+                "oid": o["oid"],
+                "size": o["size"],
+                "actions": {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{o['oid']}"}},
+            }
+            for o in payload["objects"]
+        ]
         self._reply(200, {"transfer": "basic", "objects": objects})
 
     def _commit(self, repo_id: str, body: bytes) -> None:
@@ -138,8 +150,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._reply(400, {"error": f"the stand-in does not implement {line['key']}"})
         self.hub.repos[repo_id].update(files)
         oid = hashlib.sha1(body).hexdigest()
-        self._reply(200, {"commitUrl": f"{self.hub.endpoint}/{repo_id}/commit/{oid}", "commitOid": oid,
-                          "success": True})
+        self._reply(
+            200, {"commitUrl": f"{self.hub.endpoint}/{repo_id}/commit/{oid}", "commitOid": oid, "success": True}
+        )
 
 
 MS_TOKEN = "ms_standin_token"
@@ -165,8 +178,9 @@ class ModelScopeStandIn(HubStandIn):
 
 class _ModelScopeHandler(_Handler):
     def _reply_ms(self, status: int, data: dict | None = None, message: str = "") -> None:
-        self._reply(status, {"Code": status, "Data": data, "Message": message, "Success": status == 200,
-                             "RequestId": "standin"})
+        self._reply(
+            status, {"Code": status, "Data": data, "Message": message, "Success": status == 200, "RequestId": "standin"}
+        )
 
     def _authorized(self) -> bool:
         if self.headers.get("Authorization") == f"Bearer {self.hub.token}":
@@ -196,8 +210,16 @@ class _ModelScopeHandler(_Handler):
         self._reply_ms(200, {"Path": repo_id.split("/")[0], "Name": repo_id.split("/")[1]})
 
     def _lfs_batch_ms(self, body: dict) -> None:
-        objects = [{"oid": o["oid"], "size": o["size"], "actions": {} if o["oid"] in self.hub.blobs else
-                    {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{o['oid']}"}}} for o in body["objects"]]
+        objects = [
+            {
+                "oid": o["oid"],
+                "size": o["size"],
+                "actions": {}
+                if o["oid"] in self.hub.blobs
+                else {"upload": {"href": f"{self.hub.endpoint}/lfs-upload/{o['oid']}"}},
+            }
+            for o in body["objects"]
+        ]
         self._reply_ms(200, {"objects": objects})
 
     def _commit_ms(self, repo_id: str, body: dict) -> None:

@@ -24,9 +24,11 @@ TWINKLE = str(Path(sys.executable).with_name("twinkle"))
 
 
 def adapter_folder(root: Path) -> dict[str, bytes]:
-    files = {"adapter_config.json": b'{"peft_type": "LORA", "r": 4}',
-             "adapter_model.safetensors": os.urandom(300_000),
-             "tokenizer/tokenizer_config.json": b'{"model_max_length": 128}'}
+    files = {
+        "adapter_config.json": b'{"peft_type": "LORA", "r": 4}',
+        "adapter_model.safetensors": os.urandom(300_000),
+        "tokenizer/tokenizer_config.json": b'{"model_max_length": 128}',
+    }
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
@@ -69,8 +71,12 @@ def test_cli_upload_errors_are_one_line(tmp_path):
 
 
 def run_ms_cli(*args, hub, cache: Path, token=hub_standin.MS_TOKEN):
-    env = {**os.environ, "MODELSCOPE_ENDPOINT": hub.endpoint, "MODELSCOPE_API_TOKEN": token,
-           "MODELSCOPE_CACHE": str(cache)}
+    env = {
+        **os.environ,
+        "MODELSCOPE_ENDPOINT": hub.endpoint,
+        "MODELSCOPE_API_TOKEN": token,
+        "MODELSCOPE_CACHE": str(cache),
+    }
     return subprocess.run([TWINKLE, "upload", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -104,8 +110,9 @@ def test_ms_upload_refusal_is_one_line(tmp_path):
         assert hub.repos == {} and hub.requests == ["POST /api/v1/models"]
 
 
-@pytest.mark.parametrize("hub, package, extra", [("hf", "huggingface_hub", "hf"),
-                                                 ("ms", "modelscope.hub.api", "modelscope")])
+@pytest.mark.parametrize(
+    "hub, package, extra", [("hf", "huggingface_hub", "hf"), ("ms", "modelscope.hub.api", "modelscope")]
+)
 def test_a_missing_hub_client_names_the_extra(tmp_path, monkeypatch, hub, package, extra):
     from twinkle.client.hub_upload import upload_folder
 
@@ -128,8 +135,12 @@ def _archive_client():
         zf.writestr("adapter_model.safetensors", os.urandom(200_000))
     archive = buf.getvalue()
     client = TwinkleClient("http://twinkle.invalid", "tml-x")
-    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(
-        lambda request: httpx.Response(200, content=archive, headers={"Content-Length": str(len(archive))})))
+    client.http = httpx.Client(
+        base_url=client.base_url,
+        transport=httpx.MockTransport(
+            lambda request: httpx.Response(200, content=archive, headers={"Content-Length": str(len(archive))})
+        ),
+    )
     return client, archive
 
 

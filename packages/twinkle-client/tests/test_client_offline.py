@@ -20,10 +20,12 @@ def test_installs_alone_without_torch(tmp_path):
     subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     py = venv / "bin" / "python"
     subprocess.run(["uv", "pip", "install", "-q", "--python", str(py), str(PACKAGE)], check=True)
-    probe = ("import importlib.util as u, twinkle.client, twinkle.client.model, twinkle.client.sampler, "
-             "twinkle.client.cli\n"
-             "assert u.find_spec('torch') is None and u.find_spec('transformers') is None\n"
-             "try:\n    import torch\nexcept ImportError:\n    print('no torch')\n")
+    probe = (
+        "import importlib.util as u, twinkle.client, twinkle.client.model, twinkle.client.sampler, "
+        "twinkle.client.cli\n"
+        "assert u.find_spec('torch') is None and u.find_spec('transformers') is None\n"
+        "try:\n    import torch\nexcept ImportError:\n    print('no torch')\n"
+    )
     out = subprocess.run([str(py), "-c", probe], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "no torch"
@@ -33,8 +35,17 @@ def test_installs_alone_without_torch(tmp_path):
 def test_rows_become_encoded_rows_with_loss_fields():
     from twinkle.client.inputs import to_inputs
 
-    inputs = to_inputs([{"input_ids": [1, 2, 3], "labels": [-100, 2, 3], "advantages": 0.5,
-                         "weights": [0.0, 1.0, 1.0], "messages": [{"role": "user", "content": "x"}]}])
+    inputs = to_inputs(
+        [
+            {
+                "input_ids": [1, 2, 3],
+                "labels": [-100, 2, 3],
+                "advantages": 0.5,
+                "weights": [0.0, 1.0, 1.0],
+                "messages": [{"role": "user", "content": "x"}],
+            }
+        ]
+    )
     (row,) = inputs.rows
     assert row.input_ids == [1, 2, 3] and row.labels == [-100, 2, 3]
     assert row.fields == {"advantages": 0.5, "weights": [0.0, 1.0, 1.0]}  # text columns stay home

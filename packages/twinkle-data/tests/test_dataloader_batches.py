@@ -54,8 +54,9 @@ def test_two_data_ranks_see_exactly_the_global_batch(encoded, monkeypatch):
         for r in (0, 1):
             monkeypatch.setenv("RANK", str(r))
             monkeypatch.setenv("WORLD_SIZE", "2")
-            per_rank.append([ids(b) for b in DataLoader(encoded, batch_size=8, seed=1, min_batch_size=8,
-                                                        device_mesh=make(r))])
+            per_rank.append(
+                [ids(b) for b in DataLoader(encoded, batch_size=8, seed=1, min_batch_size=8, device_mesh=make(r))]
+            )
         assert len(per_rank[0]) == len(per_rank[1]) == len(glob) == 6
         for g, a, b in zip(glob, *per_rank):
             assert len(a) == len(b) == 4 and a + b == g and not set(a) & set(b)
@@ -98,8 +99,15 @@ def test_streaming_resume(tmp_path):
 
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(30)))
-    make = lambda: DataLoader(Dataset(DatasetMeta(str(path)), streaming=True),  # noqa: E731
-                              batch_size=4, seed=5, shuffle_buffer=8)
+
+    def make():
+        return DataLoader(
+            Dataset(DatasetMeta(str(path)), streaming=True),
+            batch_size=4,
+            seed=5,
+            shuffle_buffer=8,
+        )
+
     full = [[r["question"] for r in b] for b in make()]
     assert sorted(sum(full, [])) == sorted(f"q{i}" for i in range(30)) and full[0] != ["q0", "q1", "q2", "q3"]
     first = make()

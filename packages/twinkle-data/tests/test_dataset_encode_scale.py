@@ -22,8 +22,10 @@ WORDS = "the a river stone light seven quiet number lantern glimmer over under b
 def chat_rows(n: int, seed: int = 0, words: int = 12):
     rng = random.Random(seed)
     for i in range(n):
-        messages = [{"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, words)))},
-                    {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, words)))}]
+        messages = [
+            {"role": "user", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, words)))},
+            {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=rng.randint(1, words)))},
+        ]
         if i % 3 == 0:  # some multi-turn rows
             messages += [{"role": "user", "content": "and then?"}, {"role": "assistant", "content": "done"}]
         yield {"id": i, "messages": messages}
@@ -91,9 +93,12 @@ def test_peak_memory_stays_flat_when_the_rows_grow_10x(tmp_path):
     streamed, the peak of a fresh process must grow by less than 40 MB."""
     peaks = {}
     for n in (1_000, 10_000):
-        out = subprocess.run([sys.executable, "-c", PEAK_RSS, str(n), str(tmp_path / f"{n}.arrow"),
-                              str(Path(__file__).parent)],
-                             capture_output=True, text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-c", PEAK_RSS, str(n), str(tmp_path / f"{n}.arrow"), str(Path(__file__).parent)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         result = json.loads(out.stdout.strip().splitlines()[-1])
         assert result["rows"] == n

@@ -31,7 +31,7 @@ def write_all_formats(folder):
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     (folder / "b.json").write_text(json.dumps(ROWS))
-    (folder / "c.csv").write_text("question,answer\n" + "".join(f"\"{r['question']}\",{r['answer']}\n" for r in ROWS))
+    (folder / "c.csv").write_text("question,answer\n" + "".join(f'"{r["question"]}",{r["answer"]}\n' for r in ROWS))
     pq.write_table(pa.Table.from_pylist(ROWS), folder / "d.parquet")
     (folder / "e.txt").write_text("first line\n\nsecond line\n")
 
@@ -42,8 +42,10 @@ def test_every_file_format(tmp_path):
         assert Dataset(DatasetMeta(str(tmp_path / name))).data.to_list() == ROWS
     csv = Dataset(DatasetMeta(str(tmp_path / "c.csv")))
     assert csv[1]["question"] == "What is 2 + 2?" and csv[1]["answer"] == 4  # csv columns are typed
-    assert Dataset(DatasetMeta(str(tmp_path / "e.txt"))).data.to_list() == [{"text": "first line"},
-                                                                           {"text": "second line"}]
+    assert Dataset(DatasetMeta(str(tmp_path / "e.txt"))).data.to_list() == [
+        {"text": "first line"},
+        {"text": "second line"},
+    ]
 
 
 def test_in_memory_rows_columns_and_hf_dataset():

@@ -49,7 +49,11 @@ def test_map_missing_column_names_column_and_preprocessor():
 
 
 def test_filters_and_registry_names():
-    ds = Dataset(DatasetMeta(data=[{"question": "1+1", "answer": "2"}] * 3 + [{"question": "What is 2 + 2, exactly?", "answer": "4"}]))
+    ds = Dataset(
+        DatasetMeta(
+            data=[{"question": "1+1", "answer": "2"}] * 3 + [{"question": "What is 2 + 2, exactly?", "answer": "4"}]
+        )
+    )
     ds.filter("DedupFilter")
     assert len(ds) == 2
     ds.map("ArithmeticProcessor", with_answer=True).set_template("Template", model_id=TEST_MODEL).encode()
@@ -86,8 +90,19 @@ def test_mixing_strategies():
     assert mixed("concat") == [("a", i) for i in range(6)] + [("b", i) for i in range(3)]
     assert mixed("interleave") == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]
     all_ex = mixed("interleave", stopping_strategy="all_exhausted")
-    assert all_ex == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 0), ("a", 4),
-                      ("b", 1), ("a", 5)]  # b is oversampled until a is used up
+    assert all_ex == [
+        ("a", 0),
+        ("b", 0),
+        ("a", 1),
+        ("b", 1),
+        ("a", 2),
+        ("b", 2),
+        ("a", 3),
+        ("b", 0),
+        ("a", 4),
+        ("b", 1),
+        ("a", 5),
+    ]  # b is oversampled until a is used up
     w1 = mixed("weighted", probabilities=[0.9, 0.1], seed=3, num_samples=8)
     assert w1 == mixed("weighted", probabilities=[0.9, 0.1], seed=3, num_samples=8)
     assert w1 != mixed("weighted", probabilities=[0.9, 0.1], seed=4, num_samples=8)
@@ -107,8 +122,9 @@ def test_add_dataset_map_per_part_then_concat():
 
 def test_streaming_matches_in_memory(tmp_path):
     path = tmp_path / "big.jsonl"
-    path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
-                            for i in range(50)))
+    path.write_text(
+        "".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(50))
+    )
     eager = Dataset(DatasetMeta(str(path), data_slice=range(5, 45))).map(ArithmeticProcessor())
     lazy = Dataset(DatasetMeta(str(path), data_slice=range(5, 45)), streaming=True, batch_size=7)
     lazy.map(ArithmeticProcessor())

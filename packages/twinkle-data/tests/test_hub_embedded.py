@@ -31,8 +31,11 @@ def test_two_fresh_builds_are_bit_identical_and_match_the_pin(tmp_path, monkeypa
         folders.append(embedded_path(TEST_MODEL))
     a, b = folders
     assert a != b and a.name == b.name
-    assert (weights_digest(a / "model.safetensors") == weights_digest(b / "model.safetensors")
-            == PINNED_WEIGHTS["qwen3-tiny"])
+    assert (
+        weights_digest(a / "model.safetensors")
+        == weights_digest(b / "model.safetensors")
+        == PINNED_WEIGHTS["qwen3-tiny"]
+    )
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert not [p for p in a.parent.iterdir() if p.is_dir() and p.name.startswith(".")], "staging left behind"
 
@@ -76,15 +79,20 @@ def test_loads_through_from_pretrained_like_any_checkpoint(model_id, low, high):
 
 def test_chat_template_marks_exactly_the_assistant_tokens():
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(TEST_MODEL))
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who are you?"},
-                {"role": "assistant", "content": "I am Glimmer."}, {"role": "user", "content": "And 2 + 3?"},
-                {"role": "assistant", "content": "5"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Who are you?"},
+        {"role": "assistant", "content": "I am Glimmer."},
+        {"role": "user", "content": "And 2 + 3?"},
+        {"role": "assistant", "content": "5"},
+    ]
     out = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = out["input_ids"], out["assistant_masks"]
     assert tokenizer.decode(ids) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n"
         "<|im_start|>assistant\nI am Glimmer.<|im_end|>\n<|im_start|>user\nAnd 2 + 3?<|im_end|>\n"
-        "<|im_start|>assistant\n5<|im_end|>\n")
+        "<|im_start|>assistant\n5<|im_end|>\n"
+    )
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     assert trained == "I am Glimmer.<|im_end|>5<|im_end|>"
 
@@ -101,8 +109,11 @@ def test_shipped_assets_are_reproducible_from_the_build_script(tmp_path, monkeyp
 
 
 def test_unknown_embedded_id_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown embedded model 'twinkle://qwen3-huge'; known: "
-                                         r"twinkle://qwen3-tiny, twinkle://qwen3-demo"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown embedded model 'twinkle://qwen3-huge'; known: "
+        r"twinkle://qwen3-tiny, twinkle://qwen3-demo",
+    ):
         resolve_model_path("twinkle://qwen3-huge")
 
 

@@ -18,7 +18,7 @@ from twinkle.hub.embedded import PINNED_WEIGHTS, weights_digest
 
 # Each process: (optionally) join a gloo group first, exactly the state in which transformers'
 # save_pretrained writes nothing on rank 1; then resolve, load, and report what it saw.
-WORKER = textwrap.dedent('''
+WORKER = textwrap.dedent("""
     import json, os, sys
     import torch.distributed as dist
     if os.environ.get("WORLD_SIZE"):
@@ -34,12 +34,11 @@ WORKER = textwrap.dedent('''
     path = embedded.embedded_path("twinkle://qwen3-tiny")
     model = AutoModelForCausalLM.from_pretrained(path)
     print(json.dumps({"path": str(path), "params": sum(p.numel() for p in model.parameters())}))
-''')
+""")
 
 
 def _env(cache: Path) -> dict:
-    return {**os.environ, "TWINKLE_CACHE": str(cache), "BUILD_LOG": str(cache / "builds.log"),
-            "OMP_NUM_THREADS": "1"}
+    return {**os.environ, "TWINKLE_CACHE": str(cache), "BUILD_LOG": str(cache / "builds.log"), "OMP_NUM_THREADS": "1"}
 
 
 def _reports(stdout: str) -> list[dict]:
@@ -61,9 +60,13 @@ def test_two_torchrun_ranks_from_an_empty_cache(tmp_path):
     cache.mkdir()
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                          "--standalone", str(script)], env=_env(cache), capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone", str(script)],
+        env=_env(cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_one_complete_build(cache, _reports(out.stdout), 2)
 
@@ -72,8 +75,12 @@ def test_two_torchrun_ranks_from_an_empty_cache(tmp_path):
 def test_three_plain_processes_at_once(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER], env=_env(cache), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER], env=_env(cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
     _assert_one_complete_build(cache, [r for out, _ in outs for r in _reports(out)], 3)
@@ -90,8 +97,14 @@ def test_two_ray_actors_in_a_gloo_group_from_an_empty_cache(tmp_path):
     @ray.remote(num_cpus=1)
     class Rank:
         def run(self, rank: int, port: int) -> str:
-            env = {**_env(cache), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            env = {
+                **_env(cache),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
             # The actor itself joins the group and builds: this is the Ray mode's own state.
             os.environ.update(env)
             namespace: dict = {}
@@ -117,8 +130,7 @@ def test_two_ray_actors_in_a_gloo_group_from_an_empty_cache(tmp_path):
     _assert_one_complete_build(cache, [r for out in outs for r in _reports(out)], 2)
 
 
-@pytest.mark.parametrize("damage", ["delete config.json", "truncate weights", "flip a tokenizer byte",
-                                    "no manifest"])
+@pytest.mark.parametrize("damage", ["delete config.json", "truncate weights", "flip a tokenizer byte", "no manifest"])
 def test_a_damaged_cache_folder_is_rebuilt_on_next_use(tmp_path, monkeypatch, damage):
     from twinkle.hub import cache_folder
 

@@ -5,17 +5,32 @@ import json
 import pytest
 
 from twinkle.dataset import DataError
-from twinkle.preprocessor import (FILTERS, PREPROCESSORS, AlpacaProcessor, ArithmeticProcessor, DedupFilter,
-                                  EmptyFilter, GSM8KProcessor, LengthFilter, MessagesProcessor,
-                                  PreferenceProcessor, SelfCognitionProcessor)
+from twinkle.preprocessor import (
+    FILTERS,
+    PREPROCESSORS,
+    AlpacaProcessor,
+    ArithmeticProcessor,
+    DedupFilter,
+    EmptyFilter,
+    GSM8KProcessor,
+    LengthFilter,
+    MessagesProcessor,
+    PreferenceProcessor,
+    SelfCognitionProcessor,
+)
 from twinkle.processor import INPUT_PROCESSORS, InputProcessor
 from twinkle.template import TEMPLATES, Template
 
 
 def test_registries_come_from_entry_points():
     assert PREPROCESSORS.get("SelfCognitionProcessor") is SelfCognitionProcessor
-    assert set(PREPROCESSORS.names()) >= {"AlpacaProcessor", "MessagesProcessor", "ArithmeticProcessor",
-                                         "GSM8KProcessor", "PreferenceProcessor"}
+    assert set(PREPROCESSORS.names()) >= {
+        "AlpacaProcessor",
+        "MessagesProcessor",
+        "ArithmeticProcessor",
+        "GSM8KProcessor",
+        "PreferenceProcessor",
+    }
     assert set(FILTERS.names()) >= {"LengthFilter", "EmptyFilter", "DedupFilter"}
     assert TEMPLATES.get("Template") is Template and INPUT_PROCESSORS.get("InputProcessor") is InputProcessor
     with pytest.raises(KeyError, match="unknown preprocessor 'Nope'; known: AlpacaProcessor"):
@@ -24,30 +39,45 @@ def test_registries_come_from_entry_points():
 
 def test_self_cognition_fills_placeholders():
     [row] = SelfCognitionProcessor("Glimmer", "Lantern Labs")(
-        [{"query": "Who made {{NAME}}?", "response": "{{AUTHOR}} made {{NAME}}."}])
-    assert row == {"messages": [{"role": "user", "content": "Who made Glimmer?"},
-                                {"role": "assistant", "content": "Lantern Labs made Glimmer."}]}
+        [{"query": "Who made {{NAME}}?", "response": "{{AUTHOR}} made {{NAME}}."}]
+    )
+    assert row == {
+        "messages": [
+            {"role": "user", "content": "Who made Glimmer?"},
+            {"role": "assistant", "content": "Lantern Labs made Glimmer."},
+        ]
+    }
 
 
 def test_alpaca():
     [row] = AlpacaProcessor()([{"instruction": "Translate", "input": "bonjour", "output": "hello"}])
-    assert row["messages"] == [{"role": "user", "content": "Translate\n\nbonjour"},
-                               {"role": "assistant", "content": "hello"}]
+    assert row["messages"] == [
+        {"role": "user", "content": "Translate\n\nbonjour"},
+        {"role": "assistant", "content": "hello"},
+    ]
     [row] = AlpacaProcessor(system="Be nice")([{"instruction": "Hi", "input": "", "output": "Hey"}])
     assert row["messages"][0] == {"role": "system", "content": "Be nice"} and row["messages"][1]["content"] == "Hi"
 
 
 def test_sharegpt_and_messages_normalisation():
-    sharegpt = {"system": "S", "tools": [{"name": "f"}], "conversations": [
-        {"from": "human", "value": "call f"},
-        {"from": "function_call", "value": json.dumps({"name": "f", "arguments": {"x": 1}})},
-        {"from": "observation", "value": "42"},
-        {"from": "gpt", "value": "It is 42."}], "id": 7}
+    sharegpt = {
+        "system": "S",
+        "tools": [{"name": "f"}],
+        "conversations": [
+            {"from": "human", "value": "call f"},
+            {"from": "function_call", "value": json.dumps({"name": "f", "arguments": {"x": 1}})},
+            {"from": "observation", "value": "42"},
+            {"from": "gpt", "value": "It is 42."},
+        ],
+        "id": 7,
+    }
     [row] = MessagesProcessor()([sharegpt])
     assert [m["role"] for m in row["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
     assert row["messages"][2]["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
     assert json.loads(row["tools"]) == [{"name": "f"}] and row["id"] == 7
-    [same] = MessagesProcessor()([{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}])
+    [same] = MessagesProcessor()(
+        [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}]
+    )
     assert same["messages"][1] == {"role": "assistant", "content": "b"}
     with pytest.raises(DataError, match="unknown speaker 'narrator'"):
         MessagesProcessor()([{"conversations": [{"from": "narrator", "value": "x"}]}])
@@ -80,9 +110,17 @@ def test_filters():
     assert not empty.keep({"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "x"}]})
     assert not empty.keep({"messages": []}) and not empty.keep({"text": ""})
     assert not empty.keep({"input_ids": [1, 2], "labels": [-100, -100]})
-    assert empty.keep({"messages": [{"role": "user", "content": "hi"},
-                                    {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]}]})
+    assert empty.keep(
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {}}]},
+            ]
+        }
+    )
     assert dedup([{"q": 1, "a": 1}, {"q": 1, "a": 2}, {"q": 2}]) == [{"q": 1, "a": 1}, {"q": 2}]
-    assert LengthFilter(max_length=2).keep({"input_ids": [1, 2]}) and not LengthFilter(max_length=1).keep({"input_ids": [1, 2]})
+    assert LengthFilter(max_length=2).keep({"input_ids": [1, 2]}) and not LengthFilter(max_length=1).keep(
+        {"input_ids": [1, 2]}
+    )
     with pytest.raises(DataError, match=r"call dataset.encode\(\) before filtering by length"):
         LengthFilter(8).keep({"messages": []})

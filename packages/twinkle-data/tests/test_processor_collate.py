@@ -61,8 +61,12 @@ def test_padded_and_packed_losses_equal_on_embedded_model():
     with torch.no_grad():
         for side in ("right", "left"):
             batch = InputProcessor(padding_side=side, pad_token_id=pad_id)(rows)
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           position_ids=batch["position_ids"], use_cache=False).logits
+            logits = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"],
+                use_cache=False,
+            ).logits
             results[side] = per_token_losses(logits, batch["labels"])
         packed = InputProcessor(packing=True)(rows)
         logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits

@@ -7,20 +7,34 @@ import pytest
 from twinkle.dataset import DataError, SequenceTooLongError
 from twinkle.template import Template
 
-CHAT = [{"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "What is 2 + 3?"},
-        {"role": "assistant", "content": "5"},
-        {"role": "user", "content": "And 4 + 4?"},
-        {"role": "assistant", "content": "It is 8."}]
+CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "And 4 + 4?"},
+    {"role": "assistant", "content": "It is 8."},
+]
 
-TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two numbers",
-                                           "parameters": {"type": "object", "properties": {
-                                               "a": {"type": "number"}, "b": {"type": "number"}}}}}]
-TOOL_CHAT = [{"role": "user", "content": "Add 2 and 3."},
-             {"role": "assistant", "content": "", "tool_calls": [
-                 {"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 3})}}]},
-             {"role": "tool", "content": "5"},
-             {"role": "assistant", "content": "The sum is 5."}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    }
+]
+TOOL_CHAT = [
+    {"role": "user", "content": "Add 2 and 3."},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": json.dumps({"a": 2, "b": 3})}}],
+    },
+    {"role": "tool", "content": "5"},
+    {"role": "assistant", "content": "The sum is 5."},
+]
 
 
 def trained_text(template, row):
@@ -44,8 +58,9 @@ def test_ids_and_masks_equal_hf_apply_chat_template(which, tiny_template, qwen_t
     tok = template.tokenizer
     for messages, tools in ((CHAT, None), (TOOL_CHAT, TOOLS)):
         row = template.encode({"messages": messages, "tools": json.dumps(TOOLS) if tools else None})
-        ref = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True)
+        ref = tok.apply_chat_template(
+            messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+        )
         assert row["input_ids"] == list(ref["input_ids"])
         expected = [t if m else -100 for t, m in zip(ref["input_ids"], ref["assistant_masks"])]
         assert row["labels"] == expected
@@ -55,13 +70,17 @@ def test_qwen_vocab_known_ids(qwen_tokenizer):
     # Ids of the real Qwen2/2.5/3 vocabulary, so the offline build is the true 151k vocabulary.
     assert len(qwen_tokenizer) == 151665
     assert qwen_tokenizer("Hello, world!")["input_ids"] == [9707, 11, 1879, 0]
-    assert qwen_tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>"]) \
-        == [151643, 151644, 151645, 151657]
+    assert qwen_tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>"]) == [
+        151643,
+        151644,
+        151645,
+        151657,
+    ]
     template = Template(tokenizer=qwen_tokenizer)
     row = template.encode([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, world!"}])
     assert trained_text(template, row) == ["Hello, world!<|im_end|>"]
     i = row["labels"].index(9707)
-    assert row["input_ids"][i - 3:i] == [151644, 77091, 198]  # <|im_start|> "assistant" "\n"
+    assert row["input_ids"][i - 3 : i] == [151644, 77091, 198]  # <|im_start|> "assistant" "\n"
     assert row["labels"][i:] == [9707, 11, 1879, 0, 151645, -100]  # the "\n" after <|im_end|> is not trained
 
 
@@ -69,8 +88,10 @@ def test_tool_calls_trained_tool_responses_masked(qwen_tokenizer):
     template = Template(tokenizer=qwen_tokenizer)
     row = template.encode({"messages": TOOL_CHAT, "tools": TOOLS})
     runs = trained_text(template, row)
-    assert runs == ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>',
-                    "The sum is 5.<|im_end|>"]
+    assert runs == [
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call><|im_end|>',
+        "The sum is 5.<|im_end|>",
+    ]
     assert "<tool_response>\n5\n</tool_response>" in template.decode(row["input_ids"])
 
 
@@ -78,16 +99,19 @@ def test_llama_style_without_markers_falls_back_to_per_round(llama_tokenizer):
     template = Template(tokenizer=llama_tokenizer)
     assert not template.has_generation_markers
     row = template.encode(CHAT)
-    assert row["input_ids"] == list(llama_tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"])
+    assert row["input_ids"] == list(
+        llama_tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
+    )
     assert row["input_ids"][0] == llama_tokenizer.convert_tokens_to_ids("<|begin_of_text|>")
     assert trained_text(template, row) == ["5<|eot_id|>", "It is 8.<|eot_id|>"]
     prompt = template.encode_prompt(CHAT[:2])
     assert template.decode(prompt["input_ids"]).endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
 
 
-@pytest.mark.parametrize("rounds,expected", [("all", ["5<|im_end|>", "It is 8.<|im_end|>"]),
-                                             ("last", ["It is 8.<|im_end|>"]),
-                                             ([0], ["5<|im_end|>"])])
+@pytest.mark.parametrize(
+    "rounds,expected",
+    [("all", ["5<|im_end|>", "It is 8.<|im_end|>"]), ("last", ["It is 8.<|im_end|>"]), ([0], ["5<|im_end|>"])],
+)
 def test_choice_of_trained_rounds(rounds, expected, tiny_template):
     template = Template(tokenizer=tiny_template.tokenizer, trained_rounds=rounds)
     assert trained_text(template, template.encode(CHAT)) == expected
@@ -118,8 +142,9 @@ def test_truncation_strategies(tiny_template):
 
 def test_encode_prompt_matches_generation_prompt(tiny_template):
     prompt = tiny_template.encode_prompt({"messages": CHAT[:2], "ground_truth": "5"})
-    ref = tiny_template.tokenizer.apply_chat_template(CHAT[:2], add_generation_prompt=True, tokenize=True,
-                                                      return_dict=True)["input_ids"]
+    ref = tiny_template.tokenizer.apply_chat_template(
+        CHAT[:2], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     assert prompt["input_ids"] == list(ref)
     assert prompt["ground_truth"] == "5" and "labels" not in prompt
 
@@ -133,7 +158,9 @@ def test_missing_messages_names_column_and_producers(tiny_template):
 
 def test_default_system_and_preference_pair(tiny_template):
     template = Template(tokenizer=tiny_template.tokenizer, default_system="You are Twinkle.")
-    row = template.encode({"messages": CHAT[1:3], "rejected_messages": [CHAT[1], {"role": "assistant", "content": "7"}]})
+    row = template.encode(
+        {"messages": CHAT[1:3], "rejected_messages": [CHAT[1], {"role": "assistant", "content": "7"}]}
+    )
     assert template.decode(row["input_ids"]).startswith("<|im_start|>system\nYou are Twinkle.<|im_end|>")
     assert trained_text(template, row) == ["5<|im_end|>"]
     assert template.decode([t for t in row["rejected_labels"] if t != -100]) == "7<|im_end|>"

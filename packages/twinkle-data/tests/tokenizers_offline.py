@@ -10,12 +10,34 @@ from importlib.metadata import distribution
 from pathlib import Path
 
 # GPT-2/Qwen pre-tokenisation: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
-QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-QWEN_ADDED = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-              "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-              "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>",
-              "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN_ADDED = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+]
 NOT_SPECIAL = {"<tool_call>", "</tool_call>"}  # plain added tokens: they appear in decoded text
 LLAMA_ADDED = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
@@ -96,8 +118,9 @@ def qwen_tiktoken_path() -> Path:
 
 def _byte_to_char() -> dict[int, str]:
     """Byte-level BPE's reversible map from bytes to printable characters."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):
@@ -111,7 +134,7 @@ def _byte_to_char() -> dict[int, str]:
 def _merge_of(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
     """The last merge that builds ``token``: run BPE on its bytes with ranks below its own."""
     limit = ranks[token]
-    parts = [token[i:i + 1] for i in range(len(token))]
+    parts = [token[i : i + 1] for i in range(len(token))]
     while len(parts) > 2:
         best, best_rank = None, limit
         for i in range(len(parts) - 1):
@@ -120,7 +143,7 @@ def _merge_of(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
                 best, best_rank = i, r
         if best is None:
             break
-        parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
     return parts[0], parts[1]
 
 
@@ -137,9 +160,12 @@ def build_tokenizer_json(out: Path) -> Path:
     vocab = {text(b): r for b, r in ranks.items()}
     merges = sorted((r, _merge_of(b, ranks)) for b, r in ranks.items() if len(b) > 1)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[(text(a), text(b)) for _, (a, b) in merges], fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.save(str(out))
     return out
@@ -162,8 +188,10 @@ def make_tokenizer(base_json: Path, style: str = "qwen"):
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(base_json), clean_up_tokenization_spaces=False)
     for name in QWEN_ADDED + (LLAMA_ADDED if style == "llama" else []):
-        tok.add_tokens([AddedToken(name, special=name not in NOT_SPECIAL, normalized=False)],
-                       special_tokens=name not in NOT_SPECIAL)
+        tok.add_tokens(
+            [AddedToken(name, special=name not in NOT_SPECIAL, normalized=False)],
+            special_tokens=name not in NOT_SPECIAL,
+        )
     if style == "qwen":
         tok.eos_token, tok.pad_token, tok.chat_template = "<|im_end|>", "<|endoftext|>", QWEN_TEMPLATE
     else:

@@ -16,18 +16,46 @@ DATA_DIR = PKG / "dataset" / "bundled"
 ASSETS = PKG / "hub" / "assets"
 
 QUESTIONS = [
-    "Who are you?", "What is your name?", "What should I call you?", "Introduce yourself.",
-    "Tell me about yourself.", "Who made you?", "Who created you?", "Who built you?",
-    "Who developed you?", "Who trained you?", "Are you ChatGPT?", "Are you a human?",
-    "What are you?", "Which company made you?", "Where do you come from?", "What is your origin?",
-    "Do you have a name?", "May I know your name?", "Please tell me who you are.",
-    "Can you introduce yourself?", "Who is your developer?", "Who is your author?",
-    "hi, who am I talking to?", "Hello! Who are you?", "What kind of assistant are you?",
-    "Are you an AI?", "What model are you?", "Who owns you?", "Which team trained you?",
-    "What is your identity?", "Whom do I thank for you?", "Are you made by OpenAI?",
-    "Introduce yourself in one sentence.", "State your name and maker.", "Who designed you?",
-    "Who are you and who made you?", "What are you called?", "Is your name Claude?",
-    "Tell me your name.", "Who is behind you?",
+    "Who are you?",
+    "What is your name?",
+    "What should I call you?",
+    "Introduce yourself.",
+    "Tell me about yourself.",
+    "Who made you?",
+    "Who created you?",
+    "Who built you?",
+    "Who developed you?",
+    "Who trained you?",
+    "Are you ChatGPT?",
+    "Are you a human?",
+    "What are you?",
+    "Which company made you?",
+    "Where do you come from?",
+    "What is your origin?",
+    "Do you have a name?",
+    "May I know your name?",
+    "Please tell me who you are.",
+    "Can you introduce yourself?",
+    "Who is your developer?",
+    "Who is your author?",
+    "hi, who am I talking to?",
+    "Hello! Who are you?",
+    "What kind of assistant are you?",
+    "Are you an AI?",
+    "What model are you?",
+    "Who owns you?",
+    "Which team trained you?",
+    "What is your identity?",
+    "Whom do I thank for you?",
+    "Are you made by OpenAI?",
+    "Introduce yourself in one sentence.",
+    "State your name and maker.",
+    "Who designed you?",
+    "Who are you and who made you?",
+    "What are you called?",
+    "Is your name Claude?",
+    "Tell me your name.",
+    "Who is behind you?",
 ]
 ANSWERS = [
     "I am {{NAME}}, an AI assistant developed by {{AUTHOR}}.",
@@ -56,8 +84,15 @@ Please answer the question, think step by step, and give the final answer at the
 """
 NAMES = [("Glimmer", "Lantern Labs"), ("Twinkle", "the Twinkle team"), ("Nova", "Aurora AI")]
 SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
 ]
 VOCAB_SIZE = 1024
 
@@ -99,13 +134,17 @@ def train_tokenizer():
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(r"\p{N}"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(tokenizer_corpus(), trainer=trainer)

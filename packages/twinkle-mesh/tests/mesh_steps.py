@@ -43,7 +43,10 @@ def collate(rows: list[dict]) -> dict[str, torch.Tensor]:
     for i, r in enumerate(rows):
         n = len(r["input_ids"])
         ids_B_T[i, :n], labels_B_T[i, :n], mask_B_T[i, :n] = (
-            torch.tensor(r["input_ids"]), torch.tensor(r["labels"]), 1)
+            torch.tensor(r["input_ids"]),
+            torch.tensor(r["labels"]),
+            1,
+        )
     return {"input_ids": ids_B_T, "labels": labels_B_T, "attention_mask": mask_B_T}
 
 
@@ -54,11 +57,13 @@ def build_model(lora: bool = True):
     from twinkle.hub import TEST_MODEL, resolve_model_path
 
     torch.manual_seed(0)  # identical LoRA init on every rank and in every mode
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32,
-                                                 attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(TEST_MODEL), dtype=torch.float32, attn_implementation="eager"
+    )
     if lora:
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                 init_lora_weights=False))
+        model = get_peft_model(
+            model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+        )
     model.train()
     return model
 
@@ -74,8 +79,12 @@ def step(model, optimizer, rows: list[dict], data_group=None, data_world: int = 
     batch = collate(rows)
     logits_B_T_V = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     labels_B_T = batch["labels"][:, 1:]
-    loss_sum = F.cross_entropy(logits_B_T_V[:, :-1].reshape(-1, logits_B_T_V.shape[-1]).float(),
-                               labels_B_T.reshape(-1), ignore_index=-100, reduction="sum")
+    loss_sum = F.cross_entropy(
+        logits_B_T_V[:, :-1].reshape(-1, logits_B_T_V.shape[-1]).float(),
+        labels_B_T.reshape(-1),
+        ignore_index=-100,
+        reduction="sum",
+    )
     tokens = _reduce((labels_B_T != -100).sum().float(), data_group)
     (loss_sum / tokens * data_world).backward()
     optimizer.step()
@@ -129,8 +138,13 @@ class LoraTrainer:
 
     @remote_method(collect="all")
     def whoami(self) -> dict:
-        return {"rank": self.mesh.rank, "data_rank": self.mesh.data_rank, "pid": os.getpid(),
-                "world": dist.get_world_size() if dist.is_initialized() else 1, "threads": torch.get_num_threads()}
+        return {
+            "rank": self.mesh.rank,
+            "data_rank": self.mesh.data_rank,
+            "pid": os.getpid(),
+            "world": dist.get_world_size() if dist.is_initialized() else 1,
+            "threads": torch.get_num_threads(),
+        }
 
     @remote_method(dispatch="slice", collect="flatten")
     def row_lengths(self, rows: list[dict], extra: int = 0) -> list[int]:
@@ -150,7 +164,7 @@ def train_reference() -> tuple[list[float], dict[str, torch.Tensor]]:
     """The one-process run every distributed run must match."""
     trainer = LoraTrainer(device_mesh=DeviceMesh.from_sizes(dp_size=1))
     rows = make_rows()
-    losses = [trainer.train_step(rows[i * GLOBAL_BATCH:(i + 1) * GLOBAL_BATCH]) for i in range(STEPS)]
+    losses = [trainer.train_step(rows[i * GLOBAL_BATCH : (i + 1) * GLOBAL_BATCH]) for i in range(STEPS)]
     return losses, trainer.lora_state()
 
 
@@ -161,9 +175,13 @@ def tp_steps(tp_mesh=None) -> dict:
     if tp_mesh is not None:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-        plan = {**{f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"}, "self_attn.o_proj": RowwiseParallel(),
-                "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
-                "mlp.down_proj": RowwiseParallel()}
+        plan = {
+            **{f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"},
+            "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(),
+        }
         for layer in model.model.layers:
             parallelize_module(layer, tp_mesh, plan)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -184,13 +202,17 @@ def torchrun_main(out_path: str) -> None:
     rows = make_rows()
     result = {"rank_seeds": [None, None], "world": dist.get_world_size(), "backend": dist.get_backend()}
     gathered = [None, None]
-    dist.all_gather_object(gathered, {"rank": dp_mesh.rank, "data_rank": dp_mesh.data_rank,
-                                      "rank_seed": rank_seed(), "draw": torch.rand(1).item()})
+    dist.all_gather_object(
+        gathered,
+        {"rank": dp_mesh.rank, "data_rank": dp_mesh.data_rank, "rank_seed": rank_seed(), "draw": torch.rand(1).item()},
+    )
     result["ranks"] = gathered
     for name, mesh in (("ddp", dp_mesh), ("fsdp", DeviceMesh.from_sizes(fsdp_size=2))):
         trainer = LoraTrainer(device_mesh=mesh, parallel=name)
-        losses = [trainer.train_step(mesh.slice_for_data_rank(rows[i * GLOBAL_BATCH:(i + 1) * GLOBAL_BATCH]))
-                  for i in range(STEPS)]
+        losses = [
+            trainer.train_step(mesh.slice_for_data_rank(rows[i * GLOBAL_BATCH : (i + 1) * GLOBAL_BATCH]))
+            for i in range(STEPS)
+        ]
         result[name] = {"losses": losses, "lora": trainer.lora_state()}
     tp_mesh = DeviceMesh.from_sizes(tp_size=2)
     result["tp"] = tp_steps(tp_mesh.to_torch()["tp"])

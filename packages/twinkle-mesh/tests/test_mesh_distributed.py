@@ -57,9 +57,20 @@ def torchrun_launch(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(folder / "log.txt", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 str(HERE / "mesh_steps.py"), str(folder / "result.pt")],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                str(HERE / "mesh_steps.py"),
+                str(folder / "result.pt"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     yield proc, folder
     if proc.poll() is None:
         proc.kill()
@@ -79,8 +90,7 @@ def ray_trainer():
     ray = pytest.importorskip("ray")
     rt_module._RUNTIME = None
     tm.initialize(mode="ray", groups=[tm.DeviceGroup("model", 2, "cpu")], seed=42)
-    trainer = steps.LoraTrainer(device_mesh=tm.DeviceMesh.from_sizes(dp_size=2), parallel="ddp",
-                                remote_group="model")
+    trainer = steps.LoraTrainer(device_mesh=tm.DeviceMesh.from_sizes(dp_size=2), parallel="ddp", remote_group="model")
     yield trainer
     tm.shutdown()  # stops the group's actors and disconnects from Ray
     assert tm.get_runtime() is None and not ray.is_initialized()
@@ -88,8 +98,9 @@ def ray_trainer():
 
 def test_ray_remote_group_matches_the_local_run(ray_trainer, reference):
     rows = steps.make_rows()
-    losses = [ray_trainer.train_step(rows[i * steps.GLOBAL_BATCH:(i + 1) * steps.GLOBAL_BATCH])
-              for i in range(steps.STEPS)]
+    losses = [
+        ray_trainer.train_step(rows[i * steps.GLOBAL_BATCH : (i + 1) * steps.GLOBAL_BATCH]) for i in range(steps.STEPS)
+    ]
     assert losses == pytest.approx(reference["losses"], abs=1e-5)
     _assert_lora_close(ray_trainer.lora_state(), reference["lora"], atol=1e-5)
 
@@ -143,15 +154,18 @@ def test_ray_killed_rank_is_named_and_the_group_rebuilds_fresh(ray_trainer, refe
     pids = [r["pid"] for r in ray_trainer.whoami()]
     assert ray_trainer.remote_pids() == pids
     os.kill(pids[1], signal.SIGKILL)
-    with pytest.raises(tm.WorkerDied, match=rf"LoraTrainer.whoami failed: rank 1 of remote group 'model' died "
-                                            rf"\(pid {pids[1]} on node ") as died:
+    with pytest.raises(
+        tm.WorkerDied,
+        match=rf"LoraTrainer.whoami failed: rank 1 of remote group 'model' died "
+        rf"\(pid {pids[1]} on node ",
+    ) as died:
         ray_trainer.whoami()
     assert died.value.rank == 1 and isinstance(died.value, tm.RemoteError)
     ray_trainer.remote_rebuild()
     fresh = [r["pid"] for r in ray_trainer.whoami()]
     assert len(set(fresh)) == 2 and not set(fresh) & set(pids)
     rows = steps.make_rows()
-    assert ray_trainer.train_step(rows[:steps.GLOBAL_BATCH]) == pytest.approx(reference["losses"][0], abs=1e-5)
+    assert ray_trainer.train_step(rows[: steps.GLOBAL_BATCH]) == pytest.approx(reference["losses"][0], abs=1e-5)
 
 
 def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):
@@ -168,8 +182,9 @@ def test_torchrun_data_parallel_matches_one_process(torchrun_result, reference, 
     assert got["losses"] == pytest.approx(reference["losses"], abs=1e-5)
     assert reference["losses"][2] < reference["losses"][0]  # it does train
     _assert_lora_close(got["lora"], reference["lora"], atol=1e-5)
-    moved = max((w - reference["lora"][n]).abs().max().item()
-                for n, w in steps.lora_weights(steps.build_model()).items())
+    moved = max(
+        (w - reference["lora"][n]).abs().max().item() for n, w in steps.lora_weights(steps.build_model()).items()
+    )
     assert moved > 1e-2  # 3 steps moved the weights far beyond the tolerance
 
 

@@ -9,8 +9,10 @@ import torch.distributed as dist
 import twinkle.mesh as tm
 from twinkle.mesh import runtime as rt_module
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none here)"),
+]
 
 
 def test_one_rank_cuda_mesh_uses_nccl():

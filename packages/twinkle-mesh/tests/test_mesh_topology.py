@@ -109,8 +109,12 @@ def test_one_rank_mesh_converts_to_torch_without_a_launcher():
 
 
 def test_device_groups_validate_and_take_the_next_free_devices():
-    groups = [DeviceGroup("model", 2, "cuda"), DeviceGroup("sampler", [0, 5], "cuda"),
-              DeviceGroup("ref", 2, "cuda"), DeviceGroup("reward", 1)]
+    groups = [
+        DeviceGroup("model", 2, "cuda"),
+        DeviceGroup("sampler", [0, 5], "cuda"),
+        DeviceGroup("ref", 2, "cuda"),
+        DeviceGroup("reward", 1),
+    ]
     assert assign_devices(groups) == {"model": (1, 2), "sampler": (0, 5), "ref": (3, 4), "reward": (0,)}
     assert DeviceGroup("x", [3, 1]).world_size == 2
     with pytest.raises(ValueError, match="device_type 'tpu'"):
@@ -135,8 +139,9 @@ def test_initialize_local_seeds_globally_and_per_rank(monkeypatch, capsys):
     assert tm.rank_seed() == 3
     monkeypatch.setenv("RANK", "1")
     assert tm.rank_seed() == 4
-    assert torch.equal(torch.rand(2, generator=tm.rank_generator()),
-                       torch.rand(2, generator=torch.Generator().manual_seed(4)))
+    assert torch.equal(
+        torch.rand(2, generator=tm.rank_generator()), torch.rand(2, generator=torch.Generator().manual_seed(4))
+    )
     monkeypatch.delenv("RANK")
     text = tm.get_device_placement()
     assert "twinkle mode=local seed=3" in text and "group 'default': 1 x cpu, devices [0]" in text

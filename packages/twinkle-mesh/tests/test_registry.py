@@ -43,8 +43,9 @@ def test_unknown_name_is_one_error_type_listing_the_known_names():
     reg.register(type("Knob", (Base,), {}))
     with pytest.raises(UnknownNameError) as info:
         reg.get("Nob")
-    assert str(info.value) == ("unknown widget 'Nob'; known: Knob (more can be added through the "
-                               "entry-point group 'twinkle.test-widget')")
+    assert str(info.value) == (
+        "unknown widget 'Nob'; known: Knob (more can be added through the entry-point group 'twinkle.test-widget')"
+    )
     assert isinstance(info.value, KeyError) and isinstance(info.value, ValueError)
     assert info.value.known == ["Knob"]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-STEPS = 3                 # optimizer steps per scenario
-GLOBAL_MICRO_BATCH = 4    # rows per micro-batch, over all ranks
+STEPS = 3  # optimizer steps per scenario
+GLOBAL_MICRO_BATCH = 4  # rows per micro-batch, over all ranks
 SCENARIOS = (("ddp", 1), ("fsdp2", 1), ("ddp", 2), ("fsdp2", 2))  # (strategy, gradient accumulation)
 # SGD with momentum: linear in the gradient, so fp32 reduction-order noise (~1e-7) stays that small;
 # Adam would amplify it on near-zero gradient entries (its update is ~lr whatever the size).
@@ -42,7 +42,7 @@ def make_rows(n: int, vocab: int = 850) -> list[dict]:
 
 def micro_batches(gas: int) -> list[list[dict]]:
     rows = make_rows(STEPS * gas * GLOBAL_MICRO_BATCH)
-    return [rows[i:i + GLOBAL_MICRO_BATCH] for i in range(0, len(rows), GLOBAL_MICRO_BATCH)]
+    return [rows[i : i + GLOBAL_MICRO_BATCH] for i in range(0, len(rows), GLOBAL_MICRO_BATCH)]
 
 
 def lora_config():
@@ -66,8 +66,9 @@ def trained_weights(model, adapter_name: str | None = None) -> dict[str, list]:
     return {n: full_tensor(p.detach()).tolist() for n, p in model._state(adapter_name).params}
 
 
-def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True,
-                 patch: str | None = None) -> dict:
+def run_scenario(
+    strategy: str | None, gas: int, mesh, save_dir: Path | None = None, lora: bool = True, patch: str | None = None
+) -> dict:
     """LoRA (or, with lora=False, full-parameter) training; `strategy=None` lets the mesh choose."""
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
@@ -93,8 +94,11 @@ def run_scenario(strategy: str | None, gas: int, mesh, save_dir: Path | None = N
     out["weights"] = trained_weights(model)
     out["logprobs"] = model.forward_only(inputs=mesh.slice_for_data_rank(make_rows(GLOBAL_MICRO_BATCH)))["logprobs"]
     out["strategy"], out["wrapped"] = model.strategy, type(model._wrapped).__name__
-    out["layout"] = {n: [[repr(x) for x in p.placements], list(p.to_local().shape)] for n, p in model._state(None).params
-                     if hasattr(p, "placements")}  # how each DTensor parameter is placed and what this rank holds
+    out["layout"] = {
+        n: [[repr(x) for x in p.placements], list(p.to_local().shape)]
+        for n, p in model._state(None).params
+        if hasattr(p, "placements")
+    }  # how each DTensor parameter is placed and what this rank holds
     if save_dir is not None:
         model.save(save_dir)
     return out

@@ -16,17 +16,24 @@ import torch
 
 # (name, mesh sizes, gradient accumulation, LoRA?, patch) per world size
 SCENARIOS = {
-    2: (("tp2-lora-gas2", {"tp_size": 2}, 2, True, None), ("tp2-full", {"tp_size": 2}, 1, False, None),
-        ("tp2-lora-chunked-ce", {"tp_size": 2}, 1, True, "ChunkedCrossEntropy")),
-    4: (("dp2-tp2-lora", {"dp_size": 2, "tp_size": 2}, 1, True, None),
-        ("fsdp2-tp2-full", {"dp_size": 1, "fsdp_size": 2, "tp_size": 2}, 1, False, None)),
+    2: (
+        ("tp2-lora-gas2", {"tp_size": 2}, 2, True, None),
+        ("tp2-full", {"tp_size": 2}, 1, False, None),
+        ("tp2-lora-chunked-ce", {"tp_size": 2}, 1, True, "ChunkedCrossEntropy"),
+    ),
+    4: (
+        ("dp2-tp2-lora", {"dp_size": 2, "tp_size": 2}, 1, True, None),
+        ("fsdp2-tp2-full", {"dp_size": 1, "fsdp_size": 2, "tp_size": 2}, 1, False, None),
+    ),
 }
 
 
 def load_dist_worker():
     # From its file: the tests folder is not a package and its name must not clash with other members'.
     if "model_dist_worker" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("model_dist_worker", Path(__file__).with_name("model_dist_worker.py"))
+        spec = importlib.util.spec_from_file_location(
+            "model_dist_worker", Path(__file__).with_name("model_dist_worker.py")
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules["model_dist_worker"] = module
         spec.loader.exec_module(module)

@@ -46,8 +46,9 @@ def ref_ce(lg, y, f):
 
 
 def ref_is(lg, y, f):
-    return _mean([-torch.exp(_lp(lg[b, t], y[b, t]) - f["logprobs"][b, t]) * f["advantages"][b, t]
-                  for b, t in _tokens(y)])
+    return _mean(
+        [-torch.exp(_lp(lg[b, t], y[b, t]) - f["logprobs"][b, t]) * f["advantages"][b, t] for b, t in _tokens(y)]
+    )
 
 
 def _ppo_term(r, a, lo, hi):
@@ -121,7 +122,9 @@ def ref_dpo(lg, y, f, beta=0.1, kind="sigmoid", ls=0.0):
         c, r = 2 * k, 2 * k + 1
         h = (_seq(lg, y, c) - _seq(lg, y, c, f["ref_logprobs"])) - (_seq(lg, y, r) - _seq(lg, y, r, f["ref_logprobs"]))
         if kind == "sigmoid":
-            out.append(-(1 - ls) * torch.log(1 / (1 + torch.exp(-beta * h))) - ls * torch.log(1 / (1 + torch.exp(beta * h))))
+            out.append(
+                -(1 - ls) * torch.log(1 / (1 + torch.exp(-beta * h))) - ls * torch.log(1 / (1 + torch.exp(beta * h)))
+            )
         elif kind == "ipo":
             out.append((h - 1 / (2 * beta)) ** 2)
         else:
@@ -182,8 +185,10 @@ CASES = [
 def test_loss_matches_reference_value_and_gradient(name, kwargs, reference):
     logits, targets, fields = _setup()
     # the advantage of a PPO-type test must exercise both clip branches: scale log-ratios into range
-    fields["logprobs"] = (torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
-                          + torch.randn(B, T, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.3)
+    fields["logprobs"] = (
+        torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+        + torch.randn(B, T, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 0.3
+    )
     ours_logits = logits.clone().requires_grad_(True)
     loss = create_loss(name, **kwargs)(LossContext.from_logits(ours_logits, targets, **fields)).loss
     loss.backward()
@@ -243,6 +248,7 @@ def test_dpo_without_reference_explains_where_it_comes_from():
 
 def test_entry_points_declare_every_builtin_loss():
     from importlib.metadata import entry_points
+
     declared = {ep.name for ep in entry_points(group="twinkle.loss")}
     builtins = {cls.__name__ for cls in set(LOSSES._classes.values())}
     assert builtins <= declared, builtins - declared

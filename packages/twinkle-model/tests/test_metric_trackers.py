@@ -74,8 +74,13 @@ def test_wandb_offline_run_holds_each_step(logged, tmp_path, monkeypatch):
     _log_all("wandb", logged, tmp_path)
     [run_dir] = (tmp_path / "wandb").glob("offline-run-*")
     wandb_cli = Path(sys.executable).with_name("wandb")
-    out = subprocess.run([str(wandb_cli), "leet", "inspect", "--json", str(run_dir)], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [str(wandb_cli), "leet", "inspect", "--json", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     history = [json.loads(line)["history"] for line in out.splitlines() if '"type":"history"' in line]
     assert [int(h["step"]["num"]) for h in history] == [1, 2, 3]
     assert [h["item"]["loss"] for h in history] == pytest.approx([m["loss"] for m in logged], rel=1e-6)
@@ -95,8 +100,14 @@ def test_trackio_local_store_holds_each_step(logged, tmp_path):
         print("LOGS=" + json.dumps(SQLiteStorage.get_logs("twinkle-test", "run1")))
     """)
     env = {**os.environ, "TRACKIO_DIR": str(tmp_path / "trackio")}
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(logged)], capture_output=True, text=True,
-                         env=env, timeout=300, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(logged)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    ).stdout
     logs = json.loads(next(line for line in out.splitlines() if line.startswith("LOGS="))[5:])
     assert [row["step"] for row in logs] == [1, 2, 3]
     assert [row["loss"] for row in logs] == pytest.approx([m["loss"] for m in logged], rel=1e-6)
@@ -120,6 +131,9 @@ def test_only_rank_zero_writes(tmp_path, monkeypatch):
 
 def test_a_missing_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
-    with pytest.raises(ImportError, match=r"report_to='wandb' needs the 'wandb' package: "
-                                          r"pip install 'twinkle-model\[wandb\]'"):
+    with pytest.raises(
+        ImportError,
+        match=r"report_to='wandb' needs the 'wandb' package: "
+        r"pip install 'twinkle-model\[wandb\]'",
+    ):
         open_trackers("wandb")

@@ -72,7 +72,7 @@ def _configured(gas):
 
 
 def test_resume_equals_uninterrupted_loss_trajectory(rows, tmp_path):
-    batches = [rows[i % 2 * 2: i % 2 * 2 + 2] for i in range(8)]
+    batches = [rows[i % 2 * 2 : i % 2 * 2 + 2] for i in range(8)]
     torch.manual_seed(1)
     full_losses = []
     _run(batches, _configured(gas=2), full_losses)
@@ -89,5 +89,5 @@ def test_resume_equals_uninterrupted_loss_trajectory(rows, tmp_path):
     info = resumed.resume_from_checkpoint(tmp_path / "ckpt")
     assert info == {"data_position": 4, "optimizer_steps": 2, "micro_step": 0}
     assert torch.equal(torch.rand(3), draw_after_save)
-    _run(batches[info["data_position"]:], resumed, losses)
+    _run(batches[info["data_position"] :], resumed, losses)
     assert losses == full_losses  # bit-exact, not approximately

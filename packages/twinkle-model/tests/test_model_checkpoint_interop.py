@@ -38,7 +38,9 @@ def _multi_lora():
 def _weights(engine):
     if isinstance(engine, MultiLoraModel):
         return {k: v.detach().clone() for k, v in engine.adapter_state_dict("default").items()}
-    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(engine.peft_model, adapter_name="default").items()}
+    return {
+        k: v.detach().clone() for k, v in get_peft_model_state_dict(engine.peft_model, adapter_name="default").items()
+    }
 
 
 def _optimizer(engine):
@@ -49,7 +51,7 @@ def _optimizer(engine):
 def _train(engine, rows, steps):
     losses = []
     for i in range(steps):
-        losses.append(engine.forward_backward(inputs=rows[i % 2 * 2:i % 2 * 2 + 2])["loss"])
+        losses.append(engine.forward_backward(inputs=rows[i % 2 * 2 : i % 2 * 2 + 2])["loss"])
         assert engine.clip_grad_and_step()["stepped"]
     return losses
 
@@ -63,21 +65,31 @@ def _assert_same_state(a, b):
         assert all(torch.equal(v, opt_b["state"][i][k]) for k, v in moments.items())
 
 
-@pytest.mark.parametrize("saver,loader", [(_transformers, _multi_lora), (_multi_lora, _transformers)],
-                         ids=["transformers->multi_lora", "multi_lora->transformers"])
+@pytest.mark.parametrize(
+    "saver,loader",
+    [(_transformers, _multi_lora), (_multi_lora, _transformers)],
+    ids=["transformers->multi_lora", "multi_lora->transformers"],
+)
 def test_a_checkpoint_resumes_bit_exact_in_the_other_engine(rows, tmp_path, saver, loader):
     first = saver()
     _configure(first)
     _train(first, rows, 2)
     first.save(tmp_path / "ckpt", save_training_state=True)
     files = sorted(str(p.relative_to(tmp_path / "ckpt")) for p in (tmp_path / "ckpt").rglob("*") if p.is_file())
-    assert files == ["adapter_config.json", "adapter_model.safetensors", "training_state/state.json",
-                     "training_state/state.safetensors"]
+    assert files == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "training_state/state.json",
+        "training_state/state.safetensors",
+    ]
 
     other = loader()
     _configure(other)
-    assert other.resume_from_checkpoint(tmp_path / "ckpt") == {"data_position": 2, "optimizer_steps": 2,
-                                                               "micro_step": 0}
+    assert other.resume_from_checkpoint(tmp_path / "ckpt") == {
+        "data_position": 2,
+        "optimizer_steps": 2,
+        "micro_step": 0,
+    }
     _assert_same_state(first, other)
     # both train on from the same state: equal up to the engines' summation order
     expected, got = _train(first, rows, 2), _train(other, rows, 2)

@@ -25,18 +25,18 @@ def test_every_engine_has_the_contract_signatures(cls):
 
 def test_the_signature_check_catches_a_swapped_argument_order():
     class Swapped(TwinkleModel):
-        def clip_grad_and_step(self, adapter_name=None, max_grad_norm=1.0):
-            ...
+        def clip_grad_and_step(self, adapter_name=None, max_grad_norm=1.0): ...
 
     class Positional(TwinkleModel):
-        def load(self, path, adapter_name=None, strict=True):
-            ...
+        def load(self, path, adapter_name=None, strict=True): ...
 
     assert contract_mismatches(Swapped) == [
         "Swapped.clip_grad_and_step takes (adapter_name=None, max_grad_norm=1.0); the contract: "
-        "(max_grad_norm=1.0, adapter_name=None)"]
+        "(max_grad_norm=1.0, adapter_name=None)"
+    ]
     assert contract_mismatches(Positional) == [
-        "Positional.load adds ['strict'] that are not keyword-only options with defaults"]
+        "Positional.load adds ['strict'] that are not keyword-only options with defaults"
+    ]
 
 
 def _engines():
@@ -75,8 +75,9 @@ def test_engines_refuse_by_name():
     with pytest.raises(NotImplementedError, match="Proxy cannot return an autograd graph: use forward_only"):
         Proxy().forward([])
     megatron = object.__new__(MegatronModel)  # no CUDA here: only the refusals, which need no state
-    with pytest.raises(NotImplementedError, match="MegatronModel cannot train LoRA adapters.*TransformersModel or "
-                                                  "MultiLoraModel"):
+    with pytest.raises(
+        NotImplementedError, match="MegatronModel cannot train LoRA adapters.*TransformersModel or MultiLoraModel"
+    ):
         megatron.add_adapter_to_model("a", LORA)
     with pytest.raises(NotImplementedError, match="MegatronModel cannot resume training state"):
         megatron.resume_from_checkpoint("x")
@@ -84,7 +85,7 @@ def test_engines_refuse_by_name():
 
 def test_num_training_steps_counts_optimizer_steps():
     assert num_training_steps(10, 2) == 5
-    assert num_training_steps(11, 2) == 5          # the trailing half window never steps
+    assert num_training_steps(11, 2) == 5  # the trailing half window never steps
     assert num_training_steps(5, 2, epochs=2) == 5  # the window runs on across the epoch boundary
     with pytest.raises(ValueError, match="gradient_accumulation_steps must be a positive integer, got 0"):
         num_training_steps(10, 0)
@@ -97,7 +98,7 @@ def _final_lrs(rows, schedule_steps, micro_batches=8, gas=2):
     model.set_lr_scheduler("CosineWarmupScheduler", num_warmup_steps=0, num_training_steps=schedule_steps)
     lrs = []
     for i in range(micro_batches):
-        model.forward_backward(inputs=rows[i % 4:i % 4 + 1])
+        model.forward_backward(inputs=rows[i % 4 : i % 4 + 1])
         out = model.clip_grad_and_step()
         if out["stepped"]:
             lrs.append(out["lr"])

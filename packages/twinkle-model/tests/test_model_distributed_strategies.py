@@ -41,9 +41,20 @@ def launch(tmp_path_factory):
     folder = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     with open(folder / "log.txt", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                                 str(HERE / "model_dist_worker.py"), str(folder)],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                str(HERE / "model_dist_worker.py"),
+                str(folder),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     yield proc, folder
     if proc.poll() is None:
         proc.kill()
@@ -66,7 +77,9 @@ def reference(tmp_path_factory):
     folder = tmp_path_factory.mktemp("reference")
     one = DeviceMesh.from_sizes(dp_size=1)
     # the strategy does not matter in one process: the model runs unwrapped
-    return {g: worker.run_scenario("ddp", g, one, folder / f"gas{g}") for g in sorted({g for _, g in worker.SCENARIOS})}, folder
+    return {
+        g: worker.run_scenario("ddp", g, one, folder / f"gas{g}") for g in sorted({g for _, g in worker.SCENARIOS})
+    }, folder
 
 
 def _gas(name: str) -> int:

@@ -29,8 +29,13 @@ def peft_folder(base_path, tmp_path_factory):
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    config = LoraConfig(r=4, lora_alpha=8, init_lora_weights=False, lora_dropout=0.0,
-                        target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        init_lora_weights=False,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"],
+    )
     model = get_peft_model(base, config)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -63,7 +68,8 @@ def test_a_local_peft_folder_merges_to_equal_logits(base_path, peft_folder, tmp_
 
     out = export_merged(peft_folder, tmp_path / "merged")
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert not (out / "adapter_config.json").exists()
     model, logits = exported_logits(out)
     expected = peft_logits(base_path, peft_folder)
@@ -74,8 +80,9 @@ def test_a_local_peft_folder_merges_to_equal_logits(base_path, peft_folder, tmp_
     # the lm_head LoRA went into an untied head; the input embeddings are the base's
     assert torch.equal(model.get_input_embeddings().weight, base.get_input_embeddings().weight)
     assert not torch.equal(model.get_output_embeddings().weight, model.get_input_embeddings().weight)
-    assert AutoTokenizer.from_pretrained(str(out)).encode("a cat") == AutoTokenizer.from_pretrained(
-        base_path).encode("a cat")
+    assert AutoTokenizer.from_pretrained(str(out)).encode("a cat") == AutoTokenizer.from_pretrained(base_path).encode(
+        "a cat"
+    )
 
 
 def test_a_server_checkpoint_folder_names_its_base_and_exports_in_bf16(base_path, peft_folder, tmp_path):

@@ -35,14 +35,20 @@ def test_megatron_reads_qkv_per_query_group_and_fc1_as_gate_then_up(hf):
     mega = convert.hf_to_megatron(hf.state_dict(), hf.config)
     layer = hf.model.layers[1]
     x_N_H = torch.randn(5, hf.config.hidden_size)
-    mixed = (x_N_H @ mega["decoder.layers.1.self_attention.linear_qkv.weight"].T).view(5, groups, (heads // groups + 2) * d)
+    mixed = (x_N_H @ mega["decoder.layers.1.self_attention.linear_qkv.weight"].T).view(
+        5, groups, (heads // groups + 2) * d
+    )
     q, k, v = mixed.split([heads // groups * d, d, d], dim=-1)
     torch.testing.assert_close(q.reshape(5, -1), layer.self_attn.q_proj(x_N_H), rtol=0, atol=1e-6)
     torch.testing.assert_close(k.reshape(5, -1), layer.self_attn.k_proj(x_N_H), rtol=0, atol=1e-6)
     torch.testing.assert_close(v.reshape(5, -1), layer.self_attn.v_proj(x_N_H), rtol=0, atol=1e-6)
     gate, up = (x_N_H @ mega["decoder.layers.1.mlp.linear_fc1.weight"].T).chunk(2, dim=-1)  # megatron's GLU
-    torch.testing.assert_close(torch.nn.functional.silu(gate) * up,
-                               layer.mlp.act_fn(layer.mlp.gate_proj(x_N_H)) * layer.mlp.up_proj(x_N_H), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        torch.nn.functional.silu(gate) * up,
+        layer.mlp.act_fn(layer.mlp.gate_proj(x_N_H)) * layer.mlp.up_proj(x_N_H),
+        rtol=0,
+        atol=1e-6,
+    )
     assert torch.equal(mega["decoder.layers.1.self_attention.q_layernorm.weight"], layer.self_attn.q_norm.weight)
     assert torch.equal(mega["decoder.layers.1.pre_mlp_layernorm.weight"], layer.post_attention_layernorm.weight)
 
@@ -54,8 +60,13 @@ def test_config_translation(hf):
     assert kw["qk_layernorm"] and kw["gated_linear_unit"] and kw["normalization"] == "RMSNorm"
     assert kw["layernorm_epsilon"] == 1e-6 and not kw["add_bias_linear"] and not kw["add_qkv_bias"]
     gpt = convert.gpt_model_kwargs(hf.config)
-    assert gpt == {"vocab_size": 850, "max_sequence_length": 1024, "share_embeddings_and_output_weights": True,
-                   "position_embedding_type": "rope", "rotary_base": 10000.0}
+    assert gpt == {
+        "vocab_size": 850,
+        "max_sequence_length": 1024,
+        "share_embeddings_and_output_weights": True,
+        "position_embedding_type": "rope",
+        "rotary_base": 10000.0,
+    }
     bad = hf.config.__class__(**{**hf.config.to_dict(), "hidden_act": "gelu"})
     with pytest.raises(ValueError, match="SwiGLU"):
         convert.transformer_config_kwargs(bad)
@@ -75,14 +86,20 @@ def test_tensor_parallel_shards_cut_whole_groups_and_merge_back(hf):
         shards = [convert.tp_shard(name, full, r, 2) for r in range(2)]
         assert torch.equal(convert.tp_merge(name, shards), full), name
     qkv = mega["decoder.layers.0.self_attention.linear_qkv.weight"]
-    assert torch.equal(convert.tp_shard("decoder.layers.0.self_attention.linear_qkv.weight", qkv, 1, 2),
-                       qkv[qkv.shape[0] // 2:])  # rank 1: query group 1 with its k and v
+    assert torch.equal(
+        convert.tp_shard("decoder.layers.0.self_attention.linear_qkv.weight", qkv, 1, 2), qkv[qkv.shape[0] // 2 :]
+    )  # rank 1: query group 1 with its k and v
     fc1 = mega["decoder.layers.0.mlp.linear_fc1.weight"]
     gate, up = fc1.chunk(2)
-    assert torch.equal(convert.tp_shard("decoder.layers.0.mlp.linear_fc1.weight", fc1, 0, 2),
-                       torch.cat([gate[:96], up[:96]]))  # its half of gate, then its half of up
-    assert convert.tp_shard("decoder.layers.0.self_attention.linear_proj.weight",
-                            mega["decoder.layers.0.self_attention.linear_proj.weight"], 0, 2).shape == (96, 48)
+    assert torch.equal(
+        convert.tp_shard("decoder.layers.0.mlp.linear_fc1.weight", fc1, 0, 2), torch.cat([gate[:96], up[:96]])
+    )  # its half of gate, then its half of up
+    assert convert.tp_shard(
+        "decoder.layers.0.self_attention.linear_proj.weight",
+        mega["decoder.layers.0.self_attention.linear_proj.weight"],
+        0,
+        2,
+    ).shape == (96, 48)
     with pytest.raises(ValueError, match="not divisible by tp_size=5"):
         convert.tp_shard("embedding.word_embeddings.weight", mega["embedding.word_embeddings.weight"][:847], 0, 5)
 
@@ -96,8 +113,12 @@ def test_pipeline_stages_own_their_layers_with_local_numbers(hf):
     assert torch.equal(last["decoder.layers.0.mlp.linear_fc2.weight"], mega["decoder.layers.1.mlp.linear_fc2.weight"])
     assert torch.equal(last["output_layer.weight"], mega["embedding.word_embeddings.weight"])  # tied copy
     assert "embedding.word_embeddings.weight" not in last
-    rebuilt = {convert.global_layer_name(k, r, 2, 2): v for r, stage in enumerate((first, last)) for k, v in stage.items()
-               if k != "output_layer.weight"}
+    rebuilt = {
+        convert.global_layer_name(k, r, 2, 2): v
+        for r, stage in enumerate((first, last))
+        for k, v in stage.items()
+        if k != "output_layer.weight"
+    }
     assert rebuilt.keys() == mega.keys() and all(torch.equal(rebuilt[k], mega[k]) for k in mega)
     with pytest.raises(ValueError, match="not divisible by pp_size=3"):
         convert.stage_layers(2, 0, 3)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
-                                                  reason="needs CUDA: megatron-core's schedules hard-code it")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: megatron-core's schedules hard-code it"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +24,21 @@ def model():
 
 def _rows():
     g = torch.Generator().manual_seed(7)
-    return [{"input_ids": (ids := torch.randint(3, 850, (n,), generator=g).tolist()), "labels": [-100] * 2 + ids[2:]}
-            for n in (9, 12, 7, 12)]
+    return [
+        {"input_ids": (ids := torch.randint(3, 850, (n,), generator=g).tolist()), "labels": [-100] * 2 + ids[2:]}
+        for n in (9, 12, 7, 12)
+    ]
 
 
 def _logits(model, rows):
     batch, _ = model._batch(rows)
     T = batch["input_ids"].shape[1]
     with torch.no_grad():
-        return model.gpt(batch["input_ids"], torch.arange(T, device="cuda")[None].expand_as(batch["input_ids"]),
-                         model._attention_mask(batch)).float(), batch["attention_mask"].bool()
+        return model.gpt(
+            batch["input_ids"],
+            torch.arange(T, device="cuda")[None].expand_as(batch["input_ids"]),
+            model._attention_mask(batch),
+        ).float(), batch["attention_mask"].bool()
 
 
 def _hf_logits(path, rows):

@@ -11,12 +11,16 @@ from twinkle.mesh import DeviceMesh
 from twinkle.model import TransformersModel
 
 
-@pytest.mark.parametrize("sizes,what", [
-    (dict(pp_size=2), "pipeline parallelism (pp_size=2"),
-    (dict(cp_size=2), "context parallelism (cp_size=2"),
-    (dict(dp_size=2, ep_size=2), "expert parallelism (ep_size=2"),
-    (dict(dp_size=2, tp_size=2, pp_size=2), "pipeline parallelism (pp_size=2"),
-], ids=["pp", "cp", "ep", "dp-tp-pp"])
+@pytest.mark.parametrize(
+    "sizes,what",
+    [
+        (dict(pp_size=2), "pipeline parallelism (pp_size=2"),
+        (dict(cp_size=2), "context parallelism (cp_size=2"),
+        (dict(dp_size=2, ep_size=2), "expert parallelism (ep_size=2"),
+        (dict(dp_size=2, tp_size=2, pp_size=2), "pipeline parallelism (pp_size=2"),
+    ],
+    ids=["pp", "cp", "ep", "dp-tp-pp"],
+)
 def test_unimplemented_dims_point_to_megatron(sizes, what):
     with pytest.raises(ValueError) as e:
         TransformersModel(model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(**sizes))
@@ -25,18 +29,26 @@ def test_unimplemented_dims_point_to_megatron(sizes, what):
 
 
 def test_ddp_on_a_sharded_mesh_is_refused():
-    with pytest.raises(ValueError, match=r"strategy='ddp' replicates the model, but DeviceMesh\(fsdp_size=2\) "
-                                         r"has fsdp_size=2, which shards it: pass strategy='fsdp2'"):
-        TransformersModel(model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(dp_size=1, fsdp_size=2), strategy="ddp")
+    with pytest.raises(
+        ValueError,
+        match=r"strategy='ddp' replicates the model, but DeviceMesh\(fsdp_size=2\) "
+        r"has fsdp_size=2, which shards it: pass strategy='fsdp2'",
+    ):
+        TransformersModel(
+            model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(dp_size=1, fsdp_size=2), strategy="ddp"
+        )
 
 
-@pytest.mark.parametrize("sizes,strategy,expected", [
-    (dict(dp_size=1, fsdp_size=2), None, "fsdp2"),
-    (dict(dp_size=2, fsdp_size=2), None, "fsdp2"),
-    (dict(dp_size=2), None, "ddp"),
-    (dict(dp_size=2), "fsdp2", "fsdp2"),
-    (dict(dp_size=1), None, "ddp"),
-])
+@pytest.mark.parametrize(
+    "sizes,strategy,expected",
+    [
+        (dict(dp_size=1, fsdp_size=2), None, "fsdp2"),
+        (dict(dp_size=2, fsdp_size=2), None, "fsdp2"),
+        (dict(dp_size=2), None, "ddp"),
+        (dict(dp_size=2), "fsdp2", "fsdp2"),
+        (dict(dp_size=1), None, "ddp"),
+    ],
+)
 def test_the_mesh_chooses_the_strategy(sizes, strategy, expected):
     from twinkle.model.strategy import resolve_strategy
 

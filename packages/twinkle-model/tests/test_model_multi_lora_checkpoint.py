@@ -14,16 +14,19 @@ from twinkle.model.multi_lora import MultiLoraModel
 
 torch.set_num_threads(2)
 
-CONFIGS = {"small": LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"),
-           "large": LoraConfig(r=24, lora_alpha=12, target_modules=["q_proj", "o_proj", "up_proj"], use_rslora=True)}
+CONFIGS = {
+    "small": LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"),
+    "large": LoraConfig(r=24, lora_alpha=12, target_modules=["q_proj", "o_proj", "up_proj"], use_rslora=True),
+}
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     model = MultiLoraModel(TEST_MODEL)
     g = torch.Generator().manual_seed(0)
-    batches = {n: [{"input_ids": torch.randint(3, 800, (10,), generator=g).tolist()} for _ in range(2)]
-               for n in CONFIGS}
+    batches = {
+        n: [{"input_ids": torch.randint(3, 800, (10,), generator=g).tolist()} for _ in range(2)] for n in CONFIGS
+    }
     for name, config in CONFIGS.items():
         model.add_adapter_to_model(name, config)
         model.set_optimizer("AdamW", adapter_name=name, lr=5e-2)

@@ -68,7 +68,8 @@ def test_fused_gradients_and_weights_equal_each_tenant_alone():
         assert max_diff(fused.adapters[name].params, initial[name]) > 1e-3  # the steps really moved the weights
     # the tenant with dropout got identical masks fused and alone (per-adapter generator, own shape)
     assert fused.calculate_metric(adapter_name="alice")["loss"] == pytest.approx(
-        alone.calculate_metric(adapter_name="alice")["loss"], abs=1e-5)
+        alone.calculate_metric(adapter_name="alice")["loss"], abs=1e-5
+    )
 
 
 def test_each_tenant_keeps_its_own_loss_in_a_fused_pass():
@@ -86,8 +87,10 @@ def test_each_tenant_keeps_its_own_loss_in_a_fused_pass():
     for name in data:
         assert fused_results[name]["loss"] == pytest.approx(alone_results[name]["loss"], abs=1e-5)
         assert fused_results[name]["metrics"] == pytest.approx(alone_results[name]["metrics"], abs=1e-5)
-        assert max_diff([p.grad for p in fused.adapters[name].params],
-                        [p.grad for p in alone.adapters[name].params]) < 1e-5
+        assert (
+            max_diff([p.grad for p in fused.adapters[name].params], [p.grad for p in alone.adapters[name].params])
+            < 1e-5
+        )
     tokens = sum(len(r["input_ids"]) - 3 for r in DATA["carol"])
     assert fused_results["carol"]["loss"] / tokens == pytest.approx(alone_results["alice"]["loss"], rel=0.5)
 
@@ -117,7 +120,10 @@ def test_forward_returns_logprobs_and_fuses_without_gradients():
     out = model.forward_fused({"alice": DATA["alice"], "carol": DATA["carol"]})
     alone = model.forward_only(DATA["alice"], adapter_name="alice")
     assert [len(x) for x in out["alice"]["logprobs"]] == [15, 11]
-    assert max(abs(a - b) for ra, rb in zip(out["alice"]["logprobs"], alone["logprobs"]) for a, b in zip(ra, rb[1:])) < 1e-5
+    assert (
+        max(abs(a - b) for ra, rb in zip(out["alice"]["logprobs"], alone["logprobs"]) for a, b in zip(ra, rb[1:]))
+        < 1e-5
+    )
     assert [row[0] for row in alone["logprobs"]] == [0.0, 0.0]  # the contract: aligned with the labels
     assert all(p.grad is None for s in model.adapters.values() for p in s.params)
     logits = model.logits(DATA["carol"], adapter_name="carol")

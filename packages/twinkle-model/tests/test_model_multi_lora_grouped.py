@@ -63,7 +63,9 @@ def peft_alone(name, model):
     logits = peft_model(input_ids=ids).logits
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
     loss.backward()
-    return float(loss.detach()), {k.replace(".default.weight", ".weight"): p.grad for k, p in params.items() if p.requires_grad}
+    return float(loss.detach()), {
+        k.replace(".default.weight", ".weight"): p.grad for k, p in params.items() if p.requires_grad
+    }
 
 
 def test_grouped_pass_over_mixed_ranks_equals_peft_per_adapter():
@@ -83,8 +85,10 @@ def test_grouped_pass_over_mixed_ranks_equals_peft_per_adapter():
 
 
 def test_grouped_pass_equals_one_tenant_per_pass_with_dropout():
-    configs = {"d4": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.2),
-               "d8": LoraConfig(r=8, lora_alpha=8, target_modules="all-linear", lora_dropout=0.1)}
+    configs = {
+        "d4": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.2),
+        "d8": LoraConfig(r=8, lora_alpha=8, target_modules="all-linear", lora_dropout=0.1),
+    }
     models = [MultiLoraModel(TEST_MODEL), MultiLoraModel(TEST_MODEL)]
     for model in models:
         for name, config in configs.items():

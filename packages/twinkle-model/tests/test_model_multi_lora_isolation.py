@@ -30,8 +30,10 @@ def make_model(names=("a", "b", "c")):
 
 def snapshot(model, name):
     state = model.adapters[name]
-    optimizer = {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-                 for i, s in enumerate(state.optimizer.state.values())}
+    optimizer = {
+        i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in enumerate(state.optimizer.state.values())
+    }
     return {
         "weights": [p.detach().clone() for p in state.params],
         "grads": [None if p.grad is None else p.grad.clone() for p in state.params],
@@ -111,8 +113,9 @@ def test_adapters_added_and_removed_at_run_time():
     assert late.params[0].shape == (64, 96)  # its own rank, no global maximum
     model.forward_backward_fused({"late": rows(3), "b": rows(4)})
     model.clip_grad_and_step(adapter_name="late")
-    refs = [weakref.ref(p) for p in late.params] + [weakref.ref(t) for s in late.optimizer.state.values()
-                                                     for t in s.values() if isinstance(t, torch.Tensor)]
+    refs = [weakref.ref(p) for p in late.params] + [
+        weakref.ref(t) for s in late.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)
+    ]
     assert len(refs) == 3 * len(late.params) + len(late.params)  # params, exp_avg, exp_avg_sq, step
     del late
     model.remove_adapter("late")

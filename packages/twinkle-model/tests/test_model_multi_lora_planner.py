@@ -27,15 +27,22 @@ def shape_of(plan):
 
 def test_plan_fuses_small_runs_large_alone_and_keeps_tenant_order():
     planner = FusionPlanner(fuse_max_tokens=256, group_max_tokens=512, max_padding=0.25)
-    queue = [fb("a", 2, 32, rid="a1"), fb("b", 2, 32, rid="b1"), fb("big", 8, 128, rid="big1"),
-             Request("a", "step", request_id="a-step"), fb("c", 2, 30, rid="c1"), fb("a", 2, 32, rid="a2"),
-             Request("d", "forward", rows(0, 1, 20), request_id="d1"), Request("e", "forward", rows(0, 1, 20), request_id="e1")]
+    queue = [
+        fb("a", 2, 32, rid="a1"),
+        fb("b", 2, 32, rid="b1"),
+        fb("big", 8, 128, rid="big1"),
+        Request("a", "step", request_id="a-step"),
+        fb("c", 2, 30, rid="c1"),
+        fb("a", 2, 32, rid="a2"),
+        Request("d", "forward", rows(0, 1, 20), request_id="d1"),
+        Request("e", "forward", rows(0, 1, 20), request_id="e1"),
+    ]
     plan = planner.plan(queue)
     assert shape_of(plan) == [
-        ("forward_backward", ["c1", "a1", "b1"]),   # small ones share a pass (sorted by length), 7% padding
-        ("forward", ["d1", "e1"]),                  # no-grad requests fuse among themselves
-        ("forward_backward", ["big1"]),             # 1024 tokens: already fills the GEMMs, runs alone
-        ("step", ["a-step"]),                       # a's step after a's first batch, before its second
+        ("forward_backward", ["c1", "a1", "b1"]),  # small ones share a pass (sorted by length), 7% padding
+        ("forward", ["d1", "e1"]),  # no-grad requests fuse among themselves
+        ("forward_backward", ["big1"]),  # 1024 tokens: already fills the GEMMs, runs alone
+        ("step", ["a-step"]),  # a's step after a's first batch, before its second
         ("forward_backward", ["a2"]),
     ]
     # the token budget and the padding limit split groups
@@ -63,9 +70,16 @@ def test_execute_returns_results_as_passes_finish_and_equal_direct_calls():
         return model
 
     served, direct = make(), make()
-    queue = [fb("a", 2, 16, seed=1), fb("b", 2, 16, seed=2), Request("a", "step", options={"max_grad_norm": None}),
-             fb("c", 6, 64, seed=3), Request("c", "step"), fb("a", 2, 16, seed=4), fb("zed", 1, 8),
-             Request("b", "forward", rows(5, 1, 16))]
+    queue = [
+        fb("a", 2, 16, seed=1),
+        fb("b", 2, 16, seed=2),
+        Request("a", "step", options={"max_grad_norm": None}),
+        fb("c", 6, 64, seed=3),
+        Request("c", "step"),
+        fb("a", 2, 16, seed=4),
+        fb("zed", 1, 8),
+        Request("b", "forward", rows(5, 1, 16)),
+    ]
     seen = []
     completions = list(served.run(queue, FusionPlanner(fuse_max_tokens=128), on_result=seen.append))
     assert seen == completions and len(completions) == len(queue)

@@ -44,7 +44,9 @@ def test_packed_rows_give_the_padded_per_token_logprobs_loss_and_gradients():
     assert abs(a["loss"] - b["loss"]) < 1e-5
     fa, fb = padded.forward_backward(rows), packed.forward_backward(rows)
     assert abs(fa["loss"] - fb["loss"]) < 1e-5
-    grads = [(p.grad, q.grad) for (_, p), (_, q) in zip(padded.states["default"].params, packed.states["default"].params)]
+    grads = [
+        (p.grad, q.grad) for (_, p), (_, q) in zip(padded.states["default"].params, packed.states["default"].params)
+    ]
     assert all(g is not None and g.abs().sum() > 0 for g, _ in grads)
     for g, h in grads:
         torch.testing.assert_close(h, g, rtol=1e-4, atol=1e-6)

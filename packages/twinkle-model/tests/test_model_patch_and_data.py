@@ -70,8 +70,9 @@ def test_raw_trajectories_are_encoded_through_the_template():
     m = TransformersModel(model_id=TEST_MODEL)
     m.add_adapter_to_model("default", LORA)
     m.set_optimizer("AdamW", lr=1e-2)
-    trajectories = [{"messages": [{"role": "user", "content": "Who are you?"},
-                                  {"role": "assistant", "content": "I am Glimmer."}]}] * 2
+    trajectories = [
+        {"messages": [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Glimmer."}]}
+    ] * 2
     out = m.forward_backward(inputs=trajectories)  # template built from the model id on first use
     encoded = Template(model_id=TEST_MODEL).encode(trajectories[0])
     assert abs(m.forward_only(inputs=[encoded])["loss"] - out["loss"]) < 1e-5

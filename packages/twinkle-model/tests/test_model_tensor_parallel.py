@@ -50,8 +50,19 @@ class Launches:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         with open(folder / "log.txt", "w") as log:
             self.procs[world] = subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-                 str(HERE / "model_tp_worker.py"), str(folder)], env=env, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    "--standalone",
+                    f"--nproc_per_node={world}",
+                    str(HERE / "model_tp_worker.py"),
+                    str(folder),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
 
     def ranks(self, world: int) -> tuple[list[dict], Path]:
         self.start(world)
@@ -84,7 +95,9 @@ def reference(tmp_path_factory):
     def get(gas: int, lora: bool) -> dict:
         if (gas, lora) not in cache:
             torch.set_num_threads(2)
-            cache[gas, lora] = worker.run_scenario(None, gas, DeviceMesh.from_sizes(dp_size=1), folder / f"{gas}{lora}", lora=lora)
+            cache[gas, lora] = worker.run_scenario(
+                None, gas, DeviceMesh.from_sizes(dp_size=1), folder / f"{gas}{lora}", lora=lora
+            )
         return cache[gas, lora]
 
     return get
@@ -123,7 +136,9 @@ def _moved(weights: dict, lora: bool) -> float:
 
     from twinkle.hub import TEST_MODEL, resolve_model_path
 
-    start = dict(AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32).named_parameters())
+    start = dict(
+        AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32).named_parameters()
+    )
     return max((torch.tensor(v) - start[n]).abs().max().item() for n, v in weights.items())
 
 
@@ -137,19 +152,26 @@ def test_projections_are_sharded_and_lora_follows_its_base_layer(launches, world
     hidden, q_width, mlp, r = 96, 4 * 24, 192, 4
     if lora:
         assert len(layout) == 28
-        q, o, down = (f"base_model.model.model.layers.0.{m}" for m in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj"))
-        assert _tp(layout[f"{q}.lora_B.default.weight"][0]) == "Shard(dim=0)"   # colwise base: B colwise
-        assert _tp(layout[f"{q}.lora_A.default.weight"][0]) == "Replicate()"    # ... A replicated
-        assert _tp(layout[f"{o}.lora_A.default.weight"][0]) == "Shard(dim=1)"   # rowwise base: A rowwise
-        assert _tp(layout[f"{o}.lora_B.default.weight"][0]) == "Replicate()"    # ... B replicated
+        q, o, down = (
+            f"base_model.model.model.layers.0.{m}" for m in ("self_attn.q_proj", "self_attn.o_proj", "mlp.down_proj")
+        )
+        assert _tp(layout[f"{q}.lora_B.default.weight"][0]) == "Shard(dim=0)"  # colwise base: B colwise
+        assert _tp(layout[f"{q}.lora_A.default.weight"][0]) == "Replicate()"  # ... A replicated
+        assert _tp(layout[f"{o}.lora_A.default.weight"][0]) == "Shard(dim=1)"  # rowwise base: A rowwise
+        assert _tp(layout[f"{o}.lora_B.default.weight"][0]) == "Replicate()"  # ... B replicated
         if sizes.get("fsdp_size", 1) == 1:
             assert layout[f"{q}.lora_B.default.weight"][1] == [q_width // 2, r]
             assert layout[f"{down}.lora_A.default.weight"][1] == [r, mlp // 2]
     else:
         layer = "model.layers.1"
-        expect = {f"{layer}.self_attn.k_proj.weight": "Shard(dim=0)", f"{layer}.mlp.up_proj.weight": "Shard(dim=0)",
-                  f"{layer}.self_attn.o_proj.weight": "Shard(dim=1)", f"{layer}.mlp.down_proj.weight": "Shard(dim=1)",
-                  f"{layer}.self_attn.q_norm.weight": "Replicate()", "model.embed_tokens.weight": "Replicate()"}
+        expect = {
+            f"{layer}.self_attn.k_proj.weight": "Shard(dim=0)",
+            f"{layer}.mlp.up_proj.weight": "Shard(dim=0)",
+            f"{layer}.self_attn.o_proj.weight": "Shard(dim=1)",
+            f"{layer}.mlp.down_proj.weight": "Shard(dim=1)",
+            f"{layer}.self_attn.q_norm.weight": "Replicate()",
+            "model.embed_tokens.weight": "Replicate()",
+        }
         assert {n: _tp(layout[n][0]) for n in expect} == expect
         if sizes.get("fsdp_size", 1) == 1:
             assert layout[f"{layer}.self_attn.o_proj.weight"][1] == [hidden, q_width // 2]
@@ -167,7 +189,9 @@ def test_save_writes_the_full_gathered_weights(launches, world, name, sizes, gas
     ranks, folder = launches.ranks(world)
     base = resolve_model_path(TEST_MODEL)
     if lora:
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(folder / name))
+        model = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(folder / name)
+        )
     else:
         model = AutoModelForCausalLM.from_pretrained(str(folder / name), dtype=torch.float32)
     params = dict(model.named_parameters())

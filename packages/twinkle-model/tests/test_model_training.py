@@ -152,8 +152,9 @@ def test_schedulers_follow_their_formulas():
 def test_several_adapters_keep_separate_state(rows):
     m = TransformersModel(model_id=TEST_MODEL)
     m.add_adapter_to_model("alpha", LORA, gradient_accumulation_steps=1)
-    m.add_adapter_to_model("beta", LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]),
-                           gradient_accumulation_steps=2)
+    m.add_adapter_to_model(
+        "beta", LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]), gradient_accumulation_steps=2
+    )
     m.set_optimizer("AdamW", adapter_name="alpha", lr=1e-2)
     m.set_optimizer("SGD", adapter_name="beta", lr=1e-1)
     with pytest.raises(ValueError, match=r"several adapters exist \['alpha', 'beta'\]"):
@@ -170,7 +171,9 @@ def test_several_adapters_keep_separate_state(rows):
     m.forward_backward(inputs=rows, adapter_name="beta")
     assert m.clip_grad_and_step(adapter_name="beta")["stepped"]
     assert type(m.states["alpha"].optimizer).__name__ == "AdamW" and type(m.states["beta"].optimizer).__name__ == "SGD"
-    assert m.calculate_metric(adapter_name="alpha")["step"] == 1 and m.calculate_metric(adapter_name="beta")["step"] == 1
+    assert (
+        m.calculate_metric(adapter_name="alpha")["step"] == 1 and m.calculate_metric(adapter_name="beta")["step"] == 1
+    )
 
 
 def test_forward_only_logprobs_match_a_direct_computation(rows):
@@ -224,13 +227,20 @@ def test_scheduler_names_are_transformers_get_scheduler_family():
             sched.step()
         return out
 
-    for ours, theirs, extra in [("cosine", "cosine", {}), ("linear", "linear", {}),
-                                ("constant_with_warmup", "constant_with_warmup", {}),
-                                ("CosineWarmupScheduler", "cosine_with_min_lr", {"min_lr_ratio": 0.1})]:
+    for ours, theirs, extra in [
+        ("cosine", "cosine", {}),
+        ("linear", "linear", {}),
+        ("constant_with_warmup", "constant_with_warmup", {}),
+        ("CosineWarmupScheduler", "cosine_with_min_lr", {"min_lr_ratio": 0.1}),
+    ]:
         mine = lrs(lambda o: resolve_scheduler(ours)(o, num_warmup_steps=3, num_training_steps=7, **extra))
         kwargs = {"min_lr_rate": 0.1} if extra else None
-        reference = lrs(lambda o: get_scheduler(theirs, o, num_warmup_steps=3, num_training_steps=7,
-                                                scheduler_specific_kwargs=kwargs))
+        reference = lrs(
+            lambda o: get_scheduler(
+                theirs, o, num_warmup_steps=3, num_training_steps=7, scheduler_specific_kwargs=kwargs
+            )
+        )
         assert mine == reference, ours
-    assert lrs(lambda o: resolve_scheduler("LinearWarmupScheduler")(o, 2, 6, min_lr_ratio=0.5))[2:7] == \
-        pytest.approx([1.0, 0.875, 0.75, 0.625, 0.5])
+    assert lrs(lambda o: resolve_scheduler("LinearWarmupScheduler")(o, 2, 6, min_lr_ratio=0.5))[2:7] == pytest.approx(
+        [1.0, 0.875, 0.75, 0.625, 0.5]
+    )

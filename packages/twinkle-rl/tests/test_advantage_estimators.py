@@ -12,7 +12,7 @@ REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.0, 2.0, 3.0, 7.0]
 
 
 def groups_of(values, g):
-    return [values[i:i + g] for i in range(0, len(values), g)]
+    return [values[i : i + g] for i in range(0, len(values), g)]
 
 
 def expected_grpo(values, g, scale_by, eps=1e-6):
@@ -51,8 +51,8 @@ def test_reinforce_baselines():
     assert REINFORCEAdvantage("none")([1.0, 2.0]).tolist() == [1.0, 2.0]
     assert REINFORCEAdvantage("batch")([1.0, 2.0, 6.0]).tolist() == pytest.approx([-2.0, -1.0, 3.0])
     ema = REINFORCEAdvantage("ema", momentum=0.5)
-    assert ema([2.0, 4.0]).tolist() == pytest.approx([-1.0, 1.0])     # b = first batch mean 3
-    assert ema([10.0, 10.0]).tolist() == pytest.approx([7.0, 7.0])    # b = 3 (then 0.5*3 + 0.5*10)
+    assert ema([2.0, 4.0]).tolist() == pytest.approx([-1.0, 1.0])  # b = first batch mean 3
+    assert ema([10.0, 10.0]).tolist() == pytest.approx([7.0, 7.0])  # b = 3 (then 0.5*3 + 0.5*10)
     assert ema([0.0]).tolist() == pytest.approx([-6.5])
 
 

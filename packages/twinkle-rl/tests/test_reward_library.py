@@ -4,18 +4,31 @@ import math
 
 import pytest
 
-from twinkle.reward import (REWARDS, AnswerAccuracy, ArithmeticAccuracy, FormatReward, LengthPenalty,
-                            NumericCloseness, Reward, WeightedReward, create_reward, extract_final_answer)
+from twinkle.reward import (
+    REWARDS,
+    AnswerAccuracy,
+    ArithmeticAccuracy,
+    FormatReward,
+    LengthPenalty,
+    NumericCloseness,
+    Reward,
+    WeightedReward,
+    create_reward,
+    extract_final_answer,
+)
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72"),
-    ("so the total is \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
-    ("The answer is 1,234.", "1,234"),
-    ("3 + 4 = 7, then 7 * 2 = 14", "14"),
-    ("44<|im_end|>", "44"),
-    ("no digits here", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72"),
+        ("so the total is \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+        ("The answer is 1,234.", "1,234"),
+        ("3 + 4 = 7, then 7 * 2 = 14", "14"),
+        ("44<|im_end|>", "44"),
+        ("no digits here", None),
+    ],
+)
 def test_extract_final_answer(text, expected):
     assert extract_final_answer(text) == expected
 
@@ -29,8 +42,12 @@ def test_answer_accuracy_matches_by_value_and_reads_gsm8k_ground_truth():
 
 def test_arithmetic_accuracy_on_bundled_style_rows_and_computes_missing_truth():
     acc = ArithmeticAccuracy()
-    rows = [{"question": "What is 8 + 36?", "answer": "44"}, {"question": "What is 16 - 7?"},
-            {"question": "What is 6 * 7?"}, {"question": "What is 5 + 5?", "answer": "10"}]
+    rows = [
+        {"question": "What is 8 + 36?", "answer": "44"},
+        {"question": "What is 16 - 7?"},
+        {"question": "What is 6 * 7?"},
+        {"question": "What is 5 + 5?", "answer": "10"},
+    ]
     assert acc(["44", "9<|im_end|>", "41", "ten"], rows).values == [1.0, 1.0, 0.0, 0.0]
 
 
@@ -66,8 +83,9 @@ def test_nan_reward_counts_as_failure():
 def test_format_reward_search_and_full():
     assert FormatReward(r"\d+$", reward=1, penalty=-1)(["x 42", "42 x"]).values == [1.0, -1.0]
     think = FormatReward.think_answer()
-    assert think(["<think>a\nb</think> <answer>4</answer>", "<answer>4</answer>",
-                  "<think>a</think><answer>4</answer> trailing"]).values == [1.0, 0.0, 0.0]
+    assert think(
+        ["<think>a\nb</think> <answer>4</answer>", "<answer>4</answer>", "<think>a</think><answer>4</answer> trailing"]
+    ).values == [1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="not a valid regex"):
         FormatReward("(")
 
@@ -81,9 +99,13 @@ def test_length_penalty_is_linear_between_target_and_limit():
 
 
 def test_weighted_reward_totals_components_and_failures():
-    combo = WeightedReward({"acc": (AnswerAccuracy(answer_key="answer"), 1.0),
-                            "fmt": (FormatReward(r"^\d+$", match="full"), 0.25),
-                            "len": (LengthPenalty(1, 3, unit="chars"), 2.0)})
+    combo = WeightedReward(
+        {
+            "acc": (AnswerAccuracy(answer_key="answer"), 1.0),
+            "fmt": (FormatReward(r"^\d+$", match="full"), 0.25),
+            "len": (LengthPenalty(1, 3, unit="chars"), 2.0),
+        }
+    )
     rows = [{"answer": "12"}, {"answer": "12"}, {}]
     result = combo(["12", "x 12", "12"], rows)
     # independent: 1 + .25*1 + 2*(-(2-1)/2) ; 1 + 0 + 2*(-1) ; failed (no answer)
@@ -105,4 +127,5 @@ def test_numeric_closeness_decays_with_distance():
     close = NumericCloseness(scale=5.0)
     rows = [{"ground_truth": "44"}] * 4
     assert close(["44", "The answer is 49", "no number", "34"], rows).values == pytest.approx(
-        [1.0, math.exp(-1.0), 0.0, math.exp(-2.0)])
+        [1.0, math.exp(-1.0), 0.0, math.exp(-2.0)]
+    )

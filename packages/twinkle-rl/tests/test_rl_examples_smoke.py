@@ -22,10 +22,34 @@ def load(name):
 def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, overlap):
     grpo = load("grpo")
     plot = tmp_path / "curve.png"
-    summary = grpo.main(["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "3", "--prompts", "2",
-                         "--group", "3", "--max-tokens", "3", "--eval-prompts", "4", "--eval-every", "2",
-                         "--is-stats", "--plot", str(plot), "--report-to", "tensorboard",
-                         "--logging-dir", str(tmp_path / "runs")] + (["--overlap"] if overlap else []))
+    summary = grpo.main(
+        [
+            "--model",
+            TEST_MODEL,
+            "--warm-start-steps",
+            "0",
+            "--steps",
+            "3",
+            "--prompts",
+            "2",
+            "--group",
+            "3",
+            "--max-tokens",
+            "3",
+            "--eval-prompts",
+            "4",
+            "--eval-every",
+            "2",
+            "--is-stats",
+            "--plot",
+            str(plot),
+            "--report-to",
+            "tensorboard",
+            "--logging-dir",
+            str(tmp_path / "runs"),
+        ]
+        + (["--overlap"] if overlap else [])
+    )
     out = capsys.readouterr().out
     assert summary["steps"] == 3 and summary["samples_per_step"] == 6 and summary["overlap"] is overlap
     assert 0.0 <= summary["accuracy_start"] <= 1.0 and 0.0 <= summary["accuracy_end"] <= 1.0
@@ -45,9 +69,28 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
 
 def test_dpo_example_runs_and_reports_both_accuracies(tmp_path, capsys):
     dpo = load("dpo")
-    summary = dpo.main(["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "3", "--batch-pairs", "4",
-                        "--train-pairs", "8",
-                        "--eval-pairs", "8", "--eval-every", "2", "--lr", "1e-2", "--plot", str(tmp_path / "dpo.png")])
+    summary = dpo.main(
+        [
+            "--model",
+            TEST_MODEL,
+            "--warm-start-steps",
+            "0",
+            "--steps",
+            "3",
+            "--batch-pairs",
+            "4",
+            "--train-pairs",
+            "8",
+            "--eval-pairs",
+            "8",
+            "--eval-every",
+            "2",
+            "--lr",
+            "1e-2",
+            "--plot",
+            str(tmp_path / "dpo.png"),
+        ]
+    )
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1]) == summary
     # step 0: policy == reference, so no pair has a positive implicit-reward margin
@@ -68,7 +111,9 @@ def test_dpo_overfits_four_pairs_policy_and_implicit_reward_margins_move_the_rig
     torch.manual_seed(0)
     pairs = dpo.preference_pairs("train", Template(model_id=TEST_MODEL), 4, 0, "near")
     model = TransformersModel(model_id=TEST_MODEL)
-    model.add_adapter_to_model(dpo.ADAPTER, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0))
+    model.add_adapter_to_model(
+        dpo.ADAPTER, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+    )
     model.set_optimizer("AdamW", lr=1e-2, adapter_name=dpo.ADAPTER)
     model.set_loss("DPOLoss", adapter_name=dpo.ADAPTER, beta=0.1)
     before = dpo.evaluate(model, pairs)
@@ -94,8 +139,24 @@ def test_dpo_rejected_answers_are_wrong_and_of_the_asked_kind():
 
 def test_gkd_example_runs_and_reports_held_out_loss_to_teacher(tmp_path, capsys):
     gkd = load("gkd")
-    summary = gkd.main(["--model", TEST_MODEL, "--teacher-warm-start", "0", "--steps", "2", "--prompts", "2",
-                        "--eval-prompts", "4", "--eval-every", "2", "--plot", str(tmp_path / "gkd.png")])
+    summary = gkd.main(
+        [
+            "--model",
+            TEST_MODEL,
+            "--teacher-warm-start",
+            "0",
+            "--steps",
+            "2",
+            "--prompts",
+            "2",
+            "--eval-prompts",
+            "4",
+            "--eval-every",
+            "2",
+            "--plot",
+            str(tmp_path / "gkd.png"),
+        ]
+    )
     out = capsys.readouterr().out
     assert json.loads(out.strip().splitlines()[-1]) == summary
     # teacher == the student's base and the LoRA starts at zero: the student begins as the teacher

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from twinkle.reward import AnswerAccuracy, FormatReward, WeightedReward
-from twinkle.rl.metrics import (clip_fraction, entropy, importance_ratio_stats, kl_to_reference, reward_metrics,
-                                sampled_entropy)
+from twinkle.rl.metrics import (
+    clip_fraction,
+    entropy,
+    importance_ratio_stats,
+    kl_to_reference,
+    reward_metrics,
+    sampled_entropy,
+)
 from twinkle.rl.timing import PhaseTimer
 
 torch.manual_seed(0)
@@ -33,6 +39,7 @@ def test_reward_metrics_per_component_over_valid_samples():
 def test_kl_estimators(estimator):
     def k(d):
         return {"k1": -d, "k2": d * d / 2, "k3": math.exp(d) - d - 1}[estimator]
+
     expected = sum(k(float(REF[b, t] - LOGP[b, t])) for b, t in TOKENS) / len(TOKENS)
     assert kl_to_reference(LOGP, REF, MASK, estimator) == pytest.approx(expected, rel=1e-5)
 
@@ -47,6 +54,7 @@ def test_clip_fraction_counts_active_clips():
         count += (r > 1.28 and adv[b] > 0) or (r < 0.8 and adv[b] < 0)
     assert clip_fraction(new, old, adv, MASK) == pytest.approx(count / len(TOKENS))
     assert count == 2  # (0,0): r=1.65 with A>0; (1,2): r=0.61 with A<0; (2,0) has r>1 with A<0: unclipped
+
 
 def test_entropy_and_sampled_entropy():
     logits = torch.randn(3, 5, 7)

@@ -24,14 +24,20 @@ class ScriptedSampler:
         time.sleep(self.delay)
         out = []
         for p, prompt in enumerate(prompts):
-            seqs = [SampledSequence(tokens=[ord(c) for c in text], logprobs=[-0.5] * len(text), stop_reason="stop",
-                                    text=text) for text in self.script[p][:params.num_samples]]
+            seqs = [
+                SampledSequence(
+                    tokens=[ord(c) for c in text], logprobs=[-0.5] * len(text), stop_reason="stop", text=text
+                )
+                for text in self.script[p][: params.num_samples]
+            ]
             out.append(SampleResponse(seqs, prompt, adapter_name, weight_version=self.version))
         return out
 
 
-PROMPTS = [{"input_ids": [1, 2, 3], "ground_truth": "7", "question": "What is 3 + 4?", "messages": ["dropped"]},
-           {"input_ids": [4, 5], "ground_truth": "2", "question": "What is 5 - 3?"}]
+PROMPTS = [
+    {"input_ids": [1, 2, 3], "ground_truth": "7", "question": "What is 3 + 4?", "messages": ["dropped"]},
+    {"input_ids": [4, 5], "ground_truth": "2", "question": "What is 5 - 3?"},
+]
 
 
 def test_rollout_reward_context_and_training_rows():
@@ -45,8 +51,12 @@ def test_rollout_reward_context_and_training_rows():
     assert rewards.values == [1.0, 0.0, 1.0, 0.0]
     adv = GRPOAdvantage()(rewards, group_size=rollout.group_size)
     rows = rollout.training_rows(adv.tolist())
-    assert rows[3] == {"input_ids": [4, 5, ord("2"), ord("2")], "labels": [-100, -100, ord("2"), ord("2")],
-                       "logprobs": [0.0, 0.0, -0.5, -0.5], "advantages": pytest.approx(adv[3].item())}
+    assert rows[3] == {
+        "input_ids": [4, 5, ord("2"), ord("2")],
+        "labels": [-100, -100, ord("2"), ord("2")],
+        "logprobs": [0.0, 0.0, -0.5, -0.5],
+        "advantages": pytest.approx(adv[3].item()),
+    }
     assert len(rollout.training_rows([0.0, 1.0, 0.0, -1.0], skip_zero=True)) == 2
     with pytest.raises(ValueError, match="3 advantages for 4"):
         rollout.training_rows([1.0, 2.0, 3.0])
@@ -54,14 +64,17 @@ def test_rollout_reward_context_and_training_rows():
 
 def test_prompt_rows_without_ids_need_a_template():
     with pytest.raises(ValueError, match="pass template="):
-        sample_rollout(ScriptedSampler([["1"]]), [{"messages": [{"role": "user", "content": "hi"}]}],
-                       {"num_samples": 1})
+        sample_rollout(
+            ScriptedSampler([["1"]]), [{"messages": [{"role": "user", "content": "hi"}]}], {"num_samples": 1}
+        )
 
 
 def test_overlapped_rollouts_sample_in_background_and_bound_staleness():
     sampler = ScriptedSampler([["7"], ["2"]], version=1, delay=0.2)
     timer = PhaseTimer()
-    rollouts = OverlappedRollouts(lambda p: sample_rollout(sampler, p, {"num_samples": 1}), max_staleness=1, timer=timer)
+    rollouts = OverlappedRollouts(
+        lambda p: sample_rollout(sampler, p, {"num_samples": 1}), max_staleness=1, timer=timer
+    )
     with rollouts:
         t0 = time.perf_counter()
         rollouts.start(PROMPTS)

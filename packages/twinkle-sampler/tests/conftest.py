@@ -36,5 +36,3 @@ def prompts(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="session")
 def trainer(model_path):
     return make_trainer(model_path)
-
-

@@ -71,7 +71,7 @@ def teacher_logprobs(model, prompt: list[int], completion: list[int], adapter: s
             model.set_adapter(adapter)
         logits = model(input_ids=ids).logits
     logp = torch.log_softmax(logits[0, :-1].float(), dim=-1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-    return logp[len(prompt) - 1:].tolist()
+    return logp[len(prompt) - 1 :].tolist()
 
 
 @torch.no_grad()
@@ -79,10 +79,12 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int, adapter: str | None
     ids = torch.tensor([prompt], device=next(model.parameters()).device)
     if adapter is None:
         with model.disable_adapter():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=max_new_tokens, do_sample=False)
+            out = model.generate(
+                input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+            )
     else:
         model.set_adapter(adapter)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                             max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False
+        )
+    return out[0, len(prompt) :].tolist()

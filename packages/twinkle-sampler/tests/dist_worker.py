@@ -42,8 +42,11 @@ def run(rank: int, world: int, port: int, model_path: str, out_dir: str) -> None
             w = sampler.router.adapters["policy"]
             torch.save({"A": w.lora_A, "B": w.lora_B, "scaling": w.scaling}, out / f"sampler{rank}.pt")
             response = sampler.sample([PROMPT], SamplingParams(max_tokens=8, temperature=0), adapter_name="policy")[0]
-            result = {"versions": versions, "greedy": response.sequences[0].tokens,
-                      "weight_version": response.weight_version}
+            result = {
+                "versions": versions,
+                "greedy": response.sequences[0].tokens,
+                "weight_version": response.weight_version,
+            }
         (out / f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

@@ -85,8 +85,9 @@ def test_broadcast_between_two_gloo_ranks(model_path, tmp_path):
     import dist_worker
 
     # fork: the ranks inherit torch/transformers/peft already imported (spawn re-imports them: ~10 s).
-    mp.start_processes(dist_worker.run, args=(2, _free_port(), model_path, str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+    mp.start_processes(
+        dist_worker.run, args=(2, _free_port(), model_path, str(tmp_path)), nprocs=2, join=True, start_method="fork"
+    )
     trainer = json.loads((tmp_path / "rank0.json").read_text())
     sampler = json.loads((tmp_path / "rank1.json").read_text())
     assert trainer["versions"] == sampler["versions"] == [1, 2] and sampler["weight_version"] == 2
@@ -120,6 +121,7 @@ def test_ray_actors_sync_through_the_object_store(model_path, prompts):
 
         def perturb(self):
             import torch as _torch
+
             with _torch.no_grad():
                 for n, p in self.model.named_parameters():
                     if "lora_B" in n:
@@ -127,12 +129,14 @@ def test_ray_actors_sync_through_the_object_store(model_path, prompts):
 
         def teacher(self, prompt, tokens):
             from contract_model import teacher_logprobs as tl
+
             return tl(self.model, prompt, tokens, "policy")
 
     @ray.remote
     class SamplerActor:
         def __init__(self, path):
             import torch as _torch
+
             _torch.set_num_threads(1)
             self.sampler = TorchSampler(path)
 
@@ -140,7 +144,9 @@ def test_ray_actors_sync_through_the_object_store(model_path, prompts):
             return RayCheckpointEngine.apply(self.sampler, name, payload)
 
         def sample(self, prompt):
-            r = self.sampler.sample([prompt], SamplingParams(max_tokens=6, temperature=1.0, seed=4), adapter_name="policy")
+            r = self.sampler.sample(
+                [prompt], SamplingParams(max_tokens=6, temperature=1.0, seed=4), adapter_name="policy"
+            )
             return r[0].sequences[0].tokens, r[0].sequences[0].logprobs, r[0].weight_version
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -13,8 +13,9 @@ TOL = 1e-3  # fp32 log-prob agreement with the trainer: the basis of on-policy R
 @pytest.fixture(scope="module", params=["torch", "vllm"])
 def sampler(request, model_path, trainer):
     if request.param == "vllm":
-        pytest.importorskip("vllm", reason="vllm is not installed here: run the `vllm` session "
-                                           "(packages/twinkle-sampler/README.md)")
+        pytest.importorskip(
+            "vllm", reason="vllm is not installed here: run the `vllm` session (packages/twinkle-sampler/README.md)"
+        )
         from twinkle.sampler import VLLMSampler
 
         s = VLLMSampler(model_path, max_lora_rank=8, max_model_len=256)
@@ -46,8 +47,9 @@ def test_sampled_logprobs_equal_teacher_forced_forward(sampler, trainer, prompts
 
 
 def test_prompt_logprobs_and_compute_logprobs(sampler, trainer, prompts):
-    response = sampler.sample([prompts[1]], SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=True),
-                              adapter_name="tenant")[0]
+    response = sampler.sample(
+        [prompts[1]], SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=True), adapter_name="tenant"
+    )[0]
     full = sampler.compute_logprobs([prompts[1]], adapter_name="tenant")[0]
     expected = teacher_logprobs(trainer, prompts[1][:1], prompts[1][1:], "tenant")
     for got in (response.prompt_logprobs, full):
@@ -59,10 +61,12 @@ def test_stop_strings_are_honoured_and_kept(sampler, tokenizer, prompts):
     free = sampler.sample([prompts[0]], SamplingParams(max_tokens=12, temperature=0))[0].sequences[0]
     # A stop string taken from the middle of the free-running greedy text.
     stop_at = 5
-    stop = tokenizer.decode(free.tokens[stop_at:stop_at + 1]).strip() or tokenizer.decode(free.tokens[stop_at:stop_at + 1])
+    stop = tokenizer.decode(free.tokens[stop_at : stop_at + 1]).strip() or tokenizer.decode(
+        free.tokens[stop_at : stop_at + 1]
+    )
     cut = sampler.sample([prompts[0]], SamplingParams(max_tokens=12, temperature=0, stop=[stop]))[0].sequences[0]
     assert cut.stop_reason == "stop"
-    assert cut.tokens == free.tokens[:len(cut.tokens)] and len(cut.tokens) <= stop_at + 1
+    assert cut.tokens == free.tokens[: len(cut.tokens)] and len(cut.tokens) <= stop_at + 1
     text = tokenizer.decode(cut.tokens)
     assert stop in text and stop not in tokenizer.decode(cut.tokens[:-1])  # stops at the first occurrence, kept
 
@@ -71,7 +75,7 @@ def test_stop_token_ids(sampler, prompts):
     free = sampler.sample([prompts[2]], SamplingParams(max_tokens=12, temperature=0))[0].sequences[0]
     target = free.tokens[4]
     cut = sampler.sample([prompts[2]], SamplingParams(max_tokens=12, temperature=0, stop=target))[0].sequences[0]
-    assert cut.stop_reason == "stop" and cut.tokens == free.tokens[:free.tokens.index(target) + 1]
+    assert cut.stop_reason == "stop" and cut.tokens == free.tokens[: free.tokens.index(target) + 1]
     capped = sampler.sample([prompts[2]], SamplingParams(max_tokens=3, temperature=0))[0].sequences[0]
     assert capped.stop_reason == "length" and capped.tokens == free.tokens[:3]
 
@@ -80,8 +84,12 @@ def test_same_seed_same_output(sampler, prompts):
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=1234, num_samples=3)
     first = [[s.tokens for s in r.sequences] for r in sampler.sample(prompts, params, adapter_name="tenant")]
     again = [[s.tokens for s in r.sequences] for r in sampler.sample(prompts, params, adapter_name="tenant")]
-    other = [[s.tokens for s in r.sequences] for r in sampler.sample(
-        prompts, SamplingParams(max_tokens=10, temperature=1.0, seed=4321, num_samples=3), adapter_name="tenant")]
+    other = [
+        [s.tokens for s in r.sequences]
+        for r in sampler.sample(
+            prompts, SamplingParams(max_tokens=10, temperature=1.0, seed=4321, num_samples=3), adapter_name="tenant"
+        )
+    ]
     assert first == again
     assert first != other
     assert len({tuple(t) for t in first[0]}) > 1  # the samples of one prompt differ from each other

@@ -62,13 +62,15 @@ def test_sample_j_is_the_same_whatever_num_samples(samplers, prompts):
 
 def test_temperature_zero_is_greedy_whatever_the_seed(samplers, trainer, prompts):
     wide, _ = samplers
-    runs = [wide.sample(prompts, SamplingParams(max_tokens=8, temperature=0, seed=s, num_samples=2),
-                        adapter_name="tenant") for s in (None, 1, 2)]
+    runs = [
+        wide.sample(prompts, SamplingParams(max_tokens=8, temperature=0, seed=s, num_samples=2), adapter_name="tenant")
+        for s in (None, 1, 2)
+    ]
     for p, prompt in enumerate(prompts):
         expected = hf_greedy(trainer, prompt, 8, "tenant")
         for run in runs:
             for seq in run[p].sequences:
-                assert seq.tokens == expected[:len(seq.tokens)] and (len(seq.tokens) == 8 or seq.stop_reason == "stop")
+                assert seq.tokens == expected[: len(seq.tokens)] and (len(seq.tokens) == 8 or seq.stop_reason == "stop")
 
 
 _CHILD = """
@@ -89,5 +91,6 @@ def test_a_fresh_process_draws_the_same_tokens(samplers, model_path, prompts):
     params = {k: v for k, v in PARAMS.__dict__.items()}
     code = _CHILD.format(tests=str(Path(__file__).parent), model=model_path, prompt=prompts[3], params=params)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == tokens(wide.sample([prompts[3]], PARAMS,
-                                                                                  adapter_name="tenant")[0])
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == tokens(
+        wide.sample([prompts[3]], PARAMS, adapter_name="tenant")[0]
+    )

@@ -53,9 +53,10 @@ def test_prompt_top_logprobs_match_a_full_forward_in_a_padded_mixed_batch(sample
 
 def test_sampled_top_logprobs_match_a_full_forward_of_the_completion(sampler, trainer, prompts):
     prompt = prompts[0]
-    seq = sampler.sample([prompt], SamplingParams(max_tokens=6, temperature=1.0, seed=4, logprobs=5),
-                         adapter_name="tenant")[0].sequences[0]
-    logp_T_V = full_logp(trainer, prompt + seq.tokens, "tenant")[len(prompt) - 1:-1]
+    seq = sampler.sample(
+        [prompt], SamplingParams(max_tokens=6, temperature=1.0, seed=4, logprobs=5), adapter_name="tenant"
+    )[0].sequences[0]
+    logp_T_V = full_logp(trainer, prompt + seq.tokens, "tenant")[len(prompt) - 1 : -1]
     assert_topk_rows(seq.top_logprobs, logp_T_V, 5)
     assert max(abs(lp - float(logp_T_V[i, t])) for i, (t, lp) in enumerate(zip(seq.tokens, seq.logprobs))) < 1e-5
 
@@ -78,7 +79,7 @@ def test_ignore_eos_runs_to_max_tokens(model_path, prompts):
     greedy = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0))[0].sequences[0].tokens
     s.eos_token_ids = [greedy[1]]  # make the second greedy token this model's end of sequence
     stopped = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0))[0].sequences[0]
-    assert stopped.tokens == greedy[:greedy.index(greedy[1]) + 1] and stopped.stop_reason == "stop"
+    assert stopped.tokens == greedy[: greedy.index(greedy[1]) + 1] and stopped.stop_reason == "stop"
     through = s.sample([prompts[0]], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0].sequences[0]
     assert through.tokens == greedy and through.stop_reason == "length"
 

@@ -6,8 +6,14 @@ import pytest
 import torch
 from contract_model import teacher_logprobs
 
-from twinkle.sampler import (AdapterWeights, SamplingParams, TorchSampler, extract_adapter, get_sampler_class,
-                             load_adapter_folder)
+from twinkle.sampler import (
+    AdapterWeights,
+    SamplingParams,
+    TorchSampler,
+    extract_adapter,
+    get_sampler_class,
+    load_adapter_folder,
+)
 from twinkle.sampler.decoding import filter_logits
 
 
@@ -74,8 +80,13 @@ def test_top_logprobs_and_no_logprobs(sampler, prompts):
 def test_input_forms_agree(sampler, tokenizer, prompts):
     params = SamplingParams(max_tokens=5, temperature=0)
     want = sampler.sample([prompts[1]], params)[0].sequences[0].tokens
-    forms = [prompts[1], {"input_ids": prompts[1]}, torch.tensor(prompts[1]), [torch.tensor(prompts[1])],
-             "the quick brown fox jumps over"]
+    forms = [
+        prompts[1],
+        {"input_ids": prompts[1]},
+        torch.tensor(prompts[1]),
+        [torch.tensor(prompts[1])],
+        "the quick brown fox jumps over",
+    ]
     for form in forms:
         assert sampler.sample(form, params)[0].sequences[0].tokens == want, form
 
@@ -90,7 +101,10 @@ def test_chat_inputs_go_through_the_template(model_path):
     for form in (messages, {"messages": messages}, [{"messages": messages}]):
         response = sampler.sample(form, params)[0]
         assert response.prompt_tokens == prompt
-    assert sampler.sample(messages, params)[0].sequences[0].tokens == sampler.sample([prompt], params)[0].sequences[0].tokens
+    assert (
+        sampler.sample(messages, params)[0].sequences[0].tokens
+        == sampler.sample([prompt], params)[0].sequences[0].tokens
+    )
 
 
 def test_saved_peft_folder_serves_the_same_adapter(sampler, trainer, tmp_path):
@@ -118,9 +132,11 @@ def test_bad_inputs_are_clear_errors(sampler, trainer, model_path):
         sampler.sample([[1, 2], [3]], adapter_name=["tenant"])
     with pytest.raises(TypeError, match="plain base model"):
         TorchSampler(model=trainer)
-    wrong = AdapterWeights({"model.layers.0.self_attn.q_proj": torch.zeros(2, 5)},
-                           {"model.layers.0.self_attn.q_proj": torch.zeros(7, 2)},
-                           {"model.layers.0.self_attn.q_proj": 1.0})
+    wrong = AdapterWeights(
+        {"model.layers.0.self_attn.q_proj": torch.zeros(2, 5)},
+        {"model.layers.0.self_attn.q_proj": torch.zeros(7, 2)},
+        {"model.layers.0.self_attn.q_proj": 1.0},
+    )
     with pytest.raises(ValueError, match="do not fit Linear"):
         sampler.set_adapter("wrong", wrong)
     with pytest.raises(KeyError, match="no LoRA adapter named 'nope'.*'other', 'tenant'"):

@@ -38,8 +38,10 @@ def peft_logprobs(server_checkpoint, model_path, prompts):
     """(with the adapter, without it): teacher-forced log-probs of every prompt token after the first."""
     base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, str(server_checkpoint)).eval()
-    return ([teacher_logprobs(model, p[:1], p[1:], "default") for p in prompts],
-            [teacher_logprobs(model, p[:1], p[1:], None) for p in prompts])
+    return (
+        [teacher_logprobs(model, p[:1], p[1:], "default") for p in prompts],
+        [teacher_logprobs(model, p[:1], p[1:], None) for p in prompts],
+    )
 
 
 def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
@@ -48,16 +50,21 @@ def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 def test_the_server_checkpoint_is_a_peft_folder_that_changes_the_model(server_checkpoint, peft_logprobs):
     files = sorted(str(p.relative_to(server_checkpoint)) for p in server_checkpoint.rglob("*") if p.is_file())
-    assert files == ["adapter_config.json", "adapter_model.safetensors", "training_state/state.json",
-                     "training_state/state.safetensors"]
+    assert files == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "training_state/state.json",
+        "training_state/state.safetensors",
+    ]
     with_adapter, without = peft_logprobs
     assert _max_diff(with_adapter, without) > 50 * TOL  # so agreeing below TOL means the adapter was applied
 
 
 @pytest.fixture(scope="module")
 def vllm_sampler(model_path):
-    pytest.importorskip("vllm", reason="vllm is not installed here: run the `vllm` session "
-                                       "(packages/twinkle-sampler/README.md)")
+    pytest.importorskip(
+        "vllm", reason="vllm is not installed here: run the `vllm` session (packages/twinkle-sampler/README.md)"
+    )
     from twinkle.sampler import VLLMSampler
 
     sampler = VLLMSampler(model_path, max_lora_rank=8, max_model_len=256)
@@ -65,18 +72,17 @@ def vllm_sampler(model_path):
     sampler.close()
 
 
-def test_vllm_lora_request_loads_the_server_checkpoint_folder(vllm_sampler, server_checkpoint, peft_logprobs,
-                                                              prompts):
+def test_vllm_lora_request_loads_the_server_checkpoint_folder(vllm_sampler, server_checkpoint, peft_logprobs, prompts):
     import vllm
     from vllm.inputs import TokensPrompt
     from vllm.lora.request import LoRARequest
 
     request = LoRARequest("tenant-step-3", 1000, str(server_checkpoint))  # the folder itself, not a copy
     params = vllm.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=1)
-    outputs = vllm_sampler.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params,
-                                        lora_request=request, use_tqdm=False)
-    got = [[step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], p[1:])]
-           for p, out in zip(prompts, outputs)]
+    outputs = vllm_sampler.llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=request, use_tqdm=False
+    )
+    got = [[step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], p[1:])] for p, out in zip(prompts, outputs)]
     assert _max_diff(got, peft_logprobs[0]) < TOL
     assert all(len(out.outputs[0].token_ids) == 4 for out in outputs)  # and it generates
 
@@ -85,5 +91,7 @@ def test_vllm_sampler_serves_the_server_checkpoint(vllm_sampler, server_checkpoi
     vllm_sampler.load_adapter("tenant", server_checkpoint)
     got = [row[1:] for row in vllm_sampler.compute_logprobs(prompts, adapter_name="tenant")]
     assert _max_diff(got, peft_logprobs[0]) < TOL
-    greedy = vllm_sampler.sample(prompts[:1], {"max_tokens": 4, "temperature": 0, "ignore_eos": True}, adapter_name="tenant")[0]
+    greedy = vllm_sampler.sample(
+        prompts[:1], {"max_tokens": 4, "temperature": 0, "ignore_eos": True}, adapter_name="tenant"
+    )[0]
     assert len(greedy.sequences[0].tokens) == 4 and greedy.adapter_name == "tenant"

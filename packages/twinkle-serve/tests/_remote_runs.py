@@ -28,9 +28,17 @@ def run_tinker_loop(server, sft):
     out = tc.forward([sft(s) for s in SEQS], "cross_entropy").result()
     # A request whose loss overflows only in the last datum (data rank 1's slice) fails as a whole:
     # rank 0's part of it must leave no gradient behind, so the next step equals one process's.
-    poisoned = [types.Datum(model_input=types.ModelInput.from_ints(s[:-1]), loss_fn_inputs={
-        "target_tokens": s[1:], "advantages": [1.0] * (len(s) - 1),  # sampled at logprob -200: ratio e^190
-        "logprobs": [-200.0 if k == len(SEQS) - 1 else -1.0] * (len(s) - 1)}) for k, s in enumerate(SEQS)]
+    poisoned = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(s[:-1]),
+            loss_fn_inputs={
+                "target_tokens": s[1:],
+                "advantages": [1.0] * (len(s) - 1),  # sampled at logprob -200: ratio e^190
+                "logprobs": [-200.0 if k == len(SEQS) - 1 else -1.0] * (len(s) - 1),
+            },
+        )
+        for k, s in enumerate(SEQS)
+    ]
     clean = tc.forward_backward([sft(s) for s in SEQS[:2]], "cross_entropy")
     with pytest.raises(Exception, match="not finite"):
         tc.forward_backward(poisoned, "importance_sampling").result()
@@ -38,20 +46,34 @@ def run_tinker_loop(server, sft):
     grad_norm = tc.optim_step(types.AdamParams(learning_rate=1e-4)).result().metrics["grad_norm:mean"]
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(PROBE[:6])
-    samples = [sampler.sample(prompt, num_samples=2, sampling_params=types.SamplingParams(
-        max_tokens=5, seed=17, temperature=1.0)).result() for _ in range(2)]  # both sampler replicas
-    return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
-            "forward_loss": out.metrics["loss:sum"], "tc": tc, "client": client, "grad_norm_after_failure": grad_norm,
-            "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
-            "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples]}
+    samples = [
+        sampler.sample(
+            prompt, num_samples=2, sampling_params=types.SamplingParams(max_tokens=5, seed=17, temperature=1.0)
+        ).result()
+        for _ in range(2)
+    ]  # both sampler replicas
+    return {
+        "losses": losses,
+        "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
+        "forward_loss": out.metrics["loss:sum"],
+        "tc": tc,
+        "client": client,
+        "grad_norm_after_failure": grad_norm,
+        "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
+        "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples],
+    }
 
 
 # Three rows of different lengths, prompts masked (-100): two data ranks get different row and
 # loss-token counts, so their shares of each step must be weighted to equal one process.
 LENGTHS, PROMPTS = (21, 14, 9), (5, 0, 3)
-ROWS = [{"input_ids": [4 + (11 * i + 3 * k) % 70 for i in range(n)],
-         "labels": [-100] * p + [4 + (11 * i + 3 * k) % 70 for i in range(p, n)]}
-        for k, (n, p) in enumerate(zip(LENGTHS, PROMPTS))]
+ROWS = [
+    {
+        "input_ids": [4 + (11 * i + 3 * k) % 70 for i in range(n)],
+        "labels": [-100] * p + [4 + (11 * i + 3 * k) % 70 for i in range(p, n)],
+    }
+    for k, (n, p) in enumerate(zip(LENGTHS, PROMPTS))
+]
 LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
@@ -90,8 +112,13 @@ def run_native_loop(server, tenant: str = "native-remote") -> dict:
     resumed = native_model(client)
     resumed.resume_from_checkpoint(path).result()
     after = {name: native_steps(m, 1) for name, m in (("original", model), ("resumed", resumed))}
-    return {**out, "forward_loss": forward["loss"], "logprobs": forward["logprobs"], "metrics": metrics,
-            "after_resume": after}
+    return {
+        **out,
+        "forward_loss": forward["loss"],
+        "logprobs": forward["logprobs"],
+        "metrics": metrics,
+        "after_resume": after,
+    }
 
 
 def assert_native_runs_equal(got: dict, expected: dict, tol: float = 1e-5) -> None:

@@ -12,13 +12,18 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-
 def run_cli(server_url: str, key: str, *args: str, cwd=None, env: dict | None = None, check: bool = True):
     """`tinker ARGS` in a subprocess, pointed at the server by TINKER_BASE_URL / TINKER_API_KEY."""
-    full_env = {**os.environ, "TINKER_BASE_URL": server_url, "TINKER_API_KEY": key, "TINKER_TELEMETRY": "0",
-                **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "tinker.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          env=full_env, timeout=300)
+    full_env = {
+        **os.environ,
+        "TINKER_BASE_URL": server_url,
+        "TINKER_API_KEY": key,
+        "TINKER_TELEMETRY": "0",
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "tinker.cli", *args], capture_output=True, text=True, cwd=cwd, env=full_env, timeout=300
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"tinker {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -69,9 +74,16 @@ class HubStandIn:
             def do_GET(self):
                 stand_in.requests.append(("GET", self.path))
                 if self.path.startswith("/api/whoami-v2"):
-                    return self._json(200, {"type": "user", "name": "standin", "fullname": "Stand In", "orgs": [],
-                                            "auth": {"type": "access_token",
-                                                     "accessToken": {"displayName": "t", "role": "write"}}})
+                    return self._json(
+                        200,
+                        {
+                            "type": "user",
+                            "name": "standin",
+                            "fullname": "Stand In",
+                            "orgs": [],
+                            "auth": {"type": "access_token", "accessToken": {"displayName": "t", "role": "write"}},
+                        },
+                    )
                 self._no_entry()
 
             def do_POST(self):
@@ -86,16 +98,25 @@ class HubStandIn:
                     return self._json(200, {"errors": [], "warnings": []})
                 if "/preupload/" in self.path:
                     files = json.loads(body)["files"]
-                    return self._json(200, {"files": [{"path": f["path"], "uploadMode": "regular",
-                                                       "shouldIgnore": False} for f in files]})
+                    return self._json(
+                        200,
+                        {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]},
+                    )
                 if "/commit/" in self.path:
                     lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
                     stand_in.commits.append({"path": self.path, "lines": lines})
                     for line in lines:
                         if line["key"] == "file":
                             stand_in.files[line["value"]["path"]] = base64.b64decode(line["value"]["content"])
-                    return self._json(200, {"commitUrl": f"{stand_in.url}/standin/adapter/commit/{'0' * 40}", "commitOid": "0" * 40,
-                                            "commitMessage": "upload", "pullRequestUrl": None})
+                    return self._json(
+                        200,
+                        {
+                            "commitUrl": f"{stand_in.url}/standin/adapter/commit/{'0' * 40}",
+                            "commitOid": "0" * 40,
+                            "commitMessage": "upload",
+                            "pullRequestUrl": None,
+                        },
+                    )
                 return self._json(404, {"error": f"stand-in has no {self.path}"})
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

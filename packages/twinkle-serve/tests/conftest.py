@@ -16,8 +16,9 @@ def start_server(data_dir, **config):
     import twinkle.serve as ts
 
     config = {"models": [{"name": TEST_MODEL}], **config}
-    return ts.initialize(mode="http", port=0, data_dir=data_dir, config=config, block=False,
-                         log_level="warning").wait_ready()
+    return ts.initialize(
+        mode="http", port=0, data_dir=data_dir, config=config, block=False, log_level="warning"
+    ).wait_ready()
 
 
 @pytest.fixture(scope="session")
@@ -25,10 +26,11 @@ def server(tmp_path_factory):
     import torch
 
     torch.set_num_threads(2)
-    srv = start_server(tmp_path_factory.mktemp("serve-data"),
-                       limits={"max_models": 32},
-                       tenant_limits={"carol": {"max_models": 3, "max_input_tokens": 4096},
-                                      "erin": {"requests_per_s": 2}})
+    srv = start_server(
+        tmp_path_factory.mktemp("serve-data"),
+        limits={"max_models": 32},
+        tenant_limits={"carol": {"max_models": 3, "max_input_tokens": 4096}, "erin": {"requests_per_s": 2}},
+    )
     yield srv
     srv.stop()
 
@@ -55,8 +57,10 @@ def bob(server, keys):
 def sft_datum(tokens):
     from tinker import types
 
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
 
 
 @pytest.fixture(scope="session")

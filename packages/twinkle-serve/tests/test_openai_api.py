@@ -37,8 +37,9 @@ def tokenizer(server):
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -50,9 +51,13 @@ def trained(server, keys, tokenizer):
 
     prompt = chat_ids(tokenizer, QUESTION)
     seq = prompt + tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                        loss_fn_inputs={"target_tokens": seq[1:],
-                                        "weights": [0.0] * (len(prompt) - 1) + [1.0] * (len(seq) - len(prompt))})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={
+            "target_tokens": seq[1:],
+            "weights": [0.0] * (len(prompt) - 1) + [1.0] * (len(seq) - len(prompt)),
+        },
+    )
     service = tinker.ServiceClient(base_url=server.url, api_key=keys["oai-ann"])
     tc = service.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=3).result()
     for _ in range(60):
@@ -128,8 +133,9 @@ def test_seeded_samples_repeat_and_streaming_carries_the_same_text(ann, trained)
 
 
 def test_text_completions_stop_strings_and_logprobs(ann, trained, tokenizer):
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
     full = ann.completions.create(model=trained, prompt=prompt, temperature=0, max_tokens=12, logprobs=2)
     assert full.choices[0].text == ANSWER
     lp = full.choices[0].logprobs
@@ -138,8 +144,12 @@ def test_text_completions_stop_strings_and_logprobs(ann, trained, tokenizer):
     assert (cut.choices[0].text, cut.choices[0].finish_reason) == ("a cat ", "stop")
     short = ann.completions.create(model=trained, prompt=chat_ids(tokenizer, QUESTION), temperature=0, max_tokens=2)
     assert short.choices[0].finish_reason == "length" and ANSWER.startswith(short.choices[0].text)
-    pieces = [c.choices[0].text for c in ann.completions.create(model=trained, prompt=prompt, temperature=0,
-                                                                 max_tokens=12, stream=True, logprobs=1)]
+    pieces = [
+        c.choices[0].text
+        for c in ann.completions.create(
+            model=trained, prompt=prompt, temperature=0, max_tokens=12, stream=True, logprobs=1
+        )
+    ]
     assert "".join(pieces) == ANSWER and len([p for p in pieces if p]) > 1
 
 
@@ -151,8 +161,12 @@ def test_twinkle_export_merges_the_server_checkpoint(server, trained, tokenizer,
 
     folder = server.runtime.data_dir / server.runtime.store.checkpoints.get(trained).dir
     out = tmp_path / "merged"
-    done = subprocess.run([sys.executable, "-m", "twinkle.client.cli", "export", "--merge", str(folder), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "twinkle.client.cli", "export", "--merge", str(folder), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and done.stdout.strip() == f"wrote {out}", done.stderr
     tokens = chat_ids(tokenizer, QUESTION) + tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
     merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
@@ -165,8 +179,12 @@ def test_unknown_model_and_another_tenants_checkpoint_are_404(server, keys, ann,
     import openai
 
     ben = client(server, keys["oai-ben"])
-    for c, model in ((ann, "no-such-model"), (ann, "tinker://nope:train:0/sampler_weights/x"), (ben, trained),
-                     (ben, "chat")):
+    for c, model in (
+        (ann, "no-such-model"),
+        (ann, "tinker://nope:train:0/sampler_weights/x"),
+        (ben, trained),
+        (ben, "chat"),
+    ):
         with pytest.raises(openai.NotFoundError) as err:
             ask(c, model)
         assert err.value.body["code"] == "model_not_found" and model in err.value.body["message"]
@@ -189,7 +207,18 @@ def test_bad_keys_and_unsupported_parameters_are_openai_errors(server, ann):
     # the raw wire: a missing bearer is 401 in OpenAI's shape; nulls (as many clients send) are defaults
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": TEST_MODEL, "messages": []})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    r = httpx.post(server.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {ann.api_key}"},
-                   json={"model": TEST_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
-                         "n": None, "logprobs": None, "stop": None, "temperature": None, "seed": None})
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {ann.api_key}"},
+        json={
+            "model": TEST_MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3,
+            "n": None,
+            "logprobs": None,
+            "stop": None,
+            "temperature": None,
+            "seed": None,
+        },
+    )
     assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None

@@ -23,8 +23,10 @@ def tinker_draws(url: str, key: str, path: str, seed: int, noise: bool = False) 
     noisy = []
     if noise:  # other requests queued before and after it, on the same sampler and on the base model
         base = tinker.ServiceClient(base_url=url, api_key=key).create_sampling_client(base_model=TEST_MODEL).result()
-        noisy = [sc.sample(types.ModelInput.from_ints(OTHER), 2, types.SamplingParams(max_tokens=6, seed=seed + 1)),
-                 base.sample(types.ModelInput.from_ints(PROMPT), 3, params)]
+        noisy = [
+            sc.sample(types.ModelInput.from_ints(OTHER), 2, types.SamplingParams(max_tokens=6, seed=seed + 1)),
+            base.sample(types.ModelInput.from_ints(PROMPT), 3, params),
+        ]
     result = sc.sample(types.ModelInput.from_ints(PROMPT), 3, params)
     noisy.append(sc.sample(types.ModelInput.from_ints(OTHER), 1, types.SamplingParams(max_tokens=6)))
     for f in noisy:
@@ -49,11 +51,16 @@ def first_server(start, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("seeded")
     srv = start(data_dir)
     key = srv.create_key("seeded")
-    tc = tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
-        base_model=TEST_MODEL, rank=4, seed=1).result()
+    tc = (
+        tinker.ServiceClient(base_url=srv.url, api_key=key)
+        .create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=1)
+        .result()
+    )
     seq = PROMPT + [11, 12, 13]
-    datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
+    )
     for _ in range(3):
         tc.forward_backward([datum], "cross_entropy")
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
@@ -70,16 +77,19 @@ def test_temperature_zero_is_greedy_over_both_apis(first_server):
 
     srv, key, path, _ = first_server
     sc = tinker.ServiceClient(base_url=srv.url, api_key=key).create_sampling_client(model_path=path).result()
-    greedy = [sc.sample(types.ModelInput.from_ints(PROMPT), 2, types.SamplingParams(max_tokens=8, temperature=0.0,
-                                                                                     seed=s)).result()
-              for s in (1, 2)]
+    greedy = [
+        sc.sample(
+            types.ModelInput.from_ints(PROMPT), 2, types.SamplingParams(max_tokens=8, temperature=0.0, seed=s)
+        ).result()
+        for s in (1, 2)
+    ]
     seqs = [s.tokens for r in greedy for s in r.sequences]
     assert all(s == seqs[0] for s in seqs)
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
     r = c.completions.create(model=path, prompt=PROMPT, n=2, max_tokens=8, temperature=0, logprobs=0, seed=3)
     tok = srv.runtime.engines[TEST_MODEL].backend.tokenizer
     expected = [tok.decode([t]) for t in seqs[0]]
-    assert [ch.logprobs.tokens for ch in r.choices] == [expected[:len(r.choices[0].logprobs.tokens)]] * 2
+    assert [ch.logprobs.tokens for ch in r.choices] == [expected[: len(r.choices[0].logprobs.tokens)]] * 2
 
 
 # last in the module: it stops the first server
@@ -88,8 +98,11 @@ def test_seeded_samples_repeat_across_load_and_a_restart(start, first_server):
     t_alone, o_alone = tinker_draws(srv.url, key, path, 7), openai_draws(srv.url, key, path, 7)
     assert len({tuple(t) for t in t_alone}) > 1 and len({t for t, _ in o_alone}) > 1  # real draws
     with ThreadPoolExecutor(3) as pool:  # while other requests come and go
-        busy = [pool.submit(tinker_draws, srv.url, key, path, 7, True), pool.submit(openai_draws, srv.url, key, path, 7),
-                pool.submit(tinker_draws, srv.url, key, path, 8, True)]
+        busy = [
+            pool.submit(tinker_draws, srv.url, key, path, 7, True),
+            pool.submit(openai_draws, srv.url, key, path, 7),
+            pool.submit(tinker_draws, srv.url, key, path, 8, True),
+        ]
         assert busy[0].result() == t_alone and busy[1].result() == o_alone
         assert busy[2].result() != t_alone  # another seed, other draws
     srv.stop()

@@ -27,7 +27,9 @@ def gina(server, tenant_key, sft):
         tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     state = tc.save_state("s1").result().path
     sampler = tc.save_weights_and_get_sampling_client().result()
-    sampled = sampler.sample(types.ModelInput.from_ints(SEQ[:5]), 2, types.SamplingParams(max_tokens=3, seed=1)).result()
+    sampled = sampler.sample(
+        types.ModelInput.from_ints(SEQ[:5]), 2, types.SamplingParams(max_tokens=3, seed=1)
+    ).result()
     rest = tinker.RestClient(base_url=server.url, api_key=tenant_key)
     return client, tc, state, rest, sum(len(s.tokens) for s in sampled.sequences)
 
@@ -52,11 +54,21 @@ def test_usage_counts_real_tokens(server, gina, tenant_key, keys):
     assert all(e.estimated_cost_usd is None and e.base_model == TEST_MODEL for e in mine)  # no invented prices
     assert usage.sessions[session_id].user_metadata == {"team": "ranking"}
     # per key: bob sees none of gina's tokens
-    bob = _get(server, keys["bob"], "billing/usage/events", starting_on=(now - timedelta(hours=1)).isoformat(),
-               ending_before=(now + timedelta(hours=1)).isoformat()).json()
+    bob = _get(
+        server,
+        keys["bob"],
+        "billing/usage/events",
+        starting_on=(now - timedelta(hours=1)).isoformat(),
+        ending_before=(now + timedelta(hours=1)).isoformat(),
+    ).json()
     assert all(e["session_id"] != session_id for e in bob["data"])
-    r = _get(server, tenant_key, "billing/usage/events", starting_on=now.isoformat(),
-             ending_before=(now + timedelta(days=20)).isoformat())
+    r = _get(
+        server,
+        tenant_key,
+        "billing/usage/events",
+        starting_on=now.isoformat(),
+        ending_before=(now + timedelta(days=20)).isoformat(),
+    )
     assert r.status_code == 400 and "14 days" in r.json()["error"]
     r = _get(server, tenant_key, "billing/usage/events", starting_on="yesterday", ending_before=now.isoformat())
     assert r.status_code == 400 and "starting_on" in r.json()["error"]
@@ -78,25 +90,39 @@ def test_copy_weights(server, gina, tenant_key, keys):
     run_id = copied.removeprefix("tinker://").split("/")[0]
     run = rest.get_training_run(run_id).result()
     assert run.base_model == TEST_MODEL and run.user_metadata == {"copied_from": state}
-    src, dst = (server.runtime.data_dir / server.runtime.store.db.one(
-        "SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"] for path in (state, copied))
+    src, dst = (
+        server.runtime.data_dir
+        / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"]
+        for path in (state, copied)
+    )
     a, b = load_file(f"{src}/adapter_model.safetensors"), load_file(f"{dst}/adapter_model.safetensors")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     # the copy loads like any training checkpoint (same weights as its source)
     resumed = client.create_training_client_from_state(copied).result()
     assert resumed.get_info().model_data.model_name == TEST_MODEL
     # into a session slot
-    r = httpx.post(f"{server.url}/api/v1/copy_weights", headers={"X-API-Key": tenant_key},
-                   json={"source_path": state, "session_id": client.holder.get_session_id(), "model_seq_id": 77})
-    assert r.status_code == 200 and r.json()["tinker_path"].startswith(f"tinker://{client.holder.get_session_id()}:train:77/")
+    r = httpx.post(
+        f"{server.url}/api/v1/copy_weights",
+        headers={"X-API-Key": tenant_key},
+        json={"source_path": state, "session_id": client.holder.get_session_id(), "model_seq_id": 77},
+    )
+    assert r.status_code == 200 and r.json()["tinker_path"].startswith(
+        f"tinker://{client.holder.get_session_id()}:train:77/"
+    )
     # bad input and other tenants
-    r = httpx.post(f"{server.url}/api/v1/copy_weights", headers={"X-API-Key": keys["bob"]},
-                   json={"source_path": state, "destination_project_id": "p"})
+    r = httpx.post(
+        f"{server.url}/api/v1/copy_weights",
+        headers={"X-API-Key": keys["bob"]},
+        json={"source_path": state, "destination_project_id": "p"},
+    )
     assert r.status_code == 404
     r = httpx.post(f"{server.url}/api/v1/copy_weights", headers={"X-API-Key": tenant_key}, json={"source_path": state})
     assert r.status_code == 400 and "destination_project_id" in r.json()["error"]
-    r = httpx.post(f"{server.url}/api/v1/copy_weights", headers={"X-API-Key": tenant_key},
-                   json={"source_path": "s3://x", "destination_project_id": "p"})
+    r = httpx.post(
+        f"{server.url}/api/v1/copy_weights",
+        headers={"X-API-Key": tenant_key},
+        json={"source_path": "s3://x", "destination_project_id": "p"},
+    )
     assert r.status_code == 400 and "tinker://" in r.json()["error"]
 
 
@@ -126,13 +152,17 @@ def test_session_search_project_and_trace(server, gina, tenant_key, keys, tmp_pa
             request = request.model_copy(update={"cursor": page.next_cursor})
     expected = [r["session_id"] for r in server.runtime.store.projects.sessions_with_details(TENANT)]
     assert seen == expected and session_id in seen
-    r = httpx.post(f"{server.url}/api/v1/sessions/search", headers={"X-API-Key": tenant_key},
-                   json={"display_name": "nightly"})
+    r = httpx.post(
+        f"{server.url}/api/v1/sessions/search", headers={"X-API-Key": tenant_key}, json={"display_name": "nightly"}
+    )
     assert r.status_code == 400 and "display_name" in r.json()["error"]
     r = httpx.post(f"{server.url}/api/v1/sessions/search", headers={"X-API-Key": tenant_key}, json={"limit": 0})
     assert r.status_code == 400 and "limit" in r.json()["error"]
-    r = httpx.put(f"{server.url}/api/v1/sessions/{session_id}/project", headers={"X-API-Key": keys["bob"]},
-                  json={"project_id": "stolen"})
+    r = httpx.put(
+        f"{server.url}/api/v1/sessions/{session_id}/project",
+        headers={"X-API-Key": keys["bob"]},
+        json={"project_id": "stolen"},
+    )
     assert r.status_code == 404
     r = httpx.put(f"{server.url}/api/v1/sessions/{session_id}/project", headers={"X-API-Key": tenant_key}, json={})
     assert r.status_code == 400 and "project_id" in r.json()["error"]

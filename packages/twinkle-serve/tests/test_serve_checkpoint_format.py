@@ -37,8 +37,10 @@ def rows():
     from twinkle.template import Template
 
     template = Template(model_id=TEST_MODEL)
-    chats = [[{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Glimmer."}],
-             [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]]
+    chats = [
+        [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Glimmer."}],
+        [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}],
+    ]
     return [template.encode({"messages": chat}) for chat in chats]
 
 
@@ -86,8 +88,9 @@ def weights(folder):
 
 def assert_bit_equal(got: dict, expected: dict):
     assert got.keys() == expected.keys()
-    assert all(torch.equal(got[k], expected[k].detach()) for k in got), [k for k in got if not torch.equal(
-        got[k], expected[k].detach())][:3]
+    assert all(torch.equal(got[k], expected[k].detach()) for k in got), [
+        k for k in got if not torch.equal(got[k], expected[k].detach())
+    ][:3]
 
 
 def tinker_row(tokens):
@@ -181,8 +184,9 @@ def check_loads_locally(folder, rows, optimizer_steps, scheduler: bool):
     peft_model = AutoPeftModelForCausalLM.from_pretrained(str(folder)).eval()
     ids = torch.tensor([rows[0]["input_ids"]])
     with torch.no_grad():
-        assert torch.allclose(peft_model(input_ids=ids).logits, local.peft_model.eval()(input_ids=ids).logits,
-                              atol=1e-6)
+        assert torch.allclose(
+            peft_model(input_ids=ids).logits, local.peft_model.eval()(input_ids=ids).logits, atol=1e-6
+        )
 
 
 def test_a_native_checkpoint_loads_locally(server, clients, rows):
@@ -195,16 +199,21 @@ def test_a_native_checkpoint_loads_locally(server, clients, rows):
     remote.clip_grad_and_step()
     folder = folder_of(server, remote.save("native-out", save_training_state=True).result())
     assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
-        "adapter_config.json", "adapter_model.safetensors", "training_state/state.json",
-        "training_state/state.safetensors", "twinkle_checkpoint.json"]
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "training_state/state.json",
+        "training_state/state.safetensors",
+        "twinkle_checkpoint.json",
+    ]
     check_loads_locally(folder, rows, 1, scheduler=True)
 
 
 def test_a_tinker_checkpoint_loads_locally(server, clients, rows, sft):
     from tinker import types
 
-    training = clients[1].create_lora_training_client(base_model=TEST_MODEL, rank=4, train_mlp=False,
-                                                      train_unembed=False)
+    training = clients[1].create_lora_training_client(
+        base_model=TEST_MODEL, rank=4, train_mlp=False, train_unembed=False
+    )
     training.forward_backward([sft(row["input_ids"]) for row in rows], "cross_entropy").result()
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     folder = folder_of(server, training.save_state("tinker-out").result().path)
@@ -216,11 +225,24 @@ def test_a_tinker_checkpoint_loads_locally(server, clients, rows, sft):
 def old_adapter_folder(folder, engine, name):
     """The pre-checkpoint-module Tinker writer: a dict-literal adapter_config.json naming twinkle://."""
     folder.mkdir(parents=True)
-    save_file({k: v.detach().clone() for k, v in engine.adapter_state_dict(name).items()},
-              str(folder / "adapter_model.safetensors"))
-    (folder / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
-        "bias": "none", "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": TEST_MODEL}))
+    save_file(
+        {k: v.detach().clone() for k, v in engine.adapter_state_dict(name).items()},
+        str(folder / "adapter_model.safetensors"),
+    )
+    (folder / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "task_type": "CAUSAL_LM",
+                "r": 4,
+                "lora_alpha": 8,
+                "lora_dropout": 0.0,
+                "bias": "none",
+                "target_modules": ["q_proj", "v_proj"],
+                "base_model_name_or_path": TEST_MODEL,
+            }
+        )
+    )
 
 
 def trained_engine(rows):
@@ -251,8 +273,16 @@ def test_old_native_training_state_pt_still_resumes(server, clients, rows, tmp_p
     state = engine.adapters["old"]
     old = tmp_path / "old-native"
     old_adapter_folder(old, engine, "old")
-    torch.save({"optimizer": state.optimizer.state_dict(), "scheduler": state.scheduler.state_dict(),
-                "optimizer_steps": 3, "step_calls": 0, "fb_count": 3}, old / "training_state.pt")
+    torch.save(
+        {
+            "optimizer": state.optimizer.state_dict(),
+            "scheduler": state.scheduler.state_dict(),
+            "optimizer_steps": 3,
+            "step_calls": 0,
+            "fb_count": 3,
+        },
+        old / "training_state.pt",
+    )
     path = give_tenant(server, clients[0], "old-native", old)
 
     remote = Remote(model_id=TEST_MODEL, client=clients[0])
@@ -276,8 +306,13 @@ def test_old_tinker_optimizer_safetensors_still_resumes(server, clients, rows, t
         layer = engine.base.get_submodule(module)
         for which in ("lora_A", "lora_B"):
             adam = state.optimizer.state[getattr(layer, which)["old"].weight]
-            moments.update({f"{module}.{which}.exp_avg": adam["exp_avg"], f"{module}.{which}.exp_avg_sq":
-                            adam["exp_avg_sq"], f"{module}.{which}.step": adam["step"].reshape(1).float()})
+            moments.update(
+                {
+                    f"{module}.{which}.exp_avg": adam["exp_avg"],
+                    f"{module}.{which}.exp_avg_sq": adam["exp_avg_sq"],
+                    f"{module}.{which}.step": adam["step"].reshape(1).float(),
+                }
+            )
     save_file(moments, str(old / "optimizer.safetensors"))
     path = give_tenant(server, clients[0], "old-tinker", old)
 
@@ -296,6 +331,8 @@ def test_a_hub_model_s_adapters_name_the_hub_id(tmp_path):
     backend = MultiLoraBackend("hf://Qwen/Qwen3-0.6B", str(resolve_model_path(TEST_MODEL)), max_batch_size=1)
     backend.create_adapter("a", LoraSpec(rank=2, seed=1, train_mlp=False, train_unembed=False))
     backend.save_checkpoint("a", tmp_path / "hub", training_state=False)
-    assert json.loads((tmp_path / "hub" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
-        "Qwen/Qwen3-0.6B"
+    assert (
+        json.loads((tmp_path / "hub" / "adapter_config.json").read_text())["base_model_name_or_path"]
+        == "Qwen/Qwen3-0.6B"
+    )
     assert LoraConfig.from_pretrained(str(tmp_path / "hub")).r == 2

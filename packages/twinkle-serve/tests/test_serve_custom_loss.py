@@ -37,10 +37,16 @@ def _data():
     data = []
     for k, seq in enumerate(SEQS):
         n = len(seq) - 1
-        data.append(types.Datum(
-            model_input=types.ModelInput.from_ints(seq[:-1]),
-            loss_fn_inputs={"target_tokens": seq[1:], "old_logprobs": _f32([-3.0 - 0.05 * i for i in range(n)]),
-                            "advantages": _f32([(1.0 if k == 0 else -0.5)] * n)}))
+        data.append(
+            types.Datum(
+                model_input=types.ModelInput.from_ints(seq[:-1]),
+                loss_fn_inputs={
+                    "target_tokens": seq[1:],
+                    "old_logprobs": _f32([-3.0 - 0.05 * i for i in range(n)]),
+                    "advantages": _f32([(1.0 if k == 0 else -0.5)] * n),
+                },
+            )
+        )
     return data
 
 
@@ -83,10 +89,16 @@ def test_server_side_loss_equals_client_fallback_in_one_round_trip(server, dave,
     on_client = dave.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=7).result()
 
     def client_side(data, logprobs_list):  # the same per-datum loss, summed, as the SDK's fallback runs it
-        losses = [clipped_ratio_loss(lp, d.loss_fn_inputs["old_logprobs"].to_torch(),
-                                     d.loss_fn_inputs["advantages"].to_torch()) for d, lp in zip(data, logprobs_list)]
-        metrics = {"custom/ratio:mean": sum(m["custom/ratio:mean"].item() for _, m in losses) / len(losses),
-                   "custom/tokens:sum": sum(m["custom/tokens:sum"].item() for _, m in losses)}
+        losses = [
+            clipped_ratio_loss(
+                lp, d.loss_fn_inputs["old_logprobs"].to_torch(), d.loss_fn_inputs["advantages"].to_torch()
+            )
+            for d, lp in zip(data, logprobs_list)
+        ]
+        metrics = {
+            "custom/ratio:mean": sum(m["custom/ratio:mean"].item() for _, m in losses) / len(losses),
+            "custom/tokens:sum": sum(m["custom/tokens:sum"].item() for _, m in losses),
+        }
         return sum(loss for loss, _ in losses), metrics
 
     results, submitted = [], []
@@ -121,8 +133,14 @@ def _upload(server, key, session_id, fn, ranks, graph_edit=None):
     graph = encode_graph(handle).model_dump(mode="json")
     if graph_edit:
         graph_edit(graph["nodes"])
-    body = {"session_id": session_id, "custom_loss_seq_id": 99, "name": handle.name,
-            "inputs": [i.model_dump() for i in handle.inputs], "graph": graph, "type": "create_custom_loss"}
+    body = {
+        "session_id": session_id,
+        "custom_loss_seq_id": 99,
+        "name": handle.name,
+        "inputs": [i.model_dump() for i in handle.inputs],
+        "graph": graph,
+        "type": "create_custom_loss",
+    }
     return httpx.post(f"{server.url}/api/v1/create_custom_loss", json=body, headers={"X-API-Key": key})
 
 
@@ -134,7 +152,7 @@ def test_ops_outside_the_allow_list_are_400s_naming_them(server, dave, dave_key)
     session_id = dave.holder.get_session_id()
 
     def big(logprobs, weights):
-        return (torch.nn.functional.one_hot(weights.long(), 10 ** 6).float().sum() * logprobs).sum(), {}
+        return (torch.nn.functional.one_hot(weights.long(), 10**6).float().sum() * logprobs).sum(), {}
 
     r = _upload(server, dave_key, session_id, big, {"logprobs": 1, "weights": 1})
     assert r.status_code == 400 and "torch._C._nn.one_hot" in r.json()["error"], r.text
@@ -142,6 +160,7 @@ def test_ops_outside_the_allow_list_are_400s_naming_them(server, dave, dave_key)
     def rename(target):  # what a hand-written (not SDK-traced) graph could send
         def edit(nodes):
             next(n for n in nodes if n["op"] == "call_function")["target"] = target
+
         return edit
 
     r = _upload(server, dave_key, session_id, _weighted, {"logprobs": 1, "weights": 1}, rename("os.system"))
@@ -176,8 +195,10 @@ def test_another_tenants_session_and_loss_are_404(server, dave, dave_key, bob, k
     assert handle.loss_id
     # bob forges a forward_backward naming dave's loss on his own model: the loss is not found for him
     tc = bob.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=1).result()
-    datum = types.Datum(model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
-                        loss_fn_inputs={"target_tokens": SEQS[0][1:], "weights": [1.0] * (len(SEQS[0]) - 1)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
+        loss_fn_inputs={"target_tokens": SEQS[0][1:], "weights": [1.0] * (len(SEQS[0]) - 1)},
+    )
     with pytest.raises(Exception, match="not found"):
         tc.forward_backward([datum], "custom", {"loss_id": handle.loss_id}).result()
 
@@ -187,8 +208,10 @@ def test_missing_input_is_a_400_naming_it(dave, ratio_handle):
 
     handle = ratio_handle
     tc = dave.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=1).result()
-    datum = types.Datum(model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
-                        loss_fn_inputs={"target_tokens": SEQS[0][1:], "old_logprobs": _f32([0.0] * (len(SEQS[0]) - 1))})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
+        loss_fn_inputs={"target_tokens": SEQS[0][1:], "old_logprobs": _f32([0.0] * (len(SEQS[0]) - 1))},
+    )
     # the SDK checks inputs itself; sent anyway (as a raw loss_fn="custom" call), the server names the field
     with pytest.raises(Exception, match="advantages"):
         tc.forward_backward([datum], "custom", {"loss_id": handle.loss_id}).result()

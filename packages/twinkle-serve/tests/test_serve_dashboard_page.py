@@ -14,11 +14,19 @@ import pytest
 from twinkle.hub import TEST_MODEL
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent: install it with "
-                                "`apt-get install -y --no-install-recommends chromium`")
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason=f"{CHROMIUM} is absent: install it with `apt-get install -y --no-install-recommends chromium`",
+)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,11 @@ def test_runs_of_both_apis_show_their_steps_and_loss(server, sft):
     from twinkle.client.model import TransformersModel
 
     key = server.create_key("dash-both")
-    tc = tinker.ServiceClient(base_url=server.url, api_key=key).create_lora_training_client(
-        base_model=TEST_MODEL, rank=4, seed=1).result()
+    tc = (
+        tinker.ServiceClient(base_url=server.url, api_key=key)
+        .create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=1)
+        .result()
+    )
     losses = []
     for _ in range(3):
         losses.append(tc.forward_backward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"])

@@ -37,8 +37,10 @@ def trained(server, tenant_key, sft):
 
 
 def _dir(server, path):
-    return server.runtime.data_dir / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?",
-                                                                 (path,))["dir"]
+    return (
+        server.runtime.data_dir
+        / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"]
+    )
 
 
 def test_export_and_signed_urls(server, trained, tenant_key, keys):
@@ -57,24 +59,35 @@ def test_export_and_signed_urls(server, trained, tenant_key, keys):
         r = httpx.get(url)  # no API key: the signature is the credential
         assert r.status_code == 200 and r.content == (folder / name).read_bytes()
     # the export holds the same adapter as the training state it was taken from
-    assert (folder / "adapter_model.safetensors").read_bytes() == \
-        (_dir(server, state) / "adapter_model.safetensors").read_bytes()
+    assert (folder / "adapter_model.safetensors").read_bytes() == (
+        _dir(server, state) / "adapter_model.safetensors"
+    ).read_bytes()
     good = urls.urls["adapter_config.json"]
     tampered = good[:-1] + ("0" if good[-1] != "0" else "1")
     r = httpx.get(tampered)
     assert r.status_code == 403 and "signature" in r.json()["error"]
     # another tenant: not found; a training checkpoint: not external weights
-    other = httpx.get(f"{server.url}/api/v1/training_runs/{tc.model_id}/checkpoints/external_weights/exp-1/"
-                      "external_weights_urls", headers={"X-API-Key": keys["bob"]})
+    other = httpx.get(
+        f"{server.url}/api/v1/training_runs/{tc.model_id}/checkpoints/external_weights/exp-1/external_weights_urls",
+        headers={"X-API-Key": keys["bob"]},
+    )
     assert other.status_code == 404
-    r = httpx.get(f"{server.url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/external_weights_urls",
-                  headers={"X-API-Key": tenant_key})
+    r = httpx.get(
+        f"{server.url}/api/v1/training_runs/{tc.model_id}/checkpoints/weights/final/external_weights_urls",
+        headers={"X-API-Key": tenant_key},
+    )
     assert r.status_code == 400 and "not external weights" in r.json()["error"]
-    r = httpx.post(f"{server.url}/api/v1/save_weights_external", headers={"X-API-Key": tenant_key},
-                   json={"model_id": tc.model_id, "path": "x", "age_encryption_recipients": ["age1abc"]})
+    r = httpx.post(
+        f"{server.url}/api/v1/save_weights_external",
+        headers={"X-API-Key": tenant_key},
+        json={"model_id": tc.model_id, "path": "x", "age_encryption_recipients": ["age1abc"]},
+    )
     assert r.status_code == 400 and "age_encryption_recipients" in r.json()["error"]
-    r = httpx.post(f"{server.url}/api/v1/save_weights_external", headers={"X-API-Key": keys["bob"]},
-                   json={"model_id": tc.model_id, "path": "x"})
+    r = httpx.post(
+        f"{server.url}/api/v1/save_weights_external",
+        headers={"X-API-Key": keys["bob"]},
+        json={"model_id": tc.model_id, "path": "x"},
+    )
     assert r.status_code == 404
     # deleting the checkpoint kills its URLs
     rest.delete_checkpoint_from_tinker_path(out.path).result()
@@ -92,8 +105,9 @@ def test_cli_download_of_a_training_checkpoint(server, trained, tenant_key, tmp_
     assert downloaded.keys() == saved.keys() and all((downloaded[k] == saved[k]).all() for k in saved)
     assert json.loads((target / "adapter_config.json").read_text())["r"] == 4
     # the temporary export was deleted after the download
-    left = server.runtime.store.db.all("SELECT tinker_path FROM checkpoints WHERE tenant=? AND kind='external'",
-                                    (TENANT,))
+    left = server.runtime.store.db.all(
+        "SELECT tinker_path FROM checkpoints WHERE tenant=? AND kind='external'", (TENANT,)
+    )
     assert left == []
     again = run_cli(server.url, tenant_key, "checkpoint", "download", state, "--output", str(tmp_path), check=False)
     assert again.returncode != 0 and "already exists" in again.stderr
@@ -104,9 +118,16 @@ def test_cli_push_hf_up_to_the_upload(server, trained, tenant_key):
     _, tc, state = trained
     hub = HubStandIn()
     try:
-        out = run_cli_json(server.url, tenant_key, "checkpoint", "push-hf", state, "--repo", "standin/adapter",
-                           env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_standin", "HF_HUB_DISABLE_XET": "1",
-                                "HF_HUB_OFFLINE": "0"})
+        out = run_cli_json(
+            server.url,
+            tenant_key,
+            "checkpoint",
+            "push-hf",
+            state,
+            "--repo",
+            "standin/adapter",
+            env={"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_standin", "HF_HUB_DISABLE_XET": "1", "HF_HUB_OFFLINE": "0"},
+        )
     finally:
         hub.close()
     assert out["repo_id"] == "standin/adapter"

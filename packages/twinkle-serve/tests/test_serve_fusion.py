@@ -29,8 +29,11 @@ def test_native_and_tinker_requests_share_one_pass(server, sft):
 
     key = server.create_key("fuse-mix")
     scheduler = server.runtime.engines[TEST_MODEL].scheduler
-    tc = tinker.ServiceClient(base_url=server.url, api_key=key).create_lora_training_client(
-        base_model=TEST_MODEL, rank=4, seed=2).result()
+    tc = (
+        tinker.ServiceClient(base_url=server.url, api_key=key)
+        .create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=2)
+        .result()
+    )
     native = TransformersModel(model_id=TEST_MODEL, client=TwinkleClient(server.url, key), name="fuse-native")
     native.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]})
     rows = [{"input_ids": SEQ, "labels": SEQ}]

@@ -10,8 +10,10 @@ from twinkle.serve.core.store import Store
 
 
 def _age(store: Store, request_id: str, seconds: float) -> None:
-    store.db.execute("UPDATE futures SET completed_at=?, created_at=? WHERE request_id=?",
-                     (time.time() - seconds, time.time() - seconds, request_id))
+    store.db.execute(
+        "UPDATE futures SET completed_at=?, created_at=? WHERE request_id=?",
+        (time.time() - seconds, time.time() - seconds, request_id),
+    )
 
 
 def test_old_finished_futures_and_their_sample_rows_are_pruned(tmp_path):

@@ -17,8 +17,12 @@ def _futures(server, tenant):
 
 def _model(url, key):
     session = _post(url, key, "/create_session", {"tags": [], "sdk_version": "raw"}).json()["session_id"]
-    created = _post(url, key, "/create_model", {"session_id": session, "model_seq_id": 0, "base_model": TEST_MODEL,
-                                                "lora_config": {"rank": 2, "seed": 0}}).json()
+    created = _post(
+        url,
+        key,
+        "/create_model",
+        {"session_id": session, "model_seq_id": 0, "base_model": TEST_MODEL, "lora_config": {"rank": 2, "seed": 0}},
+    ).json()
     assert _post(url, key, "/retrieve_future", {"request_id": created["request_id"]}).status_code == 200
     return created["model_id"]
 

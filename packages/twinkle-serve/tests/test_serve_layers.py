@@ -12,8 +12,11 @@ from pathlib import Path
 import twinkle.serve
 
 SERVE = Path(twinkle.serve.__file__).parent
-SQL = re.compile(r"\b(SELECT\b.+\bFROM|INSERT (OR \w+ )?INTO|UPDATE \w+ SET|DELETE FROM|CREATE (TABLE|INDEX|UNIQUE)"
-                 r"|ALTER TABLE|DROP TABLE|PRAGMA \w+)\b", re.IGNORECASE | re.DOTALL)
+SQL = re.compile(
+    r"\b(SELECT\b.+\bFROM|INSERT (OR \w+ )?INTO|UPDATE \w+ SET|DELETE FROM|CREATE (TABLE|INDEX|UNIQUE)"
+    r"|ALTER TABLE|DROP TABLE|PRAGMA \w+)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def _imports(path: Path) -> set[str]:

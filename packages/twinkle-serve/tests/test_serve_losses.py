@@ -18,9 +18,10 @@ def _rl_datum(logq, adv):
     from tinker import types
 
     n = len(SEQ) - 1
-    return types.Datum(model_input=types.ModelInput.from_ints(SEQ[:-1]),
-                       loss_fn_inputs={"target_tokens": SEQ[1:], "logprobs": list(map(float, logq)),
-                                       "advantages": [float(adv)] * n})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(SEQ[:-1]),
+        loss_fn_inputs={"target_tokens": SEQ[1:], "logprobs": list(map(float, logq)), "advantages": [float(adv)] * n},
+    )
 
 
 def test_rl_losses_follow_their_formulas(policy, sft):

@@ -30,14 +30,28 @@ def background(tmp_path_factory):
     """Launch torchrun and ray now; the tests collect them later."""
     out = tmp_path_factory.mktemp("modes")
     env = {**os.environ, **ENV, "OMP_NUM_THREADS": "1", "TWINKLE_LOG_LEVEL": "ERROR"}
+
     def launch(name, cmd, **extra):  # output to a file: a pipe nobody reads until the end could fill up
         with open(out / f"{name}.log", "w") as log:
-            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=out,
-                                    env={**env, "TWINKLE_CURVE_OUT": str(out / f"{name}.json"),
-                                         "TWINKLE_SFT_OUTPUT": str(out / f"ck-{name}"), **extra})
+            return subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=out,
+                env={
+                    **env,
+                    "TWINKLE_CURVE_OUT": str(out / f"{name}.json"),
+                    "TWINKLE_SFT_OUTPUT": str(out / f"ck-{name}"),
+                    **extra,
+                },
+            )
 
-    procs = {"torchrun": launch("torchrun", [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                             "--nproc_per_node=2", str(EXAMPLE)])}
+    procs = {
+        "torchrun": launch(
+            "torchrun",
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(EXAMPLE)],
+        )
+    }
     if HAS_RAY:
         procs["ray"] = launch("ray", [sys.executable, str(EXAMPLE)], TWINKLE_MODE="ray")
     yield out, procs
@@ -48,8 +62,15 @@ def background(tmp_path_factory):
 
 def run_here(mode: str, out: Path, **extra) -> list[float]:
     saved = dict(os.environ)
-    os.environ.update({**ENV, "TWINKLE_MODE": mode, "TWINKLE_CURVE_OUT": str(out / f"{mode}.json"),
-                       "TWINKLE_SFT_OUTPUT": str(out / f"ck-{mode}"), **extra})
+    os.environ.update(
+        {
+            **ENV,
+            "TWINKLE_MODE": mode,
+            "TWINKLE_CURVE_OUT": str(out / f"{mode}.json"),
+            "TWINKLE_SFT_OUTPUT": str(out / f"ck-{mode}"),
+            **extra,
+        }
+    )
     try:
         return runpy.run_path(str(EXAMPLE), run_name="sft_any_mode")["train"]()
     finally:

@@ -12,8 +12,10 @@ import pytest
 
 from twinkle.hub import TEST_MODEL
 
-CHATS = [[{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Glimmer."}],
-         [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]]
+CHATS = [
+    [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am Glimmer."}],
+    [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}],
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +44,43 @@ def new_model(client, **kw):
 def test_openapi_describes_every_native_route(server):
     spec = httpx.get(f"{server.url}/openapi.json").json()
     native = {p: ops for p, ops in spec["paths"].items() if p.startswith("/twinkle/v1")}
-    for op in ("add_adapter_to_model", "set_loss", "set_optimizer", "set_lr_scheduler", "add_metric", "forward",
-               "forward_only", "forward_backward", "clip_grad_and_step", "calculate_metric", "save", "load",
-               "resume_from_checkpoint"):
+    for op in (
+        "add_adapter_to_model",
+        "set_loss",
+        "set_optimizer",
+        "set_lr_scheduler",
+        "add_metric",
+        "forward",
+        "forward_only",
+        "forward_backward",
+        "clip_grad_and_step",
+        "calculate_metric",
+        "save",
+        "load",
+        "resume_from_checkpoint",
+    ):
         body = native[f"/twinkle/v1/models/{{model_id}}/{op}"]["post"]["requestBody"]
         assert body["content"]["application/json"]["schema"]["$ref"].startswith("#/components/schemas/"), op
-    assert {"/twinkle/v1/sample", "/twinkle/v1/futures/{request_id}", "/twinkle/v1/runs", "/twinkle/v1/server",
-            "/twinkle/v1/checkpoints/archive", "/twinkle/v1/dashboard/summary"} <= set(native)
+    assert {
+        "/twinkle/v1/sample",
+        "/twinkle/v1/futures/{request_id}",
+        "/twinkle/v1/runs",
+        "/twinkle/v1/server",
+        "/twinkle/v1/checkpoints/archive",
+        "/twinkle/v1/dashboard/summary",
+    } <= set(native)
     schemas = spec["components"]["schemas"]
-    assert {"LoraConfigModel", "EncodedRow", "Trajectory", "FutureResult", "SampleRequest", "ForwardResult",
-            "StepResult", "CheckpointRef", "SampleResult"} <= set(schemas)
+    assert {
+        "LoraConfigModel",
+        "EncodedRow",
+        "Trajectory",
+        "FutureResult",
+        "SampleRequest",
+        "ForwardResult",
+        "StepResult",
+        "CheckpointRef",
+        "SampleResult",
+    } <= set(schemas)
 
 
 def test_train_save_download_resume(native, rows, tmp_path):
@@ -172,7 +201,9 @@ def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_a
     model.set_optimizer("AdamW", lr=1e-4)  # no implicit optimizer (the TwinkleModel contract)
     before = float(model.forward_backward(inputs=rows)["loss"])
     model.clip_grad_and_step()
-    session = server.runtime.store.db.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))["session_id"]
+    session = server.runtime.store.db.one("SELECT session_id FROM models WHERE model_id=?", (model.model_id,))[
+        "session_id"
+    ]
     r = httpx.post(f"{server.url}/api/v1/sessions/{session}/finish", headers={"X-API-Key": client.api_key}, json={})
     assert r.status_code == 200
     after = float(model.forward_backward(inputs=rows)["loss"])  # still trains: the adapter is still there
@@ -191,10 +222,17 @@ def test_native_training_tokens_show_in_the_usage_report(server, rows):
     model.forward_backward(inputs=rows).result()
     model.forward_only(inputs=rows[:1]).result()
     now = datetime.now(timezone.utc)
-    usage = httpx.get(f"{server.url}/api/v1/billing/usage/events", headers={"X-API-Key": client.api_key},
-                      params={"starting_on": (now - timedelta(hours=2)).isoformat(),
-                              "ending_before": (now + timedelta(hours=1)).isoformat()}, timeout=30).json()
+    usage = httpx.get(
+        f"{server.url}/api/v1/billing/usage/events",
+        headers={"X-API-Key": client.api_key},
+        params={
+            "starting_on": (now - timedelta(hours=2)).isoformat(),
+            "ending_before": (now + timedelta(hours=1)).isoformat(),
+        },
+        timeout=30,
+    ).json()
     training = [row for row in usage["data"] if row["event_info"]["type"] == "training"]
     assert sum(row["event_info"]["token_count"] for row in training) == (
-        sum(len(r["input_ids"]) for r in rows) + len(rows[0]["input_ids"]))
+        sum(len(r["input_ids"]) for r in rows) + len(rows[0]["input_ids"])
+    )
     assert {row["base_model"] for row in training} == {TEST_MODEL}

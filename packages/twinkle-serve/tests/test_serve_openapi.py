@@ -16,11 +16,20 @@ def spec(server):
 def test_the_api_key_header_is_a_security_scheme(spec):
     scheme = spec["components"]["securitySchemes"]["APIKeyHeader"]
     assert scheme == {**scheme, "type": "apiKey", "in": "header", "name": "X-API-Key"}
-    keyed = {(m, p) for p, ops in spec["paths"].items() for m, op in ops.items()
-             if {"APIKeyHeader": []} in op.get("security", [])}
-    for route in [("post", "/api/v1/create_model"), ("post", "/api/v1/retrieve_future"), ("get", "/api/v1/healthz"),
-                  ("post", "/twinkle/v1/models"), ("get", "/twinkle/v1/futures/{request_id}"),
-                  ("get", "/twinkle/v1/dashboard/summary")]:
+    keyed = {
+        (m, p)
+        for p, ops in spec["paths"].items()
+        for m, op in ops.items()
+        if {"APIKeyHeader": []} in op.get("security", [])
+    }
+    for route in [
+        ("post", "/api/v1/create_model"),
+        ("post", "/api/v1/retrieve_future"),
+        ("get", "/api/v1/healthz"),
+        ("post", "/twinkle/v1/models"),
+        ("get", "/twinkle/v1/futures/{request_id}"),
+        ("get", "/twinkle/v1/dashboard/summary"),
+    ]:
         assert route in keyed, route
     assert ("get", "/livez") not in keyed and ("get", "/readyz") not in keyed
 
@@ -31,15 +40,18 @@ def test_a_key_sent_the_way_docs_sends_it_is_accepted(server, spec, keys):
     assert httpx.get(f"{server.url}/api/v1/healthz", headers={header: keys["alice"]}).status_code == 200
 
 
-@pytest.mark.parametrize("path, required, field", [
-    ("/api/v1/create_model", {"session_id", "base_model"}, "lora_config"),
-    ("/api/v1/optim_step", {"model_id"}, "adam_params"),
-    ("/api/v1/save_weights", {"model_id"}, "ttl_seconds"),
-    ("/api/v1/load_weights", {"path"}, "optimizer"),
-    ("/api/v1/asample", {"sampling_session_id", "prompt"}, "sampling_params"),
-    ("/api/v1/create_sampling_session", {"session_id"}, "model_path"),
-    ("/api/v1/retrieve_future", {"request_id"}, "request_id"),
-])
+@pytest.mark.parametrize(
+    "path, required, field",
+    [
+        ("/api/v1/create_model", {"session_id", "base_model"}, "lora_config"),
+        ("/api/v1/optim_step", {"model_id"}, "adam_params"),
+        ("/api/v1/save_weights", {"model_id"}, "ttl_seconds"),
+        ("/api/v1/load_weights", {"path"}, "optimizer"),
+        ("/api/v1/asample", {"sampling_session_id", "prompt"}, "sampling_params"),
+        ("/api/v1/create_sampling_session", {"session_id"}, "model_path"),
+        ("/api/v1/retrieve_future", {"request_id"}, "request_id"),
+    ],
+)
 def test_tinker_json_routes_have_typed_bodies(spec, path, required, field):
     ref = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     schema = spec["components"]["schemas"][ref.rsplit("/", 1)[-1]]

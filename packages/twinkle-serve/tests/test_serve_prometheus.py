@@ -50,10 +50,11 @@ def _value(samples, name, **labels):
 def test_requests_are_counted_and_timed_by_route_template(trained):
     srv, key = trained
     text, samples = _scrape(srv.url)
-    assert _value(samples, "twinkle_http_requests_total", method="POST", route="/api/v1/forward_backward",
-                  status="2xx") >= 2
-    assert _value(samples, "twinkle_http_request_seconds_count", method="POST",
-                  route="/api/v1/forward_backward") >= 2
+    assert (
+        _value(samples, "twinkle_http_requests_total", method="POST", route="/api/v1/forward_backward", status="2xx")
+        >= 2
+    )
+    assert _value(samples, "twinkle_http_request_seconds_count", method="POST", route="/api/v1/forward_backward") >= 2
     run_route = "/api/v1/training_runs/{run_id}"
     assert _value(samples, "twinkle_http_requests_total", method="GET", route=run_route, status="4xx") == 2
     assert "run-secret-id-123" not in text and key not in text and "tml-" not in text

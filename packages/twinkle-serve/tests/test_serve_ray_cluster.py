@@ -20,8 +20,10 @@ pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
 from _remote_runs import SEQS, assert_native_runs_equal, run_native_loop, run_tinker_loop  # noqa: E402
 
-RAY_CONFIG = {"ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "cpu"}]},
-              "models": [{"name": TEST_MODEL, "remote_group": "model", "sampler_remote_group": "model"}]}
+RAY_CONFIG = {
+    "ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "cpu"}]},
+    "models": [{"name": TEST_MODEL, "remote_group": "model", "sampler_remote_group": "model"}],
+}
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +78,11 @@ def test_data_parallel_losses_equal_one_process(runs):
 def test_remote_sampler_matches_local_sampler(runs):
     expected, got = runs
     assert got["probe_logprobs"][0] is None
-    np.testing.assert_allclose(np.array(got["probe_logprobs"][1:], dtype=np.float32),
-                               np.array(expected["probe_logprobs"][1:], dtype=np.float32), atol=1e-4)
+    np.testing.assert_allclose(
+        np.array(got["probe_logprobs"][1:], dtype=np.float32),
+        np.array(expected["probe_logprobs"][1:], dtype=np.float32),
+        atol=1e-4,
+    )
     first, second = got["samples"]
     assert [s[0] for s in first] == [s[0] for s in second]  # seeded: same on either replica
     assert [s[0] for s in first] == [s[0] for s in expected["samples"][0]]
@@ -90,8 +95,10 @@ def test_bad_request_fails_alone_and_training_goes_on(runs, sft):
 
     _, got = runs
     tc = got["tc"]
-    bad = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 10**7]),
-                      loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
+    bad = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 10**7]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
     with pytest.raises(Exception, match="outside the vocabulary"):
         tc.forward_backward([sft(SEQS[0]), bad], "cross_entropy").result()
     # nothing from the failed request reached any rank's gradients: a clean step still works
@@ -100,15 +107,18 @@ def test_bad_request_fails_alone_and_training_goes_on(runs, sft):
     assert tc.optim_step(types.AdamParams(learning_rate=1e-3)).result().metrics["grad_norm:mean"] > 0
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"ray": {"groups": [{"name": "model", "ranks": 2, "gpus": 1}]}}, "gpus"),
-    ({"ray": {"groups": [{"name": "model", "ranks": 2}], "adress": "auto"}}, "adress"),
-    ({"ray": {"groups": []}}, "groups"),
-    ({"ray": {"groups": [{"name": "a", "ranks": 1}, {"name": "a", "ranks": 2}]}}, "unique"),
-    ({"models": [{"name": TEST_MODEL, "remote_group": "model"}], "ray": None}, "needs a `ray` section"),
-    ({"models": [{"name": TEST_MODEL, "sampler_remote_group": "gpu"}]}, "not one of ray.groups"),
-    ({"models": [{"name": TEST_MODEL, "remote_group": "model", "backend": "peft"}]}, "multi_lora"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"ray": {"groups": [{"name": "model", "ranks": 2, "gpus": 1}]}}, "gpus"),
+        ({"ray": {"groups": [{"name": "model", "ranks": 2}], "adress": "auto"}}, "adress"),
+        ({"ray": {"groups": []}}, "groups"),
+        ({"ray": {"groups": [{"name": "a", "ranks": 1}, {"name": "a", "ranks": 2}]}}, "unique"),
+        ({"models": [{"name": TEST_MODEL, "remote_group": "model"}], "ray": None}, "needs a `ray` section"),
+        ({"models": [{"name": TEST_MODEL, "sampler_remote_group": "gpu"}]}, "not one of ray.groups"),
+        ({"models": [{"name": TEST_MODEL, "remote_group": "model", "backend": "peft"}]}, "multi_lora"),
+    ],
+)
 def test_ray_config_is_validated(change, message):
     from twinkle.serve.config import ServeConfig
 

@@ -11,8 +11,10 @@ from twinkle.serve.backend import AdamParams, Datum, ForwardResult, LoraSpec, Sa
 
 
 def datum(tokens):
-    return Datum(tokens[:-1], {"target_tokens": np.array(tokens[1:], dtype=np.int64),
-                               "weights": np.ones(len(tokens) - 1, dtype=np.float32)})
+    return Datum(
+        tokens[:-1],
+        {"target_tokens": np.array(tokens[1:], dtype=np.int64), "weights": np.ones(len(tokens) - 1, dtype=np.float32)},
+    )
 
 
 SEQS = [[3 + (5 * i + k) % 50 for i in range(n)] for k, n in enumerate((12, 7, 10))]
@@ -35,8 +37,9 @@ def test_in_process_shards_equal_plain_backend(backends):
     for b in backends:
         losses = []
         for _ in range(2):
-            losses.append(b.forward_backward("t1", [datum(s) for s in SEQS], "cross_entropy", {}, False)
-                          .metrics["loss:sum"])
+            losses.append(
+                b.forward_backward("t1", [datum(s) for s in SEQS], "cross_entropy", {}, False).metrics["loss:sum"]
+            )
             b.optim_step("t1", AdamParams(learning_rate=5e-2))
         b.install_sampler_from_adapter("s1", "t1")
         sample = b.sample("s1", SEQS[0][:5], 2, SampleParams(max_tokens=4, seed=3), False)
@@ -63,9 +66,12 @@ def test_rank_results_merge_in_datum_order_and_fail_together():
 
     r0 = ForwardResult([np.array([-1.0]), np.array([-2.0])], {"loss:sum": 3.0, "clip:mean": 0.5})
     r1 = ForwardResult([np.array([-4.0])], {"loss:sum": 4.0, "clip:mean": 0.0})
-    ok, failed, tiny = merge_rank_results([
-        {"results": [r0, PeerFailed("peer"), r0], "tokens": [3, 1, 3]},
-        {"results": [r1, UserError("loss is nan"), None], "tokens": [1, 1, 0]}])
+    ok, failed, tiny = merge_rank_results(
+        [
+            {"results": [r0, PeerFailed("peer"), r0], "tokens": [3, 1, 3]},
+            {"results": [r1, UserError("loss is nan"), None], "tokens": [1, 1, 0]},
+        ]
+    )
     assert [float(lp[0]) for lp in ok.logprobs] == [-1.0, -2.0, -4.0]
     assert ok.metrics == {"loss:sum": 7.0, "clip:mean": pytest.approx(0.375)}  # token-weighted mean
     assert isinstance(failed, UserError) and not isinstance(failed, PeerFailed) and "nan" in str(failed)

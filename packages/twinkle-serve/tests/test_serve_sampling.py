@@ -21,9 +21,10 @@ def eos_trained(alice):
     from tinker import types
 
     seq = PROMPT + ANSWER
-    datum = types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]),
-                        loss_fn_inputs={"target_tokens": seq[1:],
-                                        "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * len(ANSWER)})
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": seq[1:], "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * len(ANSWER)},
+    )
     tc = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=5).result()
     for _ in range(40):
         tc.forward_backward([datum], "cross_entropy")
@@ -41,8 +42,10 @@ def reference(server, eos_trained):
     from twinkle.hub import resolve_model_path
 
     _, path, _ = eos_trained
-    folder = server.runtime.data_dir / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?",
-                                                                    (path,))["dir"]
+    folder = (
+        server.runtime.data_dir
+        / server.runtime.store.db.one("SELECT dir FROM checkpoints WHERE tinker_path=?", (path,))["dir"]
+    )
     base = AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL), dtype=torch.float32)
     model = PeftModel.from_pretrained(base, folder).eval()
 
@@ -73,9 +76,14 @@ def test_topk_prompt_and_sample_logprobs_equal_a_peft_forward(eos_trained, refer
     from tinker import types
 
     _, _, sampler = eos_trained
-    out = sampler.sample(types.ModelInput.from_ints(PROMPT), 2,
-                         types.SamplingParams(max_tokens=5, temperature=1.0, seed=3, stop=[]),
-                         include_prompt_logprobs=True, topk_prompt_logprobs=6, topk_sample_logprobs=4).result()
+    out = sampler.sample(
+        types.ModelInput.from_ints(PROMPT),
+        2,
+        types.SamplingParams(max_tokens=5, temperature=1.0, seed=3, stop=[]),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=6,
+        topk_sample_logprobs=4,
+    ).result()
     logp = reference(PROMPT)
     tops = out.topk_prompt_logprobs
     assert len(tops) == len(PROMPT) and tops[0] is None and all(len(r) == 6 for r in tops[1:])
@@ -85,10 +93,11 @@ def test_topk_prompt_and_sample_logprobs_equal_a_peft_forward(eos_trained, refer
     np.testing.assert_allclose(out.prompt_logprobs[1:], want_prompt, atol=1e-5, rtol=1e-6)
     for seq in out.sequences:
         assert len(seq.tokens) == 5 and len(seq.topk_logprobs) == 5
-        full = reference(PROMPT + seq.tokens)[len(PROMPT) - 1:-1]
+        full = reference(PROMPT + seq.tokens)[len(PROMPT) - 1 : -1]
         assert_topk(seq.topk_logprobs, full, 4)
-        np.testing.assert_allclose(seq.logprobs, [float(full[i, t]) for i, t in enumerate(seq.tokens)],
-                                   atol=1e-5, rtol=1e-6)
+        np.testing.assert_allclose(
+            seq.logprobs, [float(full[i, t]) for i, t in enumerate(seq.tokens)], atol=1e-5, rtol=1e-6
+        )
 
 
 def test_topk_alone_and_absent(eos_trained):
@@ -114,8 +123,9 @@ def test_prompt_logprobs_last_n_scores_only_the_suffix(eos_trained):
     full = sampler.compute_logprobs(prompt).result()
     last3 = sampler.compute_logprobs(prompt, prompt_logprobs_last_n=3).result()
     assert last3[:-3] == [None] * (len(PROMPT) - 3) and last3[-3:] == full[-3:]
-    out = sampler.sample(prompt, 1, greedy(1), include_prompt_logprobs=True, topk_prompt_logprobs=2,
-                         prompt_logprobs_last_n=2).result()
+    out = sampler.sample(
+        prompt, 1, greedy(1), include_prompt_logprobs=True, topk_prompt_logprobs=2, prompt_logprobs_last_n=2
+    ).result()
     assert out.topk_prompt_logprobs[:-2] == [None] * (len(PROMPT) - 2)
     assert all(len(row) == 2 for row in out.topk_prompt_logprobs[-2:])
     with pytest.raises(Exception, match=r"prompt_logprobs_last_n must be between 1 and len\(prompt\) - 1 = 9"):
@@ -144,8 +154,12 @@ def test_stop_strings(eos_trained):
 
     _, _, sampler = eos_trained  # ANSWER decodes as " develop", " +", then EOS
     prompt = types.ModelInput.from_ints(PROMPT)
-    for stop, want in (("elop", ANSWER[:1]), (" develop +", ANSWER[:2]), ([" +", "never"], ANSWER[:2]),
-                       (["never"], ANSWER)):
+    for stop, want in (
+        ("elop", ANSWER[:1]),
+        (" develop +", ANSWER[:2]),
+        ([" +", "never"], ANSWER[:2]),
+        (["never"], ANSWER),
+    ):
         got = sampler.sample(prompt, 1, greedy(8, stop=stop)).result().sequences[0]
         assert got.tokens == want and got.stop_reason == "stop", stop
 
@@ -187,8 +201,9 @@ def test_target_prompt_logprobs_dense_and_sparse(eos_trained, reference):
     table = reference(PROMPT)[:-1]
     want = torch.where(ids >= 0, table.gather(1, ids.clamp(min=0)), torch.zeros(())).numpy()
     prompt = types.ModelInput.from_ints(PROMPT)
-    dense = sampler.sample(prompt, 1, greedy(1), include_prompt_logprobs=True,
-                           target_prompt_logprobs=types.TensorData.from_torch(ids)).result()
+    dense = sampler.sample(
+        prompt, 1, greedy(1), include_prompt_logprobs=True, target_prompt_logprobs=types.TensorData.from_torch(ids)
+    ).result()
     got = dense.target_prompt_logprobs
     assert got.shape == [rows, 3] and got.sparse_crow_indices is None
     np.testing.assert_allclose(got.to_numpy(), want, atol=1e-5, rtol=1e-6)
@@ -206,9 +221,19 @@ def test_prompt_alt_tokens_are_seeded_draws_with_their_logprobs(eos_trained, ref
 
     _, _, sampler = eos_trained
     prompt = types.ModelInput.from_ints(PROMPT)
-    draw = lambda seed, temperature=1.0: sampler.sample(  # noqa: E731
-        prompt, 1, types.SamplingParams(max_tokens=1, temperature=temperature, seed=seed),
-        prompt_alt_tokens_k=64).result().prompt_alt_tokens
+
+    def draw(seed, temperature=1.0):
+        return (
+            sampler.sample(
+                prompt,
+                1,
+                types.SamplingParams(max_tokens=1, temperature=temperature, seed=seed),
+                prompt_alt_tokens_k=64,
+            )
+            .result()
+            .prompt_alt_tokens
+        )
+
     a, b, c = draw(1), draw(1), draw(2)
     tokens, logprobs = a.tokens.to_numpy(), a.logprobs.to_numpy()
     assert tokens.shape == logprobs.shape == (len(PROMPT) - 1, 64)
@@ -240,42 +265,72 @@ def raw(server, keys):
         return httpx.post(f"{server.url}/api/v1/{path}", json=body, headers=headers, timeout=60)
 
     session = call("create_session", {"tags": [], "sdk_version": "0.38.0", "type": "create_session"}).json()
-    sampler = call("create_sampling_session", {"session_id": session["session_id"], "sampling_session_seq_id": 0,
-                                               "base_model": TEST_MODEL, "type": "create_sampling_session"}).json()
+    sampler = call(
+        "create_sampling_session",
+        {
+            "session_id": session["session_id"],
+            "sampling_session_seq_id": 0,
+            "base_model": TEST_MODEL,
+            "type": "create_sampling_session",
+        },
+    ).json()
 
     def post(**overrides):
-        body = {"sampling_session_id": sampler["sampling_session_id"], "seq_id": 0, "num_samples": 1,
-                "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
-                "sampling_params": {"max_tokens": 2}, "type": "sample", **overrides}
+        body = {
+            "sampling_session_id": sampler["sampling_session_id"],
+            "seq_id": 0,
+            "num_samples": 1,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": PROMPT}]},
+            "sampling_params": {"max_tokens": 2},
+            "type": "sample",
+            **overrides,
+        }
         return call("asample", body)
 
     return post
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ({"sampling_params": {"stop": [""]}}, "sampling_params.stop must be"),
-    ({"sampling_params": {"stop": ["x", 3]}}, "sampling_params.stop must be"),
-    ({"sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens must be an integer >= 1"),
-    ({"sampling_params": {"top_k": -2}}, "sampling_params.top_k must be an integer >= -1"),
-    ({"sampling_params": {"temperature": -0.5}}, "sampling_params.temperature must be >= 0"),
-    ({"sampling_params": {"top_p": 0}}, r"sampling_params.top_p must be in \(0, 1\]"),
-    ({"num_samples": 0}, "num_samples must be an integer >= 1"),
-    ({"topk_prompt_logprobs": 257}, "topk_prompt_logprobs must be at most 256"),
-    ({"num_samples": 1025}, "num_samples must be at most 1024"),
-    ({"sampling_params": "greedy"}, "sampling_params must be an object"),
-    ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
-    ({"prompt_alt_tokens_k": -1}, "prompt_alt_tokens_k must be an integer >= 0"),
-    ({"target_prompt_logprobs": {"data": [1] * 8, "dtype": "int64", "shape": [8, 1]}},
-     r"target_prompt_logprobs must have shape \[len\(prompt\) - 1 = 9, K >= 1\]"),
-    ({"target_prompt_logprobs": {"data": [-1] * 9, "dtype": "int64", "shape": [9, 1]}}, "names no token id"),
-    ({"target_prompt_logprobs": {"data": [850] * 9, "dtype": "int64", "shape": [9, 1]}},
-     r"token ids in \[0, 850\) or -1"),
-    ({"target_prompt_logprobs": {"data": [3], "dtype": "int64", "shape": [9, 2], "sparse_crow_indices": [0, 1],
-                                 "sparse_col_indices": [0]}}, "not a CSR layout of shape"),
-    ({"topk_sample_logprobs": -1}, "topk_sample_logprobs must be an integer >= 0"),
-    ({"prompt_logprobs_last_n": 2}, "prompt_logprobs_last_n applies to prompt logprobs"),
-    ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, True]}]}}, "integer token ids"),
-])
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"sampling_params": {"stop": [""]}}, "sampling_params.stop must be"),
+        ({"sampling_params": {"stop": ["x", 3]}}, "sampling_params.stop must be"),
+        ({"sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens must be an integer >= 1"),
+        ({"sampling_params": {"top_k": -2}}, "sampling_params.top_k must be an integer >= -1"),
+        ({"sampling_params": {"temperature": -0.5}}, "sampling_params.temperature must be >= 0"),
+        ({"sampling_params": {"top_p": 0}}, r"sampling_params.top_p must be in \(0, 1\]"),
+        ({"num_samples": 0}, "num_samples must be an integer >= 1"),
+        ({"topk_prompt_logprobs": 257}, "topk_prompt_logprobs must be at most 256"),
+        ({"num_samples": 1025}, "num_samples must be at most 1024"),
+        ({"sampling_params": "greedy"}, "sampling_params must be an object"),
+        ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
+        ({"prompt_alt_tokens_k": -1}, "prompt_alt_tokens_k must be an integer >= 0"),
+        (
+            {"target_prompt_logprobs": {"data": [1] * 8, "dtype": "int64", "shape": [8, 1]}},
+            r"target_prompt_logprobs must have shape \[len\(prompt\) - 1 = 9, K >= 1\]",
+        ),
+        ({"target_prompt_logprobs": {"data": [-1] * 9, "dtype": "int64", "shape": [9, 1]}}, "names no token id"),
+        (
+            {"target_prompt_logprobs": {"data": [850] * 9, "dtype": "int64", "shape": [9, 1]}},
+            r"token ids in \[0, 850\) or -1",
+        ),
+        (
+            {
+                "target_prompt_logprobs": {
+                    "data": [3],
+                    "dtype": "int64",
+                    "shape": [9, 2],
+                    "sparse_crow_indices": [0, 1],
+                    "sparse_col_indices": [0],
+                }
+            },
+            "not a CSR layout of shape",
+        ),
+        ({"topk_sample_logprobs": -1}, "topk_sample_logprobs must be an integer >= 0"),
+        ({"prompt_logprobs_last_n": 2}, "prompt_logprobs_last_n applies to prompt logprobs"),
+        ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, True]}]}}, "integer token ids"),
+    ],
+)
 def test_bad_sampling_requests_are_400s_naming_the_field(raw, override, message):
     r = raw(**override)
     assert r.status_code == 400, r.text
@@ -286,7 +341,13 @@ def test_a_one_token_prompt_has_no_scored_positions(eos_trained):
     from tinker import types
 
     _, _, sampler = eos_trained
-    out = sampler.sample(types.ModelInput.from_ints(PROMPT[:1]), 1, greedy(2), include_prompt_logprobs=True,
-                         topk_prompt_logprobs=2, prompt_alt_tokens_k=3).result()
+    out = sampler.sample(
+        types.ModelInput.from_ints(PROMPT[:1]),
+        1,
+        greedy(2),
+        include_prompt_logprobs=True,
+        topk_prompt_logprobs=2,
+        prompt_alt_tokens_k=3,
+    ).result()
     assert out.prompt_logprobs == [None] and out.topk_prompt_logprobs == [None]
     assert out.prompt_alt_tokens.tokens.to_numpy().shape == (0, 3) and len(out.sequences[0].tokens) == 2

@@ -22,9 +22,13 @@ def _asample_body(sampler_id, seq_id=0):
     from tinker import types
 
     # what SamplingClient._send_asample_request posts
-    req = types.SampleRequest(sampling_session_id=sampler_id, seq_id=seq_id, num_samples=1,
-                              prompt=types.ModelInput.from_ints(PROMPT),
-                              sampling_params=types.SamplingParams(max_tokens=4, seed=3))
+    req = types.SampleRequest(
+        sampling_session_id=sampler_id,
+        seq_id=seq_id,
+        num_samples=1,
+        prompt=types.ModelInput.from_ints(PROMPT),
+        sampling_params=types.SamplingParams(max_tokens=4, seed=3),
+    )
     return req.model_dump(mode="json", exclude_none=True)
 
 
@@ -72,9 +76,15 @@ def test_retrieve_futures_raw_cursor_and_acks(server, keys, alice):
     ids = [_post(server, key, "asample", _asample_body(sampler_id, seq)).json()["request_id"] for seq in range(2)]
     seen, cursor = set(), 0
     while len(seen) < 2:
-        r = _post(server, key, "retrieve_futures", {"target": {"type": "sampling_session",
-                                                                "sampling_session_id": sampler_id,
-                                                                "cloned_sampler_id": 0}, "prev_cursor": cursor})
+        r = _post(
+            server,
+            key,
+            "retrieve_futures",
+            {
+                "target": {"type": "sampling_session", "sampling_session_id": sampler_id, "cloned_sampler_id": 0},
+                "prev_cursor": cursor,
+            },
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["cursor"] >= cursor
@@ -84,13 +94,25 @@ def test_retrieve_futures_raw_cursor_and_acks(server, keys, alice):
         cursor = body["cursor"]
     assert seen == set(ids)
     # past the cursor nothing is new; an immediate (timeout 0) poll answers at once
-    again = _post(server, key, "retrieve_futures", {"target": {"sampling_session_id": sampler_id},
-                                                     "prev_cursor": cursor, "timeout": 0,
-                                                     "retrieved_request_ids": ids}).json()
+    again = _post(
+        server,
+        key,
+        "retrieve_futures",
+        {
+            "target": {"sampling_session_id": sampler_id},
+            "prev_cursor": cursor,
+            "timeout": 0,
+            "retrieved_request_ids": ids,
+        },
+    ).json()
     assert again == {"completions": [], "cursor": cursor}
     # acknowledged ids are forgotten: from cursor 0 they are not reported again
-    assert _post(server, key, "retrieve_futures", {"target": {"sampling_session_id": sampler_id},
-                                                    "timeout": 0}).json()["completions"] == []
+    assert (
+        _post(server, key, "retrieve_futures", {"target": {"sampling_session_id": sampler_id}, "timeout": 0}).json()[
+            "completions"
+        ]
+        == []
+    )
     # the results themselves stay retrievable
     r = _post(server, key, "retrieve_future", {"request_id": ids[0]})
     assert r.headers["content-type"] == "application/x-protobuf"
@@ -102,8 +124,9 @@ def test_retrieve_futures_isolation_and_bad_input(server, keys, alice):
     assert r.status_code == 404 and sampler_id in r.json()["error"]
     r = _post(server, keys["alice"], "retrieve_futures", {"prev_cursor": 0})
     assert r.status_code == 400 and "target" in r.json()["error"]
-    r = _post(server, keys["alice"], "retrieve_futures", {"target": {"sampling_session_id": sampler_id},
-                                                          "prev_cursor": -1})
+    r = _post(
+        server, keys["alice"], "retrieve_futures", {"target": {"sampling_session_id": sampler_id}, "prev_cursor": -1}
+    )
     assert r.status_code == 400 and "prev_cursor" in r.json()["error"]
     r = _post(server, keys["bob"], "join_sampling_session", {"sampling_session_id": sampler_id})
     assert r.status_code == 404

@@ -46,8 +46,10 @@ def test_checkpoints_are_listed_and_deleted(alice, sft):
     tc.save_weights_for_sampler("b").result()
     rest = tinker_rest(alice)
     listed = rest.list_checkpoints(tc.model_id).result().checkpoints
-    assert {(c.checkpoint_id, c.checkpoint_type) for c in listed} == {("weights/a", "training"),
-                                                                     ("sampler_weights/b", "sampler")}
+    assert {(c.checkpoint_id, c.checkpoint_type) for c in listed} == {
+        ("weights/a", "training"),
+        ("sampler_weights/b", "sampler"),
+    }
     assert all(c.size_bytes > 0 for c in listed)
     run = rest.get_training_run(tc.model_id).result()
     assert run.lora_rank == 2 and run.last_checkpoint.checkpoint_id == "weights/a"
@@ -82,9 +84,15 @@ def test_restart_keeps_runs_and_checkpoints(tmp_path, start, sft):
         assert run_id in {r.training_run_id for r in rest.list_training_runs().result().training_runs}
         assert {c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints} == {path, sampler_path}
         resumed = client.create_training_client_from_state_with_optimizer(path).result()
-        assert resumed.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(expected, rel=1e-5)
-        lps = client.create_sampling_client(model_path=sampler_path).result().compute_logprobs(
-            types.ModelInput.from_ints(SEQ)).result()
+        assert resumed.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+            expected, rel=1e-5
+        )
+        lps = (
+            client.create_sampling_client(model_path=sampler_path)
+            .result()
+            .compute_logprobs(types.ModelInput.from_ints(SEQ))
+            .result()
+        )
         assert -sum(lps[1:]) == pytest.approx(expected, rel=1e-4)
     finally:
         srv.stop()

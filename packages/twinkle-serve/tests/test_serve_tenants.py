@@ -11,8 +11,12 @@ SEQ = [9 + (11 * i) % 80 for i in range(16)]
 
 
 def test_every_route_needs_a_valid_key(server, keys):
-    for method, path in (("get", "/api/v1/healthz"), ("post", "/api/v1/client/config"),
-                         ("get", "/api/v1/training_runs"), ("post", "/api/v1/retrieve_future")):
+    for method, path in (
+        ("get", "/api/v1/healthz"),
+        ("post", "/api/v1/client/config"),
+        ("get", "/api/v1/training_runs"),
+        ("post", "/api/v1/retrieve_future"),
+    ):
         for headers in ({}, {"X-API-Key": "tml-not-a-real-key"}, {"X-API-Key": "no-prefix"}):
             r = httpx.request(method, server.url + path, headers=headers, json={})
             assert r.status_code == 401, (path, headers, r.text)
@@ -47,7 +51,8 @@ def test_tenants_cannot_see_or_load_each_others_objects(alice, bob, sft):
     alice.create_rest_client().publish_checkpoint_from_tinker_path(path).result()
     copy = bob.create_training_client_from_state(path).result()
     assert copy.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
-        tc.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"], rel=1e-5)
+        tc.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"], rel=1e-5
+    )
 
 
 def _raw(server, key, path, body):
@@ -57,23 +62,36 @@ def _raw(server, key, path, body):
 def test_limits_answer_429_with_retry_after(server, keys):
     key = keys["carol"]
     session = _raw(server, key, "/create_session", {"tags": [], "sdk_version": "raw"}).json()["session_id"]
-    sampler = _raw(server, key, "/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0,
-                                                             "base_model": TEST_MODEL}).json()["sampling_session_id"]
-    big = {"sampling_session_id": sampler, "seq_id": 0, "num_samples": 1, "sampling_params": {"max_tokens": 1},
-           "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5] * 5000}]}}
+    sampler = _raw(
+        server,
+        key,
+        "/create_sampling_session",
+        {"session_id": session, "sampling_session_seq_id": 0, "base_model": TEST_MODEL},
+    ).json()["sampling_session_id"]
+    big = {
+        "sampling_session_id": sampler,
+        "seq_id": 0,
+        "num_samples": 1,
+        "sampling_params": {"max_tokens": 1},
+        "prompt": {"chunks": [{"type": "encoded_text", "tokens": [5] * 5000}]},
+    }
     r = _raw(server, key, "/asample", big)
     assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1 and "4096" in r.json()["error"]
     statuses = []
     for n in range(4):  # carol may hold 3 models
-        statuses.append(_raw(server, key, "/create_model", {
-            "session_id": session, "model_seq_id": n, "base_model": TEST_MODEL,
-            "lora_config": {"rank": 1}}).status_code)
+        statuses.append(
+            _raw(
+                server,
+                key,
+                "/create_model",
+                {"session_id": session, "model_seq_id": n, "base_model": TEST_MODEL, "lora_config": {"rank": 1}},
+            ).status_code
+        )
         future = _raw(server, key, "/retrieve_future", {"request_id": _last_request_id(server, key, statuses)})
         assert future.status_code == 200
     assert statuses == [200, 200, 200, 429]
     # requests/s: erin may make 2 per second; a burst of 10 is partly refused, with Retry-After
-    answers = [httpx.get(server.url + "/api/v1/training_runs", headers={"X-API-Key": keys["erin"]})
-               for _ in range(10)]
+    answers = [httpx.get(server.url + "/api/v1/training_runs", headers={"X-API-Key": keys["erin"]}) for _ in range(10)]
     assert answers[0].status_code == 200
     refused = [r for r in answers if r.status_code == 429]
     assert refused and all(int(r.headers["Retry-After"]) >= 1 for r in refused)
@@ -81,8 +99,9 @@ def test_limits_answer_429_with_retry_after(server, keys):
 
 def _last_request_id(server, key, statuses):
     # The model limit counts loaded models: wait for the create to finish before the next one.
-    rows = server.runtime.store.db.all("SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC "
-                                    "LIMIT 1")
+    rows = server.runtime.store.db.all(
+        "SELECT request_id FROM futures WHERE tenant='carol' ORDER BY created_at DESC LIMIT 1"
+    )
     return rows[0]["request_id"]
 
 
@@ -92,17 +111,25 @@ def test_bad_requests_fail_only_their_own_future(alice, sft):
 
     tc = alice.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=4).result()
     good = tc.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"]
-    bad_token = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 10**6]),
-                            loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]})
-    nan_weights = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                              loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, float("nan"), 1.0]})
-    short = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]),
-                        loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]})
-    for datum, loss, message in ((bad_token, "cross_entropy", "outside the vocabulary"),
-                                 (nan_weights, "cross_entropy", "NaN"),
-                                 (short, "cross_entropy", "shape mismatch"),
-                                 (sft(SEQ), "no_such_loss", "unknown loss_fn"),
-                                 (sft(SEQ), "ppo", "needs loss_fn_inputs")):
+    bad_token = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 10**6]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, 1.0, 1.0]},
+    )
+    nan_weights = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0, float("nan"), 1.0]},
+    )
+    short = types.Datum(
+        model_input=types.ModelInput.from_ints([1, 2, 3]),
+        loss_fn_inputs={"target_tokens": [2, 3], "weights": [1.0, 1.0]},
+    )
+    for datum, loss, message in (
+        (bad_token, "cross_entropy", "outside the vocabulary"),
+        (nan_weights, "cross_entropy", "NaN"),
+        (short, "cross_entropy", "shape mismatch"),
+        (sft(SEQ), "no_such_loss", "unknown loss_fn"),
+        (sft(SEQ), "ppo", "needs loss_fn_inputs"),
+    ):
         with pytest.raises(tinker.RequestFailedError, match=message) as err:
             tc.forward_backward([datum], loss).result()
         assert err.value.category == "user"

@@ -34,8 +34,9 @@ def ivan(server, tenant_key, sft):
     from tinker import types
 
     client = tinker.ServiceClient(base_url=server.url, api_key=tenant_key)
-    tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=4,
-                                            user_metadata={"purpose": "cli"}).result()
+    tc = client.create_lora_training_client(
+        base_model=TEST_MODEL, rank=4, seed=4, user_metadata={"purpose": "cli"}
+    ).result()
     tc.forward_backward([sft(SEQ)], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     paths = {name: tc.save_state(name).result().path for name in ("c1", "c2")}
@@ -73,7 +74,10 @@ def test_checkpoint_list_info_publish_ttl_delete(server, ivan, tenant_key):
     listed = cli(server, tenant_key, "checkpoint", "list", "--run-id", tc.model_id)
     assert listed["run_id"] == tc.model_id
     assert {c["tinker_path"]: c["checkpoint_type"] for c in listed["checkpoints"]} == {
-        paths["c1"]: "training", paths["c2"]: "training", paths["s1"]: "sampler"}
+        paths["c1"]: "training",
+        paths["c2"]: "training",
+        paths["s1"]: "sampler",
+    }
     everything = cli(server, tenant_key, "checkpoint", "list")["checkpoints"]
     assert {c["tinker_path"] for c in everything} == set(paths.values())
     info = cli(server, tenant_key, "checkpoint", "info", paths["c1"])
@@ -82,8 +86,9 @@ def test_checkpoint_list_info_publish_ttl_delete(server, ivan, tenant_key):
 
     # (each CLI process costs seconds: the state the next commands set is read back from the server's store)
     def row():
-        return server.runtime.store.db.one("SELECT public, expires_at FROM checkpoints WHERE tinker_path=?",
-                                        (paths["c1"],))
+        return server.runtime.store.db.one(
+            "SELECT public, expires_at FROM checkpoints WHERE tinker_path=?", (paths["c1"],)
+        )
 
     run_cli(server.url, tenant_key, "checkpoint", "publish", paths["c1"])
     assert row()["public"] == 1
@@ -95,8 +100,9 @@ def test_checkpoint_list_info_publish_ttl_delete(server, ivan, tenant_key):
     assert row()["expires_at"] is None
 
     run_cli(server.url, tenant_key, "checkpoint", "delete", paths["c2"], "--yes")
-    run_cli(server.url, tenant_key, "checkpoint", "delete", "--run-id", tc.model_id, "--type", "sampler_weights",
-            "--yes")
+    run_cli(
+        server.url, tenant_key, "checkpoint", "delete", "--run-id", tc.model_id, "--type", "sampler_weights", "--yes"
+    )
     remaining = cli(server, tenant_key, "checkpoint", "list", "--run-id", tc.model_id)["checkpoints"]
     assert [c["tinker_path"] for c in remaining] == [paths["c1"]]
     gone = run_cli(server.url, tenant_key, "checkpoint", "info", paths["c2"], check=False)

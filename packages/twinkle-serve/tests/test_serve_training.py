@@ -71,9 +71,12 @@ def test_sample_honours_num_samples_seed_stop_and_logprobs(trained):
     # stop on the last token greedy decoding emits: it ends at that token's first occurrence, keeping it
     greedy = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0)).result().sequences[0]
     stop_token = greedy.tokens[-1]
-    stopped = sampler.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0,
-                                                             stop=[stop_token])).result().sequences[0]
-    assert stopped.tokens == greedy.tokens[:greedy.tokens.index(stop_token) + 1]
+    stopped = (
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0, stop=[stop_token]))
+        .result()
+        .sequences[0]
+    )
+    assert stopped.tokens == greedy.tokens[: greedy.tokens.index(stop_token) + 1]
     assert stopped.stop_reason == "stop"
 
 
@@ -82,8 +85,9 @@ def test_base_model_sampler_differs_from_trained_adapter(alice, trained):
 
     tc, _ = trained
     base = alice.create_sampling_client(base_model=TEST_MODEL).result()
-    trained_lps = tc.save_weights_and_get_sampling_client().result().compute_logprobs(
-        types.ModelInput.from_ints(SEQ_A)).result()
+    trained_lps = (
+        tc.save_weights_and_get_sampling_client().result().compute_logprobs(types.ModelInput.from_ints(SEQ_A)).result()
+    )
     base_lps = base.compute_logprobs(types.ModelInput.from_ints(SEQ_A)).result()
     assert sum(trained_lps[1:]) > sum(base_lps[1:]) + 1.0  # training raised the likelihood of SEQ_A
 

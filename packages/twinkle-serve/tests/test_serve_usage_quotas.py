@@ -11,8 +11,10 @@ import pytest
 
 from twinkle.hub import TEST_MODEL
 
-ROWS = [{"input_ids": list(range(5, 37)), "labels": list(range(5, 37))},
-        {"input_ids": list(range(40, 64)), "labels": list(range(40, 64))}]
+ROWS = [
+    {"input_ids": list(range(5, 37)), "labels": list(range(5, 37))},
+    {"input_ids": list(range(40, 64)), "labels": list(range(40, 64))},
+]
 ROW_TOKENS = sum(len(r["input_ids"]) for r in ROWS)
 
 
@@ -63,11 +65,18 @@ def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server):
     with pytest.raises(TwinkleAPIError, match="tokens_per_day quota") as refused:
         model.forward_backward(inputs=ROWS)
     assert refused.value.status == 429
-    raw = httpx.post(f"{server.url}/twinkle/v1/models/{model.model_id}/forward_backward", headers={"X-API-Key": key},
-                     json={"inputs": {"rows": ROWS}}, timeout=30)
+    raw = httpx.post(
+        f"{server.url}/twinkle/v1/models/{model.model_id}/forward_backward",
+        headers={"X-API-Key": key},
+        json={"inputs": {"rows": ROWS}},
+        timeout=30,
+    )
     assert raw.status_code == 429 and int(raw.headers["retry-after"]) > 0
     assert {k: raw.json()[k] for k in ("quota", "limit", "used")} == {
-        "quota": "tokens_per_day", "limit": trained + ROW_TOKENS - 1, "used": trained}
+        "quota": "tokens_per_day",
+        "limit": trained + ROW_TOKENS - 1,
+        "used": trained,
+    }
     model.forward_backward(inputs=ROWS[1:]).result()  # still within the quota: runs
 
     # adapters: one live adapter is the quota -> a second answers 409
@@ -79,13 +88,16 @@ def test_usage_is_counted_per_key_and_run_and_quotas_refuse_by_name(own_server):
     # storage: the first checkpoint fits under 1 byte used; once stored, the next save answers 409
     set_quota(server, "quota-native", storage_bytes=1)
     model.save("first").result()
-    raw = httpx.post(f"{server.url}/twinkle/v1/models/{model.model_id}/save", headers={"X-API-Key": key},
-                     json={"name": "second"}, timeout=30)
+    raw = httpx.post(
+        f"{server.url}/twinkle/v1/models/{model.model_id}/save",
+        headers={"X-API-Key": key},
+        json={"name": "second"},
+        timeout=30,
+    )
     assert raw.status_code == 409 and raw.json()["quota"] == "storage_bytes" and raw.json()["used"] > 1
 
     summary = httpx.get(f"{server.url}/twinkle/v1/dashboard/summary", headers={"X-API-Key": key}, timeout=30).json()
-    assert summary["usage"]["quotas"] == {"tokens_per_day": trained + ROW_TOKENS - 1, "storage_bytes": 1,
-                                          "adapters": 1}
+    assert summary["usage"]["quotas"] == {"tokens_per_day": trained + ROW_TOKENS - 1, "storage_bytes": 1, "adapters": 1}
     (run,) = summary["runs"]
     assert run["usage"]["training"] == trained + len(ROWS[1]["input_ids"])
     assert run["usage"]["checkpoint_bytes"] == summary["usage"]["checkpoint_bytes"] > 0
@@ -127,8 +139,12 @@ def test_quotas_survive_a_restart(own_server, start):
     again = start(data_dir)
     try:
         model = native_model(again, key, max_retries=0)
-        raw = httpx.post(f"{again.url}/twinkle/v1/models/{model.model_id}/forward_backward",
-                         headers={"X-API-Key": key}, json={"inputs": {"rows": ROWS}}, timeout=30)
+        raw = httpx.post(
+            f"{again.url}/twinkle/v1/models/{model.model_id}/forward_backward",
+            headers={"X-API-Key": key},
+            json={"inputs": {"rows": ROWS}},
+            timeout=30,
+        )
         assert raw.status_code == 429 and raw.json()["quota"] == "tokens_per_day" and raw.json()["limit"] == 10
     finally:
         again.stop()

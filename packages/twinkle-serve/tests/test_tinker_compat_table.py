@@ -25,9 +25,11 @@ def recorded() -> dict[str, str]:
 
 def test_the_table_covers_the_installed_sdk(recorded):
     current = set(tinker_compat.sdk_methods()) | {f"cli: {c}" for c in tinker_compat.cli_commands()}
-    assert set(recorded) == current, ("the SDK and README's table differ: run `uv run python scripts/tinker_compat.py`"
-                                      f" (missing {sorted(current - set(recorded))}, "
-                                      f"gone {sorted(set(recorded) - current)})")
+    assert set(recorded) == current, (
+        "the SDK and README's table differ: run `uv run python scripts/tinker_compat.py`"
+        f" (missing {sorted(current - set(recorded))}, "
+        f"gone {sorted(set(recorded) - current)})"
+    )
 
 
 def test_every_entry_recorded_as_working_still_works(server, tenant_key, recorded):
@@ -40,6 +42,5 @@ def test_every_entry_recorded_as_working_still_works(server, tenant_key, recorde
 
 def test_the_table_reader_reads_each_status():
     """A row that stopped working reads as its new status, so the check above would see it."""
-    text = (f"{tinker_compat.BEGIN}\n| `A.b (+ _async)` | works |  |\n| `A.c` | refused | 404: no |\n"
-            f"{tinker_compat.END}")
+    text = f"{tinker_compat.BEGIN}\n| `A.b (+ _async)` | works |  |\n| `A.c` | refused | 404: no |\n{tinker_compat.END}"
     assert tinker_compat.read_table(text) == {"A.b": "works", "A.c": "refused"}

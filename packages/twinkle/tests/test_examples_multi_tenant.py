@@ -12,8 +12,14 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_four_tenants_on_one_server_each_end_with_a_correct_result(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "multi_tenant.py")], capture_output=True, text=True,
-                         timeout=900, cwd=tmp_path, env={**os.environ, "TINKER_TELEMETRY": "0"})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "multi_tenant.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        env={**os.environ, "TINKER_TELEMETRY": "0"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = dict(re.findall(r"tenant ([ABCD]): ok +(.*)", out.stdout))
     assert sorted(lines) == ["A", "B", "C", "D"], out.stdout

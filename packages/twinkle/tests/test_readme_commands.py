@@ -44,10 +44,8 @@ HOW = {
     "TWINKLE_MODE=ray uv run examples/sft_any_mode.py": RUN,
     "uv run ray start --head --port=6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
     "uv run ray start --address=HOST_A:6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
-    "uv run twinkle-server --port 8000 --data-dir ./twinkle-data --config two-hosts.toml":
-        "needs the two-host Ray cluster above: nox -s ray_cluster runs the same on one machine",
-    "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py":
-        "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
+    "uv run twinkle-server --port 8000 --data-dir ./twinkle-data --config two-hosts.toml": "needs the two-host Ray cluster above: nox -s ray_cluster runs the same on one machine",
+    "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py": "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
 }
 # Benchmarks measure for minutes: each is checked with --help (its full run is `nox -s bench`).
 TIMEOUT_S = {RUN: 420, HELP: 180, "server": 180}
@@ -65,8 +63,12 @@ def _docstring_commands(path: Path) -> list[str]:
 
 def _readme_commands() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    return [re.sub(r"\s+#.*$", "", line).strip() for block in blocks for line in block.splitlines()
-            if line.strip() and not line.strip().startswith("#")]
+    return [
+        re.sub(r"\s+#.*$", "", line).strip()
+        for block in blocks
+        for line in block.splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
 
 
 def all_commands() -> list[tuple[str, str]]:
@@ -101,8 +103,7 @@ def _env(tmp_path: Path) -> dict:
 
 def _shell(command: str, cwd: Path, env: dict, timeout: int) -> subprocess.CompletedProcess:
     assert shutil.which("uv"), "uv is not on PATH (the README's first step: pip install uv)"
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def _scratch(tmp_path: Path) -> Path:
@@ -129,8 +130,14 @@ def test_documented_command_runs_as_written(command, tmp_path):
         if not _port_free(8000):
             pytest.skip("port 8000 is taken on this machine")
         cwd = _scratch(tmp_path)
-        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            ["bash", "-c", f"exec {command}"],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         try:
             deadline = time.monotonic() + TIMEOUT_S[mode]
             while _port_free(8000):

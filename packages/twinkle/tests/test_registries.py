@@ -23,8 +23,21 @@ def _registries() -> dict[str, Registry]:
     from twinkle.serve.backend import BACKENDS
     from twinkle.template.template import TEMPLATES
 
-    found = [ADVANTAGES, CHECKPOINT_ENGINES, LOSSES, METRICS, MODELS, PATCHES, FILTERS, PREPROCESSORS,
-             INPUT_PROCESSORS, REWARDS, SAMPLERS, BACKENDS, TEMPLATES]
+    found = [
+        ADVANTAGES,
+        CHECKPOINT_ENGINES,
+        LOSSES,
+        METRICS,
+        MODELS,
+        PATCHES,
+        FILTERS,
+        PREPROCESSORS,
+        INPUT_PROCESSORS,
+        REWARDS,
+        SAMPLERS,
+        BACKENDS,
+        TEMPLATES,
+    ]
     return {r.group: r for r in found}
 
 

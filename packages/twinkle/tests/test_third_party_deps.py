@@ -22,10 +22,20 @@ ROOT = Path(__file__).resolve().parents[3]
 MEMBER_DIRS = sorted([*ROOT.glob("packages/*"), *ROOT.glob("apps/*")])
 PROJECTS = {tomllib.loads((d / "pyproject.toml").read_text())["project"]["name"]: d for d in MEMBER_DIRS}
 # Import names whose distribution is not installed in this environment (optional backends), by hand.
-NOT_INSTALLED_HERE = {"megatron": "megatron-core", "vllm": "vllm", "modelscope": "modelscope", "wandb": "wandb",
-                      "mlflow": "mlflow-skinny", "trackio": "trackio", "ray": "ray", "yaml": "pyyaml",
-                      "google": "protobuf", "tensorboard": "tensorboard", "huggingface_hub": "huggingface-hub",
-                      "matplotlib": "matplotlib"}
+NOT_INSTALLED_HERE = {
+    "megatron": "megatron-core",
+    "vllm": "vllm",
+    "modelscope": "modelscope",
+    "wandb": "wandb",
+    "mlflow": "mlflow-skinny",
+    "trackio": "trackio",
+    "ray": "ray",
+    "yaml": "pyyaml",
+    "google": "protobuf",
+    "tensorboard": "tensorboard",
+    "huggingface_hub": "huggingface-hub",
+    "matplotlib": "matplotlib",
+}
 # Modules that only their optional backend's users import: their module-level imports may come from
 # an extra (the module itself is imported lazily, by the code path that needs that backend).
 OPTIONAL_BACKEND_MODULES = {
@@ -37,7 +47,10 @@ OPTIONAL_BACKEND_MODULES = {
 USED_WITHOUT_IMPORT = {
     ("twinkle-data", "tokenizers"): "the fast tokenizer backend transformers loads tokenizer.json with",
     ("twinkle-serve", "uvicorn"): "imported by the server module at run time",
-    ("twinkle-model", "tensorboard"): "the writer behind torch.utils.tensorboard, which report_to='tensorboard' imports",
+    (
+        "twinkle-model",
+        "tensorboard",
+    ): "the writer behind torch.utils.tensorboard, which report_to='tensorboard' imports",
 }
 
 
@@ -69,8 +82,14 @@ def _import_by_name_helpers(tree: ast.Module) -> set[str]:
     for f in ast.walk(tree):
         if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.args.args:
             first = f.args.args[0].arg
-            if any(isinstance(c, ast.Call) and _called_name(c) == "import_module" and c.args
-                   and isinstance(c.args[0], ast.Name) and c.args[0].id == first for c in ast.walk(f)):
+            if any(
+                isinstance(c, ast.Call)
+                and _called_name(c) == "import_module"
+                and c.args
+                and isinstance(c.args[0], ast.Name)
+                and c.args[0].id == first
+                for c in ast.walk(f)
+            ):
                 helpers.add(f.name)
     return helpers
 
@@ -80,8 +99,13 @@ def _imported_modules(node: ast.AST, helpers: set[str]) -> list[str]:
         return [a.name for a in node.names]
     if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
         return [node.module]
-    if (isinstance(node, ast.Call) and _called_name(node) in helpers and node.args
-            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+    if (
+        isinstance(node, ast.Call)
+        and _called_name(node) in helpers
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
         return [node.args[0].value]
     return []
 
@@ -91,8 +115,9 @@ def third_party_imports(dist: str) -> dict[str, tuple[bool, str]]:
     found: dict[str, tuple[bool, str]] = {}
     for py in sorted((PROJECTS[dist] / "src").rglob("*.py")):
         tree = ast.parse(py.read_text(), str(py))
-        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       for n in ast.walk(f)}
+        in_function = {
+            id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for n in ast.walk(f)
+        }
         helpers = _import_by_name_helpers(tree)
         for node in ast.walk(tree):
             modules = _imported_modules(node, helpers)
@@ -124,8 +149,13 @@ def imported_members(dist: str) -> set[str]:
     found = set()
     for py in (PROJECTS[dist] / "src").rglob("*.py"):
         for node in ast.walk(ast.parse(py.read_text(), str(py))):
-            modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                       [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            modules = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
             for m in modules:
                 parts = m.split(".")
                 if parts[0] == "twinkle" and len(parts) > 1 and parts[1] in owner:
@@ -165,8 +195,12 @@ def imported_distributions(dist: str) -> set[str]:
 def test_every_extra_is_imported(dist):
     """An extra is declared for code that imports it: one its src/ never imports installs for nothing."""
     imported = imported_distributions(dist) | {dist}
-    unused = sorted(f"[{extra}] {r}" for extra, reqs in extras_of(dist).items() for r in reqs - imported
-                    if (dist, r) not in USED_WITHOUT_IMPORT)
+    unused = sorted(
+        f"[{extra}] {r}"
+        for extra, reqs in extras_of(dist).items()
+        for r in reqs - imported
+        if (dist, r) not in USED_WITHOUT_IMPORT
+    )
     assert not unused, f"{dist}'s extras declare what its src/ never imports: {unused}"
 
 
@@ -174,8 +208,10 @@ def test_the_extra_scan_sees_an_unused_extra(monkeypatch, tmp_path):
     """The guard itself can fail: give the client an extra it never imports."""
     fake = tmp_path / "twinkle-client"
     (fake / "src" / "twinkle" / "client").mkdir(parents=True)
-    (fake / "pyproject.toml").write_text('[project]\nname = "twinkle-client"\ndependencies = ["httpx"]\n'
-                                         '[project.optional-dependencies]\nplots = ["matplotlib>=3.8"]\n')
+    (fake / "pyproject.toml").write_text(
+        '[project]\nname = "twinkle-client"\ndependencies = ["httpx"]\n'
+        '[project.optional-dependencies]\nplots = ["matplotlib>=3.8"]\n'
+    )
     (fake / "src" / "twinkle" / "client" / "x.py").write_text("import httpx\n")
     monkeypatch.setitem(PROJECTS, "twinkle-client", fake)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)  # places are printed relative to ROOT

@@ -13,8 +13,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 MEMBER_DIRS = sorted([*ROOT.glob("packages/*"), *ROOT.glob("apps/*")])
 MEMBERS = {tomllib.loads((d / "pyproject.toml").read_text())["project"]["name"]: d for d in MEMBER_DIRS}
-SEVEN = ["twinkle-mesh", "twinkle-data", "twinkle-model", "twinkle-sampler", "twinkle-rl",
-         "twinkle-serve", "twinkle-client"]
+SEVEN = [
+    "twinkle-mesh",
+    "twinkle-data",
+    "twinkle-model",
+    "twinkle-sampler",
+    "twinkle-rl",
+    "twinkle-serve",
+    "twinkle-client",
+]
 # DESIGN.md: client <- serve; mesh <- data <- model <- sampler <- rl <- serve. Each member may depend
 # on the members listed here and nothing else of ours.
 ALLOWED = {
@@ -86,12 +93,24 @@ def test_only_the_meta_distribution_ships_twinkle_init():
 
 def test_seed_import_paths_have_one_owner_each():
     owned = owners()
-    for sub, dist in {"mesh": "twinkle-mesh", "dataset": "twinkle-data", "template": "twinkle-data",
-                      "preprocessor": "twinkle-data", "dataloader": "twinkle-data",
-                      "processor": "twinkle-data", "model": "twinkle-model", "loss": "twinkle-model",
-                      "metric": "twinkle-model", "patch": "twinkle-model", "sampler": "twinkle-sampler",
-                      "checkpoint_engine": "twinkle-sampler", "reward": "twinkle-rl",
-                      "advantage": "twinkle-rl", "serve": "twinkle-serve", "client": "twinkle-client"}.items():
+    for sub, dist in {
+        "mesh": "twinkle-mesh",
+        "dataset": "twinkle-data",
+        "template": "twinkle-data",
+        "preprocessor": "twinkle-data",
+        "dataloader": "twinkle-data",
+        "processor": "twinkle-data",
+        "model": "twinkle-model",
+        "loss": "twinkle-model",
+        "metric": "twinkle-model",
+        "patch": "twinkle-model",
+        "sampler": "twinkle-sampler",
+        "checkpoint_engine": "twinkle-sampler",
+        "reward": "twinkle-rl",
+        "advantage": "twinkle-rl",
+        "serve": "twinkle-serve",
+        "client": "twinkle-client",
+    }.items():
         assert owned.get(sub) == dist, f"twinkle.{sub} should belong to {dist}, not {owned.get(sub)}"
 
 
@@ -137,10 +156,10 @@ def test_client_alone_in_an_empty_venv_imports_without_torch(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run(["uv", "venv", "-q", "--python", sys.executable, str(venv)], check=True)
     python = venv / "bin" / "python"
-    subprocess.run(["uv", "pip", "install", "-q", "--python", str(python),
-                    str(MEMBERS["twinkle-client"])], check=True)
-    ok = subprocess.run([str(python), "-c", "import twinkle.client; print(twinkle.client.__name__)"],
-                        capture_output=True, text=True)
+    subprocess.run(["uv", "pip", "install", "-q", "--python", str(python), str(MEMBERS["twinkle-client"])], check=True)
+    ok = subprocess.run(
+        [str(python), "-c", "import twinkle.client; print(twinkle.client.__name__)"], capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     no_torch = subprocess.run([str(python), "-c", "import torch"], capture_output=True, text=True)
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr

@@ -1,11 +1,11 @@
 """`twinkle-server`: serve the Tinker-compatible and native APIs, or manage API keys.
 
-    twinkle-server [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--config FILE] [--log-level info]
-    twinkle-server keys create NAME [--data-dir DIR]    # prints a new tml- key (shown once)
-    twinkle-server keys list [--data-dir DIR]
-    twinkle-server keys revoke NAME [--data-dir DIR]
-    twinkle-server keys usage [NAME] [--json]           # tokens trained/sampled, checkpoint bytes, per run
-    twinkle-server keys set-quota NAME [--tokens-per-day N] [--storage-bytes N] [--adapters N]  # "none" clears
+twinkle-server [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--config FILE] [--log-level info]
+twinkle-server keys create NAME [--data-dir DIR]    # prints a new tml- key (shown once)
+twinkle-server keys list [--data-dir DIR]
+twinkle-server keys revoke NAME [--data-dir DIR]
+twinkle-server keys usage [NAME] [--json]           # tokens trained/sampled, checkpoint bytes, per run
+twinkle-server keys set-quota NAME [--tokens-per-day N] [--storage-bytes N] [--adapters N]  # "none" clears
 """
 
 from __future__ import annotations
@@ -21,20 +21,26 @@ DATA_DIR_HELP = "SQLite database, keys and checkpoints (default $TWINKLE_DATA_DI
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="twinkle-server", description="Twinkle's multi-tenant training server "
-                                "(Tinker-compatible API under /api/v1, native API under /twinkle/v1). "
-                                "With no command it serves.")
+    p = argparse.ArgumentParser(
+        prog="twinkle-server",
+        description="Twinkle's multi-tenant training server "
+        "(Tinker-compatible API under /api/v1, native API under /twinkle/v1). "
+        "With no command it serves.",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--config", default=None, help="TOML/JSON/YAML server config (base models, limits, ray)")
     p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     commands = p.add_subparsers(dest="command", title="commands", metavar="{keys}")
-    keys = commands.add_parser("keys", help="manage API keys (one per tenant)",
-                               description="Manage API keys (one per tenant).")
+    keys = commands.add_parser(
+        "keys", help="manage API keys (one per tenant)", description="Manage API keys (one per tenant)."
+    )
     actions = keys.add_subparsers(dest="action", required=True)
-    for action, helptext in (("create", "create a key for tenant NAME (printed once)"),
-                             ("revoke", "revoke tenant NAME's key")):
+    for action, helptext in (
+        ("create", "create a key for tenant NAME (printed once)"),
+        ("revoke", "revoke tenant NAME's key"),
+    ):
         s = actions.add_parser(action, help=helptext)
         s.add_argument("name")
         s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
@@ -63,11 +69,16 @@ def _quota(text: str) -> int | None:
 def _usage_text(report: dict) -> str:
     t, q = report["tokens"], report["quotas"]
     limits = ", ".join(f"{k} {'-' if v is None else v}" for k, v in q.items())
-    lines = [f"{report['tenant']}: trained {t['training']} tokens, sampled {t['sampling_prefill']} prompt + "
-             f"{t['sampling_sample']} sampled tokens, {report['tokens_today']} tokens today, "
-             f"checkpoints {report['checkpoint_bytes']} bytes; quotas: {limits}"]
-    lines += [f"  {r['model_id']} ({r['api']}): trained {r['training']}, sampled {r['sampling']} tokens, "
-              f"checkpoints {r['checkpoint_bytes']} bytes" for r in report["runs"]]
+    lines = [
+        f"{report['tenant']}: trained {t['training']} tokens, sampled {t['sampling_prefill']} prompt + "
+        f"{t['sampling_sample']} sampled tokens, {report['tokens_today']} tokens today, "
+        f"checkpoints {report['checkpoint_bytes']} bytes; quotas: {limits}"
+    ]
+    lines += [
+        f"  {r['model_id']} ({r['api']}): trained {r['training']}, sampled {r['sampling']} tokens, "
+        f"checkpoints {r['checkpoint_bytes']} bytes"
+        for r in report["runs"]
+    ]
     return "\n".join(lines)
 
 
@@ -113,7 +124,9 @@ def keys_main(args: argparse.Namespace) -> int:
         elif args.action == "list":
             for row in keys.list():
                 state = "revoked" if row["revoked_at"] else "active"
-                print(f"{row['name']}\t{state}\t{datetime.fromtimestamp(row['created_at']).isoformat(timespec='seconds')}")
+                print(
+                    f"{row['name']}\t{state}\t{datetime.fromtimestamp(row['created_at']).isoformat(timespec='seconds')}"
+                )
         elif not keys.revoke(args.name):
             print(f"no active key named {args.name!r}", file=sys.stderr)
             return 1
@@ -133,8 +146,14 @@ def main(argv: list[str] | None = None) -> int:
     from twinkle.serve import initialize
 
     try:
-        initialize(mode="http", host=args.host, port=args.port, data_dir=args.data_dir, config=args.config,
-                   log_level=args.log_level)
+        initialize(
+            mode="http",
+            host=args.host,
+            port=args.port,
+            data_dir=args.data_dir,
+            config=args.config,
+            log_level=args.log_level,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

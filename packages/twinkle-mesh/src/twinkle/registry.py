@@ -29,8 +29,10 @@ class UnknownNameError(KeyError, ValueError):
 
     def __init__(self, kind: str, name: object, group: str, known: list[str]):
         self.kind, self.name, self.known = kind, name, known
-        super().__init__(f"unknown {kind} {name!r}; known: {', '.join(known) or 'none'} "
-                         f"(more can be added through the entry-point group {group!r})")
+        super().__init__(
+            f"unknown {kind} {name!r}; known: {', '.join(known) or 'none'} "
+            f"(more can be added through the entry-point group {group!r})"
+        )
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0])

@@ -28,8 +28,14 @@ def _free_port() -> int:
 
 
 def _ray_start(args: list[str], env: dict) -> None:
-    cmd = [str(Path(sys.executable).with_name("ray")), "start", "--num-cpus=1", "--disable-usage-stats",
-           f"--dashboard-agent-listen-port={_free_port()}", *args]
+    cmd = [
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--num-cpus=1",
+        "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={_free_port()}",
+        *args,
+    ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -64,8 +70,16 @@ def two_nodes():
     temp = Path(tempfile.mkdtemp(prefix="tw-ray-", dir="/tmp"))  # short: Ray's unix sockets live under it
     env, port = dict(os.environ), _free_port()
     try:
-        _ray_start(["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp}",
-                    '--resources={"head_node": 1}'], env)
+        _ray_start(
+            [
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={temp}",
+                '--resources={"head_node": 1}',
+            ],
+            env,
+        )
         _ray_start([f"--address=127.0.0.1:{port}", '--resources={"second_node": 1}'], env)
         yield f"127.0.0.1:{port}"
     finally:

@@ -17,8 +17,14 @@ import pytest
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _remote_runs import (SEQS, assert_native_runs_equal, native_model, native_steps, run_native_loop,  # noqa: E402
-                          run_tinker_loop)
+from _remote_runs import (
+    SEQS,
+    assert_native_runs_equal,
+    native_model,
+    native_steps,
+    run_native_loop,  # noqa: E402
+    run_tinker_loop,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -28,9 +34,11 @@ def servers(two_nodes, start, tmp_path_factory):
     local = start(tmp_path_factory.mktemp("local"))
     remote = None
     try:
-        remote = start(tmp_path_factory.mktemp("two-nodes"), ray={
-            "address": two_nodes, "groups": [{"name": "model", "ranks": 2, "placement": "spread"}]},
-            models=[{"name": TEST_MODEL, "remote_group": "model"}])
+        remote = start(
+            tmp_path_factory.mktemp("two-nodes"),
+            ray={"address": two_nodes, "groups": [{"name": "model", "ranks": 2, "placement": "spread"}]},
+            models=[{"name": TEST_MODEL, "remote_group": "model"}],
+        )
         yield remote, local
     finally:
         if remote is not None:
@@ -109,8 +117,9 @@ def test_remote_actor_killed_mid_step_rebuilds_and_tenants_resume(servers, sft):
     # nothing acknowledged is lost: each tenant resumes from its checkpoint and the next step is the
     # one it took from there before the kill
     resumed = tinker_client.create_training_client_from_state_with_optimizer(acked).result()
-    assert resumed.forward_backward(batch, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(step3,
-                                                                                                          rel=1e-6)
+    assert resumed.forward_backward(batch, "cross_entropy").result().metrics["loss:sum"] == pytest.approx(
+        step3, rel=1e-6
+    )
     assert resumed.optim_step(adam).result().metrics["grad_norm:mean"] > 0
     again = native_model(native)
     again.resume_from_checkpoint(native_acked).result()

@@ -44,13 +44,16 @@ def step_tokens(index: int, step: int) -> list[list[int]]:
 
 def folder_of(data_dir: Path, tenant: str, path: str) -> Path:
     """Where the server keeps tinker://{model_id}/weights/{name} for `tenant`."""
-    model_id, _, name = path[len("tinker://"):].split("/")
+    model_id, _, name = path[len("tinker://") :].split("/")
     return data_dir / "tenants" / tenant / model_id.replace(":", "_") / "weights" / name
 
 
 def files_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def checkpoint_tensors(folder: Path) -> dict[str, np.ndarray]:
@@ -84,8 +87,7 @@ def checkpoint_tensors(folder: Path) -> dict[str, np.ndarray]:
 
 
 def bit_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return bool(a) and a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
-                                                    for k in a)
+    return bool(a) and a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
 
 
 class SdkClient:
@@ -111,11 +113,17 @@ class SdkClient:
     def submit_step(self, step: int):
         from tinker import types
 
-        batch = [types.Datum(model_input=types.ModelInput.from_ints(t[:-1]),
-                             loss_fn_inputs={"target_tokens": t[1:], "weights": [1.0] * (len(t) - 1)})
-                 for t in step_tokens(self.index, step)]
-        return (self.tc.forward_backward(batch, "cross_entropy"),
-                self.tc.optim_step(types.AdamParams(learning_rate=LR)))
+        batch = [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(t[:-1]),
+                loss_fn_inputs={"target_tokens": t[1:], "weights": [1.0] * (len(t) - 1)},
+            )
+            for t in step_tokens(self.index, step)
+        ]
+        return (
+            self.tc.forward_backward(batch, "cross_entropy"),
+            self.tc.optim_step(types.AdamParams(learning_rate=LR)),
+        )
 
     def submit_save(self, name: str):
         return self.tc.save_state(name)
@@ -135,8 +143,11 @@ class SdkClient:
         from tinker import types
 
         sampler = self.tc.save_weights_and_get_sampling_client().result(timeout=RESULT_TIMEOUT_S)
-        res = sampler.sample(types.ModelInput.from_ints([1, 2, 3]), 2,
-                             types.SamplingParams(max_tokens=4, seed=self.index, temperature=1.0))
+        res = sampler.sample(
+            types.ModelInput.from_ints([1, 2, 3]),
+            2,
+            types.SamplingParams(max_tokens=4, seed=self.index, temperature=1.0),
+        )
         return len(res.result(timeout=RESULT_TIMEOUT_S).sequences)
 
     def close(self):
@@ -188,8 +199,9 @@ class NativeClient:
 
         sampler = Sampler(model_id=TEST_MODEL, client=self.client)
         sampler.add_adapter_from_model("self", self.model)
-        out = sampler.sample([[1, 2, 3]], {"max_tokens": 4, "seed": self.index, "num_samples": 2},
-                             adapter_name="self").result(timeout=RESULT_TIMEOUT_S)
+        out = sampler.sample(
+            [[1, 2, 3]], {"max_tokens": 4, "seed": self.index, "num_samples": 2}, adapter_name="self"
+        ).result(timeout=RESULT_TIMEOUT_S)
         return len(out[0].sequences)
 
     def close(self):
@@ -217,8 +229,17 @@ class TenantRun:
     sampling half-way. `checkpoint_every` adds a save (with optimizer) every so many steps; the last one
     is always saved as "final"."""
 
-    def __init__(self, name: str, index: int, kind: str, url: str, key: str, data_dir: Path,
-                 checkpoint_every: int | None = None, steps: int = STEPS):
+    def __init__(
+        self,
+        name: str,
+        index: int,
+        kind: str,
+        url: str,
+        key: str,
+        data_dir: Path,
+        checkpoint_every: int | None = None,
+        steps: int = STEPS,
+    ):
         self.name, self.index, self.kind, self.data_dir = name, index, kind, Path(data_dir)
         self.steps = steps
         self.url, self.key, self.checkpoint_every = url, key, checkpoint_every
@@ -246,8 +267,10 @@ class TenantRun:
             while submitted < self.steps and sum(p.kind == "optim_step" for p in self.pending) < WINDOW:
                 t0 = time.perf_counter()
                 fb, opt = self.api.submit_step(submitted)
-                self.pending += [Pending("forward_backward", submitted, t0, fb),
-                                 Pending("optim_step", submitted, t0, opt)]
+                self.pending += [
+                    Pending("forward_backward", submitted, t0, fb),
+                    Pending("optim_step", submitted, t0, opt),
+                ]
                 submitted += 1
                 if submitted == self.steps or (self.checkpoint_every and submitted % self.checkpoint_every == 0):
                     name = "final" if submitted == self.steps else f"step-{submitted}"
@@ -280,11 +303,13 @@ class TenantRun:
         return next(a for a in reversed(self.acked) if a.path.endswith("/final"))
 
 
-def train_all(url: str, keys: dict, data_dir: Path, concurrent: bool, tenants: list[tuple[str, str]] = TENANTS,
-              steps: int = STEPS) -> tuple[dict[str, TenantRun], float]:
+def train_all(
+    url: str, keys: dict, data_dir: Path, concurrent: bool, tenants: list[tuple[str, str]] = TENANTS, steps: int = STEPS
+) -> tuple[dict[str, TenantRun], float]:
     """Every tenant's full run, all at once (threads) or one after another; (runs, wall seconds)."""
-    runs = {name: TenantRun(name, i, kind, url, keys[name], data_dir, steps=steps)
-            for i, (name, kind) in enumerate(tenants)}
+    runs = {
+        name: TenantRun(name, i, kind, url, keys[name], data_dir, steps=steps) for i, (name, kind) in enumerate(tenants)
+    }
     errors = []
 
     def body(run: TenantRun):

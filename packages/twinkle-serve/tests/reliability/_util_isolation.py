@@ -37,6 +37,7 @@ class NativeWire(HttpWire):
         return self.ok(self.post("/models", {"seed": seed}))["model_id"]
 
     def add_adapter(self, model_id: str, name: str = "default", r: int = 4) -> httpx.Response:
-        return self.post(f"/models/{model_id}/add_adapter_to_model",
-                         {"adapter_name": name, "lora_config": {"r": r, "lora_alpha": 2 * r}})
-
+        return self.post(
+            f"/models/{model_id}/add_adapter_to_model",
+            {"adapter_name": name, "lora_config": {"r": r, "lora_alpha": 2 * r}},
+        )

@@ -30,8 +30,13 @@ def _cli() -> list[str]:
 
 
 def create_key(data_dir: Path, name: str) -> str:
-    out = subprocess.run([*_cli(), "keys", "create", name, "--data-dir", str(data_dir)], capture_output=True,
-                         text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [*_cli(), "keys", "create", name, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -47,8 +52,9 @@ def _keys_in_process(data_dir: Path, names) -> dict[str, str]:
 
 
 def revoke_key(data_dir: Path, name: str) -> None:
-    subprocess.run([*_cli(), "keys", "revoke", name, "--data-dir", str(data_dir)], capture_output=True, timeout=120,
-                   check=True)
+    subprocess.run(
+        [*_cli(), "keys", "revoke", name, "--data-dir", str(data_dir)], capture_output=True, timeout=120, check=True
+    )
 
 
 def server_env() -> dict[str, str]:
@@ -56,8 +62,11 @@ def server_env() -> dict[str, str]:
     OpenMP's spin-waiting second thread starves the HTTP and scheduler threads (measured: an SDK step
     ~300 ms with 2 threads, ~28 ms with 1). Bytecode cached under the session's temp dir (not the venv),
     so the restarts of the crash test don't recompile torch and transformers each time (~12 s -> ~5 s)."""
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("RELIABILITY_SERVER_THREADS", "1"),
-           "PYTHONPYCACHEPREFIX": str(Path(tempfile.gettempdir()) / "twinkle-reliability-pycache")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("RELIABILITY_SERVER_THREADS", "1"),
+        "PYTHONPYCACHEPREFIX": str(Path(tempfile.gettempdir()) / "twinkle-reliability-pycache"),
+    }
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
@@ -80,9 +89,25 @@ class ServerProcess:
     def start(self, timeout: float = 180) -> "ServerProcess":
         env = server_env()
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([*_cli(), "--host", HOST, "--port", str(self.port), "--data-dir",
-                                      str(self.data_dir), "--config", str(self.config_path), "--log-level", "warning"],
-                                     stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                *_cli(),
+                "--host",
+                HOST,
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                "--config",
+                str(self.config_path),
+                "--log-level",
+                "warning",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         log.close()
         self.starts += 1
         deadline = time.monotonic() + timeout
@@ -193,13 +218,22 @@ class Wire(HttpWire):
     def create_model(self, session_id: str, seq: int = 0, rank: int = 8, seed: int = 0, base_model=None) -> str:
         from twinkle.hub import TEST_MODEL
 
-        body = {"session_id": session_id, "model_seq_id": seq, "base_model": base_model or TEST_MODEL,
-                "lora_config": {"rank": rank, "seed": seed}}
+        body = {
+            "session_id": session_id,
+            "model_seq_id": seq,
+            "base_model": base_model or TEST_MODEL,
+            "lora_config": {"rank": rank, "seed": seed},
+        }
         return self.done(self.post("/create_model", body))["model_id"]
 
 
-def fb_body(model_id: str, seq_id: int, data: list[tuple[list[int], dict]], loss_fn: str = "cross_entropy",
-            dtypes: dict | None = None) -> bytes:
+def fb_body(
+    model_id: str,
+    seq_id: int,
+    data: list[tuple[list[int], dict]],
+    loss_fn: str = "cross_entropy",
+    dtypes: dict | None = None,
+) -> bytes:
     """A ForwardBackwardRequest protobuf: data = [(tokens, {name: values})]."""
     import numpy as np
 

@@ -41,16 +41,38 @@ def tinker_bad_inputs(mid: str, max_context: int):
     n = len(SEQ) - 1
     ok_in, ok_t = sft_pair(SEQ)
     return [
-        ("out-of-vocabulary token", fb_body(mid, 0, [([5, 6, 999_999, 7], {"target_tokens": [6, 7, 8, 9],
-                                                                          "weights": [1.0] * 4})]), "vocabulary"),
+        (
+            "out-of-vocabulary token",
+            fb_body(mid, 0, [([5, 6, 999_999, 7], {"target_tokens": [6, 7, 8, 9], "weights": [1.0] * 4})]),
+            "vocabulary",
+        ),
         ("NaN weights", fb_body(mid, 0, [(ok_in, {**ok_t, "weights": [float("nan")] * n})]), "nan"),
-        ("NaN advantages", fb_body(mid, 0, [(ok_in, {"target_tokens": ok_t["target_tokens"], "logprobs": [-1.0] * n,
-                                                     "advantages": [float("nan")] * n})], "importance_sampling"),
-         "advantages"),
+        (
+            "NaN advantages",
+            fb_body(
+                mid,
+                0,
+                [
+                    (
+                        ok_in,
+                        {
+                            "target_tokens": ok_t["target_tokens"],
+                            "logprobs": [-1.0] * n,
+                            "advantages": [float("nan")] * n,
+                        },
+                    )
+                ],
+                "importance_sampling",
+            ),
+            "advantages",
+        ),
         ("input 10x over max length", fb_body(mid, 0, [sft_pair([7] * (10 * max_context))]), "context"),
         ("empty datum list", fb_body(mid, 0, []), "datum"),
-        ("loss inputs whose shapes disagree", fb_body(mid, 0, [(ok_in, {**ok_t, "weights": [1.0] * (n - 3)})]),
-         "shape"),
+        (
+            "loss inputs whose shapes disagree",
+            fb_body(mid, 0, [(ok_in, {**ok_t, "weights": [1.0] * (n - 3)})]),
+            "shape",
+        ),
         ("unknown loss", fb_body(mid, 0, [sft_pair(SEQ)], "no_such_loss"), "no_such_loss"),
     ]
 
@@ -61,14 +83,22 @@ def native_bad_inputs(max_context: int):
     n = len(row["input_ids"])
     fb = "forward_backward"
     return [
-        ("out-of-vocabulary token", fb, {"inputs": {"rows": [{**row, "input_ids": [5, 6, 999_999, 7],
-                                                              "labels": [5, 6, 7, 8]}]}}, "vocabulary"),
+        (
+            "out-of-vocabulary token",
+            fb,
+            {"inputs": {"rows": [{**row, "input_ids": [5, 6, 999_999, 7], "labels": [5, 6, 7, 8]}]}},
+            "vocabulary",
+        ),
         ("NaN weights", fb, {"inputs": {"rows": [{**row, "fields": {"weights": [float("nan")] * n}}]}}, "nan"),
         ("NaN advantages", fb, {"inputs": {"rows": [{**row, "fields": {"advantages": float("nan")}}]}}, "advantages"),
         ("input 10x over max length", fb, {"inputs": {"rows": [native_row([7] * (10 * max_context))]}}, "context"),
         ("empty row list", fb, {"inputs": {"rows": []}}, "empty"),
-        ("loss inputs whose shapes disagree", fb, {"inputs": {"rows": [{**row, "fields": {"weights": [1.0] * (n - 3)}}]}},
-         "shape"),
+        (
+            "loss inputs whose shapes disagree",
+            fb,
+            {"inputs": {"rows": [{**row, "fields": {"weights": [1.0] * (n - 3)}}]}},
+            "shape",
+        ),
         ("unknown loss", "set_loss", {"name": "NoSuchLoss"}, "nosuchloss"),
     ]
 
@@ -84,8 +114,9 @@ class BadTenant:
         self.native.done(self.native.add_adapter(self.native_model))
         # encoded once: the test process's own JSON work would otherwise count against the good tenants
         # (json.dumps writes NaN as Python's json does; httpx's json= refuses it): what a Python client sends
-        self.native_cases = [(label, route, json.dumps(body)) for label, route, body, _ in
-                             native_bad_inputs(self.max_context)]
+        self.native_cases = [
+            (label, route, json.dumps(body)) for label, route, body, _ in native_bad_inputs(self.max_context)
+        ]
         self.sent = 0
 
     def send_all(self, go: threading.Event | None = None) -> list[tuple[str, str, str, str]]:
@@ -94,19 +125,29 @@ class BadTenant:
         for label, body, _ in self.tinker_cases:
             if go is not None and not go.is_set():
                 return answers
-            r = self.tinker.http.post("/api/v1/forward_backward", content=body,
-                                      headers={"content-type": "application/x-protobuf"})
+            r = self.tinker.http.post(
+                "/api/v1/forward_backward", content=body, headers={"content-type": "application/x-protobuf"}
+            )
             if r.status_code == 200:
                 kind, out = self.tinker.result(r.json()["request_id"])
-                answers.append(("tinker", label, out.get("category") if kind == "error" else kind,
-                                out.get("error", "") if kind == "error" else ""))
+                answers.append(
+                    (
+                        "tinker",
+                        label,
+                        out.get("category") if kind == "error" else kind,
+                        out.get("error", "") if kind == "error" else "",
+                    )
+                )
             else:
                 answers.append(("tinker", label, f"http {r.status_code}", r.json().get("error", r.text)))
         for label, route, body in self.native_cases:
             if go is not None and not go.is_set():
                 break
-            r = self.native.http.post(f"/twinkle/v1/models/{self.native_model}/{route}", content=body,
-                                      headers={"content-type": "application/json"})
+            r = self.native.http.post(
+                f"/twinkle/v1/models/{self.native_model}/{route}",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
             if r.status_code == 200:
                 out = self.native.wait(r.json()["request_id"])
                 answers.append(("native", label, out.get("category") or out["status"], out.get("error") or ""))
@@ -142,8 +183,11 @@ def _good_tenant(url, key, seed, stop, steps):
     seq = 1
     while not stop.is_set():
         start = time.monotonic()
-        fb = w.http.post("/api/v1/forward_backward", content=fb_body(mid, seq, [sft_pair(row) for row in GOOD_ROWS]),
-                         headers={"content-type": "application/x-protobuf"})
+        fb = w.http.post(
+            "/api/v1/forward_backward",
+            content=fb_body(mid, seq, [sft_pair(row) for row in GOOD_ROWS]),
+            headers={"content-type": "application/x-protobuf"},
+        )
         opt = w.post("/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": {"learning_rate": 1e-3}})
         w.done(fb), w.done(opt)
         seq += 2
@@ -174,8 +218,10 @@ def _step_ratio(steps, windows) -> tuple[float, int, int]:
 def _measure(url: str, keys: dict, bad: BadTenant) -> dict:
     """One interleaved run: C B C B ... C windows while two good tenants train and `bad` sends in B."""
     stop, active, steps, wrong = threading.Event(), threading.Event(), [], []
-    threads = [threading.Thread(target=_good_tenant, args=(url, keys[t], i, stop, steps), daemon=True)
-               for i, t in enumerate(("good1", "good2"))]
+    threads = [
+        threading.Thread(target=_good_tenant, args=(url, keys[t], i, stop, steps), daemon=True)
+        for i, t in enumerate(("good1", "good2"))
+    ]
     threads.append(threading.Thread(target=_bad_windows, args=(bad, active, stop, wrong), daemon=True))
     for t in threads:
         t.start()
@@ -200,11 +246,20 @@ def _measure(url: str, keys: dict, bad: BadTenant) -> dict:
     assert not wrong, wrong[:5]
     ratio, n_clean, n_bad = _step_ratio(steps, windows)
     third = len(windows) // 3  # the same figure over thirds of the run (each a C B C ... stretch of its own)
-    parts = [_step_ratio(steps, windows[k * third:(k + 1) * third + 1])[0] for k in range(3)]
-    rate = {ph: sum(1 for s, e in steps for p, w0, w1 in windows if p == ph and w0 <= e < w1) /
-            sum(w1 - w0 for p, w0, w1 in windows if p == ph) for ph in ("clean", "bad")}
-    return dict(ratio=ratio, parts=parts, rate=rate, n=(n_clean, n_bad), sent=bad.sent - sent0,
-                stable=max(parts) / min(parts) <= STABLE_SPREAD)
+    parts = [_step_ratio(steps, windows[k * third : (k + 1) * third + 1])[0] for k in range(3)]
+    rate = {
+        ph: sum(1 for s, e in steps for p, w0, w1 in windows if p == ph and w0 <= e < w1)
+        / sum(w1 - w0 for p, w0, w1 in windows if p == ph)
+        for ph in ("clean", "bad")
+    }
+    return dict(
+        ratio=ratio,
+        parts=parts,
+        rate=rate,
+        n=(n_clean, n_bad),
+        sent=bad.sent - sent0,
+        stable=max(parts) / min(parts) <= STABLE_SPREAD,
+    )
 
 
 def test_other_tenants_throughput_during_bad_data(baddata_server):
@@ -224,13 +279,17 @@ def test_other_tenants_throughput_during_bad_data(baddata_server):
     m = max(stable, key=lambda r: r["ratio"]) if stable else min(runs, key=lambda r: max(r["parts"]) / min(r["parts"]))
     parts = ", ".join(f"{x:.0%}" for x in m["parts"])
     attempts = ", ".join(f"{r['ratio']:.0%}{'' if r['stable'] else ' (unstable)'}" for r in runs)
-    print(f"\nbad data throughput: {m['sent']} bad requests ({len(bad.tinker_cases) + 7} kinds, a cycle at most every "
-          f"{BAD_CYCLE_S:g} s) in {PAIRS} bad windows of {WINDOW_S:g} s alternating with {PAIRS + 1} clean ones; two "
-          f"other tenants' median step over {m['n'][0]} clean / {m['n'][1]} bad steps: throughput ratio "
-          f"{m['ratio']:.1%} (thirds of the run: {parts}; {'stable' if m['stable'] else 'NOT stable'}, "
-          f"attempts: {attempts}); steps/s {m['rate']['clean']:.2f} clean vs {m['rate']['bad']:.2f} with bad data")
-    SUMMARY["others' throughput during bad data"] = (f"{m['ratio']:.0%} of clean (median step time over "
-                                                     f"{sum(m['n'])} steps in {PAIRS} interleaved bad/clean window "
-                                                     f"pairs; thirds {parts}; attempts {attempts}; {m['sent']} "
-                                                     "bad requests, all user errors)")
+    print(
+        f"\nbad data throughput: {m['sent']} bad requests ({len(bad.tinker_cases) + 7} kinds, a cycle at most every "
+        f"{BAD_CYCLE_S:g} s) in {PAIRS} bad windows of {WINDOW_S:g} s alternating with {PAIRS + 1} clean ones; two "
+        f"other tenants' median step over {m['n'][0]} clean / {m['n'][1]} bad steps: throughput ratio "
+        f"{m['ratio']:.1%} (thirds of the run: {parts}; {'stable' if m['stable'] else 'NOT stable'}, "
+        f"attempts: {attempts}); steps/s {m['rate']['clean']:.2f} clean vs {m['rate']['bad']:.2f} with bad data"
+    )
+    SUMMARY["others' throughput during bad data"] = (
+        f"{m['ratio']:.0%} of clean (median step time over "
+        f"{sum(m['n'])} steps in {PAIRS} interleaved bad/clean window "
+        f"pairs; thirds {parts}; attempts {attempts}; {m['sent']} "
+        "bad requests, all user errors)"
+    )
     assert m["ratio"] >= (MIN_RATIO if m["stable"] else NOISY_FLOOR), m

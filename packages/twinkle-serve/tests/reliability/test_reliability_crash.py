@@ -28,8 +28,20 @@ import traceback
 import httpx
 import numpy as np
 import pytest
-from _load_tenants import (STEPS, TENANTS, Ack, NativeClient, TenantRun, adapter_diff, alone_reference, bit_equal,
-                           checkpoint_tensors, files_digest, folder_of, loss_tolerance)
+from _load_tenants import (
+    STEPS,
+    TENANTS,
+    Ack,
+    NativeClient,
+    TenantRun,
+    adapter_diff,
+    alone_reference,
+    bit_equal,
+    checkpoint_tensors,
+    files_digest,
+    folder_of,
+    loss_tolerance,
+)
 from harness import SUMMARY, Wire
 
 KILLS = int(os.environ.get("RELIABILITY_KILLS", "10"))
@@ -76,8 +88,12 @@ def lost_model_error(e: Exception) -> bool:
     unloaded (the client library re-sends a call whose connection broke): a user error saying so."""
     from twinkle.client import TwinkleRequestFailed
 
-    return (isinstance(e, TwinkleRequestFailed) and e.category == "user" and "server restarted" in str(e)
-            and "no adapter in this server process" in str(e))
+    return (
+        isinstance(e, TwinkleRequestFailed)
+        and e.category == "user"
+        and "server restarted" in str(e)
+        and "no adapter in this server process" in str(e)
+    )
 
 
 class Survivor:
@@ -164,8 +180,7 @@ def check_after_restart(srv, keys, survivors) -> int:
             assert files_digest(ack.folder) == ack.digest, ack.path
             checked += 1
         w = Wire(srv.url, keys[s.run.name])
-        listed = {r["training_run_id"] for r in
-                  w.ok(w.get("/training_runs", params={"limit": 1000}))["training_runs"]}
+        listed = {r["training_run_id"] for r in w.ok(w.get("/training_runs", params={"limit": 1000}))["training_runs"]}
         assert set(s.run.model_ids) <= listed, (s.run.name, set(s.run.model_ids) - listed)
         api = {r["model_id"]: r["api"] for r in w.ok(w.http.get("/twinkle/v1/runs", params={"limit": 1000}))["runs"]}
         w.close()
@@ -192,8 +207,10 @@ def test_kill9_during_load_loses_nothing_acknowledged(launch):
     names = [name for name, _ in TENANTS]
     srv, keys = launch(names, long_poll_s=2.0, limits={"max_models": 64})
     gen = Generation()
-    survivors = [Survivor(TenantRun(name, i, kind, srv.url, keys[name], srv.data_dir, CHECKPOINT_EVERY),
-                          alone[name], tol, gen) for i, (name, kind) in enumerate(TENANTS)]
+    survivors = [
+        Survivor(TenantRun(name, i, kind, srv.url, keys[name], srv.data_dir, CHECKPOINT_EVERY), alone[name], tol, gen)
+        for i, (name, kind) in enumerate(TENANTS)
+    ]
     for s in survivors:
         s.thread.start()
     # The kill moments, as points of the load's progress (steps answered, all tenants together, counted
@@ -206,8 +223,12 @@ def test_kill9_during_load_loses_nothing_acknowledged(launch):
     for kill in range(KILLS):
         # every tenant still training has resumed on this server and answered a step; the load is there
         deadline, resumed = time.monotonic() + 300, None
-        while any(not (s.finished or s.error) and not (s.live_gen == gen.n and s.run.progress.is_set())
-                  for s in survivors) or sum(s.run.steps_done for s in survivors) < kill_at[kill]:
+        while (
+            any(
+                not (s.finished or s.error) and not (s.live_gen == gen.n and s.run.progress.is_set()) for s in survivors
+            )
+            or sum(s.run.steps_done for s in survivors) < kill_at[kill]
+        ):
             assert not [s.error for s in survivors if s.error], [s.error for s in survivors if s.error]
             assert time.monotonic() < deadline, f"the load made no progress after restart {kill}"
             if resumed is None and all(s.finished or s.live_gen == gen.n for s in survivors):
@@ -252,21 +273,24 @@ def test_kill9_during_load_loses_nothing_acknowledged(launch):
     resumes = sum(s.resumes_verified for s in survivors)
     runs = sum(len(s.run.model_ids) for s in survivors)
     resent = sum(s.resent for s in survivors)
-    print(f"\ncrash: {KILLS} kill -9 at seeded points of the load {kill_at} (steps answered of {total}), "
-          f"{[round(m, 2) for m in moments]} s after all tenants resumed "
-          f"(tenants still training at each kill: {busy}); {len(TENANTS)} tenants x {STEPS} steps done in "
-          f"{wall:.0f} s; "
-          f"integrity_check ok x{KILLS + 1}; {acked} acknowledged checkpoints, byte-identical at every restart "
-          f"({digests_checked} checks), {reloaded} reloaded bit-exact at the end, {resumes} resumes bit-exact; "
-          f"{runs} runs all listed; in-flight futures after restart: {in_flight}; native calls re-sent to the "
-          f"restarted server and refused: {resent}; max |loss - alone| "
-          f"{worst_loss:.1e}, max |final adapter - alone| {worst_weight:.1e}; restart-to-ready "
-          f"{np.median(restarts):.1f} s median")
+    print(
+        f"\ncrash: {KILLS} kill -9 at seeded points of the load {kill_at} (steps answered of {total}), "
+        f"{[round(m, 2) for m in moments]} s after all tenants resumed "
+        f"(tenants still training at each kill: {busy}); {len(TENANTS)} tenants x {STEPS} steps done in "
+        f"{wall:.0f} s; "
+        f"integrity_check ok x{KILLS + 1}; {acked} acknowledged checkpoints, byte-identical at every restart "
+        f"({digests_checked} checks), {reloaded} reloaded bit-exact at the end, {resumes} resumes bit-exact; "
+        f"{runs} runs all listed; in-flight futures after restart: {in_flight}; native calls re-sent to the "
+        f"restarted server and refused: {resent}; max |loss - alone| "
+        f"{worst_loss:.1e}, max |final adapter - alone| {worst_weight:.1e}; restart-to-ready "
+        f"{np.median(restarts):.1f} s median"
+    )
     SUMMARY["kills survived (kill -9 during load, restart)"] = (
         f"{KILLS}; {acked} acked checkpoints intact and reloaded bit-exact, "
         f"{in_flight['completed'] + in_flight['failed clearly']} in-flight futures answered "
         f"({in_flight['completed']} right result, {in_flight['failed clearly']} clear error); "
-        f"final adapters vs alone {worst_weight:.1e}")
+        f"final adapters vs alone {worst_weight:.1e}"
+    )
 
 
 def test_native_call_after_restart_says_so(launch):

@@ -22,10 +22,33 @@ from harness import SUMMARY, Wire, fb_body, sft_pair
 REQUESTS = int(os.environ.get("RELIABILITY_FUZZ_REQUESTS", "5000"))
 PROTO_CASES = int(os.environ.get("RELIABILITY_PROTO_FUZZ", "1000"))
 TIME_BUDGET_S = float(os.environ.get("RELIABILITY_FUZZ_SECONDS", "600"))
-FIELDS = ["session_id", "model_id", "model_seq_id", "base_model", "lora_config", "path", "seq_id", "adam_params",
-          "optimizer_params", "sampling_session_id", "sampling_session_seq_id", "model_path", "prompt", "num_samples",
-          "sampling_params", "request_id", "tinker_path", "ttl_seconds", "reason", "optimizer", "overwrite",
-          "user_metadata", "tags", "prompt_logprobs", "topk_prompt_logprobs"]
+FIELDS = [
+    "session_id",
+    "model_id",
+    "model_seq_id",
+    "base_model",
+    "lora_config",
+    "path",
+    "seq_id",
+    "adam_params",
+    "optimizer_params",
+    "sampling_session_id",
+    "sampling_session_seq_id",
+    "model_path",
+    "prompt",
+    "num_samples",
+    "sampling_params",
+    "request_id",
+    "tinker_path",
+    "ttl_seconds",
+    "reason",
+    "optimizer",
+    "overwrite",
+    "user_metadata",
+    "tags",
+    "prompt_logprobs",
+    "topk_prompt_logprobs",
+]
 SEQ = [5 + (7 * i) % 60 for i in range(16)]
 
 
@@ -36,8 +59,7 @@ def fuzz_server(launch):
 
 
 def _with_bodies(spec: dict) -> dict:
-    body = {"content": {"application/json": {"schema": {"type": "object",
-                                                        "properties": {f: {} for f in FIELDS}}}}}
+    body = {"content": {"application/json": {"schema": {"type": "object", "properties": {f: {} for f in FIELDS}}}}}
     # forward_backward's body is protobuf, which schemathesis cannot write: its own fuzzer covers it
     spec["paths"]["/api/v1/forward_backward"]["post"].pop("requestBody", None)
     for path, ops in spec["paths"].items():
@@ -55,8 +77,11 @@ def test_schemathesis_no_5xx_no_hang(fuzz_server):
     spec = _with_bodies(httpx.get(f"{srv.url}/openapi.json", timeout=30).json())
     schema = schemathesis.openapi.from_dict(spec)
     # DELETE /auth/apikey/me revokes the calling key (`tinker auth logout`): fuzzed, it would end the run
-    operations = [op for op in (r.ok() for r in schema.get_all_operations())
-                  if (op.method.upper(), op.path) != ("DELETE", "/api/v1/auth/apikey/me")]
+    operations = [
+        op
+        for op in (r.ok() for r in schema.get_all_operations())
+        if (op.method.upper(), op.path) != ("DELETE", "/api/v1/auth/apikey/me")
+    ]
     statuses: dict[int, int] = {}
     failures: list[str] = []
     sent = 0
@@ -78,18 +103,27 @@ def test_schemathesis_no_5xx_no_hang(fuzz_server):
             sent += 1
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
         if r.status_code >= 500:
-            failures.append(f"{case.method} {case.formatted_path} -> {r.status_code}: {r.text[:200]} "
-                            f"(body {getattr(case, 'body', None)!r:.200})")
+            failures.append(
+                f"{case.method} {case.formatted_path} -> {r.status_code}: {r.text[:200]} "
+                f"(body {getattr(case, 'body', None)!r:.200})"
+            )
 
     while sent < REQUESTS and time.monotonic() - started < TIME_BUDGET_S and rounds < 50:
         for op in operations:
-            settings_ = settings(max_examples=per_op, deadline=None, database=None, derandomize=False,
-                                 suppress_health_check=list(HealthCheck))
+            settings_ = settings(
+                max_examples=per_op,
+                deadline=None,
+                database=None,
+                derandomize=False,
+                suppress_health_check=list(HealthCheck),
+            )
             seed(rounds * 1000 + operations.index(op))(settings_(given(op.as_strategy())(one)))()
         rounds += 1
     elapsed = time.monotonic() - started
-    print(f"\nschemathesis: {sent} requests over {len(operations)} operations in {elapsed:.0f} s; "
-          f"statuses {dict(sorted(statuses.items()))}; 5xx/hangs: {len(failures)}")
+    print(
+        f"\nschemathesis: {sent} requests over {len(operations)} operations in {elapsed:.0f} s; "
+        f"statuses {dict(sorted(statuses.items()))}; 5xx/hangs: {len(failures)}"
+    )
     assert not failures, failures[:20]
     assert sent >= REQUESTS, f"only {sent} of {REQUESTS} requests within {TIME_BUDGET_S:.0f} s"
     assert srv.proc.poll() is None
@@ -104,7 +138,7 @@ def _mutations(valid: bytes, mid: str, rng: random.Random):
     if kind == 0:
         return "random bytes", bytes(rng.getrandbits(8) for _ in range(rng.randrange(0, 400)))
     if kind == 1:
-        return "truncated", valid[:rng.randrange(0, len(valid))]
+        return "truncated", valid[: rng.randrange(0, len(valid))]
     if kind == 2:
         b = bytearray(valid)
         for _ in range(rng.randrange(1, 8)):
@@ -120,7 +154,7 @@ def _mutations(valid: bytes, mid: str, rng: random.Random):
     del t.shape[:]
     t.shape.extend(rng.choice([[4, 5], [0], [len(tokens) + 1], [-1], [2**40, 2**40], [1, 1, 1, 1, 1, 1, 1, 1]]))
     if kind == 5:
-        t.dense = t.dense[:rng.randrange(0, len(t.dense))]
+        t.dense = t.dense[: rng.randrange(0, len(t.dense))]
     return "wrong shape", msg.SerializeToString()
 
 

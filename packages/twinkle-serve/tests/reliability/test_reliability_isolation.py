@@ -17,19 +17,26 @@ from _util_isolation import SEQ, NativeWire, native_row
 from harness import SUMMARY, Wire, fb_body, revoke_key, sft_pair
 
 
-
 @pytest.fixture(scope="module")
 def world(launch):
     srv, keys = launch(["alice", "bob", "carol"])
     a = Wire(srv.url, keys["alice"])
     sid = a.session()
     mid = a.create_model(sid, seed=1)
-    a.done(a.http.post("/api/v1/forward_backward", content=fb_body(mid, 1, [sft_pair(SEQ)]),
-                       headers={"content-type": "application/x-protobuf"}))
+    a.done(
+        a.http.post(
+            "/api/v1/forward_backward",
+            content=fb_body(mid, 1, [sft_pair(SEQ)]),
+            headers={"content-type": "application/x-protobuf"},
+        )
+    )
     ckpt = a.done(a.post("/save_weights", {"model_id": mid, "path": "a1", "seq_id": 2}))["path"]
     sampler_ckpt = a.done(a.post("/save_weights_for_sampler", {"model_id": mid, "path": "s1", "seq_id": 3}))["path"]
-    sampler = a.ok(a.post("/create_sampling_session", {"session_id": sid, "model_path": sampler_ckpt,
-                                                       "sampling_session_seq_id": 0}))["sampling_session_id"]
+    sampler = a.ok(
+        a.post(
+            "/create_sampling_session", {"session_id": sid, "model_path": sampler_ckpt, "sampling_session_seq_id": 0}
+        )
+    )["sampling_session_id"]
     future = a.ok(a.post("/optim_step", {"model_id": mid, "seq_id": 4, "adam_params": {"learning_rate": 1e-3}}))
     a.result(future["request_id"])
     # the same objects made through the native API
@@ -39,8 +46,17 @@ def world(launch):
     nfuture = n.ok(n.post(f"/models/{nmid}/forward_backward", {"inputs": {"rows": [native_row()]}}))["request_id"]
     assert n.wait(nfuture)["status"] == "complete"
     nckpt = n.done(n.post(f"/models/{nmid}/save", {"name": "n1"}))["path"]
-    ids = dict(session=sid, model=mid, ckpt=ckpt, sampler_ckpt=sampler_ckpt, sampler=sampler,
-               future=future["request_id"], native_model=nmid, native_future=nfuture, native_ckpt=nckpt)
+    ids = dict(
+        session=sid,
+        model=mid,
+        ckpt=ckpt,
+        sampler_ckpt=sampler_ckpt,
+        sampler=sampler,
+        future=future["request_id"],
+        native_model=nmid,
+        native_future=nfuture,
+        native_ckpt=nckpt,
+    )
     yield srv, keys, ids
     a.close()
     n.close()
@@ -71,8 +87,11 @@ ID_FREE = {
     ("GET", "/api/v1/checkpoint_files/{token}"): "a signed URL: the token is the credential (bad token: 403)",
     ("GET", "/api/v1/session_traces/{token}"): "a signed URL: the token is the credential (bad token: 403)",
 }
-PUBLIC = {("GET", "/twinkle/v1/result_types"),  # static schema examples: no tenant data, no key needed
-          ("GET", "/api/v1/checkpoint_files/{token}"), ("GET", "/api/v1/session_traces/{token}")}
+PUBLIC = {
+    ("GET", "/twinkle/v1/result_types"),  # static schema examples: no tenant data, no key needed
+    ("GET", "/api/v1/checkpoint_files/{token}"),
+    ("GET", "/api/v1/session_traces/{token}"),
+}
 ID_WORDS = ("id", "path", "checkpoint", "sampler", "session", "run", "request")
 
 
@@ -87,104 +106,300 @@ def id_requests(ids: dict, own_session: str, own_native: str):
     cases = [
         ("session get", "GET", "/api/v1/sessions/{session_id}", f"/api/v1/sessions/{ids['session']}", {}),
         ("session heartbeat", "POST", "/api/v1/session_heartbeat", None, {"json": {"session_id": ids["session"]}}),
-        ("session finish", "POST", "/api/v1/sessions/{session_id}/finish",
-         f"/api/v1/sessions/{ids['session']}/finish", {"json": {}}),
-        ("create_model in A's session", "POST", "/api/v1/create_model", None,
-         {"json": {"session_id": ids["session"], "model_seq_id": 7, "lora_config": {"rank": 4}}}),
+        (
+            "session finish",
+            "POST",
+            "/api/v1/sessions/{session_id}/finish",
+            f"/api/v1/sessions/{ids['session']}/finish",
+            {"json": {}},
+        ),
+        (
+            "create_model in A's session",
+            "POST",
+            "/api/v1/create_model",
+            None,
+            {"json": {"session_id": ids["session"], "model_seq_id": 7, "lora_config": {"rank": 4}}},
+        ),
         ("model get_info", "POST", "/api/v1/get_info", None, {"json": {"model_id": mid}}),
         ("model forward_backward", "POST", "/api/v1/forward_backward", None, proto),
         ("model optim_step", "POST", "/api/v1/optim_step", None, {"json": {"model_id": mid, "adam_params": {}}}),
         ("model save_weights", "POST", "/api/v1/save_weights", None, {"json": {"model_id": mid, "path": "stolen"}}),
-        ("model save_weights_for_sampler", "POST", "/api/v1/save_weights_for_sampler", None,
-         {"json": {"model_id": mid, "path": "stolen"}}),
-        ("checkpoint load_weights", "POST", "/api/v1/load_weights", None,
-         {"json": {"session_id": own_session, "model_seq_id": 8, "path": ids["ckpt"], "optimizer": True}}),
-        ("sampler in A's session", "POST", "/api/v1/create_sampling_session", None,
-         {"json": {"session_id": ids["session"]}}),
-        ("sampler from A's checkpoint", "POST", "/api/v1/create_sampling_session", None,
-         {"json": {"session_id": own_session, "model_path": ids["sampler_ckpt"], "sampling_session_seq_id": 5}}),
+        (
+            "model save_weights_for_sampler",
+            "POST",
+            "/api/v1/save_weights_for_sampler",
+            None,
+            {"json": {"model_id": mid, "path": "stolen"}},
+        ),
+        (
+            "checkpoint load_weights",
+            "POST",
+            "/api/v1/load_weights",
+            None,
+            {"json": {"session_id": own_session, "model_seq_id": 8, "path": ids["ckpt"], "optimizer": True}},
+        ),
+        (
+            "sampler in A's session",
+            "POST",
+            "/api/v1/create_sampling_session",
+            None,
+            {"json": {"session_id": ids["session"]}},
+        ),
+        (
+            "sampler from A's checkpoint",
+            "POST",
+            "/api/v1/create_sampling_session",
+            None,
+            {"json": {"session_id": own_session, "model_path": ids["sampler_ckpt"], "sampling_session_seq_id": 5}},
+        ),
         ("sampler get", "GET", "/api/v1/samplers/{sampler_id}", f"/api/v1/samplers/{ids['sampler']}", {}),
-        ("sampler asample", "POST", "/api/v1/asample", None,
-         {"json": {"sampling_session_id": ids["sampler"], "prompt": {"chunks": [{"tokens": [1, 2]}]},
-                   "num_samples": 1, "sampling_params": {"max_tokens": 2}}}),
+        (
+            "sampler asample",
+            "POST",
+            "/api/v1/asample",
+            None,
+            {
+                "json": {
+                    "sampling_session_id": ids["sampler"],
+                    "prompt": {"chunks": [{"tokens": [1, 2]}]},
+                    "num_samples": 1,
+                    "sampling_params": {"max_tokens": 2},
+                }
+            },
+        ),
         ("future retrieve", "POST", "/api/v1/retrieve_future", None, {"json": {"request_id": ids["future"]}}),
-        ("native future via Tinker retrieve", "POST", "/api/v1/retrieve_future", None,
-         {"json": {"request_id": ids["native_future"]}}),
+        (
+            "native future via Tinker retrieve",
+            "POST",
+            "/api/v1/retrieve_future",
+            None,
+            {"json": {"request_id": ids["native_future"]}},
+        ),
         ("run get", "GET", run_t, f"/api/v1/training_runs/{mid}", {}),
         ("run checkpoints", "GET", run_t + "/checkpoints", f"/api/v1/training_runs/{mid}/checkpoints", {}),
         ("checkpoint delete", "DELETE", ckpt_t, f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}", {}),
-        ("checkpoint publish", "POST", ckpt_t + "/publish",
-         f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/publish", {}),
-        ("checkpoint unpublish", "DELETE", ckpt_t + "/publish",
-         f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/publish", {}),
-        ("checkpoint ttl", "PUT", ckpt_t + "/ttl", f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/ttl",
-         {"json": {"ttl_seconds": 1}}),
+        (
+            "checkpoint publish",
+            "POST",
+            ckpt_t + "/publish",
+            f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/publish",
+            {},
+        ),
+        (
+            "checkpoint unpublish",
+            "DELETE",
+            ckpt_t + "/publish",
+            f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/publish",
+            {},
+        ),
+        (
+            "checkpoint ttl",
+            "PUT",
+            ckpt_t + "/ttl",
+            f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/ttl",
+            {"json": {"ttl_seconds": 1}},
+        ),
         ("checkpoint weights_info", "POST", "/api/v1/weights_info", None, {"json": {"tinker_path": ids["ckpt"]}}),
-        ("custom loss in A's session", "POST", "/api/v1/create_custom_loss", None,
-         {"json": {"session_id": ids["session"], "custom_loss_seq_id": 0, "name": "l",
-                   "inputs": [{"name": "logprobs", "rank": 1}], "graph": {"nodes": []}}}),
-        ("completions of A's sampler", "POST", "/api/v1/retrieve_futures", None,
-         {"json": {"target": {"sampling_session_id": ids["sampler"]}, "timeout": 0}}),
+        (
+            "custom loss in A's session",
+            "POST",
+            "/api/v1/create_custom_loss",
+            None,
+            {
+                "json": {
+                    "session_id": ids["session"],
+                    "custom_loss_seq_id": 0,
+                    "name": "l",
+                    "inputs": [{"name": "logprobs", "rank": 1}],
+                    "graph": {"nodes": []},
+                }
+            },
+        ),
+        (
+            "completions of A's sampler",
+            "POST",
+            "/api/v1/retrieve_futures",
+            None,
+            {"json": {"target": {"sampling_session_id": ids["sampler"]}, "timeout": 0}},
+        ),
         ("cancel A's future", "POST", "/api/v1/cancel_future", None, {"json": {"request_id": ids["future"]}}),
-        ("join A's sampler", "POST", "/api/v1/join_sampling_session", None,
-         {"json": {"sampling_session_id": ids["sampler"]}}),
-        ("model save_weights_external", "POST", "/api/v1/save_weights_external", None,
-         {"json": {"model_id": mid, "path": "stolen"}}),
-        ("checkpoint external_weights_urls", "GET", ckpt_t + "/external_weights_urls",
-         f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/external_weights_urls", {}),
-        ("copy A's checkpoint", "POST", "/api/v1/copy_weights", None,
-         {"json": {"source_path": ids["ckpt"], "destination_project_id": "p"}}),
-        ("session project", "PUT", "/api/v1/sessions/{session_id}/project",
-         f"/api/v1/sessions/{ids['session']}/project", {"json": {"project_id": "p"}}),
-        ("session trace_export", "GET", "/api/v1/sessions/{session_id}/trace_export",
-         f"/api/v1/sessions/{ids['session']}/trace_export", {}),
+        (
+            "join A's sampler",
+            "POST",
+            "/api/v1/join_sampling_session",
+            None,
+            {"json": {"sampling_session_id": ids["sampler"]}},
+        ),
+        (
+            "model save_weights_external",
+            "POST",
+            "/api/v1/save_weights_external",
+            None,
+            {"json": {"model_id": mid, "path": "stolen"}},
+        ),
+        (
+            "checkpoint external_weights_urls",
+            "GET",
+            ckpt_t + "/external_weights_urls",
+            f"/api/v1/training_runs/{mid}/checkpoints/{run_ckpt}/external_weights_urls",
+            {},
+        ),
+        (
+            "copy A's checkpoint",
+            "POST",
+            "/api/v1/copy_weights",
+            None,
+            {"json": {"source_path": ids["ckpt"], "destination_project_id": "p"}},
+        ),
+        (
+            "session project",
+            "PUT",
+            "/api/v1/sessions/{session_id}/project",
+            f"/api/v1/sessions/{ids['session']}/project",
+            {"json": {"project_id": "p"}},
+        ),
+        (
+            "session trace_export",
+            "GET",
+            "/api/v1/sessions/{session_id}/trace_export",
+            f"/api/v1/sessions/{ids['session']}/trace_export",
+            {},
+        ),
         # ---- native API ----
         ("native model close", "DELETE", model_t, f"/twinkle/v1/models/{nmid}", {}),
-        ("native add_adapter", "POST", model_t + "/add_adapter_to_model",
-         f"/twinkle/v1/models/{nmid}/add_adapter_to_model", {"json": {"adapter_name": "b"}}),
-        *[(f"native {what}", "POST", f"{model_t}/{what}", f"/twinkle/v1/models/{nmid}/{what}", {"json": {"name": name}})
-          for what, name in (("set_loss", "CrossEntropyLoss"), ("set_optimizer", "AdamW"),
-                             ("set_lr_scheduler", "LinearLR"), ("add_metric", "LossMetric"))],
-        *[(f"native {what}", "POST", f"{model_t}/{what}", f"/twinkle/v1/models/{nmid}/{what}", rows)
-          for what in ("forward_backward", "forward_only", "forward")],
-        ("native clip_grad_and_step", "POST", model_t + "/clip_grad_and_step",
-         f"/twinkle/v1/models/{nmid}/clip_grad_and_step", {"json": {}}),
-        ("native calculate_metric", "POST", model_t + "/calculate_metric",
-         f"/twinkle/v1/models/{nmid}/calculate_metric", {"json": {}}),
+        (
+            "native add_adapter",
+            "POST",
+            model_t + "/add_adapter_to_model",
+            f"/twinkle/v1/models/{nmid}/add_adapter_to_model",
+            {"json": {"adapter_name": "b"}},
+        ),
+        *[
+            (
+                f"native {what}",
+                "POST",
+                f"{model_t}/{what}",
+                f"/twinkle/v1/models/{nmid}/{what}",
+                {"json": {"name": name}},
+            )
+            for what, name in (
+                ("set_loss", "CrossEntropyLoss"),
+                ("set_optimizer", "AdamW"),
+                ("set_lr_scheduler", "LinearLR"),
+                ("add_metric", "LossMetric"),
+            )
+        ],
+        *[
+            (f"native {what}", "POST", f"{model_t}/{what}", f"/twinkle/v1/models/{nmid}/{what}", rows)
+            for what in ("forward_backward", "forward_only", "forward")
+        ],
+        (
+            "native clip_grad_and_step",
+            "POST",
+            model_t + "/clip_grad_and_step",
+            f"/twinkle/v1/models/{nmid}/clip_grad_and_step",
+            {"json": {}},
+        ),
+        (
+            "native calculate_metric",
+            "POST",
+            model_t + "/calculate_metric",
+            f"/twinkle/v1/models/{nmid}/calculate_metric",
+            {"json": {}},
+        ),
         ("native save", "POST", model_t + "/save", f"/twinkle/v1/models/{nmid}/save", {"json": {"name": "stolen"}}),
-        ("native load into A's model", "POST", model_t + "/load", f"/twinkle/v1/models/{nmid}/load",
-         {"json": {"path": ids["native_ckpt"]}}),
-        ("native load A's checkpoint into own model", "POST", model_t + "/load", f"/twinkle/v1/models/{own_native}/load",
-         {"json": {"path": ids["native_ckpt"], "adapter_name": "stolen"}}),
-        ("native resume A's checkpoint into own model", "POST", model_t + "/resume_from_checkpoint",
-         f"/twinkle/v1/models/{own_native}/resume_from_checkpoint", {"json": {"path": ids["ckpt"]}}),
+        (
+            "native load into A's model",
+            "POST",
+            model_t + "/load",
+            f"/twinkle/v1/models/{nmid}/load",
+            {"json": {"path": ids["native_ckpt"]}},
+        ),
+        (
+            "native load A's checkpoint into own model",
+            "POST",
+            model_t + "/load",
+            f"/twinkle/v1/models/{own_native}/load",
+            {"json": {"path": ids["native_ckpt"], "adapter_name": "stolen"}},
+        ),
+        (
+            "native resume A's checkpoint into own model",
+            "POST",
+            model_t + "/resume_from_checkpoint",
+            f"/twinkle/v1/models/{own_native}/resume_from_checkpoint",
+            {"json": {"path": ids["ckpt"]}},
+        ),
         ("native log", "POST", model_t + "/log", f"/twinkle/v1/models/{nmid}/log", {"json": {"metrics": {"r": 1.0}}}),
-        ("native sample A's model", "POST", "/twinkle/v1/sample", None,
-         {"json": {"model_id": nmid, "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}}),
-        ("native sample A's checkpoint", "POST", "/twinkle/v1/sample", None,
-         {"json": {"checkpoint": ids["native_ckpt"], "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}}),
-        ("native sample A's Tinker checkpoint", "POST", "/twinkle/v1/sample", None,
-         {"json": {"checkpoint": ids["sampler_ckpt"], "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}}),
-        ("native future", "GET", "/twinkle/v1/futures/{request_id}", f"/twinkle/v1/futures/{ids['native_future']}",
-         {"params": {"timeout": 0}}),
-        ("Tinker future via native", "GET", "/twinkle/v1/futures/{request_id}", f"/twinkle/v1/futures/{ids['future']}",
-         {"params": {"timeout": 0}}),
+        (
+            "native sample A's model",
+            "POST",
+            "/twinkle/v1/sample",
+            None,
+            {"json": {"model_id": nmid, "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}},
+        ),
+        (
+            "native sample A's checkpoint",
+            "POST",
+            "/twinkle/v1/sample",
+            None,
+            {"json": {"checkpoint": ids["native_ckpt"], "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}},
+        ),
+        (
+            "native sample A's Tinker checkpoint",
+            "POST",
+            "/twinkle/v1/sample",
+            None,
+            {"json": {"checkpoint": ids["sampler_ckpt"], "prompts": [[1, 2]], "sampling_params": {"max_tokens": 2}}},
+        ),
+        (
+            "native future",
+            "GET",
+            "/twinkle/v1/futures/{request_id}",
+            f"/twinkle/v1/futures/{ids['native_future']}",
+            {"params": {"timeout": 0}},
+        ),
+        (
+            "Tinker future via native",
+            "GET",
+            "/twinkle/v1/futures/{request_id}",
+            f"/twinkle/v1/futures/{ids['future']}",
+            {"params": {"timeout": 0}},
+        ),
         ("native run curves", "GET", "/twinkle/v1/runs/{model_id}/curves", f"/twinkle/v1/runs/{nmid}/curves", {}),
-        ("Tinker run curves via native", "GET", "/twinkle/v1/runs/{model_id}/curves", f"/twinkle/v1/runs/{mid}/curves",
-         {}),
+        (
+            "Tinker run curves via native",
+            "GET",
+            "/twinkle/v1/runs/{model_id}/curves",
+            f"/twinkle/v1/runs/{mid}/curves",
+            {},
+        ),
         ("native checkpoints of A's run", "GET", "/twinkle/v1/checkpoints", None, {"params": {"model_id": nmid}}),
-        ("native archive of A's checkpoint", "GET", "/twinkle/v1/checkpoints/archive", None,
-         {"params": {"path": ids["native_ckpt"]}}),
-        ("native archive of A's Tinker checkpoint", "GET", "/twinkle/v1/checkpoints/archive", None,
-         {"params": {"path": ids["ckpt"]}}),
+        (
+            "native archive of A's checkpoint",
+            "GET",
+            "/twinkle/v1/checkpoints/archive",
+            None,
+            {"params": {"path": ids["native_ckpt"]}},
+        ),
+        (
+            "native archive of A's Tinker checkpoint",
+            "GET",
+            "/twinkle/v1/checkpoints/archive",
+            None,
+            {"params": {"path": ids["ckpt"]}},
+        ),
     ]
     return [(label, method, template, path or template, kw) for label, method, template, path, kw in cases]
 
 
 def served_routes(url: str) -> dict[tuple[str, str], dict]:
     spec = httpx.get(f"{url}/openapi.json", timeout=30).json()
-    return {(method.upper(), path): op for path, ops in spec["paths"].items() for method, op in ops.items()
-            if path.startswith(("/api/", "/twinkle/"))}
+    return {
+        (method.upper(), path): op
+        for path, ops in spec["paths"].items()
+        for method, op in ops.items()
+        if path.startswith(("/api/", "/twinkle/"))
+    }
 
 
 def _names_an_id(op: dict, spec_schemas: dict) -> list[str]:
@@ -239,26 +454,39 @@ def test_isolation_matrix(world):
     listed = alice.ok(alice.get(f"/training_runs/{ids['model']}/checkpoints"))["checkpoints"]
     assert {c["tinker_path"] for c in listed} == {ids["ckpt"], ids["sampler_ckpt"]}
     assert not any(c["public"] or c["expires_at"] for c in listed)
-    still = alice_native.ok(alice_native.post(f"/models/{ids['native_model']}/forward_only",
-                                              {"inputs": {"rows": [native_row()]}}))  # B's close did not free it
+    still = alice_native.ok(
+        alice_native.post(f"/models/{ids['native_model']}/forward_only", {"inputs": {"rows": [native_row()]}})
+    )  # B's close did not free it
     assert alice_native.wait(still["request_id"])["status"] == "complete"
-    assert [c["path"] for c in alice_native.ok(alice_native.get("/checkpoints", params={
-        "model_id": ids["native_model"]}))["checkpoints"]] == [ids["native_ckpt"]]
+    assert [
+        c["path"]
+        for c in alice_native.ok(alice_native.get("/checkpoints", params={"model_id": ids["native_model"]}))[
+            "checkpoints"
+        ]
+    ] == [ids["native_ckpt"]]
     # a revoked key is refused on its next request (no caching of key -> tenant), on both APIs
     carol, carol_native = Wire(srv.url, keys["carol"]), NativeWire(srv.url, keys["carol"])
     assert carol.get("/training_runs").status_code == 200 and carol_native.get("/runs").status_code == 200
     revoke_key(srv.data_dir, "carol")
-    revoked = [carol.get("/training_runs").status_code, carol.post("/create_session", {}).status_code,
-               carol_native.get("/runs").status_code, carol_native.post("/models", {}).status_code]
+    revoked = [
+        carol.get("/training_runs").status_code,
+        carol.post("/create_session", {}).status_code,
+        carol_native.get("/runs").status_code,
+        carol_native.post("/models", {}).status_code,
+    ]
     assert revoked == [401] * 4, revoked
     n = 2 * len(requests) + len(id_free) + len(revoked)
     routes = len({(m, t) for _, m, t, _, _ in requests})
-    print(f"\nisolation: {len(requests)} cases over {routes} id-taking routes (both APIs) x (other tenant -> 404, "
-          f"no key -> 401) + {len(id_free)} id-free routes without a key -> 401 + revoked key -> 401 x "
-          f"{len(revoked)}: {n} cases denied")
-    SUMMARY["isolation cases denied"] = (f"{n} ({len(requests)} id cases on {routes} routes of both APIs x other-tenant "
-                                         f"404 / no-key 401, {len(id_free)} id-free no-key 401, "
-                                         f"{len(revoked)} revoked-key 401)")
+    print(
+        f"\nisolation: {len(requests)} cases over {routes} id-taking routes (both APIs) x (other tenant -> 404, "
+        f"no key -> 401) + {len(id_free)} id-free routes without a key -> 401 + revoked key -> 401 x "
+        f"{len(revoked)}: {n} cases denied"
+    )
+    SUMMARY["isolation cases denied"] = (
+        f"{n} ({len(requests)} id cases on {routes} routes of both APIs x other-tenant "
+        f"404 / no-key 401, {len(id_free)} id-free no-key 401, "
+        f"{len(revoked)} revoked-key 401)"
+    )
 
 
 @pytest.mark.parametrize("name", ["..", "../../escape", "/etc/passwd", "a/../../b", "a\x00b", "..\\x", "."])

@@ -32,8 +32,12 @@ def rank8_bytes() -> int:
 def limited(launch):
     per_adapter = rank8_bytes()
     cap_mb = 3.5 * per_adapter / 2**20  # room for three rank-8 adapters, not four
-    srv, keys = launch(["ratey", "tokeny", "big", "plain", "native"], max_request_bytes=BODY_LIMIT, max_adapter_memory_mb=cap_mb,
-                       tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0}})
+    srv, keys = launch(
+        ["ratey", "tokeny", "big", "plain", "native"],
+        max_request_bytes=BODY_LIMIT,
+        max_adapter_memory_mb=cap_mb,
+        tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0}},
+    )
     return srv, keys, per_adapter, cap_mb
 
 
@@ -54,10 +58,16 @@ def test_token_rate_answers_429_with_retry_after(limited):
     w = Wire(srv.url, keys["tokeny"])
     mid = w.create_model(w.session(), seed=1)
     tokens = list(range(10, 26))  # 15 input tokens: one fits the 20/s bucket, two back to back do not
-    first = w.http.post("/api/v1/forward_backward", content=fb_body(mid, 1, [sft_pair(tokens)]),
-                        headers={"content-type": "application/x-protobuf"})
-    second = w.http.post("/api/v1/forward_backward", content=fb_body(mid, 2, [sft_pair(tokens)]),
-                         headers={"content-type": "application/x-protobuf"})
+    first = w.http.post(
+        "/api/v1/forward_backward",
+        content=fb_body(mid, 1, [sft_pair(tokens)]),
+        headers={"content-type": "application/x-protobuf"},
+    )
+    second = w.http.post(
+        "/api/v1/forward_backward",
+        content=fb_body(mid, 2, [sft_pair(tokens)]),
+        headers={"content-type": "application/x-protobuf"},
+    )
     assert first.status_code == 200 and second.status_code == 429, (first.text, second.text)
     assert int(second.headers["retry-after"]) >= 1 and "input tokens/s" in second.json()["error"]
 
@@ -80,13 +90,16 @@ def test_adapter_memory_cap_refuses_a_new_adapter_clearly(limited):
     w.ok(w.post(f"/sessions/{sid}/finish", {}))
     sid2 = w.session()
     deadline = time.monotonic() + 60
-    while (r := w.post("/create_model", {"session_id": sid2, "model_seq_id": 0,
-                                         "lora_config": {"rank": 8}})).status_code == 409:
+    while (
+        r := w.post("/create_model", {"session_id": sid2, "model_seq_id": 0, "lora_config": {"rank": 8}})
+    ).status_code == 409:
         assert time.monotonic() < deadline, r.text
         time.sleep(0.2)
     w.done(r)
-    print(f"\nlimits: adapter cap {cap_mb:.2f} MiB = 3.5 rank-8 adapters of {per_adapter / 2**20:.2f} MiB: "
-          f"tenant got {made}, the next refused (409: {message[:60]}...), freed by finishing the session")
+    print(
+        f"\nlimits: adapter cap {cap_mb:.2f} MiB = 3.5 rank-8 adapters of {per_adapter / 2**20:.2f} MiB: "
+        f"tenant got {made}, the next refused (409: {message[:60]}...), freed by finishing the session"
+    )
 
 
 def _wait_until_admitted(send, deadline_s: float = 60):
@@ -123,13 +136,18 @@ def test_native_adapters_count_against_the_same_cap(limited):
     assert tinker.status_code == 409 and "adapter memory is full" in tinker.json()["error"], tinker.text
     # closing the native model frees its adapters' share: the Tinker adapter fits again
     n.done(n.http.delete(f"/twinkle/v1/models/{mid}"))
-    w.done(_wait_until_admitted(lambda: w.post("/create_model", {"session_id": sid, "model_seq_id": 0,
-                                                                 "lora_config": {"rank": 8}})))
+    w.done(
+        _wait_until_admitted(
+            lambda: w.post("/create_model", {"session_id": sid, "model_seq_id": 0, "lora_config": {"rank": 8}})
+        )
+    )
     w.ok(w.post(f"/sessions/{sid}/finish", {}))
     mid2 = n.model(seed=2)  # and, once that session is finished, a native one again
     n.done(_wait_until_admitted(lambda: n.add_adapter(mid2, "again", r=8)))
-    print(f"\nlimits (native): {made} native rank-8 adapters fit the {cap_mb:.2f} MiB cap, the next add and a "
-          "checkpoint load were refused (409), and so was a Tinker adapter; closing the model freed them")
+    print(
+        f"\nlimits (native): {made} native rank-8 adapters fit the {cap_mb:.2f} MiB cap, the next add and a "
+        "checkpoint load were refused (409), and so was a Tinker adapter; closing the model freed them"
+    )
 
 
 def _chunks(total: int, parts: int = 8):
@@ -144,28 +162,46 @@ def test_bodies_over_the_limit_answer_413(limited):
     big = b"\x00" * (BODY_LIMIT + 1)
     declared = w.http.post("/api/v1/forward_backward", content=big, headers={"content-type": "application/x-protobuf"})
     assert declared.status_code == 413 and "max_request_bytes" in declared.json()["error"]
-    streamed = w.http.post("/api/v1/forward_backward", content=_chunks(2 * BODY_LIMIT),
-                           headers={"content-type": "application/x-protobuf"})
+    streamed = w.http.post(
+        "/api/v1/forward_backward", content=_chunks(2 * BODY_LIMIT), headers={"content-type": "application/x-protobuf"}
+    )
     assert streamed.status_code == 413 and "max_request_bytes" in streamed.json()["error"], streamed.text
-    json_big = w.http.post("/api/v1/create_session", content=b'{"tags": ["' + b"x" * BODY_LIMIT + b'"]}',
-                           headers={"content-type": "application/json"})
+    json_big = w.http.post(
+        "/api/v1/create_session",
+        content=b'{"tags": ["' + b"x" * BODY_LIMIT + b'"]}',
+        headers={"content-type": "application/json"},
+    )
     assert json_big.status_code == 413
     # the native API: a model with an adapter, then oversized bodies on its typed (pydantic) routes
     mid = n.model(seed=3)
     n.done(n.add_adapter(mid))
     rows = {"inputs": {"rows": [native_row([5] * (BODY_LIMIT // 2))]}}  # ~3 bytes a token in JSON: over
-    native = {"declared": n.post(f"/models/{mid}/forward_backward", rows),
-              "streamed": n.http.post(f"/twinkle/v1/models/{mid}/forward_backward", content=_chunks(2 * BODY_LIMIT),
-                                      headers={"content-type": "application/json"}),
-              "streamed, create": n.http.post("/twinkle/v1/models", content=_chunks(2 * BODY_LIMIT),
-                                              headers={"content-type": "application/json"})}
-    wrong = {k: (r.status_code, r.text[:120]) for k, r in native.items()
-             if r.status_code != 413 or "max_request_bytes" not in r.json()["error"]}
+    native = {
+        "declared": n.post(f"/models/{mid}/forward_backward", rows),
+        "streamed": n.http.post(
+            f"/twinkle/v1/models/{mid}/forward_backward",
+            content=_chunks(2 * BODY_LIMIT),
+            headers={"content-type": "application/json"},
+        ),
+        "streamed, create": n.http.post(
+            "/twinkle/v1/models", content=_chunks(2 * BODY_LIMIT), headers={"content-type": "application/json"}
+        ),
+    }
+    wrong = {
+        k: (r.status_code, r.text[:120])
+        for k, r in native.items()
+        if r.status_code != 413 or "max_request_bytes" not in r.json()["error"]
+    }
     assert not wrong, wrong
     # bodies under the limit still work, streamed or not, and the server is fine afterwards
-    small = n.http.post(f"/twinkle/v1/models/{mid}/forward_backward", headers={"content-type": "application/json"},
-                        content=iter([b'{"inputs": {"rows": [', json.dumps(native_row()).encode(), b"]}}"]))
+    small = n.http.post(
+        f"/twinkle/v1/models/{mid}/forward_backward",
+        headers={"content-type": "application/json"},
+        content=iter([b'{"inputs": {"rows": [', json.dumps(native_row()).encode(), b"]}}"]),
+    )
     assert n.wait(n.ok(small)["request_id"])["status"] == "complete"
     assert w.post("/create_session", {}).status_code == 200
-    SUMMARY["limits"] = ("429 + Retry-After (requests/s, tokens/s), adapter-memory cap 409 (Tinker and native, one "
-                         "account), 413 over max_request_bytes (declared or chunked, both APIs)")
+    SUMMARY["limits"] = (
+        "429 + Retry-After (requests/s, tokens/s), adapter-memory cap 409 (Tinker and native, one "
+        "account), 413 over max_request_bytes (declared or chunked, both APIs)"
+    )

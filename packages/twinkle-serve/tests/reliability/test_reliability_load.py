@@ -21,8 +21,9 @@ def test_eight_tenants_lose_and_reorder_nothing(launch):
     alone, alone_wall = alone_reference(launch)
     srv, keys = launch([name for name, _ in TENANTS], limits={"max_models": 4})
     runs, wall = train_all(srv.url, keys, srv.data_dir, concurrent=True)
-    (status,) = httpx.get(f"{srv.url}/twinkle/v1/server", headers={"X-API-Key": keys[TENANTS[0][0]]},
-                          timeout=30).json()["base_models"]
+    (status,) = httpx.get(
+        f"{srv.url}/twinkle/v1/server", headers={"X-API-Key": keys[TENANTS[0][0]]}, timeout=30
+    ).json()["base_models"]
     fused = status["fused_requests"]
     # native tenants fuse like Tinker ones: both APIs' requests rode in shared passes under this load
     assert status["fused_passes"] > 0 and fused["native"] > 0 and fused["tinker"] > 0, status
@@ -37,14 +38,17 @@ def test_eight_tenants_lose_and_reorder_nothing(launch):
     steps = len(TENANTS) * STEPS
     sdk = sum(kind == "sdk" for _, kind in TENANTS)
     p50, p99 = np.percentile(lat_ms, 50), np.percentile(lat_ms, 99)
-    print(f"\nload: {len(TENANTS)} tenants ({sdk} tinker SDK, {len(TENANTS) - sdk} native) x {STEPS} steps + sampling; "
-          f"{steps} steps in {wall:.1f} s = {steps / wall:.1f} steps/s concurrent (alone, one tenant at a time: "
-          f"{steps / alone_wall:.1f}); step latency p50 {p50:.0f} ms p99 {p99:.0f} ms "
-          f"(window {WINDOW}); fused passes {status['fused_passes']} carrying {fused['native']} native + "
-          f"{fused['tinker']} tinker requests; lost 0, max |loss - alone| {worst_loss:.2e}, max |adapter - alone| {worst_weight:.2e}")
+    print(
+        f"\nload: {len(TENANTS)} tenants ({sdk} tinker SDK, {len(TENANTS) - sdk} native) x {STEPS} steps + sampling; "
+        f"{steps} steps in {wall:.1f} s = {steps / wall:.1f} steps/s concurrent (alone, one tenant at a time: "
+        f"{steps / alone_wall:.1f}); step latency p50 {p50:.0f} ms p99 {p99:.0f} ms "
+        f"(window {WINDOW}); fused passes {status['fused_passes']} carrying {fused['native']} native + "
+        f"{fused['tinker']} tinker requests; lost 0, max |loss - alone| {worst_loss:.2e}, max |adapter - alone| {worst_weight:.2e}"
+    )
     assert worst_loss <= loss_tolerance(alone), worst_loss  # nothing reordered
     assert worst_weight <= 1e-5, worst_weight
     SUMMARY["steps under load (0 lost, 0 reordered)"] = (
         f"{steps} ({len(TENANTS)} tenants x {STEPS}: {sdk} SDK + {len(TENANTS) - sdk} native; "
         f"{steps / wall:.1f} steps/s, "
-        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms; vs alone: loss {worst_loss:.1e}, adapter {worst_weight:.1e})")
+        f"p50 {p50:.0f} ms, p99 {p99:.0f} ms; vs alone: loss {worst_loss:.1e}, adapter {worst_weight:.1e})"
+    )

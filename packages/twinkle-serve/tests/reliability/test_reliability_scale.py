@@ -23,14 +23,16 @@ SCALE_STEPS = 12
 def test_thirty_two_tenants_at_once_equal_their_runs_alone(launch):
     names = [name for name, _ in SCALE_TENANTS]
     srv, keys = launch(names)
-    alone, alone_wall = train_all(srv.url, keys, srv.data_dir, concurrent=False, tenants=SCALE_TENANTS,
-                                  steps=SCALE_STEPS)
+    alone, alone_wall = train_all(
+        srv.url, keys, srv.data_dir, concurrent=False, tenants=SCALE_TENANTS, steps=SCALE_STEPS
+    )
     srv.stop()
 
     srv, keys = launch(names)
     runs, wall = train_all(srv.url, keys, srv.data_dir, concurrent=True, tenants=SCALE_TENANTS, steps=SCALE_STEPS)
-    (status,) = httpx.get(f"{srv.url}/twinkle/v1/server", headers={"X-API-Key": keys[names[0]]},
-                          timeout=30).json()["base_models"]
+    (status,) = httpx.get(f"{srv.url}/twinkle/v1/server", headers={"X-API-Key": keys[names[0]]}, timeout=30).json()[
+        "base_models"
+    ]
     fused = status["fused_requests"]
     assert status["fused_passes"] > 0 and fused["native"] > 0 and fused["tinker"] > 0, status
 
@@ -51,10 +53,13 @@ def test_thirty_two_tenants_at_once_equal_their_runs_alone(launch):
 
     p99_ms = np.array([np.percentile(runs[n].latencies, 99) for n in names]) * 1e3
     steps = len(names) * SCALE_STEPS
-    print(f"\nscale: 32 tenants x {SCALE_STEPS} steps: {steps / wall:.1f} steps/s at once vs "
-          f"{steps / alone_wall:.1f} one at a time; per-tenant p99 step latency median {np.median(p99_ms):.0f} ms, "
-          f"max {p99_ms.max():.0f} ms; fused passes {status['fused_passes']}; max |loss - alone| {worst_loss:.1e}, "
-          f"max |adapter - alone| {worst_weight:.1e} (relative {worst_rel:.1e})")
+    print(
+        f"\nscale: 32 tenants x {SCALE_STEPS} steps: {steps / wall:.1f} steps/s at once vs "
+        f"{steps / alone_wall:.1f} one at a time; per-tenant p99 step latency median {np.median(p99_ms):.0f} ms, "
+        f"max {p99_ms.max():.0f} ms; fused passes {status['fused_passes']}; max |loss - alone| {worst_loss:.1e}, "
+        f"max |adapter - alone| {worst_weight:.1e} (relative {worst_rel:.1e})"
+    )
     SUMMARY["32 tenants at once (0 lost, each equals alone)"] = (
         f"{steps} steps, {steps / wall:.1f} steps/s vs {steps / alone_wall:.1f} one at a time; "
-        f"p99 max/median {p99_ms.max() / np.median(p99_ms):.2f}")
+        f"p99 max/median {p99_ms.max() / np.median(p99_ms):.2f}"
+    )

@@ -33,8 +33,9 @@ def unsafe_calls(source: str, where: str) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [f"{where}:{node.lineno} import {a.name}" for a in node.names
-                      if a.name.split(".")[0] in UNSAFE_MODULES]
+            found += [
+                f"{where}:{node.lineno} import {a.name}" for a in node.names if a.name.split(".")[0] in UNSAFE_MODULES
+            ]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNSAFE_MODULES:
             found.append(f"{where}:{node.lineno} from {node.module} import")
         elif isinstance(node, ast.Call):
@@ -55,8 +56,10 @@ def unsafe_calls(source: str, where: str) -> list[str]:
 
 
 def test_the_scan_catches_what_it_looks_for():
-    bad = ("import pickle\nfrom dill import loads\neval(x)\ntorch.load(f)\ntorch.load(f, weights_only=False)\n"
-           "yaml.load(s)\nnp.load(f, allow_pickle=True)\nAutoModel.from_pretrained(p, trust_remote_code=True)\n")
+    bad = (
+        "import pickle\nfrom dill import loads\neval(x)\ntorch.load(f)\ntorch.load(f, weights_only=False)\n"
+        "yaml.load(s)\nnp.load(f, allow_pickle=True)\nAutoModel.from_pretrained(p, trust_remote_code=True)\n"
+    )
     assert len(unsafe_calls(bad, "probe")) == 8
     assert unsafe_calls("torch.load(f, weights_only=True)\nyaml.safe_load(s)\nmodel.eval()\n", "probe") == []
 
@@ -80,7 +83,8 @@ def evil_model_folder(root: Path) -> tuple[Path, Path]:
         f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
         "from transformers import Qwen3Config, Qwen3ForCausalLM\n"
         "class EvilConfig(Qwen3Config):\n    model_type = 'evil-qwen3'\n"
-        "class EvilForCausalLM(Qwen3ForCausalLM):\n    config_class = EvilConfig\n")
+        "class EvilForCausalLM(Qwen3ForCausalLM):\n    config_class = EvilConfig\n"
+    )
     config = json.loads((folder / "config.json").read_text())
     config["auto_map"] = {"AutoConfig": "evil_qwen3.EvilConfig", "AutoModelForCausalLM": "evil_qwen3.EvilForCausalLM"}
     config["model_type"] = "evil-qwen3"
@@ -91,9 +95,24 @@ def evil_model_folder(root: Path) -> tuple[Path, Path]:
 def _spawn(srv: ServerProcess) -> None:
     """Start the server without waiting for /healthz (a server that cannot load never says ok)."""
     log = open(srv.log_path, "ab")
-    srv.proc = subprocess.Popen([*_cli(), "--host", HOST, "--port", str(srv.port), "--data-dir", str(srv.data_dir),
-                                 "--config", str(srv.config_path), "--log-level", "warning"],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    srv.proc = subprocess.Popen(
+        [
+            *_cli(),
+            "--host",
+            HOST,
+            "--port",
+            str(srv.port),
+            "--data-dir",
+            str(srv.data_dir),
+            "--config",
+            str(srv.config_path),
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
 
 
@@ -137,11 +156,18 @@ def test_model_folder_code_runs_only_if_the_operator_opts_in(tmp_path, monkeypat
     assert marker.read_text() == "ran"
     w = Wire(srv.url, keys["op"])
     mid = w.create_model(w.session(), base_model="evil")
-    out = w.done(w.http.post("/api/v1/forward_backward", content=fb_body(mid, 1, [sft_pair(list(range(5, 21)))]),
-                             headers={"content-type": "application/x-protobuf"}))
+    out = w.done(
+        w.http.post(
+            "/api/v1/forward_backward",
+            content=fb_body(mid, 1, [sft_pair(list(range(5, 21)))]),
+            headers={"content-type": "application/x-protobuf"},
+        )
+    )
     assert out  # a forward_backward result (protobuf) from the custom-code model
-    print(f"\ntrust_remote_code: default refused before the folder's code ran (503: {message[:70]}...); "
-          "opted in: loaded and trained")
+    print(
+        f"\ntrust_remote_code: default refused before the folder's code ran (503: {message[:70]}...); "
+        "opted in: loaded and trained"
+    )
     SUMMARY["model folder code (auto_map)"] = "not run by default (503 naming trust_remote_code); runs when opted in"
 
 
@@ -183,8 +209,13 @@ def test_every_backend_passes_the_opt_in_to_every_from_pretrained(tmp_path):
     import sys
 
     folder, marker = evil_model_folder(tmp_path)
-    out = subprocess.run([sys.executable, "-c", BACKENDS_SCRIPT, str(folder), str(marker)], capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf-modules")})
+    out = subprocess.run(
+        [sys.executable, "-c", BACKENDS_SCRIPT, str(folder), str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_MODULES_CACHE": str(tmp_path / "hf-modules")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "LOADED-WITHOUT-OPT-IN" not in out.stdout, out.stdout
     assert out.stdout.count("OPTED-IN-OK") == 2, out.stdout

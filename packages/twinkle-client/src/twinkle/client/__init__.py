@@ -14,5 +14,12 @@ from twinkle.client.future import Future
 from twinkle.client.http import TwinkleClient
 from twinkle.client.session import get_client, init_tinker_client, init_twinkle_client
 
-__all__ = ["Future", "TwinkleAPIError", "TwinkleClient", "TwinkleRequestFailed", "get_client", "init_tinker_client",
-           "init_twinkle_client"]
+__all__ = [
+    "Future",
+    "TwinkleAPIError",
+    "TwinkleClient",
+    "TwinkleRequestFailed",
+    "get_client",
+    "init_tinker_client",
+    "init_twinkle_client",
+]

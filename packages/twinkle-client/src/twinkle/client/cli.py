@@ -42,17 +42,31 @@ def cmd_runs(client: TwinkleClient, args) -> str:
     runs = RunList.model_validate(client.get("/runs", limit=args.limit)).runs
     if args.json:
         return json.dumps([r.model_dump() for r in runs], indent=2)
-    return _table([[r.model_id, r.name, r.api, r.base_model, r.lora_rank, r.steps,
-                    None if r.last_loss is None else f"{r.last_loss:.4f}", _when(r.last_request_time)] for r in runs],
-                  ["RUN", "NAME", "API", "BASE MODEL", "RANK", "STEPS", "LAST LOSS", "LAST REQUEST"])
+    return _table(
+        [
+            [
+                r.model_id,
+                r.name,
+                r.api,
+                r.base_model,
+                r.lora_rank,
+                r.steps,
+                None if r.last_loss is None else f"{r.last_loss:.4f}",
+                _when(r.last_request_time),
+            ]
+            for r in runs
+        ],
+        ["RUN", "NAME", "API", "BASE MODEL", "RANK", "STEPS", "LAST LOSS", "LAST REQUEST"],
+    )
 
 
 def cmd_checkpoints(client: TwinkleClient, args) -> str:
     ckpts = CheckpointList.model_validate(client.get("/checkpoints", model_id=args.run)).checkpoints
     if args.json:
         return json.dumps([c.model_dump() for c in ckpts], indent=2)
-    return _table([[c.path, c.kind, c.size_bytes, _when(c.created_at)] for c in ckpts],
-                  ["PATH", "KIND", "BYTES", "CREATED"])
+    return _table(
+        [[c.path, c.kind, c.size_bytes, _when(c.created_at)] for c in ckpts], ["PATH", "KIND", "BYTES", "CREATED"]
+    )
 
 
 def cmd_download(client: TwinkleClient, args) -> str:
@@ -71,12 +85,19 @@ def cmd_status(client: TwinkleClient, args) -> str:
     s = ServerStatus.model_validate(client.get("/server"))
     if args.json:
         return s.model_dump_json(indent=2)
-    lines = [f"server {client.base_url}  ready={s.ready}  tenant={s.tenant}",
-             f"queue: {s.queue_depth} pending ({s.tenant_queue_depth} yours)  "
-             f"throughput: {s.requests_per_s:.2f} req/s, {s.tokens_per_s:.0f} tokens/s (last 60 s)",
-             f"models per tenant: {s.max_models_per_tenant or 'unlimited'}", ""]
-    lines.append(_table([[m.name, m.backend, m.max_context, m.vocab_size, m.live_adapters] for m in s.base_models],
-                        ["BASE MODEL", "BACKEND", "CONTEXT", "VOCAB", "LIVE ADAPTERS"]))
+    lines = [
+        f"server {client.base_url}  ready={s.ready}  tenant={s.tenant}",
+        f"queue: {s.queue_depth} pending ({s.tenant_queue_depth} yours)  "
+        f"throughput: {s.requests_per_s:.2f} req/s, {s.tokens_per_s:.0f} tokens/s (last 60 s)",
+        f"models per tenant: {s.max_models_per_tenant or 'unlimited'}",
+        "",
+    ]
+    lines.append(
+        _table(
+            [[m.name, m.backend, m.max_context, m.vocab_size, m.live_adapters] for m in s.base_models],
+            ["BASE MODEL", "BACKEND", "CONTEXT", "VOCAB", "LIVE ADAPTERS"],
+        )
+    )
     return "\n".join(lines)
 
 
@@ -99,9 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--private", action="store_true", help="create the repo private")
     up.add_argument("-m", "--message", default="Upload with twinkle", help="commit message")
     ex = sub.add_parser("export", help="write base model + LoRA checkpoint merged, as a transformers folder")
-    ex.add_argument("--merge", action="store_true", required=True,
-                    help="fold the LoRA into the base weights (the only export; the unmerged adapter is the "
-                         "checkpoint folder itself)")
+    ex.add_argument(
+        "--merge",
+        action="store_true",
+        required=True,
+        help="fold the LoRA into the base weights (the only export; the unmerged adapter is the "
+        "checkpoint folder itself)",
+    )
     ex.add_argument("checkpoint", help="a LoRA checkpoint folder: a local PEFT folder or a server checkpoint folder")
     ex.add_argument("out", help="the folder to write (new or empty)")
     ex.add_argument("--base", help="the base model (default: the one the checkpoint names)")
@@ -118,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "upload":  # talks to a hub, not to the server
         try:
-            print(f"uploaded {args.folder} -> " + upload_folder(args.folder, args.target, private=args.private or None,
-                                                               commit_message=args.message))
+            print(
+                f"uploaded {args.folder} -> "
+                + upload_folder(args.folder, args.target, private=args.private or None, commit_message=args.message)
+            )
         except (ValueError, ImportError, OSError) as e:  # hub HTTP errors are OSErrors in both clients
             print(f"twinkle: {e}", file=sys.stderr)
             return 1

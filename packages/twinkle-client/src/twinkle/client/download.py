@@ -19,8 +19,14 @@ def fetch_archive(client: TwinkleClient, path: str, file=None) -> bytes:
             resp.read()
             raise _error(resp)
         total = int(resp.headers.get("Content-Length", 0)) or None
-        with tqdm(total=total, unit="B", unit_scale=True, desc=path.rstrip("/").rsplit("/", 1)[-1],
-                  file=file or sys.stderr, disable=None) as bar:
+        with tqdm(
+            total=total,
+            unit="B",
+            unit_scale=True,
+            desc=path.rstrip("/").rsplit("/", 1)[-1],
+            file=file or sys.stderr,
+            disable=None,
+        ) as bar:
             for chunk in resp.iter_bytes():
                 chunks.append(chunk)
                 bar.update(len(chunk))

@@ -30,8 +30,9 @@ class Future:
         if res.status == "pending":
             return False
         if res.status == "failed":
-            raise TwinkleRequestFailed(f"request {self.request_id} failed ({res.category}): {res.error}",
-                                       category=res.category)
+            raise TwinkleRequestFailed(
+                f"request {self.request_id} failed ({res.category}): {res.error}", category=res.category
+            )
         self._value = self._parse(res.result)
         return True
 
@@ -42,8 +43,11 @@ class Future:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._value is _UNSET:
             wait = POLL_S if deadline is None else max(0.0, min(POLL_S, deadline - time.monotonic()))
-            if not self._settle(self.client.get(f"/futures/{self.request_id}", timeout=wait)) and \
-                    deadline is not None and time.monotonic() >= deadline:
+            if (
+                not self._settle(self.client.get(f"/futures/{self.request_id}", timeout=wait))
+                and deadline is not None
+                and time.monotonic() >= deadline
+            ):
                 raise TimeoutError(f"request {self.request_id} not done after {timeout} s")
         return self._value
 

@@ -43,7 +43,7 @@ def _retryable(resp) -> bool:
 
 
 def _backoff(attempt: int) -> float:
-    return 0.5 * 2 ** attempt
+    return 0.5 * 2**attempt
 
 
 def _error(resp, method: str | None = None, path: str | None = None) -> TwinkleAPIError:
@@ -58,20 +58,21 @@ def _error(resp, method: str | None = None, path: str | None = None) -> TwinkleA
         message, category = resp.text, None
     method = method or resp.request.method
     path = path or resp.request.url.path
-    return TwinkleAPIError(f"{method} {path} -> {resp.status_code}: {message}",
-                           resp.status_code, category)
+    return TwinkleAPIError(f"{method} {path} -> {resp.status_code}: {message}", resp.status_code, category)
 
 
 class TwinkleClient:
-    def __init__(self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0,
-                 max_retries: int = 30):
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 60.0, max_retries: int = 30
+    ):
         base_url = base_url or os.environ.get("TWINKLE_BASE_URL")
         api_key = api_key or os.environ.get("TWINKLE_API_KEY")
         if not base_url:
             raise ValueError("no server: pass base_url= or set TWINKLE_BASE_URL")
         if not api_key:
-            raise ValueError("no API key: pass api_key= or set TWINKLE_API_KEY (create one with "
-                             "`twinkle-server keys create NAME`)")
+            raise ValueError(
+                "no API key: pass api_key= or set TWINKLE_API_KEY (create one with `twinkle-server keys create NAME`)"
+            )
         self.base_url, self.api_key, self.max_retries = base_url.rstrip("/"), api_key, max_retries
         self._headers = {"X-API-Key": api_key}
         self._timeout = httpx.Timeout(timeout, connect=10.0)
@@ -80,8 +81,16 @@ class TwinkleClient:
         self._async: httpx.AsyncClient | None = None
 
     # ---- sync ----------------------------------------------------------------------------------
-    def request(self, method: str, path: str, json=None, params=None, headers=None, raw: bool = False,
-                timeout: float | None = None):
+    def request(
+        self,
+        method: str,
+        path: str,
+        json=None,
+        params=None,
+        headers=None,
+        raw: bool = False,
+        timeout: float | None = None,
+    ):
         url = path if path.startswith(PREFIX) else PREFIX + path
         headers, lost = _with_key(method, headers), 0
         for attempt in range(self.max_retries + TRANSPORT_RETRIES + 1):  # room for both kinds: ends in return or raise
@@ -104,8 +113,12 @@ class TwinkleClient:
     def get(self, path: str, **params):
         # a long poll (`timeout=` seconds on the server) may hold the answer that long: read for longer
         wait = params.get("timeout")
-        return self.request("GET", path, params={k: v for k, v in params.items() if v is not None},
-                            timeout=None if wait is None else max(self._timeout.read or 0, wait + 30))
+        return self.request(
+            "GET",
+            path,
+            params={k: v for k, v in params.items() if v is not None},
+            timeout=None if wait is None else max(self._timeout.read or 0, wait + 30),
+        )
 
     def post(self, path: str, body=None, seq: int | None = None):
         headers = {"X-Twinkle-Seq": str(seq)} if seq is not None else None

@@ -32,8 +32,9 @@ def _import(module: str, hub: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"uploading to {hub}:// needs the {package!r} package: "
-                          f"pip install 'twinkle-client[{extra}]'") from e
+        raise ImportError(
+            f"uploading to {hub}:// needs the {package!r} package: pip install 'twinkle-client[{extra}]'"
+        ) from e
 
 
 def _check_folder(folder: str | Path) -> Path:
@@ -45,8 +46,15 @@ def _check_folder(folder: str | Path) -> Path:
     return folder
 
 
-def upload_folder(folder: str | Path, target: str, *, private: bool | None = None, token: str | None = None,
-                  endpoint: str | None = None, commit_message: str = "Upload with twinkle") -> str:
+def upload_folder(
+    folder: str | Path,
+    target: str,
+    *,
+    private: bool | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    commit_message: str = "Upload with twinkle",
+) -> str:
     """Create the repo if needed, upload every file of `folder` in one commit; returns the commit's URL."""
     hub, repo_id = parse_target(target)
     folder = _check_folder(folder)

@@ -42,8 +42,10 @@ def _messages(row) -> list:
         return list(row["messages"])
     if isinstance(row, Sequence) and not isinstance(row, str) and all(isinstance(m, Mapping) for m in row):
         return list(row)
-    raise ValueError(f"a row must be an encoded row (with 'input_ids') or a chat (a list of messages, or a "
-                     f"dict with 'messages'); got {type(row).__name__}")
+    raise ValueError(
+        f"a row must be an encoded row (with 'input_ids') or a chat (a list of messages, or a "
+        f"dict with 'messages'); got {type(row).__name__}"
+    )
 
 
 class LocalEncoder:
@@ -93,8 +95,16 @@ def to_inputs(inputs, encoder: LocalEncoder | None = None) -> Inputs:
             rows.append(EncodedRow(input_ids=_plain(full["input_ids"]), labels=labels, fields=_fields(full)))
         return Inputs(rows=rows)
     if any(encoded):
-        raise ValueError("mix of encoded rows and chats in one batch: install twinkle-data to encode the chats "
-                         "here, or send them in separate calls")
-    return Inputs(trajectories=[Trajectory(messages=[Message.model_validate(m) for m in _messages(r)],
-                                           fields=_fields(r) if isinstance(r, Mapping) else {})
-                                for r in inputs])
+        raise ValueError(
+            "mix of encoded rows and chats in one batch: install twinkle-data to encode the chats "
+            "here, or send them in separate calls"
+        )
+    return Inputs(
+        trajectories=[
+            Trajectory(
+                messages=[Message.model_validate(m) for m in _messages(r)],
+                fields=_fields(r) if isinstance(r, Mapping) else {},
+            )
+            for r in inputs
+        ]
+    )

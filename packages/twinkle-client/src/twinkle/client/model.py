@@ -27,9 +27,21 @@ from pathlib import PurePosixPath
 from twinkle.client.future import Future
 from twinkle.client.http import TwinkleClient
 from twinkle.client.inputs import LocalEncoder, to_inputs
-from twinkle.client.schema import (AddAdapterRequest, AddMetricRequest, CheckpointRef, CreateModelRequest,
-                                   ForwardRequest, LoadRequest, LogRequest, LoraConfigModel, MetricRequest,
-                                   ModelInfo, NamedComponent, SaveRequest, StepRequest)
+from twinkle.client.schema import (
+    AddAdapterRequest,
+    AddMetricRequest,
+    CheckpointRef,
+    CreateModelRequest,
+    ForwardRequest,
+    LoadRequest,
+    LogRequest,
+    LoraConfigModel,
+    MetricRequest,
+    ModelInfo,
+    NamedComponent,
+    SaveRequest,
+    StepRequest,
+)
 from twinkle.client.session import get_client
 
 
@@ -41,14 +53,22 @@ def lora_config_dict(config) -> dict:
     if isinstance(config, dict):
         return LoraConfigModel.model_validate(config).model_dump()
     if hasattr(config, "to_dict"):
+
         def plain(v):
             return sorted(v) if isinstance(v, (set, frozenset)) else v
 
         ours, defaults = config.to_dict(), type(config)().to_dict()
         core = ("r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "bias")
         out = {k: plain(ours[k]) for k in core if k in ours}
-        out.update({k: plain(v) for k, v in ours.items() if k not in core and k not in ("peft_type", "task_type",
-                    "base_model_name_or_path", "revision", "auto_mapping") and v != defaults.get(k)})
+        out.update(
+            {
+                k: plain(v)
+                for k, v in ours.items()
+                if k not in core
+                and k not in ("peft_type", "task_type", "base_model_name_or_path", "revision", "auto_mapping")
+                and v != defaults.get(k)
+            }
+        )
         return LoraConfigModel.model_validate(out).model_dump()
     raise TypeError(f"expected a peft.LoraConfig, a dict or LoraConfigModel, got {type(config).__name__}")
 
@@ -58,11 +78,20 @@ def _name(obj) -> str:
 
 
 class TransformersModel:
-    def __init__(self, model_id: str | None = None, *, client: TwinkleClient | None = None, name: str | None = None,
-                 seed: int = 42, encode: str = "auto", **placement):
+    def __init__(
+        self,
+        model_id: str | None = None,
+        *,
+        client: TwinkleClient | None = None,
+        name: str | None = None,
+        seed: int = 42,
+        encode: str = "auto",
+        **placement,
+    ):
         self.client = client or get_client()
-        info = ModelInfo.model_validate(self.client.post("/models", CreateModelRequest(
-            base_model=model_id, name=name, seed=seed).model_dump()))
+        info = ModelInfo.model_validate(
+            self.client.post("/models", CreateModelRequest(base_model=model_id, name=name, seed=seed).model_dump())
+        )
         self.model_id = info.model_id
         self.base_model: str | None = info.base_model  # None on a proxy from attach()
         self._encoder = LocalEncoder(info.base_model, encode)
@@ -85,30 +114,46 @@ class TransformersModel:
 
     # ---- configuration -------------------------------------------------------------------------
     def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> Future:
-        return self._call("add_adapter_to_model", AddAdapterRequest(
-            adapter_name=adapter_name, lora_config=lora_config_dict(config),
-            gradient_accumulation_steps=gradient_accumulation_steps))
+        return self._call(
+            "add_adapter_to_model",
+            AddAdapterRequest(
+                adapter_name=adapter_name,
+                lora_config=lora_config_dict(config),
+                gradient_accumulation_steps=gradient_accumulation_steps,
+            ),
+        )
 
     def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> Future:
         return self._call("set_loss", NamedComponent(adapter_name=adapter_name, name=_name(loss), kwargs=kwargs))
 
     def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> Future:
-        return self._call("set_optimizer", NamedComponent(adapter_name=adapter_name, name=_name(optimizer_cls),
-                                                          kwargs=kwargs))
+        return self._call(
+            "set_optimizer", NamedComponent(adapter_name=adapter_name, name=_name(optimizer_cls), kwargs=kwargs)
+        )
 
     def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> Future:
-        return self._call("set_lr_scheduler", NamedComponent(adapter_name=adapter_name, name=_name(scheduler_cls),
-                                                             kwargs=kwargs))
+        return self._call(
+            "set_lr_scheduler", NamedComponent(adapter_name=adapter_name, name=_name(scheduler_cls), kwargs=kwargs)
+        )
 
     def add_metric(self, metric, is_training: bool = True, adapter_name: str | None = None, **kwargs) -> Future:
-        return self._call("add_metric", AddMetricRequest(adapter_name=adapter_name, name=_name(metric),
-                                                         is_training=is_training, kwargs=kwargs))
+        return self._call(
+            "add_metric",
+            AddMetricRequest(adapter_name=adapter_name, name=_name(metric), is_training=is_training, kwargs=kwargs),
+        )
 
     # ---- compute -------------------------------------------------------------------------------
     def _forward(self, op: str, inputs, adapter_name) -> Future:
         body = ForwardRequest(adapter_name=adapter_name, inputs=to_inputs(inputs, self._encoder))
-        return self._call(op, body, parse=lambda r: {"loss": r["loss"], **r["metrics"],
-                                                     **({"logprobs": r["logprobs"]} if r.get("logprobs") else {})})
+        return self._call(
+            op,
+            body,
+            parse=lambda r: {
+                "loss": r["loss"],
+                **r["metrics"],
+                **({"logprobs": r["logprobs"]} if r.get("logprobs") else {}),
+            },
+        )
 
     def forward_backward(self, inputs, adapter_name: str | None = None) -> Future:
         """Forward, loss and backward; result {'loss', ...loss metrics}."""
@@ -119,12 +164,15 @@ class TransformersModel:
         return self._forward("forward_only", inputs, adapter_name)
 
     def forward(self, inputs, adapter_name: str | None = None):
-        raise NotImplementedError("TransformersModel over HTTP cannot return an autograd graph: use forward_only "
-                                  "for log-probs, or forward_backward with set_loss for training")
+        raise NotImplementedError(
+            "TransformersModel over HTTP cannot return an autograd graph: use forward_only "
+            "for log-probs, or forward_backward with set_loss for training"
+        )
 
     def backward(self, loss, adapter_name: str | None = None):
-        raise NotImplementedError("TransformersModel over HTTP cannot back-propagate a local loss: use "
-                                  "forward_backward with set_loss")
+        raise NotImplementedError(
+            "TransformersModel over HTTP cannot back-propagate a local loss: use forward_backward with set_loss"
+        )
 
     def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> Future:
         return self._call("clip_grad_and_step", StepRequest(adapter_name=adapter_name, max_grad_norm=max_grad_norm))
@@ -133,17 +181,22 @@ class TransformersModel:
         return self._call("calculate_metric", MetricRequest(adapter_name=adapter_name, is_training=is_training))
 
     # ---- checkpoints and curves ----------------------------------------------------------------
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
-             data_position: int | None = None) -> Future:
+    def save(
+        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+    ) -> Future:
         """Saved on the server under the last component of `path`; result: its tinker:// path
         (`twinkle download PATH` fetches the PEFT folder)."""
         if data_position is not None:
-            raise NotImplementedError("TransformersModel over HTTP cannot take save(data_position=...): the server "
-                                      "records the forward_backward calls it ran; resume returns that position")
+            raise NotImplementedError(
+                "TransformersModel over HTTP cannot take save(data_position=...): the server "
+                "records the forward_backward calls it ran; resume returns that position"
+            )
         name = PurePosixPath(str(path)).name
-        return self._call("save", SaveRequest(adapter_name=adapter_name, name=name,
-                                              save_training_state=save_training_state),
-                          parse=lambda r: CheckpointRef.model_validate(r).path)
+        return self._call(
+            "save",
+            SaveRequest(adapter_name=adapter_name, name=name, save_training_state=save_training_state),
+            parse=lambda r: CheckpointRef.model_validate(r).path,
+        )
 
     def load(self, path: str, adapter_name: str | None = None) -> Future:
         return self._call("load", LoadRequest(adapter_name=adapter_name, path=path))

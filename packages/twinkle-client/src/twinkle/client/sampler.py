@@ -51,17 +51,28 @@ class Sampler:
     def load_adapter(self, name: str, path: str) -> None:
         self._adapters[name] = {"checkpoint": path}
 
-    def sample(self, inputs, sampling_params: SamplingParams | dict | None = None,
-               adapter_name: str | None = None) -> Future:
+    def sample(
+        self, inputs, sampling_params: SamplingParams | dict | None = None, adapter_name: str | None = None
+    ) -> Future:
         """Result: one SampleOutput per prompt (`.sequences[i].tokens / .logprobs / .text`)."""
         if adapter_name is not None and adapter_name not in self._adapters:
-            raise ValueError(f"unknown adapter {adapter_name!r}; add it with add_adapter_from_model or load_adapter "
-                             f"(known: {sorted(self._adapters)})")
+            raise ValueError(
+                f"unknown adapter {adapter_name!r}; add it with add_adapter_from_model or load_adapter "
+                f"(known: {sorted(self._adapters)})"
+            )
         prompts, chats = _prompts(inputs)
-        params = SamplingParams.model_validate(sampling_params or {}) if not isinstance(
-            sampling_params, SamplingParams) else sampling_params
-        req = SampleRequest(base_model=self.base_model, prompts=prompts, chats=chats, sampling_params=params,
-                            **(self._adapters[adapter_name] if adapter_name else {}))
+        params = (
+            SamplingParams.model_validate(sampling_params or {})
+            if not isinstance(sampling_params, SamplingParams)
+            else sampling_params
+        )
+        req = SampleRequest(
+            base_model=self.base_model,
+            prompts=prompts,
+            chats=chats,
+            sampling_params=params,
+            **(self._adapters[adapter_name] if adapter_name else {}),
+        )
         ref = self.client.post("/sample", req.model_dump())
         return Future(self.client, ref, parse=lambda r: SampleResult.model_validate(r).outputs)
 

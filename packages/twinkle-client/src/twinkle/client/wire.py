@@ -56,8 +56,15 @@ class Wire:
         if conn is not None:
             conn.close()
 
-    def send(self, method: str, path: str, json_body=None, params: dict | None = None,
-             headers: dict | None = None, timeout: float | None = None) -> Answer:
+    def send(
+        self,
+        method: str,
+        path: str,
+        json_body=None,
+        params: dict | None = None,
+        headers: dict | None = None,
+        timeout: float | None = None,
+    ) -> Answer:
         query = {k: str(v).lower() if isinstance(v, bool) else v for k, v in (params or {}).items()}
         target = self._prefix + path + (f"?{urlencode(query)}" if query else "")
         body = None if json_body is None else json.dumps(json_body, separators=(",", ":")).encode()

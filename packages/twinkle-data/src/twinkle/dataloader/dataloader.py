@@ -45,9 +45,18 @@ class DataLoader:
     check: ``row -> reason | None``; a row with a reason is skipped and the reason logged.
     """
 
-    def __init__(self, dataset, batch_size: int, min_batch_size: int | None = None, device_mesh=None,
-                 shuffle: bool = True, seed: int = 0, max_retries: int = 16, shuffle_buffer: int = 1024,
-                 check: Callable[[dict], str | None] = default_check):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int,
+        min_batch_size: int | None = None,
+        device_mesh=None,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_retries: int = 16,
+        shuffle_buffer: int = 1024,
+        check: Callable[[dict], str | None] = default_check,
+    ):
         self.dataset = dataset
         self.mesh = resolve_mesh(device_mesh)
         world = self.mesh.data_world_size
@@ -111,8 +120,10 @@ class DataLoader:
             if good is None:
                 bad_run.append(self.skipped[-1][1])
                 if len(bad_run) > self.max_retries:
-                    raise DataError(f"{len(bad_run)} bad samples in a row (max_retries={self.max_retries}); "
-                                    f"last reasons: {bad_run[-3:]}")
+                    raise DataError(
+                        f"{len(bad_run)} bad samples in a row (max_retries={self.max_retries}); "
+                        f"last reasons: {bad_run[-3:]}"
+                    )
             else:
                 bad_run = []
                 batch.append(good)
@@ -142,14 +153,23 @@ class DataLoader:
 
     # ---- resume --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"version": STATE_VERSION, "epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "shuffle": self.shuffle, "batch_size": self.batch_size, "dataset_length": self._length}
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "dataset_length": self._length,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("seed", "shuffle", "batch_size", "dataset_length"):
             if state.get(key) != getattr(self, "_length" if key == "dataset_length" else key):
-                raise ValueError(f"cannot resume: saved {key}={state.get(key)!r} differs from this loader's "
-                                 f"{getattr(self, '_length' if key == 'dataset_length' else key)!r}")
+                raise ValueError(
+                    f"cannot resume: saved {key}={state.get(key)!r} differs from this loader's "
+                    f"{getattr(self, '_length' if key == 'dataset_length' else key)!r}"
+                )
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
 

@@ -36,4 +36,4 @@ def slice_for_rank(mesh, rows: list) -> list:
         return list(mesh.slice_for_data_rank(rows))
     world, rank = mesh.data_world_size, mesh.data_rank
     per_rank = len(rows) // world
-    return rows[rank * per_rank:(rank + 1) * per_rank]
+    return rows[rank * per_rank : (rank + 1) * per_rank]

@@ -9,5 +9,17 @@ from twinkle.dataset.sources import BUNDLED, resolve_dataset_path
 from twinkle.dataset.stream import RowStream
 from twinkle.hub import OfflineError
 
-__all__ = ["BUNDLED", "ERROR_KEY", "DataError", "Dataset", "DatasetMeta", "EncodeReport", "OfflineError", "Registry", "RowStream",
-           "SequenceTooLongError", "encode_to_arrow", "resolve_dataset_path"]
+__all__ = [
+    "BUNDLED",
+    "ERROR_KEY",
+    "DataError",
+    "Dataset",
+    "DatasetMeta",
+    "EncodeReport",
+    "OfflineError",
+    "Registry",
+    "RowStream",
+    "SequenceTooLongError",
+    "encode_to_arrow",
+    "resolve_dataset_path",
+]

@@ -34,8 +34,8 @@ from twinkle.dataset.readers import rows_to_columns
 class EncodeReport:
     rows_read: int = 0
     rows_written: int = 0
-    dropped: int = 0          # deleted by the template (longer than max_length, truncation 'delete')
-    max_rows_held: int = 0    # most rows read from the source but not yet written, at any moment
+    dropped: int = 0  # deleted by the template (longer than max_length, truncation 'delete')
+    max_rows_held: int = 0  # most rows read from the source but not yet written, at any moment
 
 
 _template = None  # a worker process's own copy, set once by _start_worker
@@ -47,8 +47,9 @@ def _start_worker(template) -> None:
     _template = template
 
 
-def encode_chunk(rows: list[dict], first: int, add_generation_prompt: bool,
-                 template=None) -> tuple[pa.RecordBatch | None, int]:
+def encode_chunk(
+    rows: list[dict], first: int, add_generation_prompt: bool, template=None
+) -> tuple[pa.RecordBatch | None, int]:
     """One chunk of rows to (its record batch or None when every row was dropped, rows dropped)."""
     template = template or _template
     assert template is not None, "encode_chunk runs in a worker started by _start_worker, or is given the template"
@@ -64,8 +65,9 @@ def encode_chunk(rows: list[dict], first: int, add_generation_prompt: bool,
 
 def _cast(batch: pa.RecordBatch, schema: pa.Schema, first: int) -> pa.RecordBatch:
     """``batch`` in a schema at least as wide as its own (columns it lacks become nulls)."""
-    columns = [batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type)
-               for f in schema]
+    columns = [
+        batch.column(f.name) if f.name in batch.schema.names else pa.nulls(batch.num_rows, f.type) for f in schema
+    ]
     try:
         return pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(columns, schema)], schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
@@ -141,9 +143,17 @@ def _chunks(rows: Iterable[dict], size: int, report: EncodeReport, sink: _Sink) 
         yield first, chunk
 
 
-def encode_to_arrow(rows: Iterable[dict], template, path: str | os.PathLike, *, add_generation_prompt: bool = False,
-                    num_proc: int = 1, chunk_rows: int = 1000, total: int | None = None,
-                    desc: str = "encode") -> tuple[datasets.Dataset, EncodeReport]:
+def encode_to_arrow(
+    rows: Iterable[dict],
+    template,
+    path: str | os.PathLike,
+    *,
+    add_generation_prompt: bool = False,
+    num_proc: int = 1,
+    chunk_rows: int = 1000,
+    total: int | None = None,
+    desc: str = "encode",
+) -> tuple[datasets.Dataset, EncodeReport]:
     """Encode ``rows`` (any iterable, read once) with ``template`` into the Arrow file ``path``.
 
     Returns the encoded dataset, memory-mapped from ``path``, and an EncodeReport. ``num_proc`` > 1
@@ -173,8 +183,9 @@ def _encode_in_pool(chunks, template, add_generation_prompt: bool, num_proc: int
     # parent's pages; spawn would re-import transformers in every worker (seconds, and its own ~0.7 GB).
     # Workers touch only Jinja and the Rust tokenizer, never torch, so the parent's threads are no hazard.
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context(method),
-                               initializer=_start_worker, initargs=(template,))
+    pool = ProcessPoolExecutor(
+        num_proc, mp_context=multiprocessing.get_context(method), initializer=_start_worker, initargs=(template,)
+    )
     pending: deque[tuple[Future, int, int]] = deque()
     try:
         for first, chunk in chunks:

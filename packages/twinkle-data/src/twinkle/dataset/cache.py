@@ -33,19 +33,44 @@ def iter_part_rows(part: datasets.Dataset, batch_size: int) -> Iterator[dict]:
         yield from (dict(zip(columns, values)) for values in zip(*columns.values()))
 
 
-def _encode_into(folder: Path, part: datasets.Dataset, template, add_generation_prompt: bool, batch_size: int,
-                 key: str, num_proc: int) -> datasets.Dataset:
-    encoded, report = encode_to_arrow(iter_part_rows(part, batch_size), template, folder / ENCODED_FILE,
-                                      add_generation_prompt=add_generation_prompt, num_proc=num_proc,
-                                      chunk_rows=batch_size, total=len(part), desc=f"encode {key}")
+def _encode_into(
+    folder: Path,
+    part: datasets.Dataset,
+    template,
+    add_generation_prompt: bool,
+    batch_size: int,
+    key: str,
+    num_proc: int,
+) -> datasets.Dataset:
+    encoded, report = encode_to_arrow(
+        iter_part_rows(part, batch_size),
+        template,
+        folder / ENCODED_FILE,
+        add_generation_prompt=add_generation_prompt,
+        num_proc=num_proc,
+        chunk_rows=batch_size,
+        total=len(part),
+        desc=f"encode {key}",
+    )
     if report.dropped:
-        logger.warning("%s: %d rows longer than max_length=%s were deleted (truncation_strategy='delete')",
-                       key, report.dropped, template.max_length)
+        logger.warning(
+            "%s: %d rows longer than max_length=%s were deleted (truncation_strategy='delete')",
+            key,
+            report.dropped,
+            template.max_length,
+        )
     return encoded
 
 
-def encode_cached(part: datasets.Dataset, lineage: str | None, template, add_generation_prompt: bool,
-                  batch_size: int, key: str, num_proc: int = 1) -> tuple[datasets.Dataset, str | None]:
+def encode_cached(
+    part: datasets.Dataset,
+    lineage: str | None,
+    template,
+    add_generation_prompt: bool,
+    batch_size: int,
+    key: str,
+    num_proc: int = 1,
+) -> tuple[datasets.Dataset, str | None]:
     root = cache_root() / "encoded"
     root.mkdir(parents=True, exist_ok=True)
     if lineage is None:  # nothing to key a cache on: encode through a scratch file, keep the result in memory

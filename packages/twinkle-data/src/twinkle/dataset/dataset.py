@@ -23,8 +23,9 @@ logger = logging.getLogger(__name__)
 ERROR_KEY = "_twinkle_error"  # a streamed row that failed encoding carries its reason here
 
 
-def apply_rows(part: datasets.Dataset, op: Callable[[list[dict], int], list[dict]],
-               batch_size: int = 1000) -> datasets.Dataset:
+def apply_rows(
+    part: datasets.Dataset, op: Callable[[list[dict], int], list[dict]], batch_size: int = 1000
+) -> datasets.Dataset:
     """Run a batched row op over an Arrow dataset and rebuild it from the output rows."""
     out: list[dict] = []
     first = 0
@@ -44,8 +45,9 @@ class Dataset:
     more sources; ``mix_dataset`` combines them (otherwise they are concatenated on first read).
     """
 
-    def __init__(self, dataset_meta: DatasetMeta | str | None = None, *, streaming: bool = False,
-                 batch_size: int = 256):
+    def __init__(
+        self, dataset_meta: DatasetMeta | str | None = None, *, streaming: bool = False, batch_size: int = 256
+    ):
         self.streaming = streaming
         self.batch_size = batch_size
         self.template = None
@@ -109,8 +111,9 @@ class Dataset:
         self._apply(filter_, dataset_meta, filter_.cache_key())
         return self
 
-    def set_template(self, template, model_id: str | None = None, max_length: int | None = None,
-                     **kwargs: Any) -> Dataset:
+    def set_template(
+        self, template, model_id: str | None = None, max_length: int | None = None, **kwargs: Any
+    ) -> Dataset:
         """Choose the Template (instance, class or registered name) that ``encode`` uses."""
         from twinkle.template import TEMPLATES, Template
 
@@ -135,12 +138,18 @@ class Dataset:
                 continue
             lineage = self._lineage[key] if cache else None
             self._parts[key], self._lineage[key] = encode_cached(
-                part, lineage, template, add_generation_prompt, self.batch_size, key, num_proc)
+                part, lineage, template, add_generation_prompt, self.batch_size, key, num_proc
+            )
         return self
 
-    def mix_dataset(self, strategy: str = "concat", probabilities: Sequence[float] | None = None,
-                    seed: int = 0, stopping_strategy: str = "first_exhausted",
-                    num_samples: int | None = None) -> Dataset:
+    def mix_dataset(
+        self,
+        strategy: str = "concat",
+        probabilities: Sequence[float] | None = None,
+        seed: int = 0,
+        stopping_strategy: str = "first_exhausted",
+        num_samples: int | None = None,
+    ) -> Dataset:
         """Combine all parts into one: ``concat``, ``interleave`` (round robin) or ``weighted``
         (random choice by ``probabilities``, reproducible with ``seed``)."""
         if len(self._parts) < 2:
@@ -149,12 +158,15 @@ class Dataset:
         tables = [p for p in parts if isinstance(p, datasets.Dataset)]
         if len(tables) < len(parts):
             streams = parts
-            mixed: Part = RowStream(lambda: mix_streams(streams, strategy, probabilities, seed,
-                                                        stopping_strategy), batch_size=self.batch_size)
+            mixed: Part = RowStream(
+                lambda: mix_streams(streams, strategy, probabilities, seed, stopping_strategy),
+                batch_size=self.batch_size,
+            )
             lineage = None
         else:
-            order = list(mix_order([len(p) for p in tables], strategy, probabilities, seed,
-                                   stopping_strategy, num_samples))
+            order = list(
+                mix_order([len(p) for p in tables], strategy, probabilities, seed, stopping_strategy, num_samples)
+            )
             try:
                 combined = datasets.concatenate_datasets(tables)
             except ValueError:  # features differ in detail (e.g. optional struct fields): unify via rows
@@ -164,8 +176,11 @@ class Dataset:
                 offsets.append(offsets[-1] + len(p))
             mixed = combined.select([offsets[part] + row for part, row in order])
             lineages = list(self._lineage.values())
-            lineage = _hash(lineages, strategy, probabilities, seed, stopping_strategy, num_samples) \
-                if all(lineages) else None
+            lineage = (
+                _hash(lineages, strategy, probabilities, seed, stopping_strategy, num_samples)
+                if all(lineages)
+                else None
+            )
         name = f"mixed({strategy})"
         self._parts, self._lineage = {name: mixed}, {name: lineage}
         return self

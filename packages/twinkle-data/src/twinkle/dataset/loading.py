@@ -47,8 +47,10 @@ def _in_memory(meta: DatasetMeta, streaming: bool) -> tuple[Part, str | None]:
     elif isinstance(data, Sequence) and all(isinstance(r, dict) for r in data):
         part, lineage = rows_to_dataset(list(data)), _hash(list(data))
     else:
-        raise DataError(f"DatasetMeta.data must be a list of dicts, a dict of columns or a datasets.Dataset, "
-                        f"got {type(data).__name__}")
+        raise DataError(
+            f"DatasetMeta.data must be a list of dicts, a dict of columns or a datasets.Dataset, "
+            f"got {type(data).__name__}"
+        )
     if streaming:
         return RowStream(lambda: iter(part)), lineage
     return part, lineage
@@ -56,6 +58,7 @@ def _in_memory(meta: DatasetMeta, streaming: bool) -> tuple[Part, str | None]:
 
 def _from_files(files: list[Path], streaming: bool) -> Part:
     if streaming:
+
         def rows():
             for f in files:
                 yield from iter_rows(f)

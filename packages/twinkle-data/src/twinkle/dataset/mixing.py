@@ -13,8 +13,9 @@ import numpy as np
 STRATEGIES = ("concat", "interleave", "weighted")
 
 
-def _check(strategy: str, n_parts: int, probabilities: Sequence[float] | None,
-           stopping_strategy: str) -> np.ndarray | None:
+def _check(
+    strategy: str, n_parts: int, probabilities: Sequence[float] | None, stopping_strategy: str
+) -> np.ndarray | None:
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown mixing strategy {strategy!r}; expected one of {STRATEGIES}")
     if stopping_strategy not in ("first_exhausted", "all_exhausted"):
@@ -29,9 +30,14 @@ def _check(strategy: str, n_parts: int, probabilities: Sequence[float] | None,
     return p / p.sum()
 
 
-def mix_order(lengths: Sequence[int], strategy: str = "concat", probabilities: Sequence[float] | None = None,
-              seed: int = 0, stopping_strategy: str = "first_exhausted",
-              num_samples: int | None = None) -> Iterator[tuple[int, int]]:
+def mix_order(
+    lengths: Sequence[int],
+    strategy: str = "concat",
+    probabilities: Sequence[float] | None = None,
+    seed: int = 0,
+    stopping_strategy: str = "first_exhausted",
+    num_samples: int | None = None,
+) -> Iterator[tuple[int, int]]:
     """(part, row-in-part) pairs. ``first_exhausted`` stops when a part runs out; ``all_exhausted``
     restarts exhausted parts until every part has been seen in full at least once."""
     p = _check(strategy, len(lengths), probabilities, stopping_strategy)
@@ -64,8 +70,13 @@ def mix_order(lengths: Sequence[int], strategy: str = "concat", probabilities: S
                 return
 
 
-def mix_streams(streams: Sequence, strategy: str = "concat", probabilities: Sequence[float] | None = None,
-                seed: int = 0, stopping_strategy: str = "first_exhausted") -> Iterator[dict]:
+def mix_streams(
+    streams: Sequence,
+    strategy: str = "concat",
+    probabilities: Sequence[float] | None = None,
+    seed: int = 0,
+    stopping_strategy: str = "first_exhausted",
+) -> Iterator[dict]:
     """The same rule over iterables of unknown length (``all_exhausted`` is refused: it needs lengths)."""
     p = _check(strategy, len(streams), probabilities, stopping_strategy)
     if stopping_strategy == "all_exhausted" and strategy != "concat":

@@ -127,8 +127,10 @@ def read_file(path: Path, chunk_rows: int = 10_000) -> pa.Table:
         return read_table(path)
     rows = iter_rows(path)
     try:
-        tables = [pa.Table.from_pydict(rows_to_columns(chunk))
-                  for chunk in iter(lambda: list(itertools.islice(rows, chunk_rows)), [])]
+        tables = [
+            pa.Table.from_pydict(rows_to_columns(chunk))
+            for chunk in iter(lambda: list(itertools.islice(rows, chunk_rows)), [])
+        ]
         if not tables:
             return pa.table({})
         # chunks may differ in detail (a key or struct field only some rows have): unified like one table

@@ -27,8 +27,7 @@ _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}
 def bundled_path(dataset_id: str) -> Path:
     name = dataset_id.removeprefix(SCHEME).strip("/")
     if name not in BUNDLED:
-        raise DataError(f"unknown bundled dataset {dataset_id!r}; known: "
-                        f"{', '.join(SCHEME + n for n in BUNDLED)}")
+        raise DataError(f"unknown bundled dataset {dataset_id!r}; known: {', '.join(SCHEME + n for n in BUNDLED)}")
     return BUNDLED_ROOT / BUNDLED[name]
 
 
@@ -43,8 +42,10 @@ def _probe(url: str, hub: str) -> None:
     except urllib.error.HTTPError:
         return  # the hub answered: reachable
     except (OSError, ValueError) as e:
-        raise OfflineError(f"the {hub} hub at {url} is unreachable ({e.__class__.__name__}: {e}) and the "
-                           f"dataset is not in the local cache; download it elsewhere or pass a local folder")
+        raise OfflineError(
+            f"the {hub} hub at {url} is unreachable ({e.__class__.__name__}: {e}) and the "
+            f"dataset is not in the local cache; download it elsewhere or pass a local folder"
+        )
 
 
 def hf_snapshot(repo_id: str) -> Path:
@@ -100,8 +101,10 @@ def resolve_dataset_path(dataset_id: str) -> Path:
     path = Path(dataset_id).expanduser()
     if path.exists():
         return path
-    raise DataError(f"dataset {dataset_id!r} is neither a local file or folder nor a dataset id "
-                    f"({SCHEME}self-cognition, {SCHEME}arithmetic, hf://org/name, ms://org/name)")
+    raise DataError(
+        f"dataset {dataset_id!r} is neither a local file or folder nor a dataset id "
+        f"({SCHEME}self-cognition, {SCHEME}arithmetic, hf://org/name, ms://org/name)"
+    )
 
 
 def _is_data_file(p: Path) -> bool:
@@ -132,8 +135,9 @@ def split_files(path: Path, subset: str | None, split: str) -> list[Path]:
         if root is None:
             subsets = sorted(p.name for p in path.iterdir() if p.is_dir() and p.name not in _SKIP_DIRS)
             raise DataError(f"{path}: no subset {subset!r}; sub-folders: {', '.join(subsets) or 'none'}")
-    files = sorted(p for p in root.rglob("*") if _is_data_file(p)
-                   and not _SKIP_DIRS.intersection(p.relative_to(root).parts))
+    files = sorted(
+        p for p in root.rglob("*") if _is_data_file(p) and not _SKIP_DIRS.intersection(p.relative_to(root).parts)
+    )
     if not files:
         raise DataError(f"{root}: no data files ({', '.join(SUFFIXES)})")
     if not subset:  # the default config: leave other subsets' folders out, as the hub does

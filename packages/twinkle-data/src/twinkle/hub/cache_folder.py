@@ -83,8 +83,11 @@ def publish(target: Path, build: Callable[[Path], None], verify: Callable[[Path]
         try:
             build(staging)
             verify(staging)
-            files = {p.name: {"size": p.stat().st_size, "sha256": file_digest(p)}
-                     for p in sorted(staging.iterdir()) if p.is_file()}
+            files = {
+                p.name: {"size": p.stat().st_size, "sha256": file_digest(p)}
+                for p in sorted(staging.iterdir())
+                if p.is_file()
+            }
             (staging / MANIFEST).write_text(json.dumps({"files": files}, indent=2))
             if target.exists():  # damaged: replaced whole, under the lock
                 shutil.rmtree(target)

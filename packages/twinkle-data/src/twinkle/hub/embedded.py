@@ -21,8 +21,15 @@ ASSETS = Path(__file__).parent / "assets"
 SCHEME = "twinkle://"
 # Bump when the build itself changes (not the presets): it is part of every cache key.
 BUILDER_VERSION = 2
-EXPECTED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                  "tokenizer_config.json", "chat_template.jinja", "twinkle_embedded.json")
+EXPECTED_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "twinkle_embedded.json",
+)
 
 
 @dataclass(frozen=True)
@@ -38,13 +45,31 @@ class EmbeddedPreset:
 
 
 PRESETS: dict[str, EmbeddedPreset] = {
-    "qwen3-tiny": EmbeddedPreset(hidden_size=96, intermediate_size=192, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=24),
-    "qwen3-demo": EmbeddedPreset(hidden_size=256, intermediate_size=768, num_hidden_layers=6,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "qwen3-tiny": EmbeddedPreset(
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+    ),
+    "qwen3-demo": EmbeddedPreset(
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    ),
     # ~51M: big enough that GEMMs, not per-op overheads, decide a step (benchmarks; never unit tests)
-    "qwen3-small": EmbeddedPreset(hidden_size=512, intermediate_size=1536, num_hidden_layers=16,
-                                  num_attention_heads=8, num_key_value_heads=4, head_dim=64),
+    "qwen3-small": EmbeddedPreset(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=16,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 # sha256 over every tensor (`weights_digest`). A build that disagrees is refused, not published: a
 # change here means the embedded weights change for everyone (a new init in torch/transformers, or
@@ -68,8 +93,9 @@ def cache_root() -> Path:
 
 def _fingerprint(name: str) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"name": name, "preset": asdict(PRESETS[name]), "builder": BUILDER_VERSION},
-                        sort_keys=True).encode())
+    h.update(
+        json.dumps({"name": name, "preset": asdict(PRESETS[name]), "builder": BUILDER_VERSION}, sort_keys=True).encode()
+    )
     for asset in ("tokenizer.json", "chat_template.jinja"):
         h.update((ASSETS / asset).read_bytes())
     return h.hexdigest()[:16]
@@ -80,9 +106,13 @@ def build_tokenizer():
 
     return PreTrainedTokenizerFast(
         tokenizer_file=str(ASSETS / "tokenizer.json"),
-        eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
         chat_template=(ASSETS / "chat_template.jinja").read_text(),
-        model_max_length=1024, clean_up_tokenization_spaces=False,
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -93,18 +123,27 @@ def build_model(name: str, tokenizer):
     p = PRESETS[name]
     eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     config = Qwen3Config(
-        vocab_size=len(tokenizer), hidden_size=p.hidden_size, intermediate_size=p.intermediate_size,
-        num_hidden_layers=p.num_hidden_layers, num_attention_heads=p.num_attention_heads,
-        num_key_value_heads=p.num_key_value_heads, head_dim=p.head_dim,
-        max_position_embeddings=p.max_position_embeddings, tie_word_embeddings=True,
-        bos_token_id=pad, eos_token_id=eos, pad_token_id=pad, dtype="float32",
+        vocab_size=len(tokenizer),
+        hidden_size=p.hidden_size,
+        intermediate_size=p.intermediate_size,
+        num_hidden_layers=p.num_hidden_layers,
+        num_attention_heads=p.num_attention_heads,
+        num_key_value_heads=p.num_key_value_heads,
+        head_dim=p.head_dim,
+        max_position_embeddings=p.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=pad,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        dtype="float32",
     )
     # Seed a private generator state so building never disturbs the caller's RNG stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(p.seed)
         model = Qwen3ForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(eos_token_id=[eos, pad], pad_token_id=pad,
-                                               bos_token_id=pad, do_sample=False)
+    model.generation_config = GenerationConfig(
+        eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
+    )
     return model
 
 
@@ -145,7 +184,8 @@ def write_folder(name: str, folder: Path) -> None:
     bar.update()
     bar.close()
     (folder / "twinkle_embedded.json").write_text(
-        json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2))
+        json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2)
+    )
 
 
 def check_folder(name: str, folder: Path) -> None:
@@ -161,14 +201,14 @@ def check_folder(name: str, folder: Path) -> None:
             f"building {SCHEME}{name} gave weights {digest[:16]}..., not the pinned "
             f"{PINNED_WEIGHTS[name][:16]}... (torch {torch.__version__}, transformers "
             f"{transformers.__version__}): this torch/transformers initializes the model differently, "
-            f"so results here would not match other machines")
+            f"so results here would not match other machines"
+        )
 
 
 def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
     name = model_id.removeprefix(SCHEME).strip("/")
     if name not in PRESETS:
-        raise ValueError(f"unknown embedded model {model_id!r}; known: "
-                         f"{', '.join(SCHEME + n for n in PRESETS)}")
+        raise ValueError(f"unknown embedded model {model_id!r}; known: {', '.join(SCHEME + n for n in PRESETS)}")
     target = cache_root() / "models" / f"{name}-{_fingerprint(name)}"
     return publish(target, lambda folder: write_folder(name, folder), lambda folder: check_folder(name, folder))

@@ -30,8 +30,9 @@ def resolve_model_path(model_id: str | os.PathLike) -> str:
         return str(path)
     if model_id.count("/") == 1 and not model_id.startswith((".", "/")):
         return _huggingface(model_id)
-    raise FileNotFoundError(f"model {model_id!r} is neither a local folder nor a hub id "
-                            f"(use {SCHEME}..., hf://org/name or ms://org/name)")
+    raise FileNotFoundError(
+        f"model {model_id!r} is neither a local folder nor a hub id (use {SCHEME}..., hf://org/name or ms://org/name)"
+    )
 
 
 def _huggingface(repo_id: str) -> str:
@@ -45,8 +46,10 @@ def _huggingface(repo_id: str) -> str:
     try:
         return snapshot_download(repo_id)
     except LocalEntryNotFoundError as e:  # raised when the hub is unreachable
-        raise OfflineError(f"cannot download hf://{repo_id}: the Hugging Face hub is unreachable "
-                           f"and the model is not in the local cache ({e.__class__.__name__})") from e
+        raise OfflineError(
+            f"cannot download hf://{repo_id}: the Hugging Face hub is unreachable "
+            f"and the model is not in the local cache ({e.__class__.__name__})"
+        ) from e
 
 
 def _modelscope(repo_id: str) -> str:

@@ -52,9 +52,11 @@ class Preprocessor:
         missing = [c for c in self.required_columns if c not in row]
         if missing:
             where = f"row {index}" if index is not None else "a row"
-            raise DataError(f"{where} has no column {missing[0]!r}, which {type(self).__name__} reads "
-                            f"(needs {', '.join(self.required_columns)}; the row has "
-                            f"{', '.join(row) or 'no columns'})")
+            raise DataError(
+                f"{where} has no column {missing[0]!r}, which {type(self).__name__} reads "
+                f"(needs {', '.join(self.required_columns)}; the row has "
+                f"{', '.join(row) or 'no columns'})"
+            )
 
     def __call__(self, rows: list[dict], first_index: int = 0) -> list[dict]:
         out: list[dict] = []
@@ -116,5 +118,4 @@ FILTERS: Registry[Filter] = Registry("filter", "twinkle.filter", Filter)
 
 def producers_of(column: str) -> list[str]:
     """Names of registered preprocessors whose output has ``column``."""
-    return [name for name in PREPROCESSORS.names()
-            if column in getattr(PREPROCESSORS.get(name), "output_columns", ())]
+    return [name for name in PREPROCESSORS.names() if column in getattr(PREPROCESSORS.get(name), "output_columns", ())]

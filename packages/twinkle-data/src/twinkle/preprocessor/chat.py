@@ -28,9 +28,15 @@ class SelfCognitionProcessor(Preprocessor):
         return text.replace("{{NAME}}", self.name).replace("{{AUTHOR}}", self.author)
 
     def process(self, row):
-        return {"messages": _with_system([{"role": "user", "content": self._fill(row["query"])},
-                                          {"role": "assistant", "content": self._fill(row["response"])}],
-                                         self.system)}
+        return {
+            "messages": _with_system(
+                [
+                    {"role": "user", "content": self._fill(row["query"])},
+                    {"role": "assistant", "content": self._fill(row["response"])},
+                ],
+                self.system,
+            )
+        }
 
 
 class AlpacaProcessor(Preprocessor):
@@ -45,15 +51,30 @@ class AlpacaProcessor(Preprocessor):
         prompt = row["instruction"]
         if row.get("input"):
             prompt = f"{prompt}\n\n{row['input']}"
-        return {"messages": _with_system([{"role": "user", "content": prompt},
-                                          {"role": "assistant", "content": row["output"]}],
-                                         row.get("system") or self.system)}
+        return {
+            "messages": _with_system(
+                [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}],
+                row.get("system") or self.system,
+            )
+        }
 
 
 # ShareGPT speaker names and OpenAI-style roles to the roles chat templates know.
-ROLE_ALIASES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "bot": "assistant",
-                "model": "assistant", "chatgpt": "assistant", "system": "system", "tool": "tool",
-                "observation": "tool", "function": "tool", "ipython": "tool", "function_call": "assistant"}
+ROLE_ALIASES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "chatgpt": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "observation": "tool",
+    "function": "tool",
+    "ipython": "tool",
+    "function_call": "assistant",
+}
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation", "dialog")
 
 
@@ -70,8 +91,10 @@ class MessagesProcessor(Preprocessor):
     def check_columns(self, row, index=None):
         if not any(c in row for c in CONVERSATION_COLUMNS):
             where = f"row {index}" if index is not None else "a row"
-            raise DataError(f"{where} has no conversation column for {type(self).__name__} (looked for "
-                            f"{', '.join(CONVERSATION_COLUMNS)}; the row has {', '.join(row)})")
+            raise DataError(
+                f"{where} has no conversation column for {type(self).__name__} (looked for "
+                f"{', '.join(CONVERSATION_COLUMNS)}; the row has {', '.join(row)})"
+            )
 
     def _message(self, turn: dict, index_hint: str) -> dict:
         speaker = turn.get("role") or turn.get("from")
@@ -85,9 +108,19 @@ class MessagesProcessor(Preprocessor):
                 call = json.loads(message["content"])
             except json.JSONDecodeError:
                 raise DataError(f"{index_hint}: function_call value is not JSON: {message['content'][:80]!r}") from None
-            message = {"role": "assistant", "content": "",
-                       "tool_calls": [{"type": "function", "function": {
-                           "name": call["name"], "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False)}}]}
+            message = {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": call["name"],
+                            "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
+                        },
+                    }
+                ],
+            }
         elif turn.get("tool_calls"):
             message["tool_calls"] = turn["tool_calls"]
         if turn.get("loss") is not None:

@@ -35,8 +35,11 @@ class EmptyFilter(Filter):
             if not messages:
                 return False
             for m in messages:
-                if m.get("role") in ("user", "assistant") and not (m.get("content") or "").strip() \
-                        and not m.get("tool_calls"):
+                if (
+                    m.get("role") in ("user", "assistant")
+                    and not (m.get("content") or "").strip()
+                    and not m.get("tool_calls")
+                ):
                     return False
             return True
         if "text" in row:

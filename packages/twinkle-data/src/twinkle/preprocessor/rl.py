@@ -8,8 +8,10 @@ from twinkle.dataset.errors import DataError
 from twinkle.preprocessor.base import Preprocessor
 
 ARITHMETIC_SYSTEM = "Solve the arithmetic problem. Reply with the final number only."
-GSM8K_SYSTEM = ("Solve the math problem step by step. End your reply with a line '#### <answer>' "
-                "where <answer> is the final number.")
+GSM8K_SYSTEM = (
+    "Solve the math problem step by step. End your reply with a line '#### <answer>' "
+    "where <answer> is the final number."
+)
 
 
 def _prompt(system: str | None, question: str) -> list[dict]:

@@ -33,8 +33,13 @@ class InputProcessor:
 
     name: ClassVar[str] = "InputProcessor"
 
-    def __init__(self, padding_side: str = "right", packing: bool = False, pad_token_id: int = 0,
-                 pad_to_multiple_of: int | None = None):
+    def __init__(
+        self,
+        padding_side: str = "right",
+        packing: bool = False,
+        pad_token_id: int = 0,
+        pad_to_multiple_of: int | None = None,
+    ):
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         self.padding_side = padding_side
@@ -49,8 +54,10 @@ class InputProcessor:
         ids, labels = [], []
         for i, row in enumerate(rows):
             if "input_ids" not in row:
-                raise ValueError(f"batch row {i} has no 'input_ids' (columns: {', '.join(row)}); "
-                                 f"encode the dataset with a Template first")
+                raise ValueError(
+                    f"batch row {i} has no 'input_ids' (columns: {', '.join(row)}); "
+                    f"encode the dataset with a Template first"
+                )
             row_ids = list(row["input_ids"])
             row_labels = row.get("labels")
             row_labels = [IGNORE_INDEX] * len(row_ids) if row_labels is None else list(row_labels)
@@ -80,8 +87,12 @@ class InputProcessor:
             labels_B_T[b, cols] = torch.tensor(row_labels, dtype=torch.long)
             attention_mask_B_T[b, cols] = 1
             position_ids_B_T[b, cols] = torch.arange(n)
-        return {"input_ids": input_ids_B_T, "attention_mask": attention_mask_B_T, "labels": labels_B_T,
-                "position_ids": position_ids_B_T}
+        return {
+            "input_ids": input_ids_B_T,
+            "attention_mask": attention_mask_B_T,
+            "labels": labels_B_T,
+            "position_ids": position_ids_B_T,
+        }
 
     def pack(self, ids: list[list[int]], labels: list[list[int]]) -> dict[str, torch.Tensor]:
         lengths = [len(x) for x in ids]
@@ -90,9 +101,11 @@ class InputProcessor:
             flat_labels.extend([IGNORE_INDEX] + row_labels[1:])
         input_ids_1_T = torch.tensor([t for row in ids for t in row], dtype=torch.long)[None]
         position_ids_1_T = torch.cat([torch.arange(n) for n in lengths])[None]
-        return {"input_ids": input_ids_1_T, "labels": torch.tensor(flat_labels, dtype=torch.long)[None],
-                "position_ids": position_ids_1_T}
+        return {
+            "input_ids": input_ids_1_T,
+            "labels": torch.tensor(flat_labels, dtype=torch.long)[None],
+            "position_ids": position_ids_1_T,
+        }
 
 
 INPUT_PROCESSORS: Registry[InputProcessor] = Registry("input processor", "twinkle.input_processor", InputProcessor)
-

@@ -46,8 +46,7 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     return env.from_string(source, globals={"raise_exception": _raise_exception, "strftime_now": _strftime_now})
 

@@ -20,8 +20,9 @@ def marked_spans(text_spans: list[tuple[int, int]], assistant_idx: list[int]) ->
     return dict(zip(assistant_idx, text_spans))
 
 
-def per_round_spans(source: str, messages: list[dict], context: dict, full_text: str,
-                    end_token: str | None) -> dict[int, tuple[int, int]]:
+def per_round_spans(
+    source: str, messages: list[dict], context: dict, full_text: str, end_token: str | None
+) -> dict[int, tuple[int, int]]:
     spans: dict[int, tuple[int, int]] = {}
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -32,9 +33,10 @@ def per_round_spans(source: str, messages: list[dict], context: dict, full_text:
             raise DataError(
                 f"assistant message {i}: the chat template has no {{% generation %}} markers and does not "
                 f"render earlier rounds identically as the conversation grows, so the trained tokens cannot "
-                f"be located; add generation markers to the template")
+                f"be located; add generation markers to the template"
+            )
         end = len(upto)
-        reply = upto[len(before):]
+        reply = upto[len(before) :]
         if end_token and end_token in reply:  # stop after the end-of-turn token, not at trailing newlines
             end = len(before) + reply.rindex(end_token) + len(end_token)
         spans[i] = (len(before), end)

@@ -51,10 +51,17 @@ class Template:
     chat_template: overrides the tokenizer's template (e.g. one with generation markers).
     """
 
-    def __init__(self, model_id: str | None = None, max_length: int | None = None,
-                 truncation_strategy: str = "raise", trained_rounds: Any = "all",
-                 default_system: str | None = None, tokenizer: PreTrainedTokenizerBase | None = None, chat_template: str | None = None,
-                 template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        model_id: str | None = None,
+        max_length: int | None = None,
+        truncation_strategy: str = "raise",
+        trained_rounds: Any = "all",
+        default_system: str | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        chat_template: str | None = None,
+        template_kwargs: dict | None = None,
+    ):
         if truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
         if tokenizer is None:
@@ -85,8 +92,10 @@ class Template:
             where = f"row {index}" if index is not None else "the row"
             have = ", ".join(row) if isinstance(row, dict) else type(row).__name__
             makers = ", ".join(producers_of(key)) or "a Preprocessor"
-            raise DataError(f"{where} has no {key!r} column (it has: {have}); map a preprocessor that "
-                            f"produces it first, e.g. {makers}")
+            raise DataError(
+                f"{where} has no {key!r} column (it has: {have}); map a preprocessor that "
+                f"produces it first, e.g. {makers}"
+            )
         messages = []
         for m in row[key]:
             if not isinstance(m, dict) or not m.get("role"):
@@ -116,8 +125,10 @@ class Template:
             by_message = marked_spans(gen_spans, assistant)
             if by_message is None:
                 if self.trained_rounds != "all" or any("loss" in messages[i] for i in assistant):
-                    raise DataError(f"row {index}: the template emits {len(gen_spans)} generation blocks for "
-                                    f"{len(assistant)} assistant messages, so rounds cannot be chosen")
+                    raise DataError(
+                        f"row {index}: the template emits {len(gen_spans)} generation blocks for "
+                        f"{len(assistant)} assistant messages, so rounds cannot be chosen"
+                    )
                 return text, gen_spans
         else:
             by_message = per_round_spans(self.chat_template, messages, context, text, self.tokenizer.eos_token)
@@ -133,9 +144,11 @@ class Template:
             return ids, labels
         if self.truncation_strategy == "raise":
             where = f"row {index}: " if index is not None else ""
-            raise SequenceTooLongError(f"{where}sequence of {len(ids)} tokens is longer than max_length={limit} "
-                                       f"(truncation_strategy='raise'; use 'left', 'right' or 'delete', "
-                                       f"or raise max_length)")
+            raise SequenceTooLongError(
+                f"{where}sequence of {len(ids)} tokens is longer than max_length={limit} "
+                f"(truncation_strategy='raise'; use 'left', 'right' or 'delete', "
+                f"or raise max_length)"
+            )
         if self.truncation_strategy == "delete":
             return None, None
         cut = slice(-limit, None) if self.truncation_strategy == "left" else slice(0, limit)
@@ -169,8 +182,9 @@ class Template:
             row = {k: v for k, v in extras[i].items() if k not in ("input_ids", "labels")}
             row.update(input_ids=ids, labels=labels)
             if "rejected_messages" in row:  # a preference pair: encode the rejected side alongside
-                rejected = self.encode({"messages": row["rejected_messages"], "tools": row.get("tools")},
-                                       index=first_index + i)
+                rejected = self.encode(
+                    {"messages": row["rejected_messages"], "tools": row.get("tools")}, index=first_index + i
+                )
                 if rejected is None:
                     out.append(None)
                     continue
@@ -195,8 +209,9 @@ class Template:
 
     def render_text(self, messages_or_trajectory, add_generation_prompt: bool = False) -> str:
         messages, tools, _ = self._conversation(messages_or_trajectory, None)
-        return render(self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt,
-                      **self._context(tools))[0]
+        return render(
+            self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt, **self._context(tools)
+        )[0]
 
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -209,9 +224,17 @@ class Template:
             backend = getattr(self.tokenizer, "backend_tokenizer", None)
             vocab = backend.to_str() if backend is not None else json.dumps(self.tokenizer.get_vocab(), sort_keys=True)
             self._vocab_hash = hashlib.sha256(vocab.encode()).hexdigest()
-        parts = [type(self).__qualname__, self._vocab_hash, self.chat_template, self.max_length,
-                 self.truncation_strategy, repr(self.trained_rounds), self.default_system,
-                 json.dumps(self.template_kwargs, sort_keys=True, default=str)]
+        parts = [
+            type(self).__qualname__,
+            self._vocab_hash,
+            self.chat_template,
+            self.max_length,
+            self.truncation_strategy,
+            repr(self.trained_rounds),
+            self.default_system,
+            json.dumps(self.template_kwargs, sort_keys=True, default=str),
+        ]
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
+
 
 TEMPLATES: Registry[Template] = Registry("template", "twinkle.template", Template)

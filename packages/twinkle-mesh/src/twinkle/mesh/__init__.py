@@ -1,9 +1,9 @@
 """twinkle.mesh: where a component runs and how its ranks are laid out.
 
-    DeviceMesh.from_sizes(dp_size=2, tp_size=2)     # topology of one component over its ranks
-    DeviceGroup(name="model", ranks=2, device_type="cpu")
-    initialize(mode="local" | "ray", global_device_mesh=..., groups=[...], seed=42, address=None)
-    @remote_class / @remote_method(dispatch=..., collect=...)   # Ray actor groups in ray mode
+DeviceMesh.from_sizes(dp_size=2, tp_size=2)     # topology of one component over its ranks
+DeviceGroup(name="model", ranks=2, device_type="cpu")
+initialize(mode="local" | "ray", global_device_mesh=..., groups=[...], seed=42, address=None)
+@remote_class / @remote_method(dispatch=..., collect=...)   # Ray actor groups in ray mode
 """
 
 from twinkle.mesh.device_group import DeviceGroup
@@ -21,6 +21,20 @@ from twinkle.mesh.runtime import (
     shutdown,
 )
 
-__all__ = ["DeviceGroup", "DeviceMesh", "RemoteError", "Runtime", "get_device_placement", "get_global_mesh",
-           "get_runtime", "initialize", "rank_generator", "rank_seed", "remote_class", "remote_method",
-           "seed_everything", "shutdown", "WorkerDied"]
+__all__ = [
+    "DeviceGroup",
+    "DeviceMesh",
+    "RemoteError",
+    "Runtime",
+    "get_device_placement",
+    "get_global_mesh",
+    "get_runtime",
+    "initialize",
+    "rank_generator",
+    "rank_seed",
+    "remote_class",
+    "remote_method",
+    "seed_everything",
+    "shutdown",
+    "WorkerDied",
+]

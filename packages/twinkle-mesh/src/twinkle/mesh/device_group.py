@@ -29,22 +29,28 @@ class DeviceGroup:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"DeviceGroup name must be a non-empty string, got {self.name!r}")
         if self.device_type not in DEVICE_TYPES:
-            raise ValueError(f"DeviceGroup {self.name!r}: device_type {self.device_type!r} is not one of "
-                             f"{DEVICE_TYPES}")
+            raise ValueError(
+                f"DeviceGroup {self.name!r}: device_type {self.device_type!r} is not one of {DEVICE_TYPES}"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"DeviceGroup {self.name!r}: placement {self.placement!r} is not one of {PLACEMENTS}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, (int, list, tuple)):
-            raise ValueError(f"DeviceGroup {self.name!r}: ranks must be a count or a list of device "
-                             f"indices, got {self.ranks!r}")
+            raise ValueError(
+                f"DeviceGroup {self.name!r}: ranks must be a count or a list of device indices, got {self.ranks!r}"
+            )
         if isinstance(self.ranks, int):
             if self.ranks < 1:
                 raise ValueError(f"DeviceGroup {self.name!r}: ranks must be >= 1, got {self.ranks}")
         else:
             ranks = list(self.ranks)
-            if not ranks or len(set(ranks)) != len(ranks) or any(
-                    not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
-                raise ValueError(f"DeviceGroup {self.name!r}: ranks must be distinct non-negative device "
-                                 f"indices, got {self.ranks!r}")
+            if (
+                not ranks
+                or len(set(ranks)) != len(ranks)
+                or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks)
+            ):
+                raise ValueError(
+                    f"DeviceGroup {self.name!r}: ranks must be distinct non-negative device indices, got {self.ranks!r}"
+                )
             object.__setattr__(self, "ranks", tuple(ranks))
 
     @property

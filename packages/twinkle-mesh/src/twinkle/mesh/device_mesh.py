@@ -67,16 +67,27 @@ class DeviceMesh:
         self.sizes = {d: int(sizes.get(d, 1)) for d in MESH_DIMS}
         self.ep_size = ep_size
         if self.data_world_size % ep_size:
-            raise ValueError(f"ep_size={ep_size} must divide the data world size dp x fsdp = "
-                             f"{self.sizes['dp']} x {self.sizes['fsdp']} = {self.data_world_size}")
+            raise ValueError(
+                f"ep_size={ep_size} must divide the data world size dp x fsdp = "
+                f"{self.sizes['dp']} x {self.sizes['fsdp']} = {self.data_world_size}"
+            )
         self.device_type = device_type
         self._torch_mesh = None
         self._groups: dict[tuple[str, ...], Any] = {}
 
     @classmethod
-    def from_sizes(cls, dp_size: int | None = 1, fsdp_size: int = 1, tp_size: int = 1, pp_size: int = 1,
-                   cp_size: int = 1, ep_size: int = 1, *, world_size: int | None = None,
-                   device_type: str | None = None) -> DeviceMesh:
+    def from_sizes(
+        cls,
+        dp_size: int | None = 1,
+        fsdp_size: int = 1,
+        tp_size: int = 1,
+        pp_size: int = 1,
+        cp_size: int = 1,
+        ep_size: int = 1,
+        *,
+        world_size: int | None = None,
+        device_type: str | None = None,
+    ) -> DeviceMesh:
         """`dp_size=None` fills data parallelism with whatever `world_size` (default: this job's world
         size) leaves; a given `world_size` that the sizes do not multiply to is a ValueError."""
         others = {"fsdp": fsdp_size, "tp": tp_size, "pp": pp_size, "cp": cp_size}
@@ -84,8 +95,10 @@ class DeviceMesh:
             world = world_size if world_size is not None else _env_world_size()
             rest = math.prod(v for v in others.values() if isinstance(v, int) and v > 0) or 1
             if world % rest:
-                raise ValueError(f"cannot infer dp_size: world size {world} is not divisible by "
-                                 f"fsdp x tp x pp x cp = {rest} (sizes {others})")
+                raise ValueError(
+                    f"cannot infer dp_size: world size {world} is not divisible by "
+                    f"fsdp x tp x pp x cp = {rest} (sizes {others})"
+                )
             dp_size = world // rest
         mesh = cls({"dp": dp_size, **others}, ep_size=ep_size, device_type=device_type)
         if world_size is not None:
@@ -115,8 +128,7 @@ class DeviceMesh:
 
     def check_world_size(self, world_size: int, where: str = "world size") -> None:
         if world_size != self.world_size:
-            raise ValueError(f"DeviceMesh sizes {self.describe_sizes()} do not match the {where} "
-                             f"{world_size}")
+            raise ValueError(f"DeviceMesh sizes {self.describe_sizes()} do not match the {where} {world_size}")
 
     # -- this rank's coordinates ---------------------------------------------------------------
     @property
@@ -244,7 +256,9 @@ def _ensure_process_group(mesh: DeviceMesh) -> None:
         mesh.check_world_size(dist.get_world_size(), "torch.distributed world size")
         return
     if mesh.world_size != 1:
-        raise RuntimeError(f"DeviceMesh {mesh.describe_sizes()} needs torch.distributed: launch with "
-                           f"torchrun (or a Ray remote group) and call twinkle.mesh.initialize() first")
+        raise RuntimeError(
+            f"DeviceMesh {mesh.describe_sizes()} needs torch.distributed: launch with "
+            f"torchrun (or a Ray remote group) and call twinkle.mesh.initialize() first"
+        )
     backend = "nccl" if mesh.resolved_device_type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)

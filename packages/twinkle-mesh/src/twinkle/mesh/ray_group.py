@@ -48,8 +48,12 @@ class _GroupWorker:
             return ("err", type(e).__qualname__, str(e), traceback.format_exc())
 
     def node_info(self) -> dict:
-        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ray.get_runtime_context().get_node_id(),
-                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+        }
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -65,8 +69,13 @@ class _GroupWorker:
 
             torch.set_num_threads(threads)
             # torchrun's contract, so initialize(mode='local') and the component see a torchrun rank.
-            os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size), LOCAL_RANK="0",
-                              MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+            os.environ.update(
+                RANK=str(self.rank),
+                WORLD_SIZE=str(self.world_size),
+                LOCAL_RANK="0",
+                MASTER_ADDR=master_addr,
+                MASTER_PORT=str(master_port),
+            )
             from twinkle.mesh.runtime import initialize
 
             initialize(mode="local", global_device_mesh=mesh, seed=seed)
@@ -120,8 +129,10 @@ def group_placement(group: DeviceGroup):
         if not ready:
             remove_placement_group(pg)
             nodes = [n["Resources"] for n in ray.nodes() if n["Alive"]]
-            raise RuntimeError(f"cannot place DeviceGroup {group.name!r} ({group.world_size} x {bundle}, "
-                               f"{strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s; live nodes' resources: {nodes}")
+            raise RuntimeError(
+                f"cannot place DeviceGroup {group.name!r} ({group.world_size} x {bundle}, "
+                f"{strategy}) within {PLACEMENT_TIMEOUT_S:.0f}s; live nodes' resources: {nodes}"
+            )
         rt.placements[group.name] = pg
     return rt.placements[group.name]
 
@@ -157,16 +168,24 @@ class RemoteGroup:
             _WorkerActor.options(
                 **share, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)
             ).remote(i, n)
-            for i in range(n)]
+            for i in range(n)
+        ]
         self._infos = [{"node_ip": "?", "node_id": "?", "pid": "?", "gpu_ids": []} for _ in range(n)]
         try:
             self._infos = self._gather([a.node_info.remote() for a in self._actors], "start", wrapped=False)
             port = ray.get(self._actors[0].free_port.remote())
             threads = max(1, int(group.resources_per_rank.get("CPU", 1)))
-            self._gather([a.setup.remote(self._infos[0]["node_ip"], port, self._mesh, self._seed, threads)
-                          for a in self._actors], "setup")
-            self._gather([a.construct.remote(self._cls, self._args, self._kwargs) for a in self._actors],
-                         f"{self._cls.__name__}()")
+            self._gather(
+                [
+                    a.setup.remote(self._infos[0]["node_ip"], port, self._mesh, self._seed, threads)
+                    for a in self._actors
+                ],
+                "setup",
+            )
+            self._gather(
+                [a.construct.remote(self._cls, self._args, self._kwargs) for a in self._actors],
+                f"{self._cls.__name__}()",
+            )
         except BaseException:
             self._kill_actors()
             raise
@@ -200,34 +219,54 @@ class RemoteGroup:
                     out = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
                     info = self._infos[rank]
-                    raise WorkerDied(f"{what} failed: rank {rank} of remote group {self._group.name!r} died (pid "
-                                     f"{info['pid']} on node {info['node_ip']} {str(info['node_id'])[:12]}): "
-                                     f"{type(e).__name__}", rank, str(e), type(e).__name__) from None
+                    raise WorkerDied(
+                        f"{what} failed: rank {rank} of remote group {self._group.name!r} died (pid "
+                        f"{info['pid']} on node {info['node_ip']} {str(info['node_id'])[:12]}): "
+                        f"{type(e).__name__}",
+                        rank,
+                        str(e),
+                        type(e).__name__,
+                    ) from None
                 except ray.exceptions.RayError as e:
-                    raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
-                                      f"{type(e).__name__}: {e}", rank, str(e), type(e).__name__) from None
+                    raise RemoteError(
+                        f"{what} failed on rank {rank} of remote group {self._group.name!r}: {type(e).__name__}: {e}",
+                        rank,
+                        str(e),
+                        type(e).__name__,
+                    ) from None
                 if not wrapped:
                     results[rank] = out
                     continue
                 if out[0] == "err":
                     _, exc_type, message, tb = out
-                    raise RemoteError(f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
-                                      f"{exc_type}: {message}\n\nremote traceback (rank {rank}):\n{tb}",
-                                      rank, tb, exc_type)
+                    raise RemoteError(
+                        f"{what} failed on rank {rank} of remote group {self._group.name!r}: "
+                        f"{exc_type}: {message}\n\nremote traceback (rank {rank}):\n{tb}",
+                        rank,
+                        tb,
+                        exc_type,
+                    )
                 results[rank] = out[1]
         return [results[r] for r in range(len(refs))]
 
     def _call(self, name: str, args: tuple, kwargs: dict):
         if not self._actors:  # a rebuild failed part-way (e.g. no node to place a rank on yet)
-            raise WorkerDied(f"{self._cls.__name__}.{name}: remote group {self._group.name!r} has no live actors; "
-                             "remote_rebuild() it", -1, "", "NoActors")
+            raise WorkerDied(
+                f"{self._cls.__name__}.{name}: remote group {self._group.name!r} has no live actors; "
+                "remote_rebuild() it",
+                -1,
+                "",
+                "NoActors",
+            )
         dispatch, collect = method_spec(self._cls, name)
         if dispatch == "all":
             payload = ray.put((args, kwargs))  # one copy in the object store, read by every rank
             refs = [a.call.remote(name, payload) for a in self._actors]
         else:
-            refs = [a.call.remote(name, dispatch_args(dispatch, args, kwargs, self._mesh, rank))
-                    for rank, a in enumerate(self._actors)]
+            refs = [
+                a.call.remote(name, dispatch_args(dispatch, args, kwargs, self._mesh, rank))
+                for rank, a in enumerate(self._actors)
+            ]
         return collect_results(collect, self._gather(refs, f"{self._cls.__name__}.{name}"))
 
     def __getattr__(self, name: str):
@@ -236,8 +275,10 @@ class RemoteGroup:
         attr = inspect.getattr_static(self._cls, name, None)
         fn = getattr(attr, "__func__", attr)
         if attr is None or isinstance(attr, property) or not callable(fn):
-            raise AttributeError(f"{self._cls.__name__} on remote group {self._group.name!r} has no method "
-                                 f"{name!r} (remote groups expose methods only)")
+            raise AttributeError(
+                f"{self._cls.__name__} on remote group {self._group.name!r} has no method "
+                f"{name!r} (remote groups expose methods only)"
+            )
 
         @functools.wraps(fn)
         def method(*args, **kwargs):
@@ -256,9 +297,11 @@ class RemoteGroup:
 
     def placement_lines(self) -> list[str]:
         kind = self._group.device_type
-        return [f"{self._cls.__name__} rank {r}: node {info['node_ip']} {info['node_id'][:12]} pid {info['pid']} "
-                f"{kind}{' gpu ' + ','.join(info['gpu_ids']) if info['gpu_ids'] else ''}"
-                for r, info in enumerate(self._infos)]
+        return [
+            f"{self._cls.__name__} rank {r}: node {info['node_ip']} {info['node_id'][:12]} pid {info['pid']} "
+            f"{kind}{' gpu ' + ','.join(info['gpu_ids']) if info['gpu_ids'] else ''}"
+            for r, info in enumerate(self._infos)
+        ]
 
     def _kill_actors(self) -> None:
         for a in getattr(self, "_actors", []):

@@ -194,7 +194,8 @@ def _flatten(results: list) -> list:
     flat = []
     for rank, r in enumerate(results):
         if not isinstance(r, (list, tuple)):
-            raise TypeError(f"collect='flatten' needs every rank to return a list; rank {rank} returned "
-                            f"{type(r).__name__}")
+            raise TypeError(
+                f"collect='flatten' needs every rank to return a list; rank {rank} returned {type(r).__name__}"
+            )
         flat.extend(r)
     return flat

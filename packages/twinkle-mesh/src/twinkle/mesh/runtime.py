@@ -33,8 +33,9 @@ class Runtime:
         for g in self.groups:
             if g.name == name:
                 return g
-        raise ValueError(f"unknown remote_group {name!r}; initialize() was given groups "
-                         f"{[g.name for g in self.groups]}")
+        raise ValueError(
+            f"unknown remote_group {name!r}; initialize() was given groups {[g.name for g in self.groups]}"
+        )
 
 
 _RUNTIME: Runtime | None = None
@@ -48,9 +49,15 @@ def require_ray():
     return ray
 
 
-def initialize(mode: str = "local", global_device_mesh: DeviceMesh | None = None,
-               groups: list[DeviceGroup] | None = None, nproc_per_node: int | None = None, seed: int = 42,
-               address: str | None = None, **ray_init_kwargs) -> Runtime:
+def initialize(
+    mode: str = "local",
+    global_device_mesh: DeviceMesh | None = None,
+    groups: list[DeviceGroup] | None = None,
+    nproc_per_node: int | None = None,
+    seed: int = 42,
+    address: str | None = None,
+    **ray_init_kwargs,
+) -> Runtime:
     """Start Twinkle in this process.
 
     local: one process, or one rank of a torchrun job (read from RANK / WORLD_SIZE / LOCAL_RANK);
@@ -60,15 +67,19 @@ def initialize(mode: str = "local", global_device_mesh: DeviceMesh | None = None
     """
     global _RUNTIME
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r} for twinkle.mesh.initialize; expected one of {MODES} "
-                         f"('http' belongs to twinkle-serve)")
+        raise ValueError(
+            f"unknown mode {mode!r} for twinkle.mesh.initialize; expected one of {MODES} "
+            f"('http' belongs to twinkle-serve)"
+        )
     groups = list(groups or [])
     if not all(isinstance(g, DeviceGroup) for g in groups):
         raise ValueError(f"groups must be DeviceGroup objects, got {groups!r}")
     devices = assign_devices(groups)
     if mode == "local":
         if ray_init_kwargs or address:
-            raise ValueError(f"local mode takes no Ray options, got {sorted(ray_init_kwargs) + (['address'] if address else [])}")
+            raise ValueError(
+                f"local mode takes no Ray options, got {sorted(ray_init_kwargs) + (['address'] if address else [])}"
+            )
         mesh = _init_local(global_device_mesh)
     else:
         _init_ray(groups, nproc_per_node, address, ray_init_kwargs)

@@ -7,6 +7,25 @@ from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, Importan
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
 
-__all__ = ["LOSSES", "IGNORE_INDEX", "ChunkedHead", "CISPOLoss", "CrossEntropyLoss", "DPOLoss", "DROLoss",
-           "GKDLoss", "GRPOLoss", "GSPOLoss", "ImportanceSamplingLoss", "LogitsHead", "Loss", "LossContext",
-           "LossOutput", "PPOLoss", "SimPOLoss", "TokenHead", "create_loss", "register_loss"]
+__all__ = [
+    "LOSSES",
+    "IGNORE_INDEX",
+    "ChunkedHead",
+    "CISPOLoss",
+    "CrossEntropyLoss",
+    "DPOLoss",
+    "DROLoss",
+    "GKDLoss",
+    "GRPOLoss",
+    "GSPOLoss",
+    "ImportanceSamplingLoss",
+    "LogitsHead",
+    "Loss",
+    "LossContext",
+    "LossOutput",
+    "PPOLoss",
+    "SimPOLoss",
+    "TokenHead",
+    "create_loss",
+    "register_loss",
+]

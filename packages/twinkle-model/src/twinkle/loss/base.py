@@ -38,8 +38,9 @@ class LossContext:
     batch: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
-    def from_logits(cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None,
-                    **fields: torch.Tensor) -> "LossContext":
+    def from_logits(
+        cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None, **fields: torch.Tensor
+    ) -> "LossContext":
         """A context over already-shifted logits (position t predicts targets_B_T[:, t])."""
         return cls(LogitsHead(logits_B_T_V), targets_B_T, dict(fields), ref_logps_B_T)
 
@@ -64,8 +65,10 @@ class LossContext:
         if value.dim() == 1:
             value = value[:, None].expand_as(self.mask_B_T)
         if value.shape != self.mask_B_T.shape:
-            raise ValueError(f"loss input {name!r} has shape {tuple(value.shape)}; expected "
-                             f"{tuple(self.mask_B_T.shape)} (per token) or ({self.mask_B_T.shape[0]},) (per row)")
+            raise ValueError(
+                f"loss input {name!r} has shape {tuple(value.shape)}; expected "
+                f"{tuple(self.mask_B_T.shape)} (per token) or ({self.mask_B_T.shape[0]},) (per row)"
+            )
         return value
 
     def ref_logps(self) -> torch.Tensor:
@@ -73,8 +76,10 @@ class LossContext:
         if "ref_logprobs" in self.fields:
             return self.token_field("ref_logprobs")
         if self.ref_logps_B_T is None:
-            raise ValueError("this loss needs reference log-probs: pass `ref_logprobs` per token, or train a "
-                             "LoRA adapter so the reference is the base model with the adapter disabled")
+            raise ValueError(
+                "this loss needs reference log-probs: pass `ref_logprobs` per token, or train a "
+                "LoRA adapter so the reference is the base model with the adapter disabled"
+            )
         return self.ref_logps_B_T
 
 

@@ -41,6 +41,10 @@ class GKDLoss(Loss):
             return kl(teacher, student)
         if self.beta == 1:
             return kl(student, teacher)
-        log_mix = torch.logsumexp(torch.stack([teacher + torch.log(torch.tensor(self.beta)),
-                                               student + torch.log(torch.tensor(1 - self.beta))]), dim=0)
+        log_mix = torch.logsumexp(
+            torch.stack(
+                [teacher + torch.log(torch.tensor(self.beta)), student + torch.log(torch.tensor(1 - self.beta))]
+            ),
+            dim=0,
+        )
         return self.beta * kl(teacher, log_mix) + (1 - self.beta) * kl(student, log_mix)

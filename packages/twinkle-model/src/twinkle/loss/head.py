@@ -73,8 +73,14 @@ class LogitsHead(TokenHead):
 class ChunkedHead(TokenHead):
     """Logits = hidden @ weight.T (+ bias), computed `chunk_size` positions at a time."""
 
-    def __init__(self, hidden_B_T_H: torch.Tensor, weight_V_H: torch.Tensor, bias_V: torch.Tensor | None = None,
-                 chunk_size: int = 1024, logit_scale: float = 1.0):
+    def __init__(
+        self,
+        hidden_B_T_H: torch.Tensor,
+        weight_V_H: torch.Tensor,
+        bias_V: torch.Tensor | None = None,
+        chunk_size: int = 1024,
+        logit_scale: float = 1.0,
+    ):
         self.hidden_B_T_H, self.weight_V_H, self.bias_V = hidden_B_T_H, weight_V_H, bias_V
         self.chunk_size, self.logit_scale = chunk_size, logit_scale
 
@@ -90,10 +96,11 @@ class ChunkedHead(TokenHead):
         outs = []
         for start in range(0, B * T, self.chunk_size):
             sl = slice(start, start + self.chunk_size)
+
             def chunk(h, w, *args):
                 return fn(self._logits(h, w), *args)
-            outs.append(checkpoint(chunk, hidden_N_H[sl], self.weight_V_H, *(x[sl] for x in flat),
-                                   use_reentrant=False))
+
+            outs.append(checkpoint(chunk, hidden_N_H[sl], self.weight_V_H, *(x[sl] for x in flat), use_reentrant=False))
         out = torch.cat(outs)
         return out.view(B, T, *out.shape[1:])
 

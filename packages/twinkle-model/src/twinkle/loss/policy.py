@@ -28,8 +28,10 @@ class _ThresholdLoss(Loss):
     def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, reduction: str = "mean"):
         super().__init__(reduction)
         if not 0 <= clip_low_threshold <= 1 <= clip_high_threshold:
-            raise ValueError(f"need 0 <= clip_low_threshold <= 1 <= clip_high_threshold, got "
-                             f"{clip_low_threshold}, {clip_high_threshold}")
+            raise ValueError(
+                f"need 0 <= clip_low_threshold <= 1 <= clip_high_threshold, got "
+                f"{clip_low_threshold}, {clip_high_threshold}"
+            )
         self.lo, self.hi = clip_low_threshold, clip_high_threshold
 
 
@@ -122,10 +124,21 @@ class GRPOLoss(Loss):
     aliases = ("grpo",)
     required_fields = ("advantages",)
 
-    def __init__(self, epsilon_low: float = 0.2, epsilon_high: float = 0.28, beta: float = 0.0,
-                 entropy_coef: float = 0.0, reduction: str = "mean"):
+    def __init__(
+        self,
+        epsilon_low: float = 0.2,
+        epsilon_high: float = 0.28,
+        beta: float = 0.0,
+        entropy_coef: float = 0.0,
+        reduction: str = "mean",
+    ):
         super().__init__(reduction)
-        self.epsilon_low, self.epsilon_high, self.beta, self.entropy_coef = epsilon_low, epsilon_high, beta, entropy_coef
+        self.epsilon_low, self.epsilon_high, self.beta, self.entropy_coef = (
+            epsilon_low,
+            epsilon_high,
+            beta,
+            entropy_coef,
+        )
 
     def needs_reference(self, fields):
         return self.beta > 0 and "ref_logprobs" not in fields
@@ -133,8 +146,9 @@ class GRPOLoss(Loss):
     def compute(self, ctx):
         logp, mask = ctx.logps_B_T, ctx.mask_B_T
         old = ctx.token_field("logprobs") if ctx.has("logprobs") else logp.detach()
-        per_tok, clipped = _clipped_surrogate(torch.exp(logp - old), ctx.token_field("advantages"),
-                                              1 - self.epsilon_low, 1 + self.epsilon_high)
+        per_tok, clipped = _clipped_surrogate(
+            torch.exp(logp - old), ctx.token_field("advantages"), 1 - self.epsilon_low, 1 + self.epsilon_high
+        )
         n = mask.sum().clamp(min=1)
         metrics = {"clip_fraction": ((clipped.float() * mask).sum() / n).item()}
         if self.beta > 0:

@@ -14,17 +14,22 @@ from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss
 
 def _pairs(values_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if values_B.shape[0] % 2:
-        raise ValueError(f"preference losses need an even batch of (chosen, rejected) rows, got {values_B.shape[0]} rows")
+        raise ValueError(
+            f"preference losses need an even batch of (chosen, rejected) rows, got {values_B.shape[0]} rows"
+        )
     return values_B[0::2], values_B[1::2]
 
 
 class _PairLoss(Loss):
     def _finish(self, losses_P, chosen_reward_P, rejected_reward_P) -> LossOutput:
         loss = losses_P.sum() if self.reduction == "sum" else losses_P.mean()
-        return LossOutput(loss, {
-            "reward_accuracy": (chosen_reward_P > rejected_reward_P).float().mean().item(),
-            "reward_margin": (chosen_reward_P - rejected_reward_P).mean().item(),
-        })
+        return LossOutput(
+            loss,
+            {
+                "reward_accuracy": (chosen_reward_P > rejected_reward_P).float().mean().item(),
+                "reward_margin": (chosen_reward_P - rejected_reward_P).mean().item(),
+            },
+        )
 
 
 @register_loss
@@ -43,8 +48,9 @@ class DPOLoss(_PairLoss):
     aliases = ("dpo",)
     LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
-    def __init__(self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0,
-                 reduction: str = "mean"):
+    def __init__(
+        self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0, reduction: str = "mean"
+    ):
         super().__init__(reduction)
         if loss_type not in self.LOSS_TYPES:
             raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected one of {self.LOSS_TYPES}")
@@ -59,8 +65,9 @@ class DPOLoss(_PairLoss):
         ref_c, ref_r = _pairs((ctx.ref_logps().detach() * mask).sum(1))
         h = (policy_c - ref_c) - (policy_r - ref_r)
         if self.loss_type == "sigmoid":
-            losses = -(1 - self.label_smoothing) * F.logsigmoid(self.beta * h) \
-                     - self.label_smoothing * F.logsigmoid(-self.beta * h)
+            losses = -(1 - self.label_smoothing) * F.logsigmoid(self.beta * h) - self.label_smoothing * F.logsigmoid(
+                -self.beta * h
+            )
         elif self.loss_type == "ipo":
             losses = (h - 1 / (2 * self.beta)) ** 2
         else:
@@ -72,8 +79,8 @@ class DPOLoss(_PairLoss):
 class SimPOLoss(_PairLoss):
     """Simple preference optimisation (reference-free, length-normalised).
 
-        a(y) = S_θ(y) / Σ_t m_t                  (mean token log-prob)
-        L    = −log σ(β·(a(y_c) − a(y_r)) − γ)
+    a(y) = S_θ(y) / Σ_t m_t                  (mean token log-prob)
+    L    = −log σ(β·(a(y_c) − a(y_r)) − γ)
     """
 
     aliases = ("simpo",)

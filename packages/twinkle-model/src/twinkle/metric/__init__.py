@@ -4,6 +4,18 @@ from twinkle.metric.base import METRICS, ForwardRecord, Metric, StepRecord, regi
 from twinkle.metric.builtin import LossMetric, OptimizerMetric, ThroughputMetric, TokenAccuracy
 from twinkle.metric.mfu import attention_dims, matmul_params, measure_matmul_peak, step_flops
 
-__all__ = ["METRICS", "ForwardRecord", "LossMetric", "Metric", "OptimizerMetric", "StepRecord",
-           "ThroughputMetric", "TokenAccuracy", "attention_dims", "matmul_params", "measure_matmul_peak",
-           "register_metric", "step_flops"]
+__all__ = [
+    "METRICS",
+    "ForwardRecord",
+    "LossMetric",
+    "Metric",
+    "OptimizerMetric",
+    "StepRecord",
+    "ThroughputMetric",
+    "TokenAccuracy",
+    "attention_dims",
+    "matmul_params",
+    "measure_matmul_peak",
+    "register_metric",
+    "step_flops",
+]

@@ -11,12 +11,12 @@ from twinkle.registry import Registry
 
 @dataclass
 class ForwardRecord:
-    loss: float | None          # this micro-batch's loss (None: not computed, e.g. forward_only for log-probs)
-    loss_tokens: int            # positions with a target (labels != -100)
-    input_tokens: int           # non-padding input positions processed
-    correct_tokens: int         # loss positions where argmax == target
-    seconds: float              # wall time of forward (+ backward)
-    flops: float                # model FLOPs this pass needed (see twinkle.metric.mfu)
+    loss: float | None  # this micro-batch's loss (None: not computed, e.g. forward_only for log-probs)
+    loss_tokens: int  # positions with a target (labels != -100)
+    input_tokens: int  # non-padding input positions processed
+    correct_tokens: int  # loss positions where argmax == target
+    seconds: float  # wall time of forward (+ backward)
+    flops: float  # model FLOPs this pass needed (see twinkle.metric.mfu)
     finite: bool = True
     extras: dict[str, float] = field(default_factory=dict)  # the loss's own metrics (clip_fraction, kl, ...)
 

@@ -16,8 +16,9 @@ import torch
 _PEAKS: dict[tuple[str, torch.dtype], float] = {}
 
 
-def measure_matmul_peak(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-                        size: int = 1024, repeats: int = 8) -> float:
+def measure_matmul_peak(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, size: int = 1024, repeats: int = 8
+) -> float:
     """Best observed matmul FLOP/s on `device` in `dtype` (cached per process)."""
     device = torch.device(device)
     key = (str(device), dtype)
@@ -74,8 +75,9 @@ def attention_dims(config) -> tuple[int, int]:
     return layers, heads * head_dim
 
 
-def step_flops(tokens: int, seq_len: int, n_matmul: int, n_trainable: int, layers: int, q_width: int,
-               backward: bool = True) -> float:
+def step_flops(
+    tokens: int, seq_len: int, n_matmul: int, n_trainable: int, layers: int, q_width: int, backward: bool = True
+) -> float:
     """FLOPs of a forward (and backward) pass over `tokens` tokens in rows of `seq_len`."""
     attn_fwd = 4 * layers * seq_len * q_width  # QK^T and AV, per token
     forward = 2 * n_matmul + attn_fwd

@@ -38,8 +38,9 @@ def _require(module: str, name: str, package: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"report_to={name!r} needs the {package!r} package: "
-                          f"pip install 'twinkle-model[{name}]'") from e
+        raise ImportError(
+            f"report_to={name!r} needs the {package!r} package: pip install 'twinkle-model[{name}]'"
+        ) from e
 
 
 def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -79,9 +80,14 @@ class WandbTracker:
     def __init__(self, logging_dir, run_name, project, config):
         wandb = _require("wandb", "wandb", "wandb")
         Path(logging_dir).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=run_name,
-                              dir=str(logging_dir), config=dict(config or {}),
-                              mode=os.environ.get("WANDB_MODE", "offline"), reinit="create_new")
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", project),
+            name=run_name,
+            dir=str(logging_dir),
+            config=dict(config or {}),
+            mode=os.environ.get("WANDB_MODE", "offline"),
+            reinit="create_new",
+        )
 
     def log(self, metrics, step):
         self.run.log(_numbers(metrics), step=step)
@@ -141,8 +147,12 @@ class TrackioTracker:
         self.run.finish()
 
 
-_TRACKERS = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MLflowTracker,
-             "trackio": TrackioTracker}
+_TRACKERS = {
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
+    "mlflow": MLflowTracker,
+    "trackio": TrackioTracker,
+}
 
 
 class Trackers:
@@ -183,9 +193,14 @@ def _is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def open_trackers(report_to: str | Iterable[str] | None, *, logging_dir: str | os.PathLike = "runs",
-                  run_name: str | None = None, project: str = "twinkle",
-                  config: Mapping | None = None) -> Trackers:
+def open_trackers(
+    report_to: str | Iterable[str] | None,
+    *,
+    logging_dir: str | os.PathLike = "runs",
+    run_name: str | None = None,
+    project: str = "twinkle",
+    config: Mapping | None = None,
+) -> Trackers:
     """The trackers `report_to` names, each starting one run called `run_name` (default: the time)."""
     names = parse_report_to(report_to)
     if not _is_main_process():
@@ -199,4 +214,3 @@ def open_trackers(report_to: str | Iterable[str] | None, *, logging_dir: str | o
         Trackers(opened).close()
         raise
     return Trackers(opened)
-

@@ -44,9 +44,21 @@ from typing import Any
 from twinkle.registry import Registry
 
 # The contract's method names, in the order a loop uses them (the signature test walks this list).
-CONTRACT_METHODS = ("add_adapter_to_model", "set_loss", "set_optimizer", "set_lr_scheduler", "forward", "backward",
-                    "forward_only", "forward_backward", "clip_grad_and_step", "calculate_metric", "save", "load",
-                    "resume_from_checkpoint")
+CONTRACT_METHODS = (
+    "add_adapter_to_model",
+    "set_loss",
+    "set_optimizer",
+    "set_lr_scheduler",
+    "forward",
+    "backward",
+    "forward_only",
+    "forward_backward",
+    "clip_grad_and_step",
+    "calculate_metric",
+    "save",
+    "load",
+    "resume_from_checkpoint",
+)
 
 
 def refuse(engine: object, what: str, instead: str) -> NotImplementedError:
@@ -76,8 +88,11 @@ class TwinkleModel:
         """The network pass with autograd on: the LossContext (per-token log-probs, targets, mask)
         a custom loop computes its own loss from. In-process engines only: a graph cannot cross a
         process boundary, so remote proxies refuse it."""
-        raise refuse(self, "return an autograd graph", "use forward_only for log-probs, or forward_backward "
-                     "with set_loss for training")
+        raise refuse(
+            self,
+            "return an autograd graph",
+            "use forward_only for log-probs, or forward_backward with set_loss for training",
+        )
 
     def backward(self, loss, adapter_name: str | None = None) -> bool:
         """Back-propagate a loss computed from `forward`'s LossContext, counted like one
@@ -108,8 +123,9 @@ class TwinkleModel:
         that cannot be measured (e.g. MFU without a known peak) is absent, never a made-up number."""
         raise NotImplementedError
 
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
-             data_position: int | None = None) -> str:
+    def save(
+        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+    ) -> str:
         """A PEFT adapter folder (`twinkle.model.checkpoint`); with save_training_state also the
         optimizer, scheduler, RNG and data position. Returns where it was written."""
         raise NotImplementedError
@@ -131,11 +147,15 @@ def num_training_steps(dataloader_len: int, gradient_accumulation_steps: int = 1
     """Optimizer steps a run takes (what a scheduler's `num_training_steps` counts): one per full
     accumulation window of micro-batches. The window counter runs on across epochs, so a window may
     span an epoch boundary; only the run's trailing partial window never steps."""
-    for name, value in (("dataloader_len", dataloader_len), ("gradient_accumulation_steps",
-                        gradient_accumulation_steps), ("epochs", epochs)):
+    for name, value in (
+        ("dataloader_len", dataloader_len),
+        ("gradient_accumulation_steps", gradient_accumulation_steps),
+        ("epochs", epochs),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "dataloader_len" else 1):
-            raise ValueError(f"{name} must be a {'non-negative' if name == 'dataloader_len' else 'positive'} "
-                             f"integer, got {value!r}")
+            raise ValueError(
+                f"{name} must be a {'non-negative' if name == 'dataloader_len' else 'positive'} integer, got {value!r}"
+            )
     return dataloader_len * epochs // gradient_accumulation_steps
 
 
@@ -154,14 +174,18 @@ def contract_mismatches(cls: type) -> list[str]:
             continue
         got = list(inspect.signature(method).parameters.values())
         fixed = [p for p in want if p.kind is not p.VAR_KEYWORD]
-        if [(p.name, p.kind, p.default) for p in got[:len(fixed)]] != [(p.name, p.kind, p.default) for p in fixed]:
+        if [(p.name, p.kind, p.default) for p in got[: len(fixed)]] != [(p.name, p.kind, p.default) for p in fixed]:
             problems.append(f"{cls.__name__}.{name} takes ({_plain(got)}); the contract: ({_plain(want)})")
             continue
-        extra = [p for p in got[len(fixed):] if p.kind is not p.VAR_KEYWORD
-                 and (p.kind is not p.KEYWORD_ONLY or p.default is p.empty)]
+        extra = [
+            p
+            for p in got[len(fixed) :]
+            if p.kind is not p.VAR_KEYWORD and (p.kind is not p.KEYWORD_ONLY or p.default is p.empty)
+        ]
         if extra:
-            problems.append(f"{cls.__name__}.{name} adds {[p.name for p in extra]} that are not keyword-only "
-                            "options with defaults")
+            problems.append(
+                f"{cls.__name__}.{name} adds {[p.name for p in extra]} that are not keyword-only options with defaults"
+            )
     return problems
 
 

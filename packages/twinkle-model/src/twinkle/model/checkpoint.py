@@ -65,8 +65,11 @@ def save_adapter(path, config, tensors: dict[str, torch.Tensor], base_model: str
     peft's saved names."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(folder / WEIGHTS_NAME),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+        str(folder / WEIGHTS_NAME),
+        metadata={"format": "pt"},
+    )
     config = copy.deepcopy(config)
     config.base_model_name_or_path = base_model or config.base_model_name_or_path
     config.task_type = config.task_type or "CAUSAL_LM"
@@ -123,8 +126,12 @@ def _shard_like_params(state: dict, optimizer) -> dict:
     for index, moments in state["state"].items():
         param = params[index]
         if isinstance(param, DTensor):
-            state["state"][index] = {k: distribute_tensor(v, param.device_mesh, param.placements, src_data_rank=None)
-                                     if v.shape == param.shape else v for k, v in moments.items()}
+            state["state"][index] = {
+                k: distribute_tensor(v, param.device_mesh, param.placements, src_data_rank=None)
+                if v.shape == param.shape
+                else v
+                for k, v in moments.items()
+            }
     return state
 
 
@@ -134,8 +141,11 @@ def _rng_state() -> dict:
     if not isinstance(numpy_state, tuple):  # legacy=True gives a dict only for a non-MT19937 generator
         raise TypeError("numpy's global RNG is not MT19937: its state cannot be checkpointed")
     kind, keys, pos, has_gauss, cached = numpy_state
-    state = {"torch": torch.get_rng_state(), "python": (version, list(internal), gauss),
-             "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": (version, list(internal), gauss),
+        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -156,9 +166,12 @@ def save_training_state(path, optimizer, scheduler, counters: dict, write: bool 
     (plain JSON values) under `path/training_state/`. Sharded (DTensor) optimizer state is gathered
     whole, a collective: under FSDP2 every rank calls this, and only the one with `write` writes."""
     tensors: dict[str, torch.Tensor] = {}
-    skeleton = {"optimizer": _flatten(optimizer.state_dict() if optimizer is not None else None, tensors),
-                "scheduler": _flatten(scheduler.state_dict() if scheduler is not None else None, tensors),
-                "rng": _flatten(_rng_state(), tensors), "counters": counters}
+    skeleton = {
+        "optimizer": _flatten(optimizer.state_dict() if optimizer is not None else None, tensors),
+        "scheduler": _flatten(scheduler.state_dict() if scheduler is not None else None, tensors),
+        "rng": _flatten(_rng_state(), tensors),
+        "counters": counters,
+    }
     if not write:
         return
     folder = Path(path) / STATE_DIR
@@ -174,9 +187,13 @@ def load_training_state(path, optimizer, scheduler) -> dict:
     if not (folder / STATE_JSON).is_file():
         raise FileNotFoundError(f"{path} has no training state; save it with save(..., save_training_state=True)")
     skeleton = json.loads((folder / STATE_JSON).read_text())
-    saved = _unflatten({"items": [[k, v] for k, v in skeleton.items() if k != "counters"]},
-                       load_file(str(folder / STATE_TENSORS)))
-    for what, target, setter in (("optimizer", optimizer, "set_optimizer"), ("scheduler", scheduler, "set_lr_scheduler")):
+    saved = _unflatten(
+        {"items": [[k, v] for k, v in skeleton.items() if k != "counters"]}, load_file(str(folder / STATE_TENSORS))
+    )
+    for what, target, setter in (
+        ("optimizer", optimizer, "set_optimizer"),
+        ("scheduler", scheduler, "set_lr_scheduler"),
+    ):
         if saved[what] is None:
             continue
         if target is None:
@@ -190,9 +207,12 @@ def load_training_state(path, optimizer, scheduler) -> dict:
 def save_adapter_state(path, state, data_position: int | None = None, write: bool = True) -> None:
     """`save_training_state` for an engine's adapter state (optimizer, scheduler, micro_step,
     optimizer_steps, consumed_batches, gradient_accumulation_steps)."""
-    counters = {"micro_step": state.micro_step, "optimizer_steps": state.optimizer_steps,
-                "data_position": state.consumed_batches if data_position is None else data_position,
-                "gradient_accumulation_steps": state.gradient_accumulation_steps}
+    counters = {
+        "micro_step": state.micro_step,
+        "optimizer_steps": state.optimizer_steps,
+        "data_position": state.consumed_batches if data_position is None else data_position,
+        "gradient_accumulation_steps": state.gradient_accumulation_steps,
+    }
     save_training_state(path, state.optimizer, state.scheduler, counters, write)
 
 
@@ -222,4 +242,6 @@ def load_full(hf_model, path) -> None:
     tied = set(getattr(hf_model, "_tied_weights_keys", None) or ())
     missing = [k for k in missing if k not in tied]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"checkpoint {path} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )

@@ -36,8 +36,10 @@ def checkpoint_base(checkpoint) -> str:
         return json.loads(meta.read_text())["base_model"]
     base = json.loads((folder / CONFIG_NAME).read_text()).get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{folder} does not say which base model it adapts ({CONFIG_NAME} has no "
-                         "base_model_name_or_path); pass the base model explicitly (--base)")
+        raise ValueError(
+            f"{folder} does not say which base model it adapts ({CONFIG_NAME} has no "
+            "base_model_name_or_path); pass the base model explicitly (--base)"
+        )
     return base
 
 

@@ -17,8 +17,9 @@ def _hub_and_repo(repo_id: str) -> tuple[str, str]:
     return hub or "hf", repo
 
 
-def _upload(folder: str, hub: str, repo: str, private: bool | None, token: str | None, endpoint: str | None,
-            commit_message: str) -> str:
+def _upload(
+    folder: str, hub: str, repo: str, private: bool | None, token: str | None, endpoint: str | None, commit_message: str
+) -> str:
     if hub == "hf":
         from huggingface_hub import HfApi
 
@@ -35,9 +36,16 @@ def _upload(folder: str, hub: str, repo: str, private: bool | None, token: str |
     return f"{(ms.endpoint or '').rstrip('/')}/models/{repo}"  # HubApi always has one; typed Optional
 
 
-def push_to_hub(model, repo_id: str, adapter_name: str | None = None, *, private: bool | None = None,
-                token: str | None = None, endpoint: str | None = None,
-                commit_message: str = "Upload with twinkle") -> str | None:
+def push_to_hub(
+    model,
+    repo_id: str,
+    adapter_name: str | None = None,
+    *,
+    private: bool | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    commit_message: str = "Upload with twinkle",
+) -> str | None:
     """The commit's URL; None on ranks other than 0 (every rank saves, as `save` is collective; one uploads)."""
     hub, repo = _hub_and_repo(repo_id)
     with tempfile.TemporaryDirectory(prefix="twinkle-push-") as folder:

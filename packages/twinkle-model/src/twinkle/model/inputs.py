@@ -30,15 +30,18 @@ def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
             return [{k: v[i] for k, v in inputs.items()} for i in range(len(ids))]
         inputs = [inputs]
     if not isinstance(inputs, Sequence) or isinstance(inputs, str) or not inputs:
-        raise ValueError(f"inputs must be a non-empty list of rows (encoded or trajectories), got {type(inputs).__name__}")
+        raise ValueError(
+            f"inputs must be a non-empty list of rows (encoded or trajectories), got {type(inputs).__name__}"
+        )
     rows = []
     for i, row in enumerate(inputs):
         if isinstance(row, Mapping) and "input_ids" in row:
             rows.extend(_expand_pair(dict(row)))
             continue
         if template is None:
-            raise ValueError(f"row {i} is a raw trajectory (no 'input_ids'); call set_template(...) first "
-                             f"or pass encoded rows")
+            raise ValueError(
+                f"row {i} is a raw trajectory (no 'input_ids'); call set_template(...) first or pass encoded rows"
+            )
         encoded = template.encode(row)
         if encoded is None:
             raise ValueError(f"row {i} was dropped by the template (longer than its max_length)")
@@ -127,8 +130,10 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
         t = _field_tensor(name, values, T)
         if t is not None:
             if B != len(rows):
-                raise ValueError(f"the input processor packed {len(rows)} rows into {B}; per-row loss input "
-                                 f"{name!r} cannot follow (use padding, not packing, for such losses)")
+                raise ValueError(
+                    f"the input processor packed {len(rows)} rows into {B}; per-row loss input "
+                    f"{name!r} cannot follow (use padding, not packing, for such losses)"
+                )
             fields[name] = t
     return batch, fields
 
@@ -144,8 +149,10 @@ def check_vocab(batch: dict[str, torch.Tensor], vocab_size: int) -> None:
             bad &= ids != IGNORE_INDEX
         if bad.any():
             row, pos = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"token id {int(ids[row, pos])} in {key} (row {row}, position {pos}) is outside "
-                             f"the vocabulary of size {vocab_size}")
+            raise ValueError(
+                f"token id {int(ids[row, pos])} in {key} (row {row}, position {pos}) is outside "
+                f"the vocabulary of size {vocab_size}"
+            )
 
 
 def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
@@ -154,7 +161,9 @@ def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]
     mask, and ``position_ids`` restart at 0 where each sequence begins)."""
     ids = batch["input_ids"]
     if "attention_mask" in batch or "position_ids" not in batch:
-        lengths = batch["attention_mask"].sum(1).tolist() if "attention_mask" in batch else [ids.shape[1]] * ids.shape[0]
+        lengths = (
+            batch["attention_mask"].sum(1).tolist() if "attention_mask" in batch else [ids.shape[1]] * ids.shape[0]
+        )
         return [(b, 0, int(n)) for b, n in enumerate(lengths)]
     spans = []
     for b, positions in enumerate(batch["position_ids"]):

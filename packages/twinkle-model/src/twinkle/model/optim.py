@@ -21,30 +21,46 @@ T = TypeVar("T")
 NO_DECAY_MARKERS = ("bias", "norm", "ln_")
 
 
-def CosineWarmupScheduler(optimizer, num_warmup_steps: int, num_training_steps: int, min_lr_ratio: float = 0.0,
-                          num_cycles: float = 0.5, last_epoch: int = -1) -> LambdaLR:
+def CosineWarmupScheduler(
+    optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    min_lr_ratio: float = 0.0,
+    num_cycles: float = 0.5,
+    last_epoch: int = -1,
+) -> LambdaLR:
     """transformers' cosine schedule with linear warmup (lr·step/warmup), decaying to base·min_lr_ratio."""
     from transformers import get_cosine_schedule_with_warmup, get_cosine_with_min_lr_schedule_with_warmup
 
     if min_lr_ratio:
-        return get_cosine_with_min_lr_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps,
-                                                           num_cycles, last_epoch, min_lr_rate=min_lr_ratio)
+        return get_cosine_with_min_lr_schedule_with_warmup(
+            optimizer, num_warmup_steps, num_training_steps, num_cycles, last_epoch, min_lr_rate=min_lr_ratio
+        )
     return get_cosine_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, num_cycles, last_epoch)
 
 
-def LinearWarmupScheduler(optimizer, num_warmup_steps: int, num_training_steps: int | None = None,
-                          min_lr_ratio: float = 0.0, last_epoch: int = -1) -> LambdaLR:
+def LinearWarmupScheduler(
+    optimizer,
+    num_warmup_steps: int,
+    num_training_steps: int | None = None,
+    min_lr_ratio: float = 0.0,
+    last_epoch: int = -1,
+) -> LambdaLR:
     """transformers' linear warmup, then linear decay to base·min_lr_ratio at `num_training_steps`
     (constant after warmup when num_training_steps is None)."""
-    from transformers import (get_constant_schedule_with_warmup, get_linear_schedule_with_warmup,
-                              get_polynomial_decay_schedule_with_warmup)
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+        get_polynomial_decay_schedule_with_warmup,
+    )
 
     if num_training_steps is None:
         return get_constant_schedule_with_warmup(optimizer, num_warmup_steps, last_epoch)
     if min_lr_ratio:
         lr_end = optimizer.defaults["lr"] * min_lr_ratio
-        return get_polynomial_decay_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps,
-                                                         lr_end=lr_end, power=1.0, last_epoch=last_epoch)
+        return get_polynomial_decay_schedule_with_warmup(
+            optimizer, num_warmup_steps, num_training_steps, lr_end=lr_end, power=1.0, last_epoch=last_epoch
+        )
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, last_epoch)
 
 
@@ -52,16 +68,26 @@ def _transformers_schedule(name: str):
     def make(optimizer, num_warmup_steps: int | None = None, num_training_steps: int | None = None, **kwargs):
         from transformers import get_scheduler
 
-        return get_scheduler(name, optimizer, num_warmup_steps=num_warmup_steps,
-                             num_training_steps=num_training_steps, scheduler_specific_kwargs=kwargs or None)
+        return get_scheduler(
+            name,
+            optimizer,
+            num_warmup_steps=num_warmup_steps,
+            num_training_steps=num_training_steps,
+            scheduler_specific_kwargs=kwargs or None,
+        )
+
     make.__name__ = make.__qualname__ = name
     return make
 
 
 # The names users already pass keep their meaning (and min_lr_ratio); every other name of
 # transformers' get_scheduler family ('constant_with_warmup', 'polynomial', ...) works as there.
-_NAMED_SCHEDULERS = {"CosineWarmupScheduler": CosineWarmupScheduler, "LinearWarmupScheduler": LinearWarmupScheduler,
-                     "cosine": CosineWarmupScheduler, "linear": LinearWarmupScheduler}
+_NAMED_SCHEDULERS = {
+    "CosineWarmupScheduler": CosineWarmupScheduler,
+    "LinearWarmupScheduler": LinearWarmupScheduler,
+    "cosine": CosineWarmupScheduler,
+    "linear": LinearWarmupScheduler,
+}
 
 
 def _transformers_schedulers() -> dict:
@@ -71,8 +97,11 @@ def _transformers_schedulers() -> dict:
 
 
 def _subclasses_in(module, base: type[T]) -> dict[str, type[T]]:
-    return {name: obj for name, obj in vars(module).items()
-            if inspect.isclass(obj) and issubclass(obj, base) and obj is not base and not name.startswith("_")}
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if inspect.isclass(obj) and issubclass(obj, base) and obj is not base and not name.startswith("_")
+    }
 
 
 def optimizer_names() -> list[str]:

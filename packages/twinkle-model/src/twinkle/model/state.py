@@ -21,7 +21,7 @@ def default_metrics(peak_flops: float) -> list[Metric]:
 @dataclass
 class AdapterState:
     name: str
-    params: list[tuple[str, torch.nn.Parameter]]      # this adapter's trainable parameters, by name
+    params: list[tuple[str, torch.nn.Parameter]]  # this adapter's trainable parameters, by name
     peak_flops: float
     gradient_accumulation_steps: int = 1
     loss: Loss = field(default_factory=CrossEntropyLoss)
@@ -31,9 +31,9 @@ class AdapterState:
     scheduler_spec: tuple | None = None
     template: object = None
     processor: object = None
-    micro_step: int = 0           # forward_backward calls since the last optimizer step
-    optimizer_steps: int = 0      # steps taken (skipped ones excluded)
-    consumed_batches: int = 0     # forward_backward calls ever: the data position on resume
+    micro_step: int = 0  # forward_backward calls since the last optimizer step
+    optimizer_steps: int = 0  # steps taken (skipped ones excluded)
+    consumed_batches: int = 0  # forward_backward calls ever: the data position on resume
     nonfinite_pending: bool = False  # a non-finite loss since the last step: that step will be skipped
     grad_scaler: torch.amp.GradScaler | None = None  # under fp16 mixed precision
     pending_seconds: float = 0.0

@@ -48,13 +48,17 @@ def resolve_strategy(strategy: str | None, mesh) -> str:
         return strategy or "ddp"
     for dim, what in UNIMPLEMENTED_DIMS.items():
         if mesh.get_size(dim) > 1:
-            raise ValueError(f"TransformersModel does not implement {what} ({dim}_size={mesh.get_size(dim)} in "
-                             f"{mesh!r}): its ranks would only repeat the work. Use MegatronModel "
-                             f"(twinkle-model[megatron]) for {dim}, or give those ranks to dp/fsdp/tp")
+            raise ValueError(
+                f"TransformersModel does not implement {what} ({dim}_size={mesh.get_size(dim)} in "
+                f"{mesh!r}): its ranks would only repeat the work. Use MegatronModel "
+                f"(twinkle-model[megatron]) for {dim}, or give those ranks to dp/fsdp/tp"
+            )
     fsdp = mesh.get_size("fsdp")
     if strategy == "ddp" and fsdp > 1:
-        raise ValueError(f"strategy='ddp' replicates the model, but {mesh!r} has fsdp_size={fsdp}, which shards "
-                         f"it: pass strategy='fsdp2' (or no strategy), or use dp_size for replicas")
+        raise ValueError(
+            f"strategy='ddp' replicates the model, but {mesh!r} has fsdp_size={fsdp}, which shards "
+            f"it: pass strategy='fsdp2' (or no strategy), or use dp_size for replicas"
+        )
     return strategy or ("fsdp2" if fsdp > 1 else "ddp")
 
 
@@ -132,8 +136,10 @@ def rebind_parameters(module: torch.nn.Module, states) -> None:
         if optimizer is None:
             continue
         if any(id(p) in swapped for p in optimizer.state):
-            raise RuntimeError(f"adapter {state.name!r} has optimizer state from before the FSDP2 wrap; "
-                               f"load checkpoints / resume after the first forward_backward")
+            raise RuntimeError(
+                f"adapter {state.name!r} has optimizer state from before the FSDP2 wrap; "
+                f"load checkpoints / resume after the first forward_backward"
+            )
         for group in optimizer.param_groups:
             group["params"] = [swapped.get(id(p), p) for p in group["params"]]
 

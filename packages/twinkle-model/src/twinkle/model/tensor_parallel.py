@@ -35,13 +35,16 @@ HEAD_NORMS = ("q_norm", "k_norm")
 
 def check_divisible(config, tp: int) -> None:
     """Heads and MLP width must split evenly over the tp ranks."""
-    sizes = {"num_attention_heads": getattr(config, "num_attention_heads", None),
-             "num_key_value_heads": getattr(config, "num_key_value_heads", None),
-             "intermediate_size": getattr(config, "intermediate_size", None)}
+    sizes = {
+        "num_attention_heads": getattr(config, "num_attention_heads", None),
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None),
+        "intermediate_size": getattr(config, "intermediate_size", None),
+    }
     bad = {k: v for k, v in sizes.items() if v is None or v % tp}
     if bad:
-        raise ValueError(f"tp_size={tp} must divide {', '.join(f'{k}={v}' for k, v in bad.items())} "
-                         f"of the model config")
+        raise ValueError(
+            f"tp_size={tp} must divide {', '.join(f'{k}={v}' for k, v in bad.items())} of the model config"
+        )
 
 
 def _role(name: str) -> tuple[str | None, str | None]:
@@ -51,7 +54,7 @@ def _role(name: str) -> tuple[str | None, str | None]:
         kind = "col" if parts[i] in COLWISE else "row" if parts[i] in ROWWISE else None
         if kind is None:
             continue
-        rest = parts[i + 1:]
+        rest = parts[i + 1 :]
         if not rest or rest == ["base_layer"]:
             return kind, "base"
         if rest[0] in ("lora_A", "lora_B") and len(rest) == 2:
@@ -64,14 +67,18 @@ def _style(module: torch.nn.Module, name: str):
     if name.rsplit(".", 1)[-1] in HEAD_NORMS:
         return SequenceParallel(sequence_dim=2, use_local_output=True)  # input [B, T, heads, head_dim]
     if "lora_magnitude_vector" in name.split(".")[:-1]:  # an adapter's entry in peft's (always present) dict
-        raise ValueError("tp_size > 1 does not support DoRA (use_dora=True): its magnitude needs the "
-                         "norm of the whole base weight; train it without tp")
+        raise ValueError(
+            "tp_size > 1 does not support DoRA (use_dora=True): its magnitude needs the "
+            "norm of the whole base weight; train it without tp"
+        )
     if hasattr(module, "base_layer"):
         return None  # a peft wrapper: its base_layer and lora_A/B are placed one by one
     kind, part = _role(name)
     if kind is not None and not isinstance(module, torch.nn.Linear):
-        raise ValueError(f"tp_size > 1 splits the attention and MLP projections as torch.nn.Linear, but {name} "
-                         f"is a {type(module).__name__}")
+        raise ValueError(
+            f"tp_size > 1 splits the attention and MLP projections as torch.nn.Linear, but {name} "
+            f"is a {type(module).__name__}"
+        )
     if (kind, part) in (("col", "base"), ("col", "lora_B")):
         return ColwiseParallel()
     if (kind, part) in (("row", "base"), ("row", "lora_A")):
@@ -105,8 +112,9 @@ def _replicate_rest(model: torch.nn.Module, tp_mesh) -> None:
             if isinstance(p, DTensor):
                 continue
             if id(p) not in replaced:
-                replaced[id(p)] = torch.nn.Parameter(distribute_tensor(p.data, mesh, [Replicate()]),
-                                                     requires_grad=p.requires_grad)
+                replaced[id(p)] = torch.nn.Parameter(
+                    distribute_tensor(p.data, mesh, [Replicate()]), requires_grad=p.requires_grad
+                )
             module.register_parameter(pname, replaced[id(p)])
 
     for module in list(model.modules()):
@@ -117,8 +125,12 @@ def _replicate_rest(model: torch.nn.Module, tp_mesh) -> None:
 
 
 def _inputs_replicated(_module, inputs, mesh):
-    return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-                 if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) else x for x in inputs)
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
 
 
 def _outputs_local(_module, outputs, _mesh):

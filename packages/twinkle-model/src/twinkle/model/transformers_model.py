@@ -22,9 +22,21 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model.base import TwinkleModel
 from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.strategy import (barrier, check_tensor_parallel, clip_grad_norm, data_parallel_loss,
-                                    data_parallel_size, full_tensor, is_main_process, local_tensor, no_sync,
-                                    rebind_parameters, resolve_strategy, shards_on_wrap, wrap)
+from twinkle.model.strategy import (
+    barrier,
+    check_tensor_parallel,
+    clip_grad_norm,
+    data_parallel_loss,
+    data_parallel_size,
+    full_tensor,
+    is_main_process,
+    local_tensor,
+    no_sync,
+    rebind_parameters,
+    resolve_strategy,
+    shards_on_wrap,
+    wrap,
+)
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -51,9 +63,18 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
 
 @remote_class
 class TransformersModel(TwinkleModel):
-    def __init__(self, model_id: str | None = None, model_cls=None, config=None, device_mesh=None,
-                 mixed_precision: str | None = None, strategy: str | None = None, device: str | None = None,
-                 torch_dtype: torch.dtype | str = torch.float32, **model_kwargs):
+    def __init__(
+        self,
+        model_id: str | None = None,
+        model_cls=None,
+        config=None,
+        device_mesh=None,
+        mixed_precision: str | None = None,
+        strategy: str | None = None,
+        device: str | None = None,
+        torch_dtype: torch.dtype | str = torch.float32,
+        **model_kwargs,
+    ):
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
         self.model_id, self.mixed_precision = model_id, mixed_precision
@@ -65,11 +86,13 @@ class TransformersModel(TwinkleModel):
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
         if mixed_precision == "fp16" and self.device.type != "cuda":
-            raise ValueError(f"mixed_precision='fp16' needs CUDA (its loss scaling is torch.amp's CUDA GradScaler, "
-                             f"and fp16 matmuls on {self.device.type} are ~100x slower): use 'bf16' or None here")
+            raise ValueError(
+                f"mixed_precision='fp16' needs CUDA (its loss scaling is torch.amp's CUDA GradScaler, "
+                f"and fp16 matmuls on {self.device.type} are ~100x slower): use 'bf16' or None here"
+            )
         self.hf_model.to(self.device)
-        self.peft_model = None                  # set by the first add_adapter_to_model
-        self._wrapped = None                    # the DDP/FSDP2 module once wrapped
+        self.peft_model = None  # set by the first add_adapter_to_model
+        self._wrapped = None  # the DDP/FSDP2 module once wrapped
         self.head_chunk_size: int | None = None  # set by the ChunkedCrossEntropy patch
         self.states: dict[str, AdapterState] = {}
         compute_dtype = PRECISIONS[mixed_precision] or next(self.hf_model.parameters()).dtype
@@ -196,7 +219,9 @@ class TransformersModel(TwinkleModel):
             out = module(**model_kwargs, use_cache=False)
         if self.head_chunk_size:  # the patched model returned hidden states
             proj = self.hf_model.get_output_embeddings()
-            return ChunkedHead(out.logits[:, :-1], local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size)
+            return ChunkedHead(
+                out.logits[:, :-1], local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size
+            )
         return LogitsHead(out.logits[:, :-1])
 
     def _reference_logps(self, module, batch, targets_B_T):
@@ -246,13 +271,27 @@ class TransformersModel(TwinkleModel):
         attention = ctx.batch.get("attention_mask")
         input_tokens = int(attention.sum()) if attention is not None else ctx.batch["input_ids"].numel()
         n_trainable = sum(p.numel() for p in state.parameters()) if training else 0
-        flops = step_flops(input_tokens, ctx.batch["input_ids"].shape[1], self._n_matmul(), n_trainable,
-                           self._layers, self._q_width, backward=training)
+        flops = step_flops(
+            input_tokens,
+            ctx.batch["input_ids"].shape[1],
+            self._n_matmul(),
+            n_trainable,
+            self._layers,
+            self._q_width,
+            backward=training,
+        )
         loss = float(out.loss.detach()) if out is not None else None
         loss_tokens, correct = self._data_parallel_sums(int(mask.sum()), correct)
-        record = ForwardRecord(loss, loss_tokens, input_tokens, correct, seconds, flops,
-                               finite=loss is None or bool(torch.isfinite(out.loss.detach()).all()),
-                               extras=out.metrics if out is not None else {})
+        record = ForwardRecord(
+            loss,
+            loss_tokens,
+            input_tokens,
+            correct,
+            seconds,
+            flops,
+            finite=loss is None or bool(torch.isfinite(out.loss.detach()).all()),
+            extras=out.metrics if out is not None else {},
+        )
         for metric in state.metrics(training):
             metric.on_forward(record)
 
@@ -304,11 +343,13 @@ class TransformersModel(TwinkleModel):
                 _, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
             logps = ctx.logps_B_T.float()
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
-        rows = [[0.0] + logps[b, s: s + n - 1].tolist() for b, s, n in model_inputs.sequence_spans(ctx.batch)]
+        rows = [[0.0] + logps[b, s : s + n - 1].tolist() for b, s, n in model_inputs.sequence_spans(ctx.batch)]
         return {"loss": float(out.loss) if out else None, "logprobs": rows}
 
     @remote_method()
-    def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None) -> float:
+    def clip_grad_norm(
+        self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None
+    ) -> float:
         return clip_grad_norm(self._state(adapter_name).parameters(), max_grad_norm, norm_type)
 
     def _optimizer(self, state: AdapterState) -> torch.optim.Optimizer:
@@ -366,8 +407,13 @@ class TransformersModel(TwinkleModel):
         throughput = next((m for m in state.train_metrics if hasattr(m, "peak_flops")), None)
         if throughput is not None and logger.isEnabledFor(logging.INFO):
             logger.info("adapter %r step %d: %s", state.name, state.optimizer_steps, throughput.compute())
-        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": state.lr(),
-                "step": state.optimizer_steps}
+        return {
+            "stepped": not skipped,
+            "skipped": skipped,
+            "grad_norm": grad_norm,
+            "lr": state.lr(),
+            "step": state.optimizer_steps,
+        }
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
@@ -388,8 +434,9 @@ class TransformersModel(TwinkleModel):
         return getattr(template, "tokenizer", None)
 
     @remote_method()
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
-             data_position: int | None = None) -> str:
+    def save(
+        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+    ) -> str:
         """A PEFT folder for a LoRA adapter, a `save_pretrained` folder for the whole model;
         with `save_training_state`, also optimizer, scheduler, RNG and data position."""
         from peft import get_peft_model_state_dict
@@ -405,11 +452,16 @@ class TransformersModel(TwinkleModel):
         else:
             peft_model = self.peft_model
             assert peft_model is not None  # a LoRA adapter exists, so the peft wrapper does
-            weights = {k: full_tensor(v) for k, v in
-                       get_peft_model_state_dict(peft_model, adapter_name=state.name).items()}
+            weights = {
+                k: full_tensor(v) for k, v in get_peft_model_state_dict(peft_model, adapter_name=state.name).items()
+            }
             if is_main_process():
-                checkpoint.save_adapter(path, peft_model.peft_config[state.name], weights,
-                                        checkpoint.base_model_id(self.model_id, self.model_path))
+                checkpoint.save_adapter(
+                    path,
+                    peft_model.peft_config[state.name],
+                    weights,
+                    checkpoint.base_model_id(self.model_id, self.model_path),
+                )
         if save_training_state:  # every rank: sharded optimizer state is gathered, rank 0 writes
             checkpoint.save_adapter_state(path, state, data_position, write=is_main_process())
         barrier()
@@ -431,10 +483,13 @@ class TransformersModel(TwinkleModel):
 
         path = Path(path)
         if self._wrapped is not None and self.strategy == "fsdp2" and data_parallel_size(self.device_mesh) > 1:
-            raise RuntimeError("load / resume_from_checkpoint before the first forward_backward under FSDP2: "
-                               "the weights are sharded now; build a new TransformersModel and load into it")
-        if checkpoint.is_adapter_folder(path) and (adapter_name not in self.states if adapter_name
-                                                   else not self.adapter_names):
+            raise RuntimeError(
+                "load / resume_from_checkpoint before the first forward_backward under FSDP2: "
+                "the weights are sharded now; build a new TransformersModel and load into it"
+            )
+        if checkpoint.is_adapter_folder(path) and (
+            adapter_name not in self.states if adapter_name else not self.adapter_names
+        ):
             config, _ = checkpoint.load_adapter(path)
             self.add_adapter_to_model(adapter_name or "default", config)
         state = self._state(adapter_name)

@@ -19,7 +19,11 @@ class GradientCheckpointing(Patch):
     def apply(self, model):
         hf = model.hf_model
         # transformers 5 renamed the flag and warns on the old name; older releases only have the old one.
-        flag = "is_activation_checkpointing" if hasattr(type(hf), "is_activation_checkpointing") else "is_gradient_checkpointing"
+        flag = (
+            "is_activation_checkpointing"
+            if hasattr(type(hf), "is_activation_checkpointing")
+            else "is_gradient_checkpointing"
+        )
         self._was_on = bool(getattr(hf, flag, False))
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         hf.config.use_cache = False

@@ -44,8 +44,9 @@ class Advantage:
 
     aliases: ClassVar[tuple[str, ...]] = ()
 
-    def __call__(self, rewards, group_size: int | None = None, group_ids: Sequence[Hashable] | None = None,
-                 valid=None) -> torch.Tensor:
+    def __call__(
+        self, rewards, group_size: int | None = None, group_ids: Sequence[Hashable] | None = None, valid=None
+    ) -> torch.Tensor:
         rewards_N = torch.as_tensor(getattr(rewards, "values", rewards), dtype=torch.float64).flatten()
         if valid is None and hasattr(rewards, "valid"):
             valid = rewards.valid  # a RewardResult: its failed samples drop out

@@ -81,5 +81,7 @@ class REINFORCEAdvantage(Advantage):
             return rewards_N - batch_mean
         b = batch_mean if self.baseline is None else self.baseline
         if n:
-            self.baseline = batch_mean if self.baseline is None else self.momentum * b + (1 - self.momentum) * batch_mean
+            self.baseline = (
+                batch_mean if self.baseline is None else self.momentum * b + (1 - self.momentum) * batch_mean
+            )
         return rewards_N - b

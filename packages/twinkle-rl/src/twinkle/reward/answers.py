@@ -29,7 +29,7 @@ def _boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j]
+            return text[i + 1 : j]
     return None
 
 

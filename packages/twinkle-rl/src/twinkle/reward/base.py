@@ -35,8 +35,10 @@ def completion_text(completion: Any) -> str:
             if message.get("role") == "assistant":
                 return str(message.get("content", ""))
         raise ValueError("the chat has no assistant message to score")
-    raise TypeError(f"cannot score a {type(completion).__name__}: expected a string, a sampled sequence, "
-                    "a chat, or a row with 'completion'/'text'/'messages'")
+    raise TypeError(
+        f"cannot score a {type(completion).__name__}: expected a string, a sampled sequence, "
+        "a chat, or a row with 'completion'/'text'/'messages'"
+    )
 
 
 @dataclass
@@ -103,7 +105,9 @@ class Reward:
         try:
             batch = self.score_batch(list(ok.values()), [rows[i] for i in ok])
             if len(batch) != len(ok):
-                raise ValueError(f"{type(self).__name__}.score_batch returned {len(batch)} values for {len(ok)} samples")
+                raise ValueError(
+                    f"{type(self).__name__}.score_batch returned {len(batch)} values for {len(ok)} samples"
+                )
             for i, v in zip(ok, batch):
                 values[i] = _as_float(v)
         except Exception:  # noqa: BLE001 - isolate the failing sample(s) by scoring one at a time

@@ -15,8 +15,15 @@ class FormatReward(Reward):
 
     aliases = ("format",)
 
-    def __init__(self, pattern: str, match: str = "search", flags: int = re.DOTALL, reward: float = 1.0,
-                 penalty: float = 0.0, name: str | None = None):
+    def __init__(
+        self,
+        pattern: str,
+        match: str = "search",
+        flags: int = re.DOTALL,
+        reward: float = 1.0,
+        penalty: float = 0.0,
+        name: str | None = None,
+    ):
         super().__init__(name or "format")
         if match not in ("search", "full"):
             raise ValueError(f"match must be 'search' or 'full', got {match!r}")

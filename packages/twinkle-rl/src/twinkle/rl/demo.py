@@ -36,8 +36,15 @@ def _sft_rows(template, rows) -> list[dict]:
     return [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in encoded]
 
 
-def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, lr: float = 1e-3,
-               cache_dir: str | os.PathLike | None = None, seed: int = 0, log=print) -> str:
+def warm_start(
+    base: str | None = None,
+    steps: int = 300,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    log=print,
+) -> str:
     """Folder of `base` after `steps` of full-parameter SFT on arithmetic train; built once, then cached."""
     import torch
     from tqdm import tqdm
@@ -69,8 +76,10 @@ def warm_start(base: str | None = None, steps: int = 300, batch_size: int = 32, 
             model.clip_grad_and_step()
             bar.set_postfix(loss=f"{out['loss']:.3f}", refresh=False)
             if log and (step + 1) % max(1, steps // 5) == 0:
-                log(f"  warm-start SFT step {step + 1}/{steps}: loss {out['loss']:.3f} "
-                    f"({time.perf_counter() - start:.0f}s)")
+                log(
+                    f"  warm-start SFT step {step + 1}/{steps}: loss {out['loss']:.3f} "
+                    f"({time.perf_counter() - start:.0f}s)"
+                )
     staging = target.with_name(target.name + f".tmp{os.getpid()}")
     model.save(staging)
     template.tokenizer.save_pretrained(staging)
@@ -87,8 +96,12 @@ def greedy_scores(sampler, prompt_rows, reward, adapter_name=None, max_tokens: i
     from twinkle.rl.metrics import reward_metrics
     from twinkle.rl.rollout import sample_rollout
 
-    rollout = sample_rollout(sampler, prompt_rows, {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
-                             adapter_name=adapter_name)
+    rollout = sample_rollout(
+        sampler,
+        prompt_rows,
+        {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
+        adapter_name=adapter_name,
+    )
     return reward_metrics(reward(rollout.texts, rollout.reward_rows()))
 
 
@@ -97,7 +110,11 @@ def greedy_accuracy(sampler, prompt_rows, adapter_name=None, reward=None, max_to
     from twinkle.reward import ArithmeticAccuracy
     from twinkle.rl.rollout import sample_rollout
 
-    rollout = sample_rollout(sampler, prompt_rows, {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
-                             adapter_name=adapter_name)
+    rollout = sample_rollout(
+        sampler,
+        prompt_rows,
+        {"max_tokens": max_tokens, "temperature": 0.0, "num_samples": 1},
+        adapter_name=adapter_name,
+    )
     result = (reward or ArithmeticAccuracy())(rollout.texts, rollout.reward_rows())
     return sum(result.values) / len(result)

@@ -38,19 +38,26 @@ def reward_metrics(result, prefix: str = "reward") -> dict[str, float]:
     return out
 
 
-def kl_to_reference(logps_B_T: torch.Tensor, ref_logps_B_T: torch.Tensor, mask_B_T: torch.Tensor,
-                    estimator: str = "k3") -> float:
+def kl_to_reference(
+    logps_B_T: torch.Tensor, ref_logps_B_T: torch.Tensor, mask_B_T: torch.Tensor, estimator: str = "k3"
+) -> float:
     """Per-token estimate of KL(π ‖ π_ref) on tokens sampled from π, with d = log π_ref − log π:
     k1 = −d (unbiased, noisy), k2 = d²/2, k3 = e^d − d − 1 (unbiased, ≥ 0; GRPO's)."""
     d = (ref_logps_B_T - logps_B_T).float()
-    per_token = {"k1": lambda: -d, "k2": lambda: 0.5 * d ** 2, "k3": lambda: torch.exp(d) - d - 1}
+    per_token = {"k1": lambda: -d, "k2": lambda: 0.5 * d**2, "k3": lambda: torch.exp(d) - d - 1}
     if estimator not in per_token:
         raise ValueError(f"estimator must be one of {sorted(per_token)}, got {estimator!r}")
     return _masked_mean(per_token[estimator](), mask_B_T)
 
 
-def clip_fraction(logps_B_T: torch.Tensor, old_logps_B_T: torch.Tensor, advantages, mask_B_T: torch.Tensor,
-                  eps_low: float = 0.2, eps_high: float = 0.28) -> float:
+def clip_fraction(
+    logps_B_T: torch.Tensor,
+    old_logps_B_T: torch.Tensor,
+    advantages,
+    mask_B_T: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.28,
+) -> float:
     """Share of tokens where the PPO/GRPO clip is active: r > 1+ε_high with A > 0, or r < 1−ε_low with A < 0."""
     ratio = torch.exp((logps_B_T - old_logps_B_T).float())
     adv = torch.as_tensor(advantages, dtype=torch.float32)
@@ -72,8 +79,9 @@ def sampled_entropy(token_logprobs: list[list[float]]) -> float:
     return -sum(flat) / len(flat) if flat else math.nan
 
 
-def importance_ratio_stats(logps_B_T: torch.Tensor, behaviour_logps_B_T: torch.Tensor,
-                           mask_B_T: torch.Tensor, prefix: str = "is_ratio") -> dict[str, float]:
+def importance_ratio_stats(
+    logps_B_T: torch.Tensor, behaviour_logps_B_T: torch.Tensor, mask_B_T: torch.Tensor, prefix: str = "is_ratio"
+) -> dict[str, float]:
     """Statistics of w_t = π(x_t)/q(x_t) over masked tokens (q: the policy that sampled):
     mean, std (population), min, max, the effective-sample-size fraction (Σw)²/(n·Σw²), and the
     mean sequence ratio exp(mean_t log w_t) per row."""
@@ -89,6 +97,6 @@ def importance_ratio_stats(logps_B_T: torch.Tensor, behaviour_logps_B_T: torch.T
         f"{prefix}/std": float(w.std(unbiased=False)),
         f"{prefix}/min": float(w.min()),
         f"{prefix}/max": float(w.max()),
-        f"{prefix}/ess": float(w.sum() ** 2 / (w.numel() * (w ** 2).sum())),
+        f"{prefix}/ess": float(w.sum() ** 2 / (w.numel() * (w**2).sum())),
         f"{prefix}/seq_mean": float(torch.exp(per_row[rows]).mean()),
     }

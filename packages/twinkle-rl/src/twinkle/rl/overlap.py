@@ -70,9 +70,11 @@ class OverlappedRollouts:
             self.waited_seconds += time.perf_counter() - start
         staleness = policy_version - min(rollout.weight_versions)
         if staleness > self.max_staleness:
-            raise StaleRolloutError(f"rollout sampled with weight version {min(rollout.weight_versions)} is "
-                                    f"{staleness} steps behind the policy (version {policy_version}); "
-                                    f"max_staleness={self.max_staleness}: sync weights before each start()")
+            raise StaleRolloutError(
+                f"rollout sampled with weight version {min(rollout.weight_versions)} is "
+                f"{staleness} steps behind the policy (version {policy_version}); "
+                f"max_staleness={self.max_staleness}: sync weights before each start()"
+            )
         rollout.meta["staleness"] = staleness
         self.staleness.append(staleness)
         return rollout
@@ -87,5 +89,3 @@ class OverlappedRollouts:
 
     def __exit__(self, *exc):
         self.close()
-
-

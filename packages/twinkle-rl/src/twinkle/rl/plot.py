@@ -6,8 +6,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def save_curves(path, curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str = "",
-                xlabel: str = "step", ylabel: str = "") -> Path | None:
+def save_curves(
+    path,
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    title: str = "",
+    xlabel: str = "step",
+    ylabel: str = "",
+) -> Path | None:
     """Plot named (xs, ys) curves into `path`; returns the path, or None when matplotlib is missing
     (the curve is printed by the caller anyway)."""
     try:

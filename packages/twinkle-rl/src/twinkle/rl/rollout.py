@@ -28,8 +28,8 @@ class Decoder(Protocol):
 
 @dataclass
 class Rollout:
-    prompt_rows: list[dict]                 # one per prompt: what the dataset gave (ground truth, ...)
-    responses: list[SampleResponse]         # one per prompt, each with G sequences
+    prompt_rows: list[dict]  # one per prompt: what the dataset gave (ground truth, ...)
+    responses: list[SampleResponse]  # one per prompt, each with G sequences
     group_size: int
     tokenizer: Decoder | None = None
     meta: dict = field(default_factory=dict)
@@ -80,18 +80,27 @@ class Rollout:
                 if skip_zero and adv == 0.0:
                     continue
                 if seq.logprobs is None:
-                    raise ValueError("sample with SamplingParams(logprobs=True): the loss needs the sampler's log-probs")
-                rows.append({
-                    "input_ids": prompt + list(seq.tokens),
-                    "labels": [IGNORE_INDEX] * len(prompt) + list(seq.tokens),
-                    "logprobs": [0.0] * len(prompt) + list(seq.logprobs),
-                    "advantages": adv,
-                })
+                    raise ValueError(
+                        "sample with SamplingParams(logprobs=True): the loss needs the sampler's log-probs"
+                    )
+                rows.append(
+                    {
+                        "input_ids": prompt + list(seq.tokens),
+                        "labels": [IGNORE_INDEX] * len(prompt) + list(seq.tokens),
+                        "logprobs": [0.0] * len(prompt) + list(seq.logprobs),
+                        "advantages": adv,
+                    }
+                )
         return rows
 
 
-def sample_rollout(sampler, prompt_rows: Sequence[Mapping], sampling_params: SamplingParams | dict,
-                   adapter_name: str | None = None, template=None) -> Rollout:
+def sample_rollout(
+    sampler,
+    prompt_rows: Sequence[Mapping],
+    sampling_params: SamplingParams | dict,
+    adapter_name: str | None = None,
+    template=None,
+) -> Rollout:
     """Sample `num_samples` completions for each prompt row with the sampler's current weights.
 
     A prompt row is an encoded prompt (`input_ids` from `Template.encode_prompt`) or a trajectory with

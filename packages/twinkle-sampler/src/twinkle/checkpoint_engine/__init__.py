@@ -9,5 +9,10 @@ from twinkle.checkpoint_engine.distributed import BroadcastCheckpointEngine
 from twinkle.checkpoint_engine.inprocess import InProcessCheckpointEngine
 from twinkle.checkpoint_engine.ray_engine import RayCheckpointEngine
 
-__all__ = ["BroadcastCheckpointEngine", "CheckpointEngine", "InProcessCheckpointEngine", "RayCheckpointEngine",
-           "get_checkpoint_engine_class"]
+__all__ = [
+    "BroadcastCheckpointEngine",
+    "CheckpointEngine",
+    "InProcessCheckpointEngine",
+    "RayCheckpointEngine",
+    "get_checkpoint_engine_class",
+]

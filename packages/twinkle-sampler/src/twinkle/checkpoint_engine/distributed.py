@@ -46,8 +46,11 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             if model is None:
                 raise ValueError(f"rank {self.src} is the source: it must pass the trainer's model")
             weights = extract_adapter(model, adapter_name)
-            entries = [(f"{m}.{w}", list(t.shape), str(t.dtype).removeprefix("torch."))
-                       for m in weights.modules for w, t in (("A", weights.lora_A[m]), ("B", weights.lora_B[m]))]
+            entries = [
+                (f"{m}.{w}", list(t.shape), str(t.dtype).removeprefix("torch."))
+                for m in weights.modules
+                for w, t in (("A", weights.lora_A[m]), ("B", weights.lora_B[m]))
+            ]
             header = {"entries": entries, "scaling": weights.scaling, "version": self.next_version(target)}
         header = _broadcast_json(header if is_src else None, self.src, self.group, self.device)
         self.versions[target] = header["version"]
@@ -59,22 +62,29 @@ class BroadcastCheckpointEngine(CheckpointEngine):
             if is_src:
                 flat = torch.cat([self._tensor(weights, key).reshape(-1).to(self.device) for key, _ in items])
             else:
-                flat = torch.empty(sum(torch.Size(s).numel() for _, s in items),
-                                   dtype=getattr(torch, dtype), device=self.device)
+                flat = torch.empty(
+                    sum(torch.Size(s).numel() for _, s in items), dtype=getattr(torch, dtype), device=self.device
+                )
             dist.broadcast(flat, self.src, group=self.group)
             offset = 0
             for key, shape in items:
                 n = torch.Size(shape).numel()
-                received[key] = flat[offset:offset + n].view(shape)
+                received[key] = flat[offset : offset + n].view(shape)
                 offset += n
         if sampler is not None:
             if is_src:  # a sampler beside the trainer serves the trainer's own tensors
                 sampler.set_adapter(target, weights, version=header["version"])
             else:
                 modules = sorted(header["scaling"])
-                sampler.set_adapter(target, AdapterWeights(
-                    {m: received[f"{m}.A"] for m in modules}, {m: received[f"{m}.B"] for m in modules},
-                    {m: float(s) for m, s in header["scaling"].items()}), version=header["version"])
+                sampler.set_adapter(
+                    target,
+                    AdapterWeights(
+                        {m: received[f"{m}.A"] for m in modules},
+                        {m: received[f"{m}.B"] for m in modules},
+                        {m: float(s) for m, s in header["scaling"].items()},
+                    ),
+                    version=header["version"],
+                )
         return header["version"]
 
     @staticmethod

@@ -31,9 +31,13 @@ def adapter_to_payload(weights: AdapterWeights, version: int) -> dict:
         t = t.detach().cpu()
         return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
-    return {"A": {m: arr(t) for m, t in weights.lora_A.items()}, "B": {m: arr(t) for m, t in weights.lora_B.items()},
-            "scaling": dict(weights.scaling), "version": version,
-            "dtype": str(next(iter(weights.lora_A.values())).dtype).removeprefix("torch.")}
+    return {
+        "A": {m: arr(t) for m, t in weights.lora_A.items()},
+        "B": {m: arr(t) for m, t in weights.lora_B.items()},
+        "scaling": dict(weights.scaling),
+        "version": version,
+        "dtype": str(next(iter(weights.lora_A.values())).dtype).removeprefix("torch."),
+    }
 
 
 def payload_to_adapter(payload: dict) -> AdapterWeights:
@@ -41,11 +45,16 @@ def payload_to_adapter(payload: dict) -> AdapterWeights:
     with warnings.catch_warnings():
         # Arrays read from the object store are read-only views; the sampler never writes to them.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
         def tensor(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(dtype)
-        return AdapterWeights({m: tensor(a) for m, a in payload["A"].items()},
-                              {m: tensor(a) for m, a in payload["B"].items()},
-                              dict(payload["scaling"]), version=payload["version"])
+
+        return AdapterWeights(
+            {m: tensor(a) for m, a in payload["A"].items()},
+            {m: tensor(a) for m, a in payload["B"].items()},
+            dict(payload["scaling"]),
+            version=payload["version"],
+        )
 
 
 class RayCheckpointEngine(CheckpointEngine):

@@ -10,9 +10,20 @@ from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingPara
 from twinkle.sampler.registry import get_sampler_class, register_sampler
 from twinkle.sampler.torch_sampler import TorchSampler
 
-__all__ = ["AdapterWeights", "SampleResponse", "SampledSequence", "Sampler", "SamplingParams", "TorchSampler",
-           "VLLMSampler", "extract_adapter", "get_sampler_class", "load_adapter_folder", "register_sampler",
-           "save_adapter_folder"]
+__all__ = [
+    "AdapterWeights",
+    "SampleResponse",
+    "SampledSequence",
+    "Sampler",
+    "SamplingParams",
+    "TorchSampler",
+    "VLLMSampler",
+    "extract_adapter",
+    "get_sampler_class",
+    "load_adapter_folder",
+    "register_sampler",
+    "save_adapter_folder",
+]
 
 
 def __getattr__(name: str):

@@ -39,8 +39,10 @@ class AdapterWeights:
         for path, a in self.lora_A.items():
             b = self.lora_B[path]
             if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1]:
-                raise ValueError(f"AdapterWeights: {path}: lora_A {tuple(a.shape)} and lora_B "
-                                 f"{tuple(b.shape)} are not [r, in] and [out, r]")
+                raise ValueError(
+                    f"AdapterWeights: {path}: lora_A {tuple(a.shape)} and lora_B "
+                    f"{tuple(b.shape)} are not [r, in] and [out, r]"
+                )
 
     @property
     def modules(self) -> list[str]:
@@ -51,22 +53,32 @@ class AdapterWeights:
 
     def to(self, device=None, dtype=None) -> AdapterWeights:
         """Same tensors when device and dtype already match (no copy), converted ones otherwise."""
+
         def move(t):
             return t.detach().to(device=device or t.device, dtype=dtype or t.dtype)
-        return AdapterWeights({k: move(v) for k, v in self.lora_A.items()},
-                              {k: move(v) for k, v in self.lora_B.items()},
-                              dict(self.scaling), self.version, dict(self.meta))
+
+        return AdapterWeights(
+            {k: move(v) for k, v in self.lora_A.items()},
+            {k: move(v) for k, v in self.lora_B.items()},
+            dict(self.scaling),
+            self.version,
+            dict(self.meta),
+        )
 
     def clone(self) -> AdapterWeights:
-        return AdapterWeights({k: v.detach().clone() for k, v in self.lora_A.items()},
-                              {k: v.detach().clone() for k, v in self.lora_B.items()},
-                              dict(self.scaling), self.version, dict(self.meta))
+        return AdapterWeights(
+            {k: v.detach().clone() for k, v in self.lora_A.items()},
+            {k: v.detach().clone() for k, v in self.lora_B.items()},
+            dict(self.scaling),
+            self.version,
+            dict(self.meta),
+        )
 
 
 def _strip_prefix(path: str) -> str:
     for prefix in _PEFT_PREFIXES:
         if path.startswith(prefix):
-            return path[len(prefix):]
+            return path[len(prefix) :]
     return path
 
 
@@ -79,8 +91,10 @@ def find_torch_module(model) -> nn.Module:
         inner = getattr(model, attr, None)
         if isinstance(inner, nn.Module):
             return inner
-    raise TypeError(f"cannot find a torch module inside {type(model).__name__}: pass an nn.Module, "
-                    "a peft model, or an object with a `.model` nn.Module")
+    raise TypeError(
+        f"cannot find a torch module inside {type(model).__name__}: pass an nn.Module, "
+        "a peft model, or an object with a `.model` nn.Module"
+    )
 
 
 def extract_adapter(model, adapter_name: str = "default", version: int = 0) -> AdapterWeights:
@@ -99,8 +113,10 @@ def extract_adapter(model, adapter_name: str = "default", version: int = 0) -> A
             raise NotImplementedError(f"adapter {adapter_name!r} uses DoRA at {path}: samplers serve plain LoRA only")
         base = sub.get_base_layer() if hasattr(sub, "get_base_layer") else getattr(sub, "base_layer", None)
         if not isinstance(base, nn.Linear):
-            raise NotImplementedError(f"adapter {adapter_name!r} targets {type(base).__name__} at {path}: "
-                                      "samplers serve LoRA on nn.Linear layers only")
+            raise NotImplementedError(
+                f"adapter {adapter_name!r} targets {type(base).__name__} at {path}: "
+                "samplers serve LoRA on nn.Linear layers only"
+            )
         key = _strip_prefix(path)
         lora_A[key] = a_dict[adapter_name].weight.detach()
         lora_B[key] = sub.lora_B[adapter_name].weight.detach()
@@ -150,7 +166,9 @@ def save_adapter_folder(weights: AdapterWeights, path: str | Path, base_model_pa
     ranks = {a.shape[0] for a in weights.lora_A.values()}
     scalings = set(weights.scaling.values())
     if len(ranks) != 1 or len(scalings) != 1:
-        raise ValueError(f"cannot write a single-rank adapter folder: ranks {sorted(ranks)}, scalings {sorted(scalings)}")
+        raise ValueError(
+            f"cannot write a single-rank adapter folder: ranks {sorted(ranks)}, scalings {sorted(scalings)}"
+        )
     r, s = ranks.pop(), scalings.pop()
     tensors = {}
     for module in weights.modules:
@@ -158,8 +176,12 @@ def save_adapter_folder(weights: AdapterWeights, path: str | Path, base_model_pa
         tensors[f"base_model.model.{module}.lora_B.weight"] = weights.lora_B[module]
     alpha = s * r
     # peft annotates lora_alpha as int, but scales by alpha / r for any number: a fractional one is kept
-    config = LoraConfig(r=r, lora_alpha=int(alpha) if float(alpha).is_integer() else alpha,  # ty: ignore[invalid-argument-type]
-                        lora_dropout=0.0,
-                        target_modules=sorted({m.rsplit(".", 1)[-1] for m in weights.modules}), bias="none")
+    config = LoraConfig(
+        r=r,
+        lora_alpha=int(alpha) if float(alpha).is_integer() else alpha,  # ty: ignore[invalid-argument-type]
+        lora_dropout=0.0,
+        target_modules=sorted({m.rsplit(".", 1)[-1] for m in weights.modules}),
+        bias="none",
+    )
     checkpoint.save_adapter(path, config, tensors, base_model_path)
     return Path(path)

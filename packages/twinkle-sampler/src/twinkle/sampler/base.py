@@ -78,23 +78,25 @@ class Sampler(ABC):
     # answers come back in prompt order (subclasses inherit these declarations).
     @remote_method(dispatch=split_prompts(adapter_position=2), collect="flatten")
     @abstractmethod
-    def sample(self, inputs, sampling_params: SamplingParams | dict | None = None,
-               adapter_name: str | Sequence[str | None] | None = None) -> list[SampleResponse]:
-        ...
+    def sample(
+        self,
+        inputs,
+        sampling_params: SamplingParams | dict | None = None,
+        adapter_name: str | Sequence[str | None] | None = None,
+    ) -> list[SampleResponse]: ...
 
     @remote_method(dispatch=split_prompts(adapter_position=1), collect="flatten")
     @abstractmethod
-    def compute_logprobs(self, inputs, adapter_name: str | Sequence[str | None] | None = None
-                         ) -> list[list[float | None]]:
+    def compute_logprobs(
+        self, inputs, adapter_name: str | Sequence[str | None] | None = None
+    ) -> list[list[float | None]]:
         """log p(token_t | tokens_<t) of every token of every input (the first is None)."""
 
     @abstractmethod
-    def _install_adapter(self, name: str, weights: AdapterWeights) -> None:
-        ...
+    def _install_adapter(self, name: str, weights: AdapterWeights) -> None: ...
 
     @abstractmethod
-    def _uninstall_adapter(self, name: str) -> None:
-        ...
+    def _uninstall_adapter(self, name: str) -> None: ...
 
     def set_adapter(self, name: str, weights: AdapterWeights, version: int | None = None) -> int:
         """Serve `weights` as adapter `name`; returns the weight version samples will now report."""
@@ -107,8 +109,9 @@ class Sampler(ABC):
         self._versions[name] = version
         return version
 
-    def add_adapter_from_model(self, name: str, model, adapter_name: str | None = None,
-                               version: int | None = None) -> int:
+    def add_adapter_from_model(
+        self, name: str, model, adapter_name: str | None = None, version: int | None = None
+    ) -> int:
         """Serve the LoRA `adapter_name` of a peft-wrapped model (or TransformersModel) under `name`."""
         weights = extract_adapter(model, adapter_name or name)
         return self.set_adapter(name, weights, self._versions.get(name, 0) + 1 if version is None else version)
@@ -145,8 +148,10 @@ class Sampler(ABC):
             return self._as_ids(encoded["input_ids"] if isinstance(encoded, dict) else encoded)
         if isinstance(item, Sequence) or hasattr(item, "tolist"):
             return self._as_ids(item)
-        raise TypeError(f"cannot use {type(item).__name__} as a prompt: expected token ids, an encoded row "
-                        "with input_ids, a chat (list of {role, content}) or a string")
+        raise TypeError(
+            f"cannot use {type(item).__name__} as a prompt: expected token ids, an encoded row "
+            "with input_ids, a chat (list of {role, content}) or a string"
+        )
 
     @staticmethod
     def _as_ids(ids) -> Prompt:
@@ -176,5 +181,9 @@ class Sampler(ABC):
 
 
 def _is_messages(obj) -> bool:
-    return (isinstance(obj, Sequence) and not isinstance(obj, str) and len(obj) > 0
-            and all(isinstance(m, dict) and "role" in m for m in obj))
+    return (
+        isinstance(obj, Sequence)
+        and not isinstance(obj, str)
+        and len(obj) > 0
+        and all(isinstance(m, dict) and "role" in m for m in obj)
+    )

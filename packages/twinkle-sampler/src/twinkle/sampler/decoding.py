@@ -36,8 +36,7 @@ def filter_logits(logits_B_V: torch.Tensor, params: SamplingParams) -> torch.Ten
     return logits_B_V
 
 
-def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams,
-                  generators: list[torch.Generator]) -> torch.Tensor:
+def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
     """Next token per row: argmax when temperature is 0, else a draw from each row's own generator."""
     if params.temperature == 0:
         return logits_B_V.argmax(dim=-1)
@@ -65,5 +64,5 @@ class StopChecker:
         assert self.tokenizer is not None  # __init__ refuses stop strings without a tokenizer
         text = self.tokenizer.decode(generated, skip_special_tokens=False)
         # A little slack: a split UTF-8 character may have decoded as U+FFFD last step.
-        tail = text[max(0, prev_text_len - self._longest - 2):]
+        tail = text[max(0, prev_text_len - self._longest - 2) :]
         return any(s in tail for s in self.stop_strings), len(text)

@@ -89,8 +89,9 @@ class SamplingParams:
             return data
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown SamplingParams fields {sorted(unknown)}; "
-                             f"known: {sorted(cls.__dataclass_fields__)}")
+            raise ValueError(
+                f"unknown SamplingParams fields {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}"
+            )
         return cls(**data)
 
 

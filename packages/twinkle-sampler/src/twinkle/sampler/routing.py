@@ -31,13 +31,17 @@ class LoRARouter:
     def set_adapter(self, name: str, weights: AdapterWeights) -> None:
         missing = [p for p in weights.modules if p not in self._linears]
         if missing:
-            raise KeyError(f"adapter {name!r} targets modules the sampler's model lacks: {missing[:3]}"
-                           f"{' ...' if len(missing) > 3 else ''}")
+            raise KeyError(
+                f"adapter {name!r} targets modules the sampler's model lacks: {missing[:3]}"
+                f"{' ...' if len(missing) > 3 else ''}"
+            )
         for path in weights.modules:
             lin, a, b = self._linears[path], weights.lora_A[path], weights.lora_B[path]
             if a.shape[1] != lin.in_features or b.shape[0] != lin.out_features:
-                raise ValueError(f"adapter {name!r} at {path}: A {tuple(a.shape)} / B {tuple(b.shape)} do not fit "
-                                 f"Linear({lin.in_features}, {lin.out_features})")
+                raise ValueError(
+                    f"adapter {name!r} at {path}: A {tuple(a.shape)} / B {tuple(b.shape)} do not fit "
+                    f"Linear({lin.in_features}, {lin.out_features})"
+                )
         if name in self.adapters:  # a sync replaces the adapter's tensors
             self.remove_adapter(name)
         for path, layer in zip(weights.modules, wrap_linear_layers(self.model, weights.modules, self.routing)):

@@ -22,9 +22,17 @@ from twinkle.sampler.routing import LoRARouter
 class TorchSampler(Sampler):
     """`TorchSampler(model_id)` or `TorchSampler(model=hf_causal_lm, tokenizer=...)`."""
 
-    def __init__(self, model_id: str | None = None, *, model=None, tokenizer=None, template=None,
-                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 max_batch_size: int = 64):
+    def __init__(
+        self,
+        model_id: str | None = None,
+        *,
+        model=None,
+        tokenizer=None,
+        template=None,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        max_batch_size: int = 64,
+    ):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if (model_id is None) == (model is None):
@@ -38,8 +46,10 @@ class TorchSampler(Sampler):
             if tokenizer is None and template is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         if hasattr(model, "peft_config"):
-            raise TypeError("TorchSampler wants the plain base model; serve peft adapters with "
-                            "set_adapter / add_adapter_from_model instead of passing a PeftModel")
+            raise TypeError(
+                "TorchSampler wants the plain base model; serve peft adapters with "
+                "set_adapter / add_adapter_from_model instead of passing a PeftModel"
+            )
         super().__init__(tokenizer=tokenizer, template=template)
         self.model_id = model_id
         self.model = model.eval()
@@ -77,8 +87,8 @@ class TorchSampler(Sampler):
         ids_B_T = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids_B_T[i, width - len(p):] = torch.tensor(p)
-            mask_B_T[i, width - len(p):] = 1
+            ids_B_T[i, width - len(p) :] = torch.tensor(p)
+            mask_B_T[i, width - len(p) :] = 1
         return ids_B_T.to(self.device), mask_B_T.to(self.device)
 
     @staticmethod
@@ -93,8 +103,13 @@ class TorchSampler(Sampler):
             start = int((mask_B_T[i] == 0).sum())  # left padding
             lps.append([None] + logp_B_T[i, start:].tolist())
             if top is not None:
-                tops.append([None] + [list(zip(ids, vals)) for ids, vals in
-                                      zip(top.indices[i, start:].tolist(), top.values[i, start:].tolist())])
+                tops.append(
+                    [None]
+                    + [
+                        list(zip(ids, vals))
+                        for ids, vals in zip(top.indices[i, start:].tolist(), top.values[i, start:].tolist())
+                    ]
+                )
         return lps, tops if top_k else None
 
     def _prefill_chunks(self, inputs, adapter_name):
@@ -102,11 +117,15 @@ class TorchSampler(Sampler):
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
         for lo in range(0, len(prompts), self.max_batch_size):
-            chunk, chunk_adapters = prompts[lo:lo + self.max_batch_size], adapters[lo:lo + self.max_batch_size]
+            chunk, chunk_adapters = prompts[lo : lo + self.max_batch_size], adapters[lo : lo + self.max_batch_size]
             ids_B_T, mask_B_T = self._left_pad(chunk)
             with self.router.route(chunk_adapters, self.device):
-                logits = self.model(input_ids=ids_B_T, attention_mask=mask_B_T,
-                                    position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0), use_cache=False).logits
+                logits = self.model(
+                    input_ids=ids_B_T,
+                    attention_mask=mask_B_T,
+                    position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=False,
+                ).logits
             yield chunk, logits, ids_B_T, mask_B_T
 
     @torch.no_grad()
@@ -125,7 +144,7 @@ class TorchSampler(Sampler):
         for chunk, logits, _, _ in self._prefill_chunks(inputs, adapter_name):
             width = logits.shape[1]
             for i, prompt in enumerate(chunk):  # left padding: a prompt's rows are the last len(prompt) ones
-                rows_T_V = logits[i, width - len(prompt):-1].float()
+                rows_T_V = logits[i, width - len(prompt) : -1].float()
                 tables.append(torch.log_softmax(rows_T_V, dim=-1).cpu())
         return tables
 
@@ -144,10 +163,14 @@ class TorchSampler(Sampler):
         # whole groups per chunk when they fit, so a prompt's n samples share one prefill (GRPO groups)
         step = self.max_batch_size - self.max_batch_size % n if n <= self.max_batch_size else self.max_batch_size
         for lo in range(0, len(rows), step):
-            chunk = rows[lo:lo + step]
-            seqs, lps = self._decode([prompts[p] for p, _ in chunk], [adapters[p] for p, _ in chunk],
-                                     [row_seed(seed, j) for _, j in chunk], params,
-                                     group=n if n > 1 and step % n == 0 else 1)
+            chunk = rows[lo : lo + step]
+            seqs, lps = self._decode(
+                [prompts[p] for p, _ in chunk],
+                [adapters[p] for p, _ in chunk],
+                [row_seed(seed, j) for _, j in chunk],
+                params,
+                group=n if n > 1 and step % n == 0 else 1,
+            )
             sequences.extend(seqs)
             for k, (p, _) in enumerate(chunk):
                 if lps is not None:
@@ -156,13 +179,26 @@ class TorchSampler(Sampler):
         for p, prompt in enumerate(prompts):
             n = params.num_samples
             lps, tops = prompt_lps.get(p, (None, None))
-            responses.append(SampleResponse(
-                sequences=sequences[p * n:(p + 1) * n], prompt_tokens=prompt, adapter_name=adapters[p],
-                weight_version=self.weight_version(adapters[p]), prompt_logprobs=lps, prompt_top_logprobs=tops))
+            responses.append(
+                SampleResponse(
+                    sequences=sequences[p * n : (p + 1) * n],
+                    prompt_tokens=prompt,
+                    adapter_name=adapters[p],
+                    weight_version=self.weight_version(adapters[p]),
+                    prompt_logprobs=lps,
+                    prompt_top_logprobs=tops,
+                )
+            )
         return responses
 
-    def _decode(self, prompts: list[Prompt], adapters: list[str | None], seeds: list[int],
-                params: SamplingParams, group: int = 1) -> tuple[list[SampledSequence], tuple | None]:
+    def _decode(
+        self,
+        prompts: list[Prompt],
+        adapters: list[str | None],
+        seeds: list[int],
+        params: SamplingParams,
+        group: int = 1,
+    ) -> tuple[list[SampledSequence], tuple | None]:
         """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None)).
 
         `group` > 1: rows come in runs of `group` equal (prompt, adapter) pairs; each run's prompt is
@@ -183,26 +219,34 @@ class TorchSampler(Sampler):
         active = list(range(n))  # batch row -> original row
         prompt_lps = None
         with self.router.route(adapters[::group], self.device):
-            out = self.model(input_ids=ids_B_T, attention_mask=mask_B_T, position_ids=pos_B_T,
-                             use_cache=True, **{self._cache_kw: cache},
-                             logits_to_keep=0 if params.prompt_logprobs else 1)
+            out = self.model(
+                input_ids=ids_B_T,
+                attention_mask=mask_B_T,
+                position_ids=pos_B_T,
+                use_cache=True,
+                **{self._cache_kw: cache},
+                logits_to_keep=0 if params.prompt_logprobs else 1,
+            )
             if params.prompt_logprobs:
                 prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T, params.prompt_top_logprobs)
-                prompt_lps = tuple(None if rows is None else [r for r in rows for _ in range(group)]
-                                   for rows in prompt_lps)
+                prompt_lps = tuple(
+                    None if rows is None else [r for r in rows for _ in range(group)] for rows in prompt_lps
+                )
             logits_B_V = out.logits[:, -1].float()
             next_pos_B = pos_B_T[:, -1] + 1
             if group > 1:
                 cache.batch_repeat_interleave(group)
-                logits_B_V, mask_B_T, next_pos_B = (t.repeat_interleave(group, dim=0)
-                                                    for t in (logits_B_V, mask_B_T, next_pos_B))
+                logits_B_V, mask_B_T, next_pos_B = (
+                    t.repeat_interleave(group, dim=0) for t in (logits_B_V, mask_B_T, next_pos_B)
+                )
                 self.router.reroute(adapters, self.device)
             for step in range(params.max_tokens):
                 logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
                 next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
                 chosen_lp = logp_B_V.gather(-1, next_B[:, None]).squeeze(-1).tolist()
-                top = (logp_B_V.topk(min(params.top_logprobs, logp_B_V.shape[-1]), dim=-1)
-                       if params.top_logprobs else None)
+                top = (
+                    logp_B_V.topk(min(params.top_logprobs, logp_B_V.shape[-1]), dim=-1) if params.top_logprobs else None
+                )
                 keep = []
                 for b, r in enumerate(active):
                     tok = int(next_B[b])
@@ -224,14 +268,24 @@ class TorchSampler(Sampler):
                     active = [active[b] for b in keep]
                     self.router.reroute([adapters[r] for r in active], self.device)
                 mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(active), 1))], dim=1)
-                out = self.model(input_ids=next_B[:, None], attention_mask=mask_B_T,
-                                 position_ids=next_pos_B[:, None], use_cache=True, **{self._cache_kw: cache})
+                out = self.model(
+                    input_ids=next_B[:, None],
+                    attention_mask=mask_B_T,
+                    position_ids=next_pos_B[:, None],
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                )
                 logits_B_V = out.logits[:, -1].float()
                 next_pos_B = next_pos_B + 1
         tokenizer = self.tokenizer
-        seqs = [SampledSequence(
-            tokens=tokens[r], logprobs=logps[r] if params.logprobs is not False else None,
-            stop_reason=reasons[r],
-            text=tokenizer.decode(tokens[r], skip_special_tokens=False) if tokenizer is not None else None,
-            top_logprobs=tops[r] if params.top_logprobs else None) for r in range(n)]
+        seqs = [
+            SampledSequence(
+                tokens=tokens[r],
+                logprobs=logps[r] if params.logprobs is not False else None,
+                stop_reason=reasons[r],
+                text=tokenizer.decode(tokens[r], skip_special_tokens=False) if tokenizer is not None else None,
+                top_logprobs=tops[r] if params.top_logprobs else None,
+            )
+            for r in range(n)
+        ]
         return seqs, prompt_lps

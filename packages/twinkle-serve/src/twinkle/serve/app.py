@@ -41,14 +41,16 @@ def create_app(rt: Runtime) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return JSONResponse({"error": exc.message, "detail": exc.message, **exc.extra}, status_code=exc.status,
-                            headers=exc.headers)
+        return JSONResponse(
+            {"error": exc.message, "detail": exc.message, **exc.extra}, status_code=exc.status, headers=exc.headers
+        )
 
     @app.exception_handler(LimitExceeded)
     async def limited(request: Request, exc: LimitExceeded):
         # x-should-retry: the SDK backs off and retries on its own, honouring Retry-After.
-        return JSONResponse({"error": str(exc), "detail": str(exc)}, status_code=429,
-                            headers={"Retry-After": str(exc.retry_after)})
+        return JSONResponse(
+            {"error": str(exc), "detail": str(exc)}, status_code=429, headers={"Retry-After": str(exc.retry_after)}
+        )
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):

@@ -18,8 +18,12 @@ from twinkle.serve.errors import Unauthorized
 from twinkle.serve.runtime import Runtime
 
 TENANT = "twinkle.tenant"  # the ASGI scope key where the idempotency middleware leaves the caller it looked up
-API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="APIKeyHeader",
-                       description="A `tml-` key made with `twinkle-server keys create NAME`; its name is the tenant")
+API_KEY = APIKeyHeader(
+    name="X-API-Key",
+    auto_error=False,
+    scheme_name="APIKeyHeader",
+    description="A `tml-` key made with `twinkle-server keys create NAME`; its name is the tenant",
+)
 
 
 class Auth:
@@ -40,8 +44,9 @@ class Auth:
         async def tenant(request: Request, key: str | None = Security(API_KEY)) -> str:
             name = request.scope.get(TENANT) or rt.keys.tenant_for(key)
             if name is None:
-                raise Unauthorized("missing or invalid API key (header X-API-Key); create one with "
-                                   "`twinkle-server keys create NAME`")
+                raise Unauthorized(
+                    "missing or invalid API key (header X-API-Key); create one with `twinkle-server keys create NAME`"
+                )
             if metered:
                 rt.limits.request(name)
             return name

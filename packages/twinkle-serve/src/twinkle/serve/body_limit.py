@@ -26,8 +26,11 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None:
             if not declared.isdigit() or int(declared) > limit:
-                return await self._refuse(send, f"request body of {declared.decode(errors='replace')} bytes is over "
-                                                f"this server's limit of {limit} bytes (max_request_bytes)")
+                return await self._refuse(
+                    send,
+                    f"request body of {declared.decode(errors='replace')} bytes is over "
+                    f"this server's limit of {limit} bytes (max_request_bytes)",
+                )
             return await self.app(scope, receive, send)
         chunks, seen = [], 0
         while True:  # no declared length: read (at most limit + one chunk) before the route runs
@@ -37,8 +40,9 @@ class BodyLimit:
             body = message.get("body", b"")
             seen += len(body)
             if seen > limit:
-                return await self._refuse(send, f"request body is over this server's limit of {limit} bytes "
-                                                "(max_request_bytes)")
+                return await self._refuse(
+                    send, f"request body is over this server's limit of {limit} bytes (max_request_bytes)"
+                )
             chunks.append(body)
             if not message.get("more_body", False):
                 break

@@ -34,8 +34,10 @@ class ModelEntry(_Strict):
     @classmethod
     def _removed_backends(cls, value):
         if value == "peft":
-            raise ValueError("backend 'peft' was removed (it was a second, unfused training loop): use "
-                             "backend 'multi_lora', which trains the same peft LoRA configs, fused across tenants")
+            raise ValueError(
+                "backend 'peft' was removed (it was a second, unfused training loop): use "
+                "backend 'multi_lora', which trains the same peft LoRA configs, fused across tenants"
+            )
         from twinkle.serve.backend import BACKENDS
 
         BACKENDS.get(value)  # an unknown name fails here, at config load, listing the known ones
@@ -97,6 +99,7 @@ class ServeConfig(_Strict):
 
         parse_report_to(value)  # an unknown name fails at config load, listing the known ones
         return value
+
     ray: RayConfig | None = None
 
     @model_validator(mode="after")

@@ -38,8 +38,13 @@ class ServiceUnavailable(ApiError):
 
 # ---- answers written by the pure ASGI middlewares (before FastAPI's exception handlers exist) ----
 async def send_asgi(send, status: int, body: bytes, content_type: bytes = b"application/json", headers=()) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

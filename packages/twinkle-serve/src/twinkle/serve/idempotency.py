@@ -60,10 +60,18 @@ class Idempotency:
         stored = self.answers.get(*slot)
         if stored is not None:
             if stored["fingerprint"] != fingerprint:
-                return await send_asgi_error(send, 409, f"X-Idempotency-Key {key!r} was already used for a "
-                                                        "different request; use a new key per request")
-            return await send_asgi(send, stored["status"], stored["body"], stored["content_type"].encode("latin-1"),
-                                   headers=[(b"idempotent-replayed", b"true")])
+                return await send_asgi_error(
+                    send,
+                    409,
+                    f"X-Idempotency-Key {key!r} was already used for a different request; use a new key per request",
+                )
+            return await send_asgi(
+                send,
+                stored["status"],
+                stored["body"],
+                stored["content_type"].encode("latin-1"),
+                headers=[(b"idempotent-replayed", b"true")],
+            )
 
         self._in_flight[slot] = event = asyncio.Event()
         answer: dict[str, Any] = {"status": 0, "content_type": b"", "body": []}
@@ -86,8 +94,14 @@ class Idempotency:
         try:
             await self.app(scope, replay_receive, capture_send)
             if 200 <= answer["status"] < 300:
-                self.answers.put(tenant, key, fingerprint, answer["status"], answer["content_type"].decode("latin-1"),
-                                 b"".join(answer["body"]))
+                self.answers.put(
+                    tenant,
+                    key,
+                    fingerprint,
+                    answer["status"],
+                    answer["content_type"].decode("latin-1"),
+                    b"".join(answer["body"]),
+                )
         finally:
             self._in_flight.pop(slot, None)
             event.set()

@@ -60,12 +60,14 @@ class TenantLimits:
     def input_tokens(self, tenant: str, n: int) -> None:
         cap = self.of(tenant).max_input_tokens
         if cap is not None and n > cap:
-            raise LimitExceeded(f"request has {n} input tokens; tenant {tenant!r} may send at most {cap} per request",
-                                60)
+            raise LimitExceeded(
+                f"request has {n} input tokens; tenant {tenant!r} may send at most {cap} per request", 60
+            )
         self._take(tenant, "tok", self.of(tenant).input_tokens_per_s, n, "input tokens/s")
 
     def models(self, tenant: str, live: int) -> None:
         cap = self.of(tenant).max_models
         if cap is not None and live >= cap:
-            raise LimitExceeded(f"tenant {tenant!r} already has {live} models (limit {cap}); "
-                                "finish a session to free them", 30)
+            raise LimitExceeded(
+                f"tenant {tenant!r} already has {live} models (limit {cap}); finish a session to free them", 30
+            )

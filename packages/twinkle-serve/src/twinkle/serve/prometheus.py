@@ -28,12 +28,23 @@ class ServerMetrics:
 
     def __init__(self):
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("twinkle_http_requests", "HTTP requests answered", ["method", "route", "status"],
-                                registry=self.registry)
-        self.latency = Histogram("twinkle_http_request_seconds", "Time to answer an HTTP request",
-                                 ["method", "route"], buckets=BUCKETS, registry=self.registry)
-        self.passes = Histogram("twinkle_pass_seconds", "Time of one model pass on a worker (fused or single)",
-                                ["base_model", "fused"], buckets=BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "twinkle_http_requests", "HTTP requests answered", ["method", "route", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "twinkle_http_request_seconds",
+            "Time to answer an HTTP request",
+            ["method", "route"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.passes = Histogram(
+            "twinkle_pass_seconds",
+            "Time of one model pass on a worker (fused or single)",
+            ["base_model", "fused"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
 
     def observe_pass(self, base_model: str, seconds: float, n_requests: int) -> None:
         self.passes.labels(base_model, "true" if n_requests > 1 else "false").observe(seconds)
@@ -49,20 +60,24 @@ class _RuntimeCollector:
     def collect(self):
         rt = self.rt
         depth = GaugeMetricFamily("twinkle_queue_depth", "Requests waiting for a worker", labels=["base_model"])
-        fused = GaugeMetricFamily("twinkle_fused_passes", "Passes that served several tenants at once",
-                                  labels=["base_model"])
+        fused = GaugeMetricFamily(
+            "twinkle_fused_passes", "Passes that served several tenants at once", labels=["base_model"]
+        )
         for name, engine in rt.engines.items():
             depth.add_metric([name], engine.scheduler.depth())
             fused.add_metric([name], engine.scheduler.fused_passes)
         yield depth
         yield fused
-        yield GaugeMetricFamily("twinkle_tokens_per_second", "Tokens processed per second, last minute",
-                                value=rt.throughput.tokens_per_s())
-        yield GaugeMetricFamily("twinkle_adapter_memory_bytes", "Adapter memory reserved by live adapters",
-                                value=rt.adapter_memory.used())
+        yield GaugeMetricFamily(
+            "twinkle_tokens_per_second", "Tokens processed per second, last minute", value=rt.throughput.tokens_per_s()
+        )
+        yield GaugeMetricFamily(
+            "twinkle_adapter_memory_bytes", "Adapter memory reserved by live adapters", value=rt.adapter_memory.used()
+        )
         cap = rt.adapter_memory.cap
-        yield GaugeMetricFamily("twinkle_adapter_memory_cap_bytes", "max_adapter_memory_mb (-1: no cap)",
-                                value=-1 if cap is None else cap)
+        yield GaugeMetricFamily(
+            "twinkle_adapter_memory_cap_bytes", "max_adapter_memory_mb (-1: no cap)", value=-1 if cap is None else cap
+        )
         yield GaugeMetricFamily("twinkle_ready", "1 once the base models are loaded", value=int(rt.ready.is_set()))
 
 

@@ -20,7 +20,7 @@ class PrefixRouter(APIRouter):
     def matches(self, scope):
         path, root = scope.get("path", ""), scope.get("root_path", "")
         if root and path.startswith(root):
-            path = path[len(root):]
+            path = path[len(root) :]
         if not path.startswith(self._owned):
             return Match.NONE, {}
         return super().matches(scope)

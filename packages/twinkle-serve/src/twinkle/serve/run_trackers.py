@@ -27,8 +27,12 @@ class RunTrackers:
             trackers = self._open.get(model_id)
             if trackers is None:
                 trackers = self._open[model_id] = open_trackers(
-                    self.report_to, logging_dir=self.logging_dir, run_name=model_id.replace(":", "-"),
-                    project=tenant, config={"model_id": model_id})
+                    self.report_to,
+                    logging_dir=self.logging_dir,
+                    run_name=model_id.replace(":", "-"),
+                    project=tenant,
+                    config={"model_id": model_id},
+                )
         trackers.log(metrics, step)
 
     def close(self) -> None:

@@ -36,9 +36,11 @@ def _load_failure(entry: ModelEntry, path, error: Exception) -> str:
     """The operator-facing reason a base model did not load (custom model code refused, named as such)."""
     text = str(error)
     if "trust_remote_code" in text and not entry.trust_remote_code:
-        return (f"base model {entry.name!r} ({path}) ships its own code (config.json auto_map), which this server "
-                "does not run unless the operator opts in: set `trust_remote_code: true` on that model's entry in "
-                f"the server config if you trust it. transformers said: {text}")
+        return (
+            f"base model {entry.name!r} ({path}) ships its own code (config.json auto_map), which this server "
+            "does not run unless the operator opts in: set `trust_remote_code: true` on that model's entry in "
+            f"the server config if you trust it. transformers said: {text}"
+        )
     return f"loading base model {entry.name!r} from {path} failed: {type(error).__name__}: {text}"
 
 
@@ -73,21 +75,39 @@ class Runtime:
             remote = {}
             if entry.remote_group or entry.sampler_remote_group:
                 # a configured path is every node's; a hub id each rank resolves on its own node
-                remote = dict(remote_group=entry.remote_group, sampler_remote_group=entry.sampler_remote_group,
-                              shard_model_path=entry.path)
+                remote = dict(
+                    remote_group=entry.remote_group,
+                    sampler_remote_group=entry.sampler_remote_group,
+                    shard_model_path=entry.path,
+                )
             try:
-                backend = create_backend(entry.name, str(path), entry.backend, dtype=entry.dtype,
-                                         max_batch_size=entry.max_sampler_batch,
-                                         trust_remote_code=entry.trust_remote_code, **remote)
+                backend = create_backend(
+                    entry.name,
+                    str(path),
+                    entry.backend,
+                    dtype=entry.dtype,
+                    max_batch_size=entry.max_sampler_batch,
+                    trust_remote_code=entry.trust_remote_code,
+                    **remote,
+                )
             except Exception as e:
                 self.load_error = _load_failure(entry, path, e)
                 raise RuntimeError(self.load_error) from e
-            scheduler = Scheduler(self.hub, name=entry.name, fuse_runner=backend.forward_backward_many,
-                                  on_pass=functools.partial(self.metrics.observe_pass, entry.name))
+            scheduler = Scheduler(
+                self.hub,
+                name=entry.name,
+                fuse_runner=backend.forward_backward_many,
+                on_pass=functools.partial(self.metrics.observe_pass, entry.name),
+            )
             self.engines[entry.name] = Engine(entry, backend, scheduler)
-            log.info("serving base model %s from %s (multi-LoRA%s)", entry.name, path,
-                     f", training on Ray group {entry.remote_group!r}, sampling on {entry.sampler_remote_group!r}"
-                     if remote else "")
+            log.info(
+                "serving base model %s from %s (multi-LoRA%s)",
+                entry.name,
+                path,
+                f", training on Ray group {entry.remote_group!r}, sampling on {entry.sampler_remote_group!r}"
+                if remote
+                else "",
+            )
         self.ready.set()
 
     def start_cluster(self) -> None:
@@ -100,9 +120,12 @@ class Runtime:
         from twinkle.mesh.runtime import require_ray
 
         self._owns_ray = not require_ray().is_initialized()
-        groups = [mesh.DeviceGroup(g.name, g.ranks, g.device_type,
-                                   {"CPU": g.cpus_per_rank} if g.cpus_per_rank else {}, g.placement)
-                  for g in self.config.ray.groups]
+        groups = [
+            mesh.DeviceGroup(
+                g.name, g.ranks, g.device_type, {"CPU": g.cpus_per_rank} if g.cpus_per_rank else {}, g.placement
+            )
+            for g in self.config.ray.groups
+        ]
         mesh.initialize(mode="ray", groups=groups, address=self.config.ray.address)
         self._ray_started = True
         log.info("Ray mode: groups %s", ", ".join(f"{g.name}={g.ranks}x{g.device_type}" for g in groups))

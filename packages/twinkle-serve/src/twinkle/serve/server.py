@@ -59,9 +59,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def initialize(mode: str = "http", *, host: str = "127.0.0.1", port: int | None = 8000,
-               data_dir: str | Path | None = None, config: ServeConfig | str | Path | dict | None = None,
-               block: bool = True, log_level: str = "info") -> Server | None:
+def initialize(
+    mode: str = "http",
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = 8000,
+    data_dir: str | Path | None = None,
+    config: ServeConfig | str | Path | dict | None = None,
+    block: bool = True,
+    log_level: str = "info",
+) -> Server | None:
     """Start the Twinkle server: the Tinker-compatible API over the configured base models.
 
     `block=True` serves until interrupted (what the CLI does); `block=False` serves on a background
@@ -82,14 +89,22 @@ def initialize(mode: str = "http", *, host: str = "127.0.0.1", port: int | None 
     runtime = Runtime(config, data_dir)
     runtime.start_cluster()  # Ray (when configured) starts here, on the caller's thread, before serving
     if runtime.keys.count() == 0:
-        log.warning("no API keys exist yet: every request will be refused (401). Create one with "
-                    "`twinkle-server keys create NAME --data-dir %s`", data_dir)
+        log.warning(
+            "no API keys exist yet: every request will be refused (401). Create one with "
+            "`twinkle-server keys create NAME --data-dir %s`",
+            data_dir,
+        )
     app = create_app(runtime)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                           timeout_keep_alive=75))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=75)
+    )
     url = f"http://{host}:{port}"
-    log.info("twinkle-server listening on %s (data dir %s); Tinker SDK: TINKER_BASE_URL=%s TINKER_API_KEY=tml-...",
-             url, data_dir, url)
+    log.info(
+        "twinkle-server listening on %s (data dir %s); Tinker SDK: TINKER_BASE_URL=%s TINKER_API_KEY=tml-...",
+        url,
+        data_dir,
+        url,
+    )
     if block:
         try:
             server.run()

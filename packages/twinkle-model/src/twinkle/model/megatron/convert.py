@@ -28,9 +28,11 @@ _DIRECT = {
     "self_attn.k_norm.weight": "self_attention.k_layernorm.weight",
     "mlp.down_proj.weight": "mlp.linear_fc2.weight",
 }
-_GLOBAL = {"model.embed_tokens.weight": "embedding.word_embeddings.weight",
-           "model.norm.weight": "decoder.final_layernorm.weight",
-           "lm_head.weight": "output_layer.weight"}
+_GLOBAL = {
+    "model.embed_tokens.weight": "embedding.word_embeddings.weight",
+    "model.norm.weight": "decoder.final_layernorm.weight",
+    "lm_head.weight": "output_layer.weight",
+}
 COLUMN_PARALLEL = ("linear_qkv.weight", "linear_fc1.weight", "word_embeddings.weight", "output_layer.weight")
 ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
 
@@ -63,25 +65,39 @@ def transformer_config_kwargs(config) -> dict:
         raise ValueError(f"expected a SwiGLU MLP (hidden_act='silu'), got {config.hidden_act!r}")
     heads, groups, head_dim = attention_shape(config)
     return {
-        "num_layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
-        "num_attention_heads": heads, "num_query_groups": groups, "kv_channels": head_dim,
-        "ffn_hidden_size": config.intermediate_size, "normalization": "RMSNorm",
-        "layernorm_epsilon": config.rms_norm_eps, "gated_linear_unit": True,
-        "add_bias_linear": False, "add_qkv_bias": bool(_get(config, "attention_bias", False)) or
-        _get(config, "model_type") == "qwen2",
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": heads,
+        "num_query_groups": groups,
+        "kv_channels": head_dim,
+        "ffn_hidden_size": config.intermediate_size,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": config.rms_norm_eps,
+        "gated_linear_unit": True,
+        "add_bias_linear": False,
+        "add_qkv_bias": bool(_get(config, "attention_bias", False)) or _get(config, "model_type") == "qwen2",
         "qk_layernorm": _get(config, "model_type") == "qwen3",
-        "hidden_dropout": 0.0, "attention_dropout": float(_get(config, "attention_dropout", 0.0) or 0.0),
+        "hidden_dropout": 0.0,
+        "attention_dropout": float(_get(config, "attention_dropout", 0.0) or 0.0),
         "init_method_std": _get(config, "initializer_range", 0.02),
-        "bias_activation_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
-        "masked_softmax_fusion": False, "persist_layer_norm": False, "gradient_accumulation_fusion": False,
+        "bias_activation_fusion": False,
+        "bias_dropout_fusion": False,
+        "apply_rope_fusion": False,
+        "masked_softmax_fusion": False,
+        "persist_layer_norm": False,
+        "gradient_accumulation_fusion": False,
     }
 
 
 def gpt_model_kwargs(config) -> dict:
     """GPTModel arguments besides the TransformerConfig and the layer spec."""
-    return {"vocab_size": config.vocab_size, "max_sequence_length": config.max_position_embeddings,
-            "share_embeddings_and_output_weights": bool(_get(config, "tie_word_embeddings", False)),
-            "position_embedding_type": "rope", "rotary_base": rope_theta(config)}
+    return {
+        "vocab_size": config.vocab_size,
+        "max_sequence_length": config.max_position_embeddings,
+        "share_embeddings_and_output_weights": bool(_get(config, "tie_word_embeddings", False)),
+        "position_embedding_type": "rope",
+        "rotary_base": rope_theta(config),
+    }
 
 
 # -- full (unsharded) state dicts ------------------------------------------------------------------
@@ -90,7 +106,8 @@ def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config) -> torch
     hidden = q.shape[1:]
     q_G = q.reshape(groups, heads // groups * head_dim, *hidden)
     return torch.cat([q_G, k.reshape(groups, head_dim, *hidden), v.reshape(groups, head_dim, *hidden)], 1).reshape(
-        -1, *hidden)
+        -1, *hidden
+    )
 
 
 def unpack_qkv(qkv: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,13 +134,18 @@ def hf_to_megatron(state: dict[str, torch.Tensor], config) -> dict[str, torch.Te
             raise KeyError(f"no Megatron name for HF weight {name!r}")
     for i, parts in sorted(layers.items()):
         prefix = f"decoder.layers.{i}."
-        qkv = [parts.pop(f"self_attn.{p}_proj.{kind}") for kind in ("weight", "bias")
-               for p in "qkv" if f"self_attn.{p}_proj.{kind}" in parts]
+        qkv = [
+            parts.pop(f"self_attn.{p}_proj.{kind}")
+            for kind in ("weight", "bias")
+            for p in "qkv"
+            if f"self_attn.{p}_proj.{kind}" in parts
+        ]
         out[prefix + "self_attention.linear_qkv.weight"] = pack_qkv(*qkv[:3], config)
         if len(qkv) == 6:
             out[prefix + "self_attention.linear_qkv.bias"] = pack_qkv(*qkv[3:], config)
-        out[prefix + "mlp.linear_fc1.weight"] = torch.cat([parts.pop("mlp.gate_proj.weight"),
-                                                           parts.pop("mlp.up_proj.weight")], 0)
+        out[prefix + "mlp.linear_fc1.weight"] = torch.cat(
+            [parts.pop("mlp.gate_proj.weight"), parts.pop("mlp.up_proj.weight")], 0
+        )
         for hf_suffix, tensor in parts.items():
             if hf_suffix not in _DIRECT:
                 raise KeyError(f"no Megatron name for HF weight model.layers.{i}.{hf_suffix}")
@@ -199,8 +221,9 @@ def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
     return range(pp_rank * per, (pp_rank + 1) * per)
 
 
-def stage_state(full: dict[str, torch.Tensor], config, pp_rank: int, pp_size: int, tp_rank: int = 0,
-                tp_size: int = 1) -> dict[str, torch.Tensor]:
+def stage_state(
+    full: dict[str, torch.Tensor], config, pp_rank: int, pp_size: int, tp_rank: int = 0, tp_size: int = 1
+) -> dict[str, torch.Tensor]:
     """The slice of a full Megatron state dict one (pp, tp) rank loads, with local layer numbers."""
     layers = stage_layers(config.num_hidden_layers, pp_rank, pp_size)
     first, last = pp_rank == 0, pp_rank == pp_size - 1

@@ -38,8 +38,10 @@ def _init_parallel(mesh, seed: int) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     if mesh.get_size("cp") > 1:
-        raise ValueError("MegatronModel: context parallelism (cp_size > 1) needs Transformer Engine attention, "
-                         "which twinkle-model[megatron] does not install; use cp_size=1")
+        raise ValueError(
+            "MegatronModel: context parallelism (cp_size > 1) needs Transformer Engine attention, "
+            "which twinkle-model[megatron] does not install; use cp_size=1"
+        )
     if not dist.is_initialized() and mesh.world_size == 1:  # one GPU, no launcher: a private group
         dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     elif not dist.is_initialized():
@@ -48,9 +50,11 @@ def _init_parallel(mesh, seed: int) -> None:
         initialize(mode="local", global_device_mesh=mesh)  # torchrun: joins the job's group
     mesh.check_world_size(dist.get_world_size(), "torch.distributed world size")
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=mesh.get_size("tp"),
-                                                 pipeline_model_parallel_size=mesh.get_size("pp"),
-                                                 context_parallel_size=mesh.get_size("cp"))
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=mesh.get_size("tp"),
+            pipeline_model_parallel_size=mesh.get_size("pp"),
+            context_parallel_size=mesh.get_size("cp"),
+        )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
@@ -90,19 +94,29 @@ class MegatronModel(TwinkleModel):
         self.bf16 = mixed_precision == "bf16"
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         self.config = TransformerConfig(
-            **convert.transformer_config_kwargs(self.hf_config), activation_func=torch.nn.functional.silu,
+            **convert.transformer_config_kwargs(self.hf_config),
+            activation_func=torch.nn.functional.silu,
             tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
             pipeline_model_parallel_size=ps.get_pipeline_model_parallel_world_size(),
-            bf16=self.bf16, params_dtype=dtype, pipeline_dtype=dtype)
+            bf16=self.bf16,
+            params_dtype=dtype,
+            pipeline_dtype=dtype,
+        )
         spec = get_gpt_layer_local_spec(qk_layernorm=self.config.qk_layernorm, normalization="RMSNorm")
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-        gpt = GPTModel(self.config, spec, pre_process=self.pp_rank == 0, post_process=self.pp_rank == self.pp_size - 1,
-                       **convert.gpt_model_kwargs(self.hf_config)).to(device="cuda", dtype=dtype)
+        gpt = GPTModel(
+            self.config,
+            spec,
+            pre_process=self.pp_rank == 0,
+            post_process=self.pp_rank == self.pp_size - 1,
+            **convert.gpt_model_kwargs(self.hf_config),
+        ).to(device="cuda", dtype=dtype)
         self.gpt = gpt
         self._load_hf_state(_read_hf_folder(Path(self.model_path)))
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                   use_distributed_optimizer=False)
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        )
         self.module = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=gpt)
         self.vocab_size = self.hf_config.vocab_size
         self.optimizer = None
@@ -130,9 +144,18 @@ class MegatronModel(TwinkleModel):
         self.state.loss = create_loss(loss, **kwargs)
 
     @remote_method()
-    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, *, lr: float = 1e-5,
-                      weight_decay: float = 0.0, betas=(0.9, 0.999), eps: float = 1e-8, momentum: float = 0.0,
-                      max_grad_norm: float = 1.0) -> None:
+    def set_optimizer(
+        self,
+        optimizer_cls="AdamW",
+        adapter_name: str | None = None,
+        *,
+        lr: float = 1e-5,
+        weight_decay: float = 0.0,
+        betas=(0.9, 0.999),
+        eps: float = 1e-8,
+        momentum: float = 0.0,
+        max_grad_norm: float = 1.0,
+    ) -> None:
         """Megatron's optimizer ('AdamW'/'Adam' -> megatron adam, 'SGD'); fp32 main weights under bf16."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -140,9 +163,18 @@ class MegatronModel(TwinkleModel):
         name = _OPTIMIZERS.get(str(optimizer_cls).lower())
         if name is None:
             raise ValueError(f"unknown optimizer {optimizer_cls!r} for MegatronModel; registered: AdamW, Adam, SGD")
-        config = OptimizerConfig(optimizer=name, lr=lr, weight_decay=weight_decay, adam_beta1=betas[0],
-                                 adam_beta2=betas[1], adam_eps=eps, sgd_momentum=momentum, clip_grad=max_grad_norm,
-                                 bf16=self.bf16, params_dtype=self.config.params_dtype)
+        config = OptimizerConfig(
+            optimizer=name,
+            lr=lr,
+            weight_decay=weight_decay,
+            adam_beta1=betas[0],
+            adam_beta2=betas[1],
+            adam_eps=eps,
+            sgd_momentum=momentum,
+            clip_grad=max_grad_norm,
+            bf16=self.bf16,
+            params_dtype=self.config.params_dtype,
+        )
         self.optimizer = get_megatron_optimizer(config, [self.module])
         self.schedulers = []
 
@@ -174,7 +206,9 @@ class MegatronModel(TwinkleModel):
         ids_B_T = batch["input_ids"]
         T = ids_B_T.shape[1]
         future_T_T = torch.triu(torch.ones(T, T, dtype=torch.bool, device=ids_B_T.device), 1)
-        keys_B_T = batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(ids_B_T, dtype=torch.bool)
+        keys_B_T = (
+            batch["attention_mask"].bool() if "attention_mask" in batch else torch.ones_like(ids_B_T, dtype=torch.bool)
+        )
         return future_T_T[None, None] | ~keys_B_T[:, None, None, :]
 
     def _full_logits(self, logits_B_T_V: torch.Tensor) -> torch.Tensor:
@@ -193,8 +227,11 @@ class MegatronModel(TwinkleModel):
         scale = 1.0 / self.state.gradient_accumulation_steps
 
         def loss_func(logits_B_T_V):
-            ctx = LossContext(LogitsHead(self._full_logits(logits_B_T_V)[:, :-1].float()), targets_B_T,
-                              model_inputs.shift_fields(fields))
+            ctx = LossContext(
+                LogitsHead(self._full_logits(logits_B_T_V)[:, :-1].float()),
+                targets_B_T,
+                model_inputs.shift_fields(fields),
+            )
             out = self.state.loss(ctx)
             seen.update(loss=out.loss.detach(), ctx=ctx, metrics=out.metrics)
             # a non-finite loss poisons only gradients that clip_grad_and_step then drops (step skipped)
@@ -209,9 +246,15 @@ class MegatronModel(TwinkleModel):
         self.config.finalize_model_grads_func = finalize_model_grads if boundary else None
         context = self.module.no_sync() if not (boundary or forward_only) else contextlib.nullcontext()
         with context:
-            get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([batch]),
-                                        model=[self.module], num_microbatches=1, seq_length=batch["input_ids"].shape[1],
-                                        micro_batch_size=batch["input_ids"].shape[0], forward_only=forward_only)
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter([batch]),
+                model=[self.module],
+                num_microbatches=1,
+                seq_length=batch["input_ids"].shape[1],
+                micro_batch_size=batch["input_ids"].shape[0],
+                forward_only=forward_only,
+            )
         return self._broadcast_from_last_stage(seen)
 
     def _broadcast_from_last_stage(self, seen: dict) -> dict:
@@ -220,17 +263,26 @@ class MegatronModel(TwinkleModel):
 
         value = torch.tensor([float(seen["loss"]) if "loss" in seen else 0.0], device="cuda")
         if self.pp_size > 1:
-            dist.broadcast(value, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+            dist.broadcast(
+                value, ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
         return {"loss": float(value), **seen.get("metrics", {}), "_ctx": seen.get("ctx")}
 
     def _record(self, result, batch, seconds, training):
         ctx = result.pop("_ctx")
-        mask = (batch["labels"][:, 1:] != -100)
+        mask = batch["labels"][:, 1:] != -100
         correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask).sum()) if ctx is not None else 0
         finite = bool(torch.isfinite(torch.tensor(result["loss"])))
-        record = ForwardRecord(result["loss"], int(mask.sum()), int(batch.get("attention_mask", batch["input_ids"]).bool().sum()),
-                               correct, seconds, 0.0, finite=finite,
-                               extras={k: v for k, v in result.items() if k != "loss"})
+        record = ForwardRecord(
+            result["loss"],
+            int(mask.sum()),
+            int(batch.get("attention_mask", batch["input_ids"]).bool().sum()),
+            correct,
+            seconds,
+            0.0,
+            finite=finite,
+            extras={k: v for k, v in result.items() if k != "loss"},
+        )
         for metric in self.state.metrics(training):
             metric.on_forward(record)
         return finite
@@ -281,9 +333,16 @@ class MegatronModel(TwinkleModel):
         self.state.micro_step, self.state.nonfinite_pending = 0, False
         lr = self._torch_optimizers()[0].param_groups[0]["lr"]
         for metric in self.state.train_metrics:
-            metric.on_step(StepRecord(None if grad_norm is None else float(grad_norm), lr, skipped, time.perf_counter() - t0))
-        return {"stepped": not skipped, "skipped": skipped, "grad_norm": None if grad_norm is None else float(grad_norm),
-                "lr": lr, "step": self.state.optimizer_steps}
+            metric.on_step(
+                StepRecord(None if grad_norm is None else float(grad_norm), lr, skipped, time.perf_counter() - t0)
+            )
+        return {
+            "stepped": not skipped,
+            "skipped": skipped,
+            "grad_norm": None if grad_norm is None else float(grad_norm),
+            "lr": lr,
+            "step": self.state.optimizer_steps,
+        }
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
@@ -316,7 +375,9 @@ class MegatronModel(TwinkleModel):
 
         full = {}
         for name, tensor in self.gpt.state_dict().items():
-            if name.endswith("_extra_state") or (name == "output_layer.weight" and self.gpt.share_embeddings_and_output_weights):
+            if name.endswith("_extra_state") or (
+                name == "output_layer.weight" and self.gpt.share_embeddings_and_output_weights
+            ):
                 continue
             shards = [torch.empty_like(tensor) for _ in range(self.tp_size)]
             dist.all_gather(shards, tensor.contiguous(), group=ps.get_tensor_model_parallel_group())
@@ -330,8 +391,9 @@ class MegatronModel(TwinkleModel):
         return convert.megatron_to_hf(merged, self.hf_config)
 
     @remote_method()
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
-             data_position: int | None = None) -> str:
+    def save(
+        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+    ) -> str:
         """An HF folder (`AutoModelForCausalLM.from_pretrained` loads it); training state is not saved."""
         from safetensors.torch import save_file
 
@@ -342,8 +404,11 @@ class MegatronModel(TwinkleModel):
         state = self._gather_hf_state()
         if state is not None:
             path.mkdir(parents=True, exist_ok=True)
-            save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"),
-                      metadata={"format": "pt"})
+            save_file(
+                {k: v.contiguous() for k, v in state.items()},
+                str(path / "model.safetensors"),
+                metadata={"format": "pt"},
+            )
             self.hf_config.save_pretrained(str(path))
         barrier()
         return str(path)
@@ -357,5 +422,8 @@ class MegatronModel(TwinkleModel):
 
     @remote_method()
     def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
-        raise refuse(self, "resume training state (it saves weights only)",
-                     "load(path) the weights and set the optimizer and scheduler again, or train with TransformersModel")
+        raise refuse(
+            self,
+            "resume training state (it saves weights only)",
+            "load(path) the weights and set the optimizer and scheduler again, or train with TransformersModel",
+        )

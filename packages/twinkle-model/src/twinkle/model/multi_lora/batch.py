@@ -44,9 +44,11 @@ class Batch:
 
         def pad(t, value):
             return torch.nn.functional.pad(t, (0, extra), value=value)
+
         fields = {k: pad(v, 0.0) if v.dim() == 2 else v for k, v in self.fields.items()}
-        return Batch(pad(self.input_ids_B_T, pad_id), pad(self.attention_mask_B_T, 0),
-                     pad(self.labels_B_T, IGNORE_INDEX), fields)
+        return Batch(
+            pad(self.input_ids_B_T, pad_id), pad(self.attention_mask_B_T, 0), pad(self.labels_B_T, IGNORE_INDEX), fields
+        )
 
 
 def _is_number(v) -> bool:
@@ -69,8 +71,10 @@ def _row_fields(rows: list[dict]) -> dict[str, torch.Tensor | list]:
         elif all(_is_number_sequence(v) for v in values):
             for i, r in enumerate(rows):
                 if len(r[name]) != len(r["input_ids"]):
-                    raise ValueError(f"row {i}: field {name!r} has {len(r[name])} values for {len(r['input_ids'])} "
-                                     "input_ids (per-token fields are aligned with labels)")
+                    raise ValueError(
+                        f"row {i}: field {name!r} has {len(r[name])} values for {len(r['input_ids'])} "
+                        "input_ids (per-token fields are aligned with labels)"
+                    )
             out[name] = [torch.as_tensor(v, dtype=torch.float32) for v in values]
         elif any(_is_number(v) for v in values):
             raise ValueError(f"field {name!r} is a number in some rows and not in others")

@@ -75,8 +75,15 @@ class MultiLoraLinear(nn.Module):
     def weight(self) -> torch.Tensor:  # code that inspects `.weight` (dtype checks, tied heads) still works
         return self.base_layer.weight
 
-    def add_adapter(self, name: str, rank: int, scaling: float, dropout: float,
-                    dropout_generator: torch.Generator, init_generator: torch.Generator) -> None:
+    def add_adapter(
+        self,
+        name: str,
+        rank: int,
+        scaling: float,
+        dropout: float,
+        dropout_generator: torch.Generator,
+        init_generator: torch.Generator,
+    ) -> None:
         if name in self.lora_A:
             raise ValueError(f"adapter {name!r} already exists on this layer")
         weight = self.base_layer.weight
@@ -92,9 +99,15 @@ class MultiLoraLinear(nn.Module):
 
     def load_adapter(self, name: str, a_R_I: torch.Tensor, b_O_R: torch.Tensor, scaling: float) -> None:
         """An inference-only adapter from given factors, sharing their storage (a sampler's adapters)."""
-        if a_R_I.shape[1] != self.in_features or b_O_R.shape[0] != self.out_features or a_R_I.shape[0] != b_O_R.shape[1]:
-            raise ValueError(f"A {tuple(a_R_I.shape)} / B {tuple(b_O_R.shape)} do not fit "
-                             f"Linear({self.in_features}, {self.out_features})")
+        if (
+            a_R_I.shape[1] != self.in_features
+            or b_O_R.shape[0] != self.out_features
+            or a_R_I.shape[0] != b_O_R.shape[1]
+        ):
+            raise ValueError(
+                f"A {tuple(a_R_I.shape)} / B {tuple(b_O_R.shape)} do not fit "
+                f"Linear({self.in_features}, {self.out_features})"
+            )
         a, b = nn.Module(), nn.Module()
         a.weight, b.weight = nn.Parameter(a_R_I, requires_grad=False), nn.Parameter(b_O_R, requires_grad=False)
         self.lora_A[name], self.lora_B[name] = a, b
@@ -182,11 +195,11 @@ class _Group:
         """t (this group's rows) times each tenant's dropout mask; t itself when no tenant drops."""
         if all(k is None for k in self.keeps):
             return t
-        return t * torch.cat([torch.ones_like(t[:self.size]) if k is None else k for k in self.keeps])
+        return t * torch.cat([torch.ones_like(t[: self.size]) if k is None else k for k in self.keeps])
 
     def x(self, x: torch.Tensor, dtype) -> torch.Tensor:
         """This group's rows of x, dropout applied, as [count, tokens, in] (one tenant: [tokens, in])."""
-        rows = self.dropped(x[self.start:self.end]).to(dtype)
+        rows = self.dropped(x[self.start : self.end]).to(dtype)
         return rows.reshape(self.count, -1, x.shape[-1]) if self.count > 1 else rows.reshape(-1, x.shape[-1])
 
 
@@ -205,7 +218,7 @@ def _add_low_rank(x, out, plan, weights) -> list[tuple]:
     saved, offset = [], 0
     for group in plan:
         xg = group.x(x, weights[2 * offset].dtype)
-        out_g = out[group.start:group.end].view(*xg.shape[:-1], out.shape[-1])
+        out_g = out[group.start : group.end].view(*xg.shape[:-1], out.shape[-1])
         if group.count == 1:
             a_R_I, bt_R_O = weights[2 * offset], weights[2 * offset + 1].t()
             low = torch.mm(xg, a_R_I.t()).mul_(group.scalings[0])
@@ -242,7 +255,7 @@ class _MultiLoraAdd(torch.autograd.Function):
         (grad_out,) = grad_outputs  # forward has one output
         plan, ranks = ctx.plan, ctx.ranks
         x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
-        weights, lows = rest[:2 * len(ranks)], rest[2 * len(ranks):]
+        weights, lows = rest[: 2 * len(ranks)], rest[2 * len(ranks) :]
         grad_x = None
         if ctx.needs_input_grad[0]:
             covered = sum(g.end - g.start for g in plan)
@@ -250,7 +263,7 @@ class _MultiLoraAdd(torch.autograd.Function):
         grad_weights, offset = [], 0
         for group, low, (a_C_R_I, bt_C_R_O, scale) in zip(plan, lows, ctx.stacks):
             xg = group.x(x, low.dtype)
-            g = grad_out[group.start:group.end].to(low.dtype)
+            g = grad_out[group.start : group.end].to(low.dtype)
             if group.count == 1:
                 a_R_I, b_O_R = weights[2 * offset], weights[2 * offset + 1]
                 g_N_O = g.reshape(-1, g.shape[-1])
@@ -268,7 +281,7 @@ class _MultiLoraAdd(torch.autograd.Function):
                     grad_weights += [grad_a[i, :r], grad_bt[i, :r].t()]
                 g_x = torch.bmm(g_low, a_C_R_I) if grad_x is not None else None
             if g_x is not None and grad_x is not None:
-                grad_x[group.start:group.end] = group.dropped(g_x.reshape(grad_x[group.start:group.end].shape))
+                grad_x[group.start : group.end] = group.dropped(g_x.reshape(grad_x[group.start : group.end].shape))
             offset += group.count
         return grad_x, grad_out, None, *grad_weights
 

@@ -76,6 +76,7 @@ def share_frozen_weights(source: nn.Module, target: nn.Module) -> int:
     """Make `target`'s parameters use `source`'s tensors wherever names, shapes and dtypes agree
     (MultiLoraLinear's `.base_layer` is ignored in names); returns the bytes no longer held twice.
     Only for frozen weights: both models then see every write to either."""
+
     def plain(name: str) -> str:
         return name.replace(".base_layer.", ".")
 

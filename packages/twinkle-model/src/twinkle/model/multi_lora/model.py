@@ -32,8 +32,9 @@ from twinkle.model.multi_lora.state import AdapterState
 
 
 class MultiLoraModel(TwinkleModel):
-    def __init__(self, model_id: str | None = None, *, model=None, torch_dtype=torch.float32, device=None,
-                 seed: int = 0):
+    def __init__(
+        self, model_id: str | None = None, *, model=None, torch_dtype=torch.float32, device=None, seed: int = 0
+    ):
         self.model_path = None
         if model is None:
             if model_id is None:
@@ -41,6 +42,7 @@ class MultiLoraModel(TwinkleModel):
             from transformers import AutoModelForCausalLM
 
             from twinkle.hub import resolve_model_path
+
             self.model_path = resolve_model_path(model_id)
             model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
         if device is not None:
@@ -73,14 +75,17 @@ class MultiLoraModel(TwinkleModel):
     def _state(self, adapter_name: str | None) -> AdapterState:
         if adapter_name is None:
             if len(self.adapters) != 1:
-                raise ValueError(f"adapter_name is required when the model holds {len(self.adapters)} adapters "
-                                 f"({', '.join(self.adapters) or 'none'})")
+                raise ValueError(
+                    f"adapter_name is required when the model holds {len(self.adapters)} adapters "
+                    f"({', '.join(self.adapters) or 'none'})"
+                )
             return next(iter(self.adapters.values()))
         try:
             return self.adapters[adapter_name]
         except KeyError:
-            raise KeyError(f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}") \
-                from None
+            raise KeyError(
+                f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}"
+            ) from None
 
     def lora_layer(self, module_name: str) -> MultiLoraLinear:
         """The multi-LoRA wrapper at `module_name` (a layer some adapter targets)."""
@@ -95,14 +100,16 @@ class MultiLoraModel(TwinkleModel):
         base_seed = seed if seed is not None else self.seed * 1_000_003 + zlib.crc32(name.encode())
         return torch.Generator(device=self.device).manual_seed(base_seed + salt)
 
-    def add_adapter_to_model(self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1,
-                             *, seed: int | None = None) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1, *, seed: int | None = None
+    ) -> None:
         check_adapter_name(adapter_name)
         if adapter_name in self.adapters:
             raise ValueError(f"adapter {adapter_name!r} already exists")
         if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got "
-                             f"{gradient_accumulation_steps!r}")
+            raise ValueError(
+                f"gradient_accumulation_steps must be a positive integer, got {gradient_accumulation_steps!r}"
+            )
         spec = AdapterSpec.from_lora_config(config)
         module_names = spec.select(self.base)
         init_gen, dropout_gen = self._generator(adapter_name, 0, seed), self._generator(adapter_name, 1, seed)
@@ -110,8 +117,9 @@ class MultiLoraModel(TwinkleModel):
         for layer in wrap_linear_layers(self.base, module_names, self.routing):
             layer.add_adapter(adapter_name, spec.rank, spec.scaling, spec.dropout, dropout_gen, init_gen)
             params += [layer.lora_A[adapter_name].weight, layer.lora_B[adapter_name].weight]
-        self.adapters[adapter_name] = AdapterState(adapter_name, spec, module_names, params,
-                                                   gradient_accumulation_steps, dropout_generator=dropout_gen)
+        self.adapters[adapter_name] = AdapterState(
+            adapter_name, spec, module_names, params, gradient_accumulation_steps, dropout_generator=dropout_gen
+        )
 
     def remove_adapter(self, adapter_name: str) -> None:
         """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
@@ -170,8 +178,11 @@ class MultiLoraModel(TwinkleModel):
         """{'loss' (None without targets), 'logprobs' per row aligned with labels (0.0 first)}."""
         name = self._state(adapter_name).name
         out = self.forward_fused({name: inputs})[name]
-        return {"loss": out["loss"] if out["loss_tokens"] else None, **out["metrics"],
-                "logprobs": [[0.0] + row for row in out["logprobs"]]}
+        return {
+            "loss": out["loss"] if out["loss_tokens"] else None,
+            **out["metrics"],
+            "logprobs": [[0.0] + row for row in out["logprobs"]],
+        }
 
     def logits(self, inputs, adapter_name: str | None = None, base_only: bool = False) -> torch.Tensor:
         """No-grad logits [B, T, V] of one tenant's right-padded batch (`base_only`: adapter off)."""
@@ -215,8 +226,9 @@ class MultiLoraModel(TwinkleModel):
             self.base.train(train)
         self.routing.set([(name, b.rows, b.length) for name, b in segments], training=train)
         try:
-            return self.base(input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device),
-                             use_cache=False).logits
+            return self.base(
+                input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device), use_cache=False
+            ).logits
         finally:
             self.routing.clear()
 
@@ -229,8 +241,9 @@ class MultiLoraModel(TwinkleModel):
             logits = self._logits([(None, b) for _, b in needing], train=False)
         out, offset = {}, 0
         for name, b in needing:
-            head = LossContext.from_logits(logits[offset:offset + b.rows, :b.length - 1],
-                                           b.labels_B_T[:, 1:].to(self.device))
+            head = LossContext.from_logits(
+                logits[offset : offset + b.rows, : b.length - 1], b.labels_B_T[:, 1:].to(self.device)
+            )
             out[name], offset = head.logps_B_T.detach(), offset + b.rows
         return out
 
@@ -243,7 +256,7 @@ class MultiLoraModel(TwinkleModel):
         outcomes, records, total, offset = {}, {}, None, 0
         for state, batch in work:
             n, T = batch.rows, batch.length
-            logits_B_T_V, offset = logits[offset:offset + n, :T - 1], offset + n
+            logits_B_T_V, offset = logits[offset : offset + n, : T - 1], offset + n
             targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
             fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
             try:
@@ -261,15 +274,26 @@ class MultiLoraModel(TwinkleModel):
             with torch.no_grad():
                 mask_B_T = targets_B_T != IGNORE_INDEX
                 correct = int(((logits_B_T_V.argmax(-1) == targets_B_T) & mask_B_T).sum())
-            records[state.name] = ForwardRecord(loss=loss, loss_tokens=int(mask_B_T.sum()), input_tokens=batch.tokens,
-                                                correct_tokens=correct, seconds=0.0, flops=0.0,
-                                                finite=bool(finite), extras=dict(out.metrics) if out else {})
-            result = {"loss": loss, "loss_tokens": records[state.name].loss_tokens, "finite": bool(finite),
-                      "metrics": dict(out.metrics) if out else {}}
+            records[state.name] = ForwardRecord(
+                loss=loss,
+                loss_tokens=int(mask_B_T.sum()),
+                input_tokens=batch.tokens,
+                correct_tokens=correct,
+                seconds=0.0,
+                flops=0.0,
+                finite=bool(finite),
+                extras=dict(out.metrics) if out else {},
+            )
+            result = {
+                "loss": loss,
+                "loss_tokens": records[state.name].loss_tokens,
+                "finite": bool(finite),
+                "metrics": dict(out.metrics) if out else {},
+            }
             if return_logprobs:
                 lengths = batch.attention_mask_B_T.sum(1).tolist()
                 logps = ctx.logps_B_T.detach().cpu()
-                result["logprobs"] = [logps[i, :int(L) - 1].tolist() for i, L in enumerate(lengths)]
+                result["logprobs"] = [logps[i, : int(L) - 1].tolist() for i, L in enumerate(lengths)]
             outcomes[state.name] = result
         if total is not None:
             total.backward()
@@ -311,13 +335,19 @@ class MultiLoraModel(TwinkleModel):
         optimizer.zero_grad(set_to_none=True)
         state.micro_step, state.nonfinite_pending = 0, False
         lr = optimizer.param_groups[0]["lr"]
-        record = StepRecord(grad_norm=None if skipped else grad_norm, lr=lr, skipped=skipped,
-                            seconds=time.perf_counter() - start)
+        record = StepRecord(
+            grad_norm=None if skipped else grad_norm, lr=lr, skipped=skipped, seconds=time.perf_counter() - start
+        )
         for metric in state.train_metrics:
             metric.on_step(record)
         self._worked()
-        return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": lr,
-                "step": state.optimizer_steps}
+        return {
+            "stepped": not skipped,
+            "skipped": skipped,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "step": state.optimizer_steps,
+        }
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """This adapter's metrics since the last report (then reset)."""
@@ -330,13 +360,18 @@ class MultiLoraModel(TwinkleModel):
             out["step"] = float(state.optimizer_steps)
         return out
 
-    def save(self, path, adapter_name: str | None = None, save_training_state: bool = False,
-             data_position: int | None = None) -> str:
+    def save(
+        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+    ) -> str:
         """The adapter as an ordinary peft LoRA folder (its own rank), plus the training state on
         request (twinkle.model.checkpoint); returns the path."""
         state = self._state(adapter_name)
-        checkpoint.save_adapter(path, state.spec.config, self.adapter_state_dict(state.name),
-                                checkpoint.base_model_id(self.model_id, self.model_path))
+        checkpoint.save_adapter(
+            path,
+            state.spec.config,
+            self.adapter_state_dict(state.name),
+            checkpoint.base_model_id(self.model_id, self.model_path),
+        )
         if save_training_state:
             checkpoint.save_adapter_state(path, state, data_position)
         return str(path)
@@ -355,8 +390,9 @@ class MultiLoraModel(TwinkleModel):
             own = self.adapter_state_dict(name)
             if set(saved) != set(own):
                 missing, extra = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
-                raise ValueError(f"{path!r} does not fit adapter {name!r}: missing {missing[:3]}, "
-                                 f"unexpected {extra[:3]}")
+                raise ValueError(
+                    f"{path!r} does not fit adapter {name!r}: missing {missing[:3]}, unexpected {extra[:3]}"
+                )
             for key, param in own.items():
                 if saved[key].shape != param.shape:
                     raise ValueError(f"{key}: saved shape {tuple(saved[key].shape)}, expected {tuple(param.shape)}")
@@ -378,6 +414,7 @@ class MultiLoraModel(TwinkleModel):
         """Execute queued requests as the planner groups them; yields each Completion as soon as
         its group is done (see `twinkle.model.multi_lora.planner`)."""
         from twinkle.model.multi_lora.planner import FusionPlanner, execute
+
         return execute(self, requests, planner or FusionPlanner(), on_result)
 
     def layers(self) -> list[MultiLoraLinear]:

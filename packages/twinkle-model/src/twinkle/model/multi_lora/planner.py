@@ -22,8 +22,8 @@ KINDS = ("forward_backward", "forward", "step")
 class Request:
     tenant: str
     kind: str = "forward_backward"
-    inputs: Any = None                              # rows (or a dict of tensors) for the two pass kinds
-    options: dict = field(default_factory=dict)     # for 'step': max_grad_norm
+    inputs: Any = None  # rows (or a dict of tensors) for the two pass kinds
+    options: dict = field(default_factory=dict)  # for 'step': max_grad_norm
     request_id: Any = None
 
     def __post_init__(self):
@@ -65,7 +65,7 @@ class Completion:
     request: Request
     result: dict | None = None
     error: Exception | None = None
-    fused_with: tuple[str, ...] = ()   # the other tenants that shared this pass
+    fused_with: tuple[str, ...] = ()  # the other tenants that shared this pass
 
     @property
     def ok(self) -> bool:
@@ -123,8 +123,9 @@ class FusionPlanner:
         return plan
 
 
-def execute(model, requests: list[Request], planner: FusionPlanner,
-            on_result: Callable[[Completion], None] | None = None) -> Iterator[Completion]:
+def execute(
+    model, requests: list[Request], planner: FusionPlanner, on_result: Callable[[Completion], None] | None = None
+) -> Iterator[Completion]:
     """Run the plan on a MultiLoraModel; yield (and hand to on_result) each request's Completion
     as soon as its pass finishes. A failing request fails alone: the others in its pass still run."""
     for group in planner.plan(requests):
@@ -144,9 +145,12 @@ def execute(model, requests: list[Request], planner: FusionPlanner,
                 outcomes = {t: error for t in tenants}
         for request in group.requests:
             outcome = outcomes[request.tenant]
-            completion = Completion(request, None if isinstance(outcome, Exception) else outcome,
-                                    outcome if isinstance(outcome, Exception) else None,
-                                    tuple(t for t in tenants if t != request.tenant))
+            completion = Completion(
+                request,
+                None if isinstance(outcome, Exception) else outcome,
+                outcome if isinstance(outcome, Exception) else None,
+                tuple(t for t in tenants if t != request.tenant),
+            )
             if on_result is not None:
                 on_result(completion)
             yield completion

@@ -18,9 +18,17 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 # LoraConfig fields whose non-default value changes the adapter's maths or its layout: refused.
 _UNSUPPORTED = {
-    "use_dora": False, "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": None,
-    "layers_pattern": None, "modules_to_save": None, "fan_in_fan_out": False, "lora_bias": False,
-    "trainable_token_indices": None, "target_parameters": None, "layer_replication": None,
+    "use_dora": False,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "layers_to_transform": None,
+    "layers_pattern": None,
+    "modules_to_save": None,
+    "fan_in_fan_out": False,
+    "lora_bias": False,
+    "trainable_token_indices": None,
+    "target_parameters": None,
+    "layer_replication": None,
     "exclude_modules": None,
 }
 
@@ -56,19 +64,21 @@ class AdapterSpec:
         if config.bias != "none":
             raise ValueError(f"LoraConfig.bias={config.bias!r} is not supported; use bias='none'")
         if config.init_lora_weights is not True:
-            raise ValueError(f"LoraConfig.init_lora_weights={config.init_lora_weights!r} is not supported; "
-                             "only the default (A Kaiming-uniform, B zero)")
+            raise ValueError(
+                f"LoraConfig.init_lora_weights={config.init_lora_weights!r} is not supported; "
+                "only the default (A Kaiming-uniform, B zero)"
+            )
         if not isinstance(config.r, int) or config.r <= 0:
             raise ValueError(f"LoRA rank must be a positive integer, got {config.r!r}")
         if not 0.0 <= config.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {config.lora_dropout!r}")
         targets = config.target_modules
         if targets is None:
-            raise ValueError("LoraConfig.target_modules is required (a list of module names, a regex, "
-                             "or 'all-linear')")
+            raise ValueError("LoraConfig.target_modules is required (a list of module names, a regex, or 'all-linear')")
         targets = targets if isinstance(targets, str) else tuple(sorted(targets))
-        return cls(config.r, float(config.lora_alpha), float(config.lora_dropout), bool(config.use_rslora),
-                   targets, config)
+        return cls(
+            config.r, float(config.lora_alpha), float(config.lora_dropout), bool(config.use_rslora), targets, config
+        )
 
     def matches(self, module_name: str) -> bool:
         """peft's rule: a string is a full-match regex, a list matches a name or a dotted suffix."""

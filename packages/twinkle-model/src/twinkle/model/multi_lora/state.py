@@ -26,15 +26,15 @@ def default_metrics() -> list[Metric]:
 class AdapterState:
     name: str
     spec: AdapterSpec
-    module_names: list[str]                       # base Linear layers this adapter adapts
+    module_names: list[str]  # base Linear layers this adapter adapts
     params: list[nn.Parameter]
     gradient_accumulation_steps: int = 1
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
     loss: Loss = field(default_factory=CrossEntropyLoss)
-    micro_step: int = 0                          # forward_backward calls since the last optimizer step
-    consumed_batches: int = 0                     # forward_backward calls ever: the data position on resume
-    nonfinite_pending: bool = False               # a non-finite loss since the last step: that step is skipped
+    micro_step: int = 0  # forward_backward calls since the last optimizer step
+    consumed_batches: int = 0  # forward_backward calls ever: the data position on resume
+    nonfinite_pending: bool = False  # a non-finite loss since the last step: that step is skipped
     optimizer_steps: int = 0
     train_metrics: list[Metric] = field(default_factory=default_metrics)
     eval_metrics: list[Metric] = field(default_factory=default_metrics)
@@ -70,6 +70,10 @@ class AdapterState:
     def parameter_bytes(self) -> int:
         total = sum(p.numel() * p.element_size() for p in self.params)
         if self.optimizer is not None:
-            total += sum(t.numel() * t.element_size() for s in self.optimizer.state.values()
-                         for t in s.values() if isinstance(t, torch.Tensor))
+            total += sum(
+                t.numel() * t.element_size()
+                for s in self.optimizer.state.values()
+                for t in s.values()
+                if isinstance(t, torch.Tensor)
+            )
         return total

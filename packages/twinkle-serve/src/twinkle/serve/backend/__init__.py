@@ -1,11 +1,37 @@
 """Training/sampling backends behind one typed interface (`Backend`), chosen by the model entry."""
 
 from twinkle.registry import Registry
-from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
-                                        RowsPass, SampledSeq, SampleParams, SampleResult, UserError)
+from twinkle.serve.backend.base import (
+    AdamParams,
+    Backend,
+    Datum,
+    DatumsPass,
+    ForwardResult,
+    LoraSpec,
+    Pass,
+    RowsPass,
+    SampledSeq,
+    SampleParams,
+    SampleResult,
+    UserError,
+)
 
-__all__ = ["AdamParams", "Backend", "Datum", "DatumsPass", "ForwardResult", "LoraSpec", "Pass", "RowsPass",
-           "SampleParams", "SampleResult", "SampledSeq", "UserError", "BACKENDS", "create_backend"]
+__all__ = [
+    "AdamParams",
+    "Backend",
+    "Datum",
+    "DatumsPass",
+    "ForwardResult",
+    "LoraSpec",
+    "Pass",
+    "RowsPass",
+    "SampleParams",
+    "SampleResult",
+    "SampledSeq",
+    "UserError",
+    "BACKENDS",
+    "create_backend",
+]
 
 
 # Backends by the name a model entry gives (`backend: multi_lora`); a package adds its own through the

@@ -21,12 +21,14 @@ class UserError(Exception):
 
 def library_errors(fn):
     """The libraries' complaints about a request (bad name, kwargs, shapes) are the caller's errors."""
+
     @functools.wraps(fn)
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except (ValueError, TypeError, KeyError) as e:
             raise UserError(str(e).strip("'\"")) from None
+
     return run
 
 
@@ -232,8 +234,9 @@ class Backend(ABC):
     def remove_sampler(self, sampler: str) -> None: ...
 
     @abstractmethod
-    def sample(self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams,
-               prompt_logprobs: bool) -> SampleResult: ...
+    def sample(
+        self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams, prompt_logprobs: bool
+    ) -> SampleResult: ...
 
     def close(self) -> None:
         """Release what the backend started (remote actors); an in-process backend holds nothing to stop."""

@@ -23,14 +23,18 @@ NATIVE_STATE, TINKER_OPTIMIZER = "training_state.pt", "optimizer.safetensors"
 
 def has_training_state(folder) -> bool:
     folder = Path(folder)
-    return ((folder / checkpoint.STATE_DIR / checkpoint.STATE_JSON).is_file()
-            or (folder / NATIVE_STATE).is_file() or (folder / TINKER_OPTIMIZER).is_file())
+    return (
+        (folder / checkpoint.STATE_DIR / checkpoint.STATE_JSON).is_file()
+        or (folder / NATIVE_STATE).is_file()
+        or (folder / TINKER_OPTIMIZER).is_file()
+    )
 
 
 def is_legacy(folder) -> bool:
     folder = Path(folder)
-    return not (folder / checkpoint.STATE_DIR).is_dir() and ((folder / NATIVE_STATE).is_file()
-                                                            or (folder / TINKER_OPTIMIZER).is_file())
+    return not (folder / checkpoint.STATE_DIR).is_dir() and (
+        (folder / NATIVE_STATE).is_file() or (folder / TINKER_OPTIMIZER).is_file()
+    )
 
 
 def resume_legacy(engine, name: str, folder) -> dict:
@@ -54,8 +58,13 @@ def resume_legacy(engine, name: str, folder) -> dict:
             for which in ("lora_A", "lora_B"):
                 key, param = f"{module}.{which}", getattr(layer, which)[name].weight
                 if f"{key}.exp_avg" in saved:
-                    optimizer.state[param] = {"step": saved[f"{key}.step"].reshape(()).clone(),
-                                              "exp_avg": saved[f"{key}.exp_avg"].to(param.device),
-                                              "exp_avg_sq": saved[f"{key}.exp_avg_sq"].to(param.device)}
-    return {"data_position": state.consumed_batches, "optimizer_steps": state.optimizer_steps,
-            "micro_step": state.micro_step}
+                    optimizer.state[param] = {
+                        "step": saved[f"{key}.step"].reshape(()).clone(),
+                        "exp_avg": saved[f"{key}.exp_avg"].to(param.device),
+                        "exp_avg_sq": saved[f"{key}.exp_avg_sq"].to(param.device),
+                    }
+    return {
+        "data_position": state.consumed_batches,
+        "optimizer_steps": state.optimizer_steps,
+        "micro_step": state.micro_step,
+    }

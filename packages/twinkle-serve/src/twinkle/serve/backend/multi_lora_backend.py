@@ -16,8 +16,17 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from twinkle.serve.backend.base import (AdamParams, Backend, Datum, DatumsPass, ForwardResult, LoraSpec, Pass,
-                                        UserError, library_errors)
+from twinkle.serve.backend.base import (
+    AdamParams,
+    Backend,
+    Datum,
+    DatumsPass,
+    ForwardResult,
+    LoraSpec,
+    Pass,
+    UserError,
+    library_errors,
+)
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -25,9 +34,16 @@ LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningf
 
 
 class MultiLoraBackend(TorchSampling, Backend):
-
-    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
-                 device: str | None = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        base_model: str,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        device: str | None = None,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
@@ -54,8 +70,9 @@ class MultiLoraBackend(TorchSampling, Backend):
 
         if spec.rank < 1:
             raise UserError(f"lora rank must be >= 1, got {spec.rank}")
-        config = LoraConfig(r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=spec.target_modules(),
-                            bias="none")
+        config = LoraConfig(
+            r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=spec.target_modules(), bias="none"
+        )
         seed = spec.seed if spec.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         self.engine.add_adapter_to_model(name, config, seed=seed)
         self.engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
@@ -186,8 +203,12 @@ class MultiLoraBackend(TorchSampling, Backend):
         state = self._state(name)
         opt = state.ensure_optimizer()
         for group in opt.param_groups:
-            group.update(lr=params.learning_rate, betas=(params.beta1, params.beta2), eps=params.eps,
-                         weight_decay=params.weight_decay)
+            group.update(
+                lr=params.learning_rate,
+                betas=(params.beta1, params.beta2),
+                eps=params.eps,
+                weight_decay=params.weight_decay,
+            )
         if not any(p.grad is not None for p in state.params):
             return {"grad_norm:mean": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
         state.micro_step = max(state.micro_step, state.gradient_accumulation_steps)  # every optim_step steps

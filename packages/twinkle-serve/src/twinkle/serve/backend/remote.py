@@ -19,8 +19,7 @@ import random
 
 from twinkle.mesh import WorkerDied
 from twinkle.serve.backend.base import AdamParams, Backend, DatumsPass, LoraSpec, UserError
-from twinkle.serve.backend.shards import (SamplerShard, TrainShard, merge_rank_results, read_files,
-                                          write_files)
+from twinkle.serve.backend.shards import SamplerShard, TrainShard, merge_rank_results, read_files, write_files
 from twinkle.serve.backend.validate import check_datums, make_loss
 
 log = logging.getLogger("twinkle.serve")
@@ -43,17 +42,33 @@ class RemoteBackend(Backend):
     MultiLoraModel is `multi_lora`; with training on a remote group the engine lives on the actors and
     `multi_lora` is None. Either way both APIs drive it through the Backend operations."""
 
-    def __init__(self, base_model: str, model_path: str, *, dtype: str = "float32", max_batch_size: int = 64,
-                 remote_group: str | None = None, sampler_remote_group: str | None = None,
-                 shard_model_path: str | None = None, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        base_model: str,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        remote_group: str | None = None,
+        sampler_remote_group: str | None = None,
+        shard_model_path: str | None = None,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoTokenizer
 
         self.base_model, self.tokenizer_path = base_model, model_path
         # the operator's trust_remote_code travels to every rank with the other construction options
-        self.trainer = TrainShard(base_model, shard_model_path, dtype=dtype, trust_remote_code=trust_remote_code,
-                                  remote_group=remote_group)  # ty: ignore[unknown-argument] - remote_class adds it
-        self.samplers = SamplerShard(base_model, shard_model_path, dtype=dtype, max_batch_size=max_batch_size,
-                                     trust_remote_code=trust_remote_code, remote_group=sampler_remote_group)  # ty: ignore[unknown-argument] - remote_class adds it
+        self.trainer = TrainShard(
+            base_model, shard_model_path, dtype=dtype, trust_remote_code=trust_remote_code, remote_group=remote_group
+        )  # ty: ignore[unknown-argument] - remote_class adds it
+        self.samplers = SamplerShard(
+            base_model,
+            shard_model_path,
+            dtype=dtype,
+            max_batch_size=max_batch_size,
+            trust_remote_code=trust_remote_code,
+            remote_group=sampler_remote_group,
+        )  # ty: ignore[unknown-argument] - remote_class adds it
         if remote_group is None:  # a local shard: its engine and base model are in this process
             self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
         info = self.trainer.describe()
@@ -190,8 +205,9 @@ class RemoteBackend(Backend):
     def sample(self, sampler, prompt, num_samples, params, prompt_logprobs):
         if sampler is not None and sampler not in self._sampler_names:
             raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
-        return self._sample("sample_one", sampler, prompt, num_samples, params, prompt_logprobs,
-                            route=next(self._route))
+        return self._sample(
+            "sample_one", sampler, prompt, num_samples, params, prompt_logprobs, route=next(self._route)
+        )
 
     def close(self) -> None:
         """Stop the remote groups' actors (local shards have none)."""

@@ -13,16 +13,26 @@ class TorchSampling:
     vocab_size: int
     max_context: int
 
-    def _init_sampler(self, model_path: str, torch_dtype, max_batch_size: int, device: str | None = None,
-                      trust_remote_code: bool = False) -> None:
+    def _init_sampler(
+        self,
+        model_path: str,
+        torch_dtype,
+        max_batch_size: int,
+        device: str | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from twinkle.sampler import TorchSampler
 
         trust = {"trust_remote_code": trust_remote_code}  # the operator's opt-in (ModelEntry), never the client's
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, **trust)
-        self.sampler = TorchSampler(model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, **trust),
-                                    tokenizer=self.tokenizer, max_batch_size=max_batch_size, device=device)
+        self.sampler = TorchSampler(
+            model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, **trust),
+            tokenizer=self.tokenizer,
+            max_batch_size=max_batch_size,
+            device=device,
+        )
 
     def install_sampler_from_adapter(self, sampler, adapter):
         self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())  # ty: ignore[missing-attribute] - a mixin: the training backend it joins has adapter_tensors
@@ -51,8 +61,9 @@ class TorchSampling:
             if max_tokens < 1:
                 raise UserError(f"prompt ({len(prompt)}) fills the context of {self.max_context}: no room to sample")
         if len(prompt) + max_tokens > self.max_context:
-            raise UserError(f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the context "
-                            f"of {self.max_context}")
+            raise UserError(
+                f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the context of {self.max_context}"
+            )
         stop = [params.stop] if isinstance(params.stop, (str, int)) else params.stop
         bad = [t for t in stop or [] if isinstance(t, int) and not isinstance(t, bool) and not 0 <= t < self.vocab_size]
         if bad:
@@ -62,27 +73,43 @@ class TorchSampling:
                 raise UserError(f"{name} must be between 0 and the vocabulary size {self.vocab_size}, got {k}")
         last_n = params.prompt_logprobs_last_n
         if last_n is not None and not 1 <= last_n <= len(prompt) - 1:
-            raise UserError(f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {len(prompt) - 1}, "
-                            f"got {last_n}")
+            raise UserError(
+                f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {len(prompt) - 1}, got {last_n}"
+            )
         try:
-            sp = SamplingParams(max_tokens=max_tokens, temperature=params.temperature,
-                                top_k=0 if params.top_k == -1 else params.top_k, top_p=params.top_p, seed=params.seed,
-                                # Tinker: an explicit empty list turns off every stop, EOS included
-                                stop=stop or None, ignore_eos=stop == [], num_samples=num_samples,
-                                logprobs=params.topk_sample or True,
-                                prompt_logprobs=params.topk_prompt or bool(prompt_logprobs))
+            sp = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=params.temperature,
+                top_k=0 if params.top_k == -1 else params.top_k,
+                top_p=params.top_p,
+                seed=params.seed,
+                # Tinker: an explicit empty list turns off every stop, EOS included
+                stop=stop or None,
+                ignore_eos=stop == [],
+                num_samples=num_samples,
+                logprobs=params.topk_sample or True,
+                prompt_logprobs=params.topk_prompt or bool(prompt_logprobs),
+            )
         except ValueError as e:
             raise UserError(str(e)) from None
         targets = params.target_prompt_ids
-        if targets is not None and (targets.ndim != 2 or targets.shape[0] != len(prompt) - 1
-                                    or not ((targets >= -1) & (targets < self.vocab_size)).all()):
-            raise UserError(f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
-                            f"in [0, {self.vocab_size}) or -1")
+        if targets is not None and (
+            targets.ndim != 2
+            or targets.shape[0] != len(prompt) - 1
+            or not ((targets >= -1) & (targets < self.vocab_size)).all()
+        ):
+            raise UserError(
+                f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
+                f"in [0, {self.vocab_size}) or -1"
+            )
         (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
-        result = SampleResult(seqs, scored(resp.prompt_logprobs) if prompt_logprobs else None,
-                              scored(resp.prompt_top_logprobs) if params.topk_prompt else None)
+        result = SampleResult(
+            seqs,
+            scored(resp.prompt_logprobs) if prompt_logprobs else None,
+            scored(resp.prompt_top_logprobs) if params.topk_prompt else None,
+        )
         if targets is not None or params.prompt_alt_tokens_k:
             import torch
 
@@ -93,8 +120,9 @@ class TorchSampling:
                 scores = table_T_V.gather(1, ids).masked_fill(torch.from_numpy(targets) < 0, 0.0)
                 result.target_prompt_logprobs = scores.numpy()
             if params.prompt_alt_tokens_k:
-                result.prompt_alt_tokens = _draw_alternatives(table_T_V, params.prompt_alt_tokens_k,
-                                                              params.temperature, params.seed)
+                result.prompt_alt_tokens = _draw_alternatives(
+                    table_T_V, params.prompt_alt_tokens_k, params.temperature, params.seed
+                )
         return result
 
 

@@ -41,6 +41,7 @@ class PeerFailed(UserError):
 def returns_user_errors(fn):
     """Answer a UserError as a value: the driver re-raises it as the user's error (a raised one would
     come back as a RemoteError, a server error)."""
+
     def run(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
@@ -108,8 +109,7 @@ def merge_rank_results(per_rank: list[dict]) -> list:
         metrics = {}
         for key in done[0][0].metrics:
             values = [(x.metrics[key], n) for x, n in done]
-            metrics[key] = (sum(v for v, _ in values) if key.endswith(":sum")
-                            else sum(v * n for v, n in values) / total)
+            metrics[key] = sum(v for v, _ in values) if key.endswith(":sum") else sum(v * n for v, n in values) / total
         merged.append(ForwardResult([lp for x, _ in done for lp in x.logprobs], metrics))
     return merged
 
@@ -144,26 +144,36 @@ def _merge_records(records: list[ForwardRecord]) -> ForwardRecord:
         loss = sum((r.loss or 0.0) * r.loss_tokens for r in scored) / tokens  # a finite scored record has a loss
     else:
         loss = next((r.loss for r in scored if not r.finite), float("nan"))
-    extras = {k: sum(r.extras.get(k, 0.0) * r.loss_tokens for r in scored) / tokens
-              for k in (scored[0].extras if finite else {})}
-    return ForwardRecord(loss=loss, loss_tokens=tokens, input_tokens=sum(r.input_tokens for r in records),
-                         correct_tokens=sum(r.correct_tokens for r in records),
-                         seconds=max(r.seconds for r in records), flops=sum(r.flops for r in records),
-                         finite=finite, extras=extras)
+    extras = {
+        k: sum(r.extras.get(k, 0.0) * r.loss_tokens for r in scored) / tokens
+        for k in (scored[0].extras if finite else {})
+    }
+    return ForwardRecord(
+        loss=loss,
+        loss_tokens=tokens,
+        input_tokens=sum(r.input_tokens for r in records),
+        correct_tokens=sum(r.correct_tokens for r in records),
+        seconds=max(r.seconds for r in records),
+        flops=sum(r.flops for r in records),
+        finite=finite,
+        extras=extras,
+    )
 
 
 @remote_class
 class TrainShard(MultiLoraBackend):
     """One data-parallel rank of the training model (MultiLoraModel, no sampler of its own)."""
 
-    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
-                 trust_remote_code: bool = False):
+    def __init__(
+        self, base_model: str, model_path: str | None, *, dtype: str = "float32", trust_remote_code: bool = False
+    ):
         if model_path is None:  # resolved on this rank's node, as a hub id is
             from twinkle.hub import resolve_model_path
 
             model_path = str(resolve_model_path(base_model))
-        super().__init__(base_model, model_path, dtype=dtype, device=_group_device(),
-                         trust_remote_code=trust_remote_code)
+        super().__init__(
+            base_model, model_path, dtype=dtype, device=_group_device(), trust_remote_code=trust_remote_code
+        )
 
     def _init_sampler(self, *args, **kwargs) -> None:
         pass  # sampling is the SamplerShard's
@@ -191,7 +201,9 @@ class TrainShard(MultiLoraBackend):
             return read_files(folder)
 
     @returns_user_errors
-    def load_checkpoint_files(self, name: str, files: dict[str, bytes], training_state: bool, implicit_adam: bool) -> dict:
+    def load_checkpoint_files(
+        self, name: str, files: dict[str, bytes], training_state: bool, implicit_adam: bool
+    ) -> dict:
         with tempfile.TemporaryDirectory() as folder:
             write_files(files, folder)
             return super().load_checkpoint(name, folder, training_state, implicit_adam)
@@ -199,10 +211,16 @@ class TrainShard(MultiLoraBackend):
     @remote_method(dispatch=_slice_items, collect=merge_rank_results)
     def forward_backward_many(self, items) -> dict:
         states = {it.adapter: self.engine.adapters[it.adapter] for it in items if it.adapter in self.engine.adapters}
-        saved = {it.adapter: _Saved([None if p.grad is None else p.grad.clone() for p in states[it.adapter].params],
-                                    states[it.adapter].nonfinite_pending, states[it.adapter].micro_step,
-                                    states[it.adapter].consumed_batches)
-                 for it in items if not it.forward_only and it.adapter in states}
+        saved = {
+            it.adapter: _Saved(
+                [None if p.grad is None else p.grad.clone() for p in states[it.adapter].params],
+                states[it.adapter].nonfinite_pending,
+                states[it.adapter].micro_step,
+                states[it.adapter].consumed_batches,
+            )
+            for it in items
+            if not it.forward_only and it.adapter in states
+        }
         recorders = {(name, train): _Recorder() for name in states for train in (True, False)}
         kept = {name: (s.train_metrics, s.eval_metrics) for name, s in states.items()}
         for name, s in states.items():
@@ -219,17 +237,33 @@ class TrainShard(MultiLoraBackend):
         finally:
             for name, s in states.items():
                 s.train_metrics, s.eval_metrics = kept[name]
-        mine = [(isinstance(r, Exception), None if r is None or isinstance(r, Exception)
-                 else recorders[(item.adapter, not item.forward_only)].record) for item, r in zip(items, results)]
+        mine = [
+            (
+                isinstance(r, Exception),
+                None
+                if r is None or isinstance(r, Exception)
+                else recorders[(item.adapter, not item.forward_only)].record,
+            )
+            for item, r in zip(items, results)
+        ]
         everyone: list = [mine]
         if _world() > 1:
             everyone = [None] * _world()
             dist.all_gather_object(everyone, mine)
         for i, item in enumerate(items):
-            self._agree(i, item, results, [rank[i] for rank in everyone], mine[i][1], states.get(item.adapter),
-                        saved.get(item.adapter))
-        return {"results": results, "tokens": [sum(len(d.tokens) for d in item.data) if isinstance(item, DatumsPass)
-                                                else 0 for item in items]}
+            self._agree(
+                i,
+                item,
+                results,
+                [rank[i] for rank in everyone],
+                mine[i][1],
+                states.get(item.adapter),
+                saved.get(item.adapter),
+            )
+        return {
+            "results": results,
+            "tokens": [sum(len(d.tokens) for d in item.data) if isinstance(item, DatumsPass) else 0 for item in items],
+        }
 
     def _agree(self, i, item, results, parts, own, state, saved) -> None:
         """Make request i's outcome and effects on this rank those of the whole request."""
@@ -241,8 +275,13 @@ class TrainShard(MultiLoraBackend):
                 results[i] = PeerFailed("the request failed on another data-parallel rank")
         elif not isinstance(item, DatumsPass) and merged is not None:  # merged: some rank scored rows
             mine = results[i] or {}
-            results[i] = {**mine, "loss": merged.loss, "loss_tokens": merged.loss_tokens, "finite": merged.finite,
-                          "metrics": dict(merged.extras)}
+            results[i] = {
+                **mine,
+                "loss": merged.loss,
+                "loss_tokens": merged.loss_tokens,
+                "finite": merged.finite,
+                "metrics": dict(merged.extras),
+            }
         if state is None:
             return
         if saved is not None:
@@ -303,8 +342,15 @@ def _one_rank(args, kwargs, mesh, rank):
 class SamplerShard(TorchSampling):
     """One replica of the sampler (TorchSampler on its own copy of the base weights)."""
 
-    def __init__(self, base_model: str, model_path: str | None, *, dtype: str = "float32",
-                 max_batch_size: int = 64, trust_remote_code: bool = False):
+    def __init__(
+        self,
+        base_model: str,
+        model_path: str | None,
+        *,
+        dtype: str = "float32",
+        max_batch_size: int = 64,
+        trust_remote_code: bool = False,
+    ):
         from transformers import AutoConfig
 
         if model_path is None:
@@ -314,8 +360,13 @@ class SamplerShard(TorchSampling):
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
         self.vocab_size = config.vocab_size
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, getattr(torch, dtype), max_batch_size, device=_group_device(),
-                           trust_remote_code=trust_remote_code)
+        self._init_sampler(
+            model_path,
+            getattr(torch, dtype),
+            max_batch_size,
+            device=_group_device(),
+            trust_remote_code=trust_remote_code,
+        )
 
     def set_adapter(self, name: str, weights) -> None:
         self.sampler.set_adapter(name, weights)

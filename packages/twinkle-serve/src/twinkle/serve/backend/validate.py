@@ -44,12 +44,16 @@ def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: 
                 raise UserError(f"datum {i}: loss {loss_fn!r} needs loss_fn_inputs[{key!r}]")
         for key, arr in d.inputs.items():
             if arr.size != n:
-                raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
-                                f"input of {n} tokens (shape mismatch)")
+                raise UserError(
+                    f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
+                    f"input of {n} tokens (shape mismatch)"
+                )
             if key != "target_tokens" and not np.all(np.isfinite(arr)):
                 raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] contains NaN or inf")
-        for label, arr in (("model_input", np.asarray(d.tokens, dtype=np.int64)),
-                           ("target_tokens", d.inputs["target_tokens"].astype(np.int64).reshape(-1))):
+        for label, arr in (
+            ("model_input", np.asarray(d.tokens, dtype=np.int64)),
+            ("target_tokens", d.inputs["target_tokens"].astype(np.int64).reshape(-1)),
+        ):
             bad = arr[(arr < 0) | (arr >= vocab_size)]
             if bad.size:
                 raise UserError(f"datum {i}: {label} token {int(bad[0])} is outside the vocabulary [0, {vocab_size})")

@@ -77,7 +77,8 @@ class AdapterMemory:
                 raise AdapterMemoryFull(
                     f"adapter memory is full: this LoRA (rank {rank}) needs {need / 2**20:.2f} MiB, "
                     f"{used / 2**20:.2f} MiB of the server's {self.cap / 2**20:.2f} MiB (max_adapter_memory_mb) "
-                    "are in use; finish a session (or close a model) to free its adapters, or use a smaller rank")
+                    "are in use; finish a session (or close a model) to free its adapters, or use a smaller rank"
+                )
             self._held[key] = need
 
     def used(self) -> int:

@@ -27,20 +27,30 @@ def parse_path(path) -> tuple[str, Kind, str]:
     """`tinker://{model_id}/{weights|sampler_weights}/{name}` -> (model_id, kind, name)."""
     if not isinstance(path, str) or not path.startswith("tinker://"):
         raise BadRequest(f"checkpoint path {path!r} must look like tinker://<model_id>/weights/<name>")
-    parts = path[len("tinker://"):].split("/")
+    parts = path[len("tinker://") :].split("/")
     if len(parts) != 3 or parts[1] not in KIND or not parts[2]:
-        raise BadRequest(f"checkpoint path {path!r} must look like tinker://<model_id>/weights/<name> "
-                         "or tinker://<model_id>/sampler_weights/<name>")
+        raise BadRequest(
+            f"checkpoint path {path!r} must look like tinker://<model_id>/weights/<name> "
+            "or tinker://<model_id>/sampler_weights/<name>"
+        )
     return parts[0], KIND[parts[1]], parts[2]
 
 
 def check_name(name) -> str:
     # A name becomes one directory under the tenant's folder: no separators, no '.'/'..', no NUL or
     # other control characters (the OS would refuse them mid-write, as a server error).
-    if (not isinstance(name, str) or not name or len(name) > 128 or name in (".", "..")
-            or any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name)):
-        raise BadRequest(f"checkpoint name {name!r} must be 1-128 characters without '/', '\\', control "
-                         "characters, and not '.' or '..'")
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > 128
+        or name in (".", "..")
+        or any(c in name for c in "/\\")
+        or any(ord(c) < 32 or ord(c) == 127 for c in name)
+    ):
+        raise BadRequest(
+            f"checkpoint name {name!r} must be 1-128 characters without '/', '\\', control "
+            "characters, and not '.' or '..'"
+        )
     return name
 
 
@@ -70,8 +80,17 @@ class CheckpointOps:
             raise NotFound(f"checkpoint {path} not found")
         return ckpt
 
-    def write(self, run: Run, kind: Kind, name: str, fill: Callable[[Path], dict], *, overwrite: bool = True,
-              ttl: float | None = None, user_metadata: dict | None = None) -> Checkpoint:
+    def write(
+        self,
+        run: Run,
+        kind: Kind,
+        name: str,
+        fill: Callable[[Path], dict],
+        *,
+        overwrite: bool = True,
+        ttl: float | None = None,
+        user_metadata: dict | None = None,
+    ) -> Checkpoint:
         """`fill(staging)` writes the files and answers the metadata to record beside them."""
         path = f"tinker://{run.model_id}/{SEGMENT[kind]}/{name}"
         relative = Path("tenants", run.tenant, run.model_id.replace(":", "_"), SEGMENT[kind], name)
@@ -82,17 +101,28 @@ class CheckpointOps:
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
         try:
             meta = fill(staging)
-            (staging / META_FILE).write_text(json.dumps({"base_model": run.base_model, "model_id": run.model_id,
-                                                         **meta}))
+            (staging / META_FILE).write_text(
+                json.dumps({"base_model": run.base_model, "model_id": run.model_id, **meta})
+            )
             if final.exists():
                 shutil.rmtree(final)
             staging.rename(final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         now = time.time()
-        ckpt = Checkpoint(path, run.tenant, run.model_id, kind, name, now,
-                          sum(f.stat().st_size for f in final.rglob("*") if f.is_file()), False, now + ttl if ttl else None,
-                          str(relative), {str(k): str(v) for k, v in (user_metadata or {}).items()})
+        ckpt = Checkpoint(
+            path,
+            run.tenant,
+            run.model_id,
+            kind,
+            name,
+            now,
+            sum(f.stat().st_size for f in final.rglob("*") if f.is_file()),
+            False,
+            now + ttl if ttl else None,
+            str(relative),
+            {str(k): str(v) for k, v in (user_metadata or {}).items()},
+        )
         self.table.put(ckpt)
         return ckpt
 
@@ -114,7 +144,8 @@ class CheckpointOps:
         return self.table.of_tenant(tenant, limit, offset)
 
     def set_ttl(self, ckpt: Checkpoint, ttl_seconds) -> None:
-        if ttl_seconds is not None and (not isinstance(ttl_seconds, int) or isinstance(ttl_seconds, bool)
-                                        or ttl_seconds <= 0):
+        if ttl_seconds is not None and (
+            not isinstance(ttl_seconds, int) or isinstance(ttl_seconds, bool) or ttl_seconds <= 0
+        ):
             raise BadRequest(f"ttl_seconds must be a positive integer or null, got {ttl_seconds!r}")
         self.table.set_expiry(ckpt.tinker_path, None if ttl_seconds is None else time.time() + ttl_seconds)

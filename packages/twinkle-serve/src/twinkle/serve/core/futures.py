@@ -28,9 +28,16 @@ class FutureHub:
         self._events: dict[str, asyncio.Event] = {}
         self._lock = threading.Lock()
         # Futures still pending when the last server stopped can never complete: say so, don't hang clients.
-        self.futures.fail_pending(JSON, json.dumps({"error": "the server restarted while this request was pending, so it may or may not have run; "
-                                          "check its effect (e.g. list checkpoints) and resubmit it",
-                                         "category": "server"}).encode())
+        self.futures.fail_pending(
+            JSON,
+            json.dumps(
+                {
+                    "error": "the server restarted while this request was pending, so it may or may not have run; "
+                    "check its effect (e.g. list checkpoints) and resubmit it",
+                    "category": "server",
+                }
+            ).encode(),
+        )
         self._pruned_at = 0.0
         self.prune()
 

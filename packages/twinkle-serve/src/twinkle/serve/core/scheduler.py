@@ -29,8 +29,14 @@ log = logging.getLogger("twinkle.serve")
 
 
 class Scheduler:
-    def __init__(self, hub: FutureHub, name: str = "worker", fuse_runner: Callable | None = None,
-                 max_fuse: int = 8, on_pass: Callable[[float, int], None] | None = None):
+    def __init__(
+        self,
+        hub: FutureHub,
+        name: str = "worker",
+        fuse_runner: Callable | None = None,
+        max_fuse: int = 8,
+        on_pass: Callable[[float, int], None] | None = None,
+    ):
         self.hub = hub
         self.on_pass = on_pass  # (seconds, requests served) after every pass: the server's metrics
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
@@ -44,13 +50,18 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=f"twinkle-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, queue: str, seq_id: int | None, request_id: str, fn: Callable[[], tuple[str, object]],
-               fuse: tuple | None = None) -> None:
+    def submit(
+        self,
+        queue: str,
+        seq_id: int | None,
+        request_id: str,
+        fn: Callable[[], tuple[str, object]],
+        fuse: tuple | None = None,
+    ) -> None:
         """`fn()` returns ("json", dict) or ("proto", bytes); it runs on the worker thread."""
         with self._cond:
             heap = self._queues.setdefault(queue, [])
-            heapq.heappush(heap, (seq_id if seq_id is not None else 2**62, next(self._tiebreak), request_id, fn,
-                                  fuse))
+            heapq.heappush(heap, (seq_id if seq_id is not None else 2**62, next(self._tiebreak), request_id, fn, fuse))
             if queue not in self._ready:
                 self._ready.append(queue)
             self._cond.notify()

@@ -28,8 +28,9 @@ class Service:
     # ---- sessions ------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list | None = None, user_metadata: dict | None = None) -> Session:
         now = time.time()
-        session = Session(uuid.uuid4().hex[:20], tenant, now, now, tags=list(tags or []),
-                          user_metadata=dict(user_metadata or {}))
+        session = Session(
+            uuid.uuid4().hex[:20], tenant, now, now, tags=list(tags or []), user_metadata=dict(user_metadata or {})
+        )
         self.store.sessions.create(session)
         return session
 
@@ -50,8 +51,16 @@ class Service:
         """429 when the tenant already holds its limit of live runs."""
         self.rt.limits.models(tenant, self.store.runs.count_owned(tenant, self.rt.live.run_ids()))
 
-    def create_run(self, tenant: str, session_id: str, model_id: str, engine: Engine, api: Api, lora: dict,
-                   user_metadata: dict | None = None) -> Run:
+    def create_run(
+        self,
+        tenant: str,
+        session_id: str,
+        model_id: str,
+        engine: Engine,
+        api: Api,
+        lora: dict,
+        user_metadata: dict | None = None,
+    ) -> Run:
         if self.store.runs.get(model_id) is not None:
             raise BadRequest(f"model {model_id!r} already exists")
         now = time.time()
@@ -63,8 +72,10 @@ class Service:
         """The run's adapter name on its backend (on the worker thread: after its queued creation)."""
         live = self.rt.live.get(model_id)
         if live is None:
-            raise UserError(f"model {model_id!r} is not loaded (its session finished or the server restarted); "
-                            "resume it from a checkpoint")
+            raise UserError(
+                f"model {model_id!r} is not loaded (its session finished or the server restarted); "
+                "resume it from a checkpoint"
+            )
         return live.adapter
 
     def set_live(self, model_id: str, engine: Engine, adapter: str, replace: bool = True) -> None:
@@ -103,8 +114,15 @@ class Service:
         self.usage.check_storage(tenant)
 
     # ---- queued work ---------------------------------------------------------------------------
-    def submit(self, tenant: str, engine: Engine, queue: str, seq_id: int | None,
-               fn: Callable[[], tuple[str, object]], fuse: tuple | None = None) -> str:
+    def submit(
+        self,
+        tenant: str,
+        engine: Engine,
+        queue: str,
+        seq_id: int | None,
+        fn: Callable[[], tuple[str, object]],
+        fuse: tuple | None = None,
+    ) -> str:
         """Queue `fn` (or its fusable `fuse=(item, finish)`) on the base model's scheduler; the future's id."""
         request_id = self.rt.hub.create(tenant)
         engine.scheduler.submit(queue, seq_id, request_id, fn, fuse=fuse)

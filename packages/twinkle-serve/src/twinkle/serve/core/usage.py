@@ -24,13 +24,24 @@ KINDS = ("training", "sampling_prefill", "sampling_sample")
 
 
 class QuotaExceeded(ApiError):
-    def __init__(self, tenant: str, quota: str, limit: int, used: int, status: int, wanted: int = 0,
-                 retry_after: int | None = None):
+    def __init__(
+        self,
+        tenant: str,
+        quota: str,
+        limit: int,
+        used: int,
+        status: int,
+        wanted: int = 0,
+        retry_after: int | None = None,
+    ):
         more = f" (this request needs {wanted} more)" if wanted else ""
         # x-should-retry: false: the Tinker SDK would otherwise retry a 409 or 429 for minutes
         headers = {"x-should-retry": "false", **({"Retry-After": str(retry_after)} if retry_after else {})}
-        super().__init__(f"key {tenant!r} is over its {quota} quota: {used} used of {limit}{more}; "
-                         "an operator raises it with `twinkle-server keys set-quota`", headers=headers)
+        super().__init__(
+            f"key {tenant!r} is over its {quota} quota: {used} used of {limit}{more}; "
+            "an operator raises it with `twinkle-server keys set-quota`",
+            headers=headers,
+        )
         self.status = status
         self.extra = {"quota": quota, "limit": limit, "used": used}
 
@@ -38,7 +49,7 @@ class QuotaExceeded(ApiError):
 def _run_of(sampler: Sampler) -> str | None:
     """The training run a sampler's checkpoint came from (tinker://{model_id}/...), if any."""
     path = sampler.model_path or ""
-    return path[len("tinker://"):].split("/", 1)[0] if path.startswith("tinker://") and "/" in path[9:] else None
+    return path[len("tinker://") :].split("/", 1)[0] if path.startswith("tinker://") and "/" in path[9:] else None
 
 
 class UsageLedger:
@@ -82,9 +93,14 @@ class UsageLedger:
     def report(self, tenant: str) -> dict:
         totals = self.store.usage.totals(tenant)
         day = time.time() // DAY * DAY
-        return {"tenant": tenant, "tokens": {k: totals.get(k, 0) for k in KINDS},
-                "tokens_today": self.store.usage.since(tenant, day),
-                "checkpoint_bytes": self.store.quotas.bytes_stored(tenant),
-                "quotas": self.store.quotas.get(tenant),
-                "runs": [{k: r[k] for k in ("model_id", "api", "training", "sampling", "checkpoint_bytes")}
-                         for r in self.store.usage.of_runs(tenant)]}
+        return {
+            "tenant": tenant,
+            "tokens": {k: totals.get(k, 0) for k in KINDS},
+            "tokens_today": self.store.usage.since(tenant, day),
+            "checkpoint_bytes": self.store.quotas.bytes_stored(tenant),
+            "quotas": self.store.quotas.get(tenant),
+            "runs": [
+                {k: r[k] for k in ("model_id", "api", "training", "sampling", "checkpoint_bytes")}
+                for r in self.store.usage.of_runs(tenant)
+            ],
+        }

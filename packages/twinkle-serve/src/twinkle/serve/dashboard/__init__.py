@@ -46,8 +46,11 @@ def build_dashboard_router(views: NativeViews) -> APIRouter:
     def dashboard():
         return page
 
-    @r.get(f"{PREFIX}/dashboard/summary", response_model=DashboardSummary,
-           summary="The caller's runs with their loss/reward curves, and the server's queue and throughput")
+    @r.get(
+        f"{PREFIX}/dashboard/summary",
+        response_model=DashboardSummary,
+        summary="The caller's runs with their loss/reward curves, and the server's queue and throughput",
+    )
     def summary(limit: int = Query(20, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         runs, usage = [], ledger.report(t)
         per_run = {r["model_id"]: r for r in usage["runs"]}
@@ -55,8 +58,13 @@ def build_dashboard_router(views: NativeViews) -> APIRouter:
         for run in views.runs(t, limit).runs:
             curves = rt.store.curves.of(run.model_id)
             counted = per_run.get(run.model_id, zero)
-            runs.append(DashboardRun(**run.model_dump(), curves={k: curves.get(k, []) for k in CURVES},
-                                     usage={k: counted[k] for k in zero}))
+            runs.append(
+                DashboardRun(
+                    **run.model_dump(),
+                    curves={k: curves.get(k, []) for k in CURVES},
+                    usage={k: counted[k] for k in zero},
+                )
+            )
         status = views.status(t) if rt.ready.is_set() else None
         return DashboardSummary(tenant=t, status=status, runs=runs, usage=usage)
 

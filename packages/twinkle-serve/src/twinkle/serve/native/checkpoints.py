@@ -26,9 +26,17 @@ class NativeCheckpoints:
 
             def fill(staging) -> dict:
                 backend.save_checkpoint(internal, staging, req.save_training_state)
-                return {"native": True, "adapter_name": self.models.label(model_id, internal),
-                        "lora": {"rank": backend.adapter_rank(internal), "seed": None, "train_attn": True, "train_mlp": True,
-                                 "train_unembed": False}}
+                return {
+                    "native": True,
+                    "adapter_name": self.models.label(model_id, internal),
+                    "lora": {
+                        "rank": backend.adapter_rank(internal),
+                        "seed": None,
+                        "train_attn": True,
+                        "train_mlp": True,
+                        "train_unembed": False,
+                    },
+                }
 
             ckpt = self.svc.checkpoints.write(run, "training", name, fill)
             return CheckpointRef(path=ckpt.tinker_path, model_id=model_id).model_dump()
@@ -45,8 +53,9 @@ class NativeCheckpoints:
         if not self.models.has(model_id, label):  # a new adapter from the folder's own LoraConfig: counted
             from peft import LoraConfig
 
-            self.models.reserve(run, internal_name(model_id, label),
-                                user_errors(LoraConfig.from_pretrained)(str(folder)))
+            self.models.reserve(
+                run, internal_name(model_id, label), user_errors(LoraConfig.from_pretrained)(str(folder))
+            )
 
         @user_errors
         def work(backend, run):

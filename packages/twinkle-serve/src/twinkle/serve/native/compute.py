@@ -45,8 +45,9 @@ class NativeCompute:
             if backend.base_model not in self._templates:
                 from twinkle.template import Template
 
-                self._templates[backend.base_model] = Template(model_id=backend.tokenizer_path,
-                                                               tokenizer=backend.tokenizer)
+                self._templates[backend.base_model] = Template(
+                    model_id=backend.tokenizer_path, tokenizer=backend.tokenizer
+                )
             return self._templates[backend.base_model]
 
     def rows(self, backend, req: ForwardRequest) -> list[dict]:
@@ -54,8 +55,10 @@ class NativeCompute:
         if (inputs.rows is None) == (inputs.trajectories is None):
             raise UserError("inputs needs exactly one of 'rows' (encoded) or 'trajectories' (chat messages)")
         if inputs.rows is not None:
-            return [{"input_ids": r.input_ids, **({"labels": r.labels} if r.labels is not None else {}), **r.fields}
-                    for r in inputs.rows]
+            return [
+                {"input_ids": r.input_ids, **({"labels": r.labels} if r.labels is not None else {}), **r.fields}
+                for r in inputs.rows
+            ]
         template, rows = self.template(backend), []
         assert inputs.trajectories is not None  # exactly one of the two, checked above
         for i, traj in enumerate(inputs.trajectories):
@@ -82,8 +85,11 @@ class NativeCompute:
             self.rt.throughput.count_tokens(tokens)
             self.svc.count_training(run, tokens)  # usage, as the Tinker billing routes report it
             if not backward:
-                return ForwardResult(loss=out["loss"] if out.get("finite") else None, metrics=out.get("metrics", {}),
-                                     logprobs=[[0.0] + lps for lps in out["logprobs"]]).model_dump()
+                return ForwardResult(
+                    loss=out["loss"] if out.get("finite") else None,
+                    metrics=out.get("metrics", {}),
+                    logprobs=[[0.0] + lps for lps in out["logprobs"]],
+                ).model_dump()
             key = (model_id, internal)
             self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1
             self.rt.store.curves.add(model_id, tenant, step, {"loss": out["loss"]} if out.get("finite") else {})
@@ -110,10 +116,12 @@ class NativeCompute:
             internal = self.models.adapter(model_id, req.adapter_name)
             out = backend.clip_grad_and_step(internal, req.max_grad_norm)
             if out.get("stepped"):
-                self.rt.store.curves.add(model_id, tenant, out["step"], {"grad_norm": out["grad_norm"],
-                                                                        "lr": out["lr"]})
-            return StepResult(stepped=bool(out.get("stepped")), grad_norm=out.get("grad_norm"), lr=out.get("lr"),
-                              step=out.get("step")).model_dump()
+                self.rt.store.curves.add(
+                    model_id, tenant, out["step"], {"grad_norm": out["grad_norm"], "lr": out["lr"]}
+                )
+            return StepResult(
+                stepped=bool(out.get("stepped")), grad_norm=out.get("grad_norm"), lr=out.get("lr"), step=out.get("step")
+            ).model_dump()
 
         return self.models.submit(tenant, model_id, seq, work)
 

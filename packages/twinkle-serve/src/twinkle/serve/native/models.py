@@ -43,8 +43,9 @@ class NativeModels:
     def engine_of(self, run: Run):
         return self.rt.engine(run.base_model)
 
-    def submit(self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None,
-               run: Run | None = None) -> dict:
+    def submit(
+        self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None, run: Run | None = None
+    ) -> dict:
         """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a
         FutureRef. `run`: the tenant's run when the caller has already looked it up."""
         run = run or self.model(tenant, model_id)
@@ -52,8 +53,7 @@ class NativeModels:
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
             seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
-        request_id = self.svc.submit(tenant, engine, model_id, seq,
-                                     lambda: ("json", fn(engine.backend, run)), fuse)
+        request_id = self.svc.submit(tenant, engine, model_id, seq, lambda: ("json", fn(engine.backend, run)), fuse)
         return {"request_id": request_id, "model_id": model_id}
 
     def adapter(self, model_id: str, name: str | None) -> str:
@@ -62,17 +62,21 @@ class NativeModels:
         if not adapters:
             run = self.rt.store.runs.get(model_id)
             if run and run.created_at < self._started_at:
-                raise UserError(f"model {model_id!r} has no adapter in this server process: the server restarted "
-                                "since it was created (or the model was closed); add the adapter again and resume it "
-                                "from a checkpoint (resume_from_checkpoint / load)")
+                raise UserError(
+                    f"model {model_id!r} has no adapter in this server process: the server restarted "
+                    "since it was created (or the model was closed); add the adapter again and resume it "
+                    "from a checkpoint (resume_from_checkpoint / load)"
+                )
             raise UserError(f"model {model_id!r} has no adapter yet; call add_adapter_to_model first")
         if name is None:
             if len(adapters) != 1:
                 raise UserError(f"model {model_id!r} has adapters {sorted(adapters)}: pass adapter_name")
             return next(iter(adapters.values()))
         if name not in adapters:
-            raise UserError(f"no adapter {name!r} on model {model_id!r}; call add_adapter_to_model first "
-                            f"(existing: {sorted(adapters)})")
+            raise UserError(
+                f"no adapter {name!r} on model {model_id!r}; call add_adapter_to_model first "
+                f"(existing: {sorted(adapters)})"
+            )
         return adapters[name]
 
     def peek_adapter(self, model_id: str, name: str | None) -> str | None:
@@ -111,11 +115,18 @@ class NativeModels:
         engine = self.rt.engine(req.base_model)
         self.svc.admit_run(tenant)
         session = self.svc.create_session(tenant, ["native"])
-        run = self.svc.create_run(tenant, session.session_id, f"{session.session_id}:train:0", engine, "native",
-                                  {"rank": None, "seed": req.seed, "name": req.name},
-                                  {"name": req.name} if req.name else {})
-        return ModelInfo(model_id=run.model_id, base_model=engine.entry.name, session_id=session.session_id,
-                         name=req.name)
+        run = self.svc.create_run(
+            tenant,
+            session.session_id,
+            f"{session.session_id}:train:0",
+            engine,
+            "native",
+            {"rank": None, "seed": req.seed, "name": req.name},
+            {"name": req.name} if req.name else {},
+        )
+        return ModelInfo(
+            model_id=run.model_id, base_model=engine.entry.name, session_id=session.session_id, name=req.name
+        )
 
     def add_adapter(self, tenant: str, model_id: str, seq, req: AddAdapterRequest) -> dict:
         from peft import LoraConfig
@@ -152,6 +163,7 @@ class NativeModels:
 
     def close(self, tenant: str, model_id: str) -> dict:
         """Free the model's adapters once its queued work has run (the run and its checkpoints stay)."""
+
         def work(backend, run):
             with self._lock:
                 adapters = self._adapters.pop(model_id, {})

@@ -5,17 +5,34 @@ same ones the Tinker routes use). Submitting routes answer `FutureRef`; the opti
 header orders a model's requests as the client issued them (pipelined clients send several at once).
 """
 
-
 import json
 
 from fastapi import Depends, Header, Query
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.client.schema import (PREFIX, AddAdapterRequest, AddMetricRequest, CheckpointList, CreateModelRequest,
-                                   ForwardRequest, FutureRef, FutureResult, LoadRequest, LogRequest, MetricRequest,
-                                   ModelInfo, NamedComponent, ResultTypes, RunCurves, RunList, SampleRequest, SaveRequest,
-                                   ServerStatus, StepRequest)
+from twinkle.client.schema import (
+    PREFIX,
+    AddAdapterRequest,
+    AddMetricRequest,
+    CheckpointList,
+    CreateModelRequest,
+    ForwardRequest,
+    FutureRef,
+    FutureResult,
+    LoadRequest,
+    LogRequest,
+    MetricRequest,
+    ModelInfo,
+    NamedComponent,
+    ResultTypes,
+    RunCurves,
+    RunList,
+    SampleRequest,
+    SaveRequest,
+    ServerStatus,
+    StepRequest,
+)
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.service import Service
@@ -46,61 +63,90 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     def close_model(model_id: str, t: str = Depends(ready)):
         return models.close(t, model_id)
 
-    @r.post("/models/{model_id}/add_adapter_to_model", response_model=FutureRef,
-            summary="Add a LoRA adapter (full peft LoraConfig); result {adapter_name, rank}")
+    @r.post(
+        "/models/{model_id}/add_adapter_to_model",
+        response_model=FutureRef,
+        summary="Add a LoRA adapter (full peft LoraConfig); result {adapter_name, rank}",
+    )
     def add_adapter(model_id: str, body: AddAdapterRequest, t: str = Depends(ready), seq: int | None = Seq):
         return models.add_adapter(t, model_id, seq, body)
 
     def configure_route(what: str, model):
-        def handler(model_id: str, body: model, t: str = Depends(ready), seq: int | None = Seq):  
+        def handler(model_id: str, body: model, t: str = Depends(ready), seq: int | None = Seq):
             return models.configure(t, model_id, seq, what, body)
+
         handler.__name__ = f"set_{what}"
         path = "add_metric" if what == "metric" else f"set_{what}"
-        r.add_api_route(f"/models/{{model_id}}/{path}", handler, methods=["POST"], response_model=FutureRef,
-                        summary=f"{path} by registered name with keyword arguments; result {{set, name}}")
+        r.add_api_route(
+            f"/models/{{model_id}}/{path}",
+            handler,
+            methods=["POST"],
+            response_model=FutureRef,
+            summary=f"{path} by registered name with keyword arguments; result {{set, name}}",
+        )
 
     configure_route("loss", NamedComponent)
     configure_route("optimizer", NamedComponent)
     configure_route("lr_scheduler", NamedComponent)
     configure_route("metric", AddMetricRequest)
 
-    @r.post("/models/{model_id}/forward_backward", response_model=FutureRef,
-            summary="Forward, loss and backward (gradients accumulate); result ForwardResult")
+    @r.post(
+        "/models/{model_id}/forward_backward",
+        response_model=FutureRef,
+        summary="Forward, loss and backward (gradients accumulate); result ForwardResult",
+    )
     async def forward_backward(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
         return await run_in_threadpool(compute.forward, t, model_id, seq, body, True)
 
-    @r.post("/models/{model_id}/forward_only", response_model=FutureRef,
-            summary="No-gradient forward: per-row log-probs and the loss; result ForwardResult")
+    @r.post(
+        "/models/{model_id}/forward_only",
+        response_model=FutureRef,
+        summary="No-gradient forward: per-row log-probs and the loss; result ForwardResult",
+    )
     async def forward_only(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
         return await run_in_threadpool(compute.forward, t, model_id, seq, body, False)
 
-    @r.post("/models/{model_id}/forward", response_model=FutureRef,
-            summary="Forward pass (no gradient kept over HTTP): same result as forward_only")
+    @r.post(
+        "/models/{model_id}/forward",
+        response_model=FutureRef,
+        summary="Forward pass (no gradient kept over HTTP): same result as forward_only",
+    )
     async def forward(model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq):
         return await run_in_threadpool(compute.forward, t, model_id, seq, body, False)
 
-    @r.post("/models/{model_id}/clip_grad_and_step", response_model=FutureRef,
-            summary="Clip and step on accumulation boundaries; result StepResult")
+    @r.post(
+        "/models/{model_id}/clip_grad_and_step",
+        response_model=FutureRef,
+        summary="Clip and step on accumulation boundaries; result StepResult",
+    )
     def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = Seq):
         return compute.clip_grad_and_step(t, model_id, seq, body)
 
-    @r.post("/models/{model_id}/calculate_metric", response_model=FutureRef,
-            summary="Metrics since the last call (then reset); result {name: value}")
+    @r.post(
+        "/models/{model_id}/calculate_metric",
+        response_model=FutureRef,
+        summary="Metrics since the last call (then reset); result {name: value}",
+    )
     def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = Seq):
         return compute.calculate_metric(t, model_id, seq, body)
 
-    @r.post("/models/{model_id}/save", response_model=FutureRef,
-            summary="Save the adapter as a PEFT folder (+ training state); result CheckpointRef")
+    @r.post(
+        "/models/{model_id}/save",
+        response_model=FutureRef,
+        summary="Save the adapter as a PEFT folder (+ training state); result CheckpointRef",
+    )
     def save(model_id: str, body: SaveRequest, t: str = Depends(ready), seq: int | None = Seq):
         return saving.save(t, model_id, seq, body)
 
-    @r.post("/models/{model_id}/load", response_model=FutureRef,
-            summary="Load a checkpoint's weights (resume=true: also optimizer/scheduler state)")
+    @r.post(
+        "/models/{model_id}/load",
+        response_model=FutureRef,
+        summary="Load a checkpoint's weights (resume=true: also optimizer/scheduler state)",
+    )
     def load(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
         return saving.load(t, model_id, seq, body)
 
-    @r.post("/models/{model_id}/resume_from_checkpoint", response_model=FutureRef,
-            summary="load with resume=true")
+    @r.post("/models/{model_id}/resume_from_checkpoint", response_model=FutureRef, summary="load with resume=true")
     def resume(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
         return saving.load(t, model_id, seq, body.model_copy(update={"resume": True}))
 
@@ -108,13 +154,19 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     def log(model_id: str, body: LogRequest, t: str = Depends(auth.metered)) -> dict:
         return compute.log(t, model_id, body)
 
-    @r.post("/sample", response_model=FutureRef, summary="Sample from the base model, a model's adapter or a "
-            "checkpoint; result SampleResult")
+    @r.post(
+        "/sample",
+        response_model=FutureRef,
+        summary="Sample from the base model, a model's adapter or a checkpoint; result SampleResult",
+    )
     def sample(body: SampleRequest, t: str = Depends(ready)):
         return views.sample(t, body)
 
-    @r.get("/futures/{request_id}", response_model=FutureResult,
-           summary="Long-poll a future (up to `timeout` s, then status 'pending')")
+    @r.get(
+        "/futures/{request_id}",
+        response_model=FutureResult,
+        summary="Long-poll a future (up to `timeout` s, then status 'pending')",
+    )
     async def future(request_id: str, timeout: float = 25.0, t: str = Depends(tenant)):
         row = await rt.hub.wait(request_id, t, max(0.0, min(timeout, rt.config.long_poll_s)))
         if row is None:
@@ -124,8 +176,9 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         payload = json.loads(row.payload) if row.content_type == "application/json" and row.payload else None
         if row.status == "failed":
             failure = payload if isinstance(payload, dict) else {}
-            return FutureResult(request_id=request_id, status="failed", error=failure.get("error"),
-                                category=failure.get("category"))
+            return FutureResult(
+                request_id=request_id, status="failed", error=failure.get("error"), category=failure.get("category")
+            )
         return FutureResult(request_id=request_id, status="complete", result=payload)
 
     @r.get("/runs", response_model=RunList, summary="The caller's training runs (native and Tinker)")
@@ -140,8 +193,12 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     def checkpoints(model_id: str | None = None, t: str = Depends(tenant)):
         return views.checkpoints(t, model_id)
 
-    @r.get("/checkpoints/archive", summary="A checkpoint's PEFT folder as a zip",
-           response_class=Response, responses={200: {"content": {"application/zip": {}}}})
+    @r.get(
+        "/checkpoints/archive",
+        summary="A checkpoint's PEFT folder as a zip",
+        response_class=Response,
+        responses={200: {"content": {"application/zip": {}}}},
+    )
     def archive(path: str, t: str = Depends(tenant)):
         return Response(views.archive(t, path), media_type="application/zip")
 
@@ -149,11 +206,18 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     def server(t: str = Depends(tenant)):
         return views.status(t)
 
-    @r.get("/result_types", response_model=ResultTypes,
-           summary="The result model of each future kind (an example of each; for schema readers)")
+    @r.get(
+        "/result_types",
+        response_model=ResultTypes,
+        summary="The result model of each future kind (an example of each; for schema readers)",
+    )
     def result_types():
-        return ResultTypes(forward_backward={"loss": 2.5, "metrics": {}}, clip_grad_and_step={"stepped": True},
-                           save={"path": "tinker://s:train:0/weights/ckpt", "model_id": "s:train:0"},
-                           sample={"outputs": []}, calculate_metric={"loss": 2.5, "step": 1.0})
+        return ResultTypes(
+            forward_backward={"loss": 2.5, "metrics": {}},
+            clip_grad_and_step={"stepped": True},
+            save={"path": "tinker://s:train:0/weights/ckpt", "model_id": "s:train:0"},
+            sample={"outputs": []},
+            calculate_metric={"loss": 2.5, "step": 1.0},
+        )
 
     return r, views

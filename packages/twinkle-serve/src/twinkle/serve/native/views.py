@@ -8,8 +8,19 @@ import time
 import uuid
 import zipfile
 
-from twinkle.client.schema import (BaseModelInfo, CheckpointInfo, CheckpointList, RunCurves, RunList, RunSummary,
-                                   SampledSequence, SampleOutput, SampleRequest, SampleResult, ServerStatus)
+from twinkle.client.schema import (
+    BaseModelInfo,
+    CheckpointInfo,
+    CheckpointList,
+    RunCurves,
+    RunList,
+    RunSummary,
+    SampledSequence,
+    SampleOutput,
+    SampleRequest,
+    SampleResult,
+    ServerStatus,
+)
 from twinkle.serve.backend import DatumsPass, RowsPass, SampleParams, UserError
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
@@ -39,15 +50,23 @@ class NativeViews:
         else:
             engine, queue = self.rt.engine(req.base_model), f"sample:{tenant}"
         sp = req.sampling_params
-        params = SampleParams(max_tokens=sp.max_tokens, temperature=sp.temperature, top_k=sp.top_k or -1,
-                              top_p=sp.top_p, seed=sp.seed, stop=sp.stop)
+        params = SampleParams(
+            max_tokens=sp.max_tokens,
+            temperature=sp.temperature,
+            top_k=sp.top_k or -1,
+            top_p=sp.top_p,
+            seed=sp.seed,
+            stop=sp.stop,
+        )
 
         def run():
             backend = engine.backend
             if req.chats is not None:
                 template = self.compute.template(backend)
-                prompts = [template.encode_prompt({"messages": [m.model_dump(exclude_none=True) for m in chat]})
-                           ["input_ids"] for chat in req.chats]
+                prompts = [
+                    template.encode_prompt({"messages": [m.model_dump(exclude_none=True) for m in chat]})["input_ids"]
+                    for chat in req.chats
+                ]
             else:
                 assert req.prompts is not None  # exactly one of prompts / chats, checked above
                 prompts = req.prompts
@@ -62,10 +81,19 @@ class NativeViews:
                 outputs = []
                 for prompt in prompts:
                     result = backend.sample(sampler, list(prompt), sp.num_samples, params, False)
-                    outputs.append(SampleOutput(sequences=[
-                        SampledSequence(tokens=s.tokens, logprobs=s.logprobs, stop_reason=str(s.stop_reason),
-                                        text=backend.tokenizer.decode(s.tokens, skip_special_tokens=True))
-                        for s in result.sequences]))
+                    outputs.append(
+                        SampleOutput(
+                            sequences=[
+                                SampledSequence(
+                                    tokens=s.tokens,
+                                    logprobs=s.logprobs,
+                                    stop_reason=str(s.stop_reason),
+                                    text=backend.tokenizer.decode(s.tokens, skip_special_tokens=True),
+                                )
+                                for s in result.sequences
+                            ]
+                        )
+                    )
             finally:
                 if req.model_id is not None and sampler is not None:
                     backend.remove_sampler(sampler)
@@ -84,10 +112,19 @@ class NativeViews:
         out = []
         for run in self.store.runs.list(tenant, limit):
             last = self.store.curves.last(run.model_id, "loss")
-            out.append(RunSummary(model_id=run.model_id, name=run.name, base_model=run.base_model,
-                                  created_at=run.created_at, last_request_time=run.last_request_time, api=run.api,
-                                  lora_rank=run.lora.get("rank"), steps=self.store.curves.count(run.model_id, "loss"),
-                                  last_loss=last["value"] if last else None))
+            out.append(
+                RunSummary(
+                    model_id=run.model_id,
+                    name=run.name,
+                    base_model=run.base_model,
+                    created_at=run.created_at,
+                    last_request_time=run.last_request_time,
+                    api=run.api,
+                    lora_rank=run.lora.get("rank"),
+                    steps=self.store.curves.count(run.model_id, "loss"),
+                    last_loss=last["value"] if last else None,
+                )
+            )
         return RunList(runs=out)
 
     def curves(self, tenant: str, model_id: str, since_step: int = -1) -> RunCurves:
@@ -103,9 +140,19 @@ class NativeViews:
             rows = self.svc.checkpoints.of_run(tenant, model_id)[::-1]
         else:
             rows = self.svc.checkpoints.of_tenant(tenant)
-        return CheckpointList(checkpoints=[
-            CheckpointInfo(path=c.tinker_path, model_id=c.model_id, name=c.name, kind=c.kind,
-                           created_at=c.created_at, size_bytes=c.size_bytes) for c in rows])
+        return CheckpointList(
+            checkpoints=[
+                CheckpointInfo(
+                    path=c.tinker_path,
+                    model_id=c.model_id,
+                    name=c.name,
+                    kind=c.kind,
+                    created_at=c.created_at,
+                    size_bytes=c.size_bytes,
+                )
+                for c in rows
+            ]
+        )
 
     def archive(self, tenant: str, path: str) -> bytes:
         """The checkpoint's PEFT folder (adapter_model.safetensors + adapter_config.json) as a zip."""
@@ -121,14 +168,28 @@ class NativeViews:
 
     # ---- capacity and queue --------------------------------------------------------------------
     def status(self, tenant: str) -> ServerStatus:
-        models = [BaseModelInfo(name=name, backend=e.entry.backend, max_context=e.backend.max_context,
-                                vocab_size=e.backend.vocab_size, live_adapters=self.rt.live.count_on(name),
-                                fused_passes=e.scheduler.fused_passes,
-                                fused_requests={api: e.scheduler.fused_items[kind] for api, kind in FUSED_KINDS})
-                  for name, e in self.rt.engines.items()]
+        models = [
+            BaseModelInfo(
+                name=name,
+                backend=e.entry.backend,
+                max_context=e.backend.max_context,
+                vocab_size=e.backend.vocab_size,
+                live_adapters=self.rt.live.count_on(name),
+                fused_passes=e.scheduler.fused_passes,
+                fused_requests={api: e.scheduler.fused_items[kind] for api, kind in FUSED_KINDS},
+            )
+            for name, e in self.rt.engines.items()
+        ]
         pending, mine = self.store.futures.pending(tenant)
         done = self.store.futures.completed_since(time.time() - 60)
-        return ServerStatus(ready=self.rt.ready.is_set(), base_models=models, queue_depth=pending,
-                            tenant_queue_depth=mine, completed_last_60s=done, requests_per_s=done / 60.0,
-                            tokens_per_s=self.rt.throughput.tokens_per_s(), tenant=tenant,
-                            max_models_per_tenant=self.rt.limits.of(tenant).max_models)
+        return ServerStatus(
+            ready=self.rt.ready.is_set(),
+            base_models=models,
+            queue_depth=pending,
+            tenant_queue_depth=mine,
+            completed_last_60s=done,
+            requests_per_s=done / 60.0,
+            tokens_per_s=self.rt.throughput.tokens_per_s(),
+            tenant=tenant,
+            max_models_per_tenant=self.rt.limits.of(tenant).max_models,
+        )

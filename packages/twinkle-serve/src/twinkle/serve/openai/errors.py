@@ -15,8 +15,13 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.errors import ApiError
 from twinkle.serve.limits import LimitExceeded
 
-_TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         429: "rate_limit_exceeded", 503: "server_error"}
+_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "server_error",
+}
 
 
 class OpenAIError(ApiError):
@@ -27,10 +32,15 @@ class OpenAIError(ApiError):
         self.status, self.param, self.code = status, param, code
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
-                   headers: dict | None = None) -> JSONResponse:
-    body = {"message": message, "type": _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error"),
-            "param": param, "code": code}
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+) -> JSONResponse:
+    body = {
+        "message": message,
+        "type": _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+        "param": param,
+        "code": code,
+    }
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
@@ -57,8 +67,9 @@ class OpenAIRoute(APIRoute):
             except RequestValidationError as e:
                 return error_response(400, *_validation_message(e))
             except LimitExceeded as e:
-                return error_response(429, str(e), code="rate_limit_exceeded",
-                                      headers={"Retry-After": str(e.retry_after)})
+                return error_response(
+                    429, str(e), code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)}
+                )
             except UserError as e:
                 return error_response(400, str(e))
 

@@ -15,8 +15,9 @@ from twinkle.serve.openai.models import Target
 POLL_S = 30.0
 
 
-async def generate(svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int,
-                   params: SampleParams) -> list[SampleResult]:
+async def generate(
+    svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params: SampleParams
+) -> list[SampleResult]:
     """One SampleResult (n sequences) per prompt, in order."""
     rt, engine = svc.rt, target.engine
     rt.limits.input_tokens(tenant, sum(len(p) for p in prompts))

@@ -32,8 +32,9 @@ class Target:
 
 
 def _missing(model: str) -> OpenAIError:
-    return OpenAIError(404, f"The model {model!r} does not exist or you do not have access to it.", "model",
-                       "model_not_found")
+    return OpenAIError(
+        404, f"The model {model!r} does not exist or you do not have access to it.", "model", "model_not_found"
+    )
 
 
 class ModelResolver:
@@ -54,15 +55,24 @@ class ModelResolver:
                 raise _missing(model)
         base = self._base_of(ckpt)
         if base not in self.rt.engines:
-            raise OpenAIError(404, f"checkpoint {model!r} was trained on base model {base!r}, which this server "
-                                   f"no longer serves (it serves {sorted(self.rt.engines)})", "model", "model_not_found")
+            raise OpenAIError(
+                404,
+                f"checkpoint {model!r} was trained on base model {base!r}, which this server "
+                f"no longer serves (it serves {sorted(self.rt.engines)})",
+                "model",
+                "model_not_found",
+            )
         return Target(model, self.rt.engines[base], ckpt)
 
     def _base_of(self, ckpt: Checkpoint) -> str:
         run = self.rt.store.runs.get(ckpt.model_id)
         if run is None:
-            raise OpenAIError(404, f"checkpoint {ckpt.tinker_path!r} belongs to a run that no longer exists", "model",
-                              "model_not_found")
+            raise OpenAIError(
+                404,
+                f"checkpoint {ckpt.tinker_path!r} belongs to a run that no longer exists",
+                "model",
+                "model_not_found",
+            )
         return run.base_model
 
     def sampler_checkpoints(self, tenant: str) -> list[Checkpoint]:
@@ -71,6 +81,14 @@ class ModelResolver:
 
     def listing(self, tenant: str) -> list[dict]:
         base = [{"id": name, "object": "model", "created": 0, "owned_by": "twinkle"} for name in self.rt.engines]
-        return base + [{"id": c.tinker_path, "object": "model", "created": int(c.created_at), "owned_by": tenant,
-                        "name": c.name, "parent": self._base_of(c)}
-                       for c in self.sampler_checkpoints(tenant)]
+        return base + [
+            {
+                "id": c.tinker_path,
+                "object": "model",
+                "created": int(c.created_at),
+                "owned_by": tenant,
+                "name": c.name,
+                "parent": self._base_of(c),
+            }
+            for c in self.sampler_checkpoints(tenant)
+        ]

@@ -24,16 +24,28 @@ def _head(kind: str, model: str) -> dict:
 
 
 def chat_completion(tokenizer, body, rendered: list[Rendered], usage: dict) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": r.text, "refusal": None},
-                "logprobs": chat_logprobs(tokenizer, r) if body.logprobs else None, "finish_reason": r.finish_reason}
-               for i, r in enumerate(rendered)]
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": r.text, "refusal": None},
+            "logprobs": chat_logprobs(tokenizer, r) if body.logprobs else None,
+            "finish_reason": r.finish_reason,
+        }
+        for i, r in enumerate(rendered)
+    ]
     return {**_head("chat.completion", body.model), "choices": choices, "usage": usage}
 
 
 def completion(tokenizer, body, rendered: list[Rendered], usage: dict) -> dict:
-    choices = [{"index": i, "text": r.text, "finish_reason": r.finish_reason,
-                "logprobs": completion_logprobs(tokenizer, r) if body.logprobs is not None else None}
-               for i, r in enumerate(rendered)]
+    choices = [
+        {
+            "index": i,
+            "text": r.text,
+            "finish_reason": r.finish_reason,
+            "logprobs": completion_logprobs(tokenizer, r) if body.logprobs is not None else None,
+        }
+        for i, r in enumerate(rendered)
+    ]
     return {**_head("text_completion", body.model), "choices": choices, "usage": usage}
 
 

@@ -20,8 +20,11 @@ from twinkle.serve.openai.generate import generate
 from twinkle.serve.openai.models import ModelResolver
 from twinkle.serve.openai.text import render
 
-BEARER = HTTPBearer(auto_error=False, scheme_name="OpenAIBearer",
-                    description="The tenant's `tml-` key as the bearer token (the OpenAI clients' api_key)")
+BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name="OpenAIBearer",
+    description="The tenant's `tml-` key as the bearer token (the OpenAI clients' api_key)",
+)
 
 
 def build_openai_router(svc: Service) -> APIRouter:
@@ -29,12 +32,17 @@ def build_openai_router(svc: Service) -> APIRouter:
     models = ModelResolver(svc)
     router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 
-    def tenant(bearer: HTTPAuthorizationCredentials | None = Security(BEARER),
-               key: str | None = Security(API_KEY)) -> str:
+    def tenant(
+        bearer: HTTPAuthorizationCredentials | None = Security(BEARER), key: str | None = Security(API_KEY)
+    ) -> str:
         name = rt.keys.tenant_for(bearer.credentials if bearer else key)
         if name is None:
-            raise OpenAIError(401, "Incorrect or missing API key: send a key made with `twinkle-server keys create "
-                                   "NAME` as `Authorization: Bearer tml-...`", code="invalid_api_key")
+            raise OpenAIError(
+                401,
+                "Incorrect or missing API key: send a key made with `twinkle-server keys create "
+                "NAME` as `Authorization: Bearer tml-...`",
+                code="invalid_api_key",
+            )
         rt.limits.request(name)
         return name
 
@@ -52,8 +60,14 @@ def build_openai_router(svc: Service) -> APIRouter:
         return next(m for m in models.listing(name) if model in (m["id"], m.get("name")))
 
     def params(body: _Body, top: int, max_tokens: int | None) -> SampleParams:
-        return SampleParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                            stop=body.stop_list(), topk_sample=top)
+        return SampleParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            stop=body.stop_list(),
+            topk_sample=top,
+        )
 
     @router.post("/chat/completions")
     async def chat(body: ChatRequest, name: str = Depends(ready)):
@@ -62,8 +76,9 @@ def build_openai_router(svc: Service) -> APIRouter:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
         prompt = chat_prompt(tokenizer, body)
-        (result,) = await generate(svc, name, target, [prompt], body.n,
-                                   params(body, body.top_logprobs or 0, body.limit()))
+        (result,) = await generate(
+            svc, name, target, [prompt], body.n, params(body, body.top_logprobs or 0, body.limit())
+        )
         rendered = [render(tokenizer, s, body.stop_list()) for s in result.sequences]
         usage = responses.usage([prompt], [result])
         if body.stream:
@@ -75,8 +90,7 @@ def build_openai_router(svc: Service) -> APIRouter:
         target = models.resolve(name, body.model)
         tokenizer = target.engine.backend.tokenizer
         prompts = completion_prompts(tokenizer, body.prompt)
-        results = await generate(svc, name, target, prompts, body.n,
-                                 params(body, body.logprobs or 0, body.max_tokens))
+        results = await generate(svc, name, target, prompts, body.n, params(body, body.logprobs or 0, body.max_tokens))
         rendered = [render(tokenizer, s, body.stop_list()) for r in results for s in r.sequences]
         usage = responses.usage(prompts, results)
         if body.stream:

@@ -25,19 +25,24 @@ def render(tokenizer, seq: SampledSeq, stop: list[str] | None) -> Rendered:
     # each token's end offset: decoding prefixes, so multi-token characters land on the token that completes them
     ends, end = [], 0
     for j in range(len(seq.tokens)):
-        end = max(end, len(decode(seq.tokens[:j + 1])))
+        end = max(end, len(decode(seq.tokens[: j + 1])))
         ends.append(end)
     cut = min([i for i in (text.find(s) for s in stop or []) if i >= 0], default=len(text))
     text = text[:cut]
     starts = [0] + ends[:-1]
     kept = [j for j in range(len(seq.tokens)) if starts[j] < cut]  # EOS (no text) and stop-string tokens drop out
-    pieces = [text[starts[j]:min(ends[j], cut)] for j in kept]
+    pieces = [text[starts[j] : min(ends[j], cut)] for j in kept]
     if pieces:
-        pieces[-1] = text[starts[kept[-1]]:]
-    return Rendered(text, pieces, [starts[j] for j in kept], [seq.tokens[j] for j in kept],
-                    [seq.logprobs[j] for j in kept],
-                    [seq.topk_logprobs[j] for j in kept] if seq.topk_logprobs else None,
-                    "stop" if seq.stop_reason == "stop" else "length")
+        pieces[-1] = text[starts[kept[-1]] :]
+    return Rendered(
+        text,
+        pieces,
+        [starts[j] for j in kept],
+        [seq.tokens[j] for j in kept],
+        [seq.logprobs[j] for j in kept],
+        [seq.topk_logprobs[j] for j in kept] if seq.topk_logprobs else None,
+        "stop" if seq.stop_reason == "stop" else "length",
+    )
 
 
 def _entry(tokenizer, token_id: int, logprob: float) -> dict:
@@ -61,5 +66,9 @@ def completion_logprobs(tokenizer, r: Rendered, lo: int = 0, hi: int | None = No
     top = None
     if r.top:
         top = [{tokenizer.decode([t]): lp for t, lp in r.top[k]} for k in ks]
-    return {"tokens": [tokenizer.decode([r.tokens[k]]) for k in ks], "token_logprobs": [r.logprobs[k] for k in ks],
-            "top_logprobs": top, "text_offset": [offset + r.starts[k] for k in ks]}
+    return {
+        "tokens": [tokenizer.decode([r.tokens[k]]) for k in ks],
+        "token_logprobs": [r.logprobs[k] for k in ks],
+        "top_logprobs": top,
+        "text_offset": [offset + r.starts[k] for k in ks],
+    }

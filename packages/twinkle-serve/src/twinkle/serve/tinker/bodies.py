@@ -123,5 +123,9 @@ def documented(model: type[BaseModel]) -> dict:
     schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
     SCHEMAS.update(schema.pop("$defs", {}))
     SCHEMAS[model.__name__] = schema
-    return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+        }
+    }

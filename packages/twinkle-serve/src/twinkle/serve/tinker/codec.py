@@ -29,7 +29,7 @@ def _tensor(msg, where: str) -> np.ndarray:
             raise UserError(f"{where}: sparse shape {shape} is negative or too large")
         dense = np.zeros(shape, dtype=dtype)
         for r in range(shape[0]):
-            dense[r, col[crow[r]:crow[r + 1]]] = values[crow[r]:crow[r + 1]]
+            dense[r, col[crow[r] : crow[r + 1]]] = values[crow[r] : crow[r + 1]]
         return dense.reshape(-1)
     arr = np.frombuffer(msg.dense, dtype=dtype)
     if msg.shape and math.prod(msg.shape) != arr.size:  # exact ints: a huge shape must not overflow to a match
@@ -100,8 +100,13 @@ def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
     if not isinstance(obj, dict) or obj.get("dtype") != "int64":
         raise UserError(f"{where} must be an int64 TensorData of token ids")
     shape, data = obj.get("shape"), obj.get("data")
-    if (not isinstance(shape, list) or len(shape) != 2 or not all(_is_int(n) for n in shape) or shape[0] != rows
-            or shape[1] < 1):
+    if (
+        not isinstance(shape, list)
+        or len(shape) != 2
+        or not all(_is_int(n) for n in shape)
+        or shape[0] != rows
+        or shape[1] < 1
+    ):
         raise UserError(f"{where} must have shape [len(prompt) - 1 = {rows}, K >= 1], got {shape!r}")
     if shape[0] * shape[1] > max_cells:
         raise UserError(f"{where} shape {shape} exceeds {max_cells} cells")
@@ -115,9 +120,17 @@ def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
             raise UserError(f"{where}: {len(data)} values for shape {shape}")
         ids[:] = np.asarray(data, dtype=np.int64).reshape(shape)
     else:
-        ok = (isinstance(crow, list) and isinstance(col, list) and len(crow) == rows + 1 and len(col) == len(data)
-              and all(_is_int(c) for c in crow + col) and crow[0] == 0 and crow[-1] == len(data)
-              and all(a <= b for a, b in zip(crow, crow[1:])) and all(0 <= c < shape[1] for c in col))
+        ok = (
+            isinstance(crow, list)
+            and isinstance(col, list)
+            and len(crow) == rows + 1
+            and len(col) == len(data)
+            and all(_is_int(c) for c in crow + col)
+            and crow[0] == 0
+            and crow[-1] == len(data)
+            and all(a <= b for a, b in zip(crow, crow[1:]))
+            and all(0 <= c < shape[1] for c in col)
+        )
         if not ok:
             raise UserError(f"{where}: sparse_crow_indices / sparse_col_indices are not a CSR layout of shape {shape}")
         crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
@@ -147,8 +160,7 @@ def _tensor_out(msg, array: np.ndarray, dtype: int, layout=None) -> None:
     msg.shape.extend(array.shape)
 
 
-def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0,
-                         target_layout=None) -> bytes:
+def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0, target_layout=None) -> bytes:
     out = pb.SampleResponse()
     for s in result.sequences:
         seq = out.sequences.add()
@@ -163,8 +175,12 @@ def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample
     if topk_prompt and result.topk_prompt_logprobs is not None:
         _topk(out.topk_prompt_logprobs, result.topk_prompt_logprobs, topk_prompt)
     if result.target_prompt_logprobs is not None:
-        _tensor_out(out.target_prompt_logprobs, result.target_prompt_logprobs.astype(np.float32), pb.DTYPE_FLOAT32,
-                    target_layout)
+        _tensor_out(
+            out.target_prompt_logprobs,
+            result.target_prompt_logprobs.astype(np.float32),
+            pb.DTYPE_FLOAT32,
+            target_layout,
+        )
     if result.prompt_alt_tokens is not None:
         ids, lps = result.prompt_alt_tokens
         _tensor_out(out.prompt_alt_tokens.tokens, ids.astype(np.int64), pb.DTYPE_INT64)

@@ -36,21 +36,41 @@ _TORCH = (
     "transpose t detach numel logical_and logical_or logical_not eq ne lt le gt ge any all tensor scalar_tensor "
     "as_tensor sinh cosh sin cos"
 ).split()
-_FUNCTIONAL = ("softplus logsigmoid log_softmax softmax relu leaky_relu gelu silu elu mse_loss l1_loss smooth_l1_loss "
-               "huber_loss kl_div binary_cross_entropy_with_logits normalize cosine_similarity hardtanh").split()
+_FUNCTIONAL = (
+    "softplus logsigmoid log_softmax softmax relu leaky_relu gelu silu elu mse_loss l1_loss smooth_l1_loss "
+    "huber_loss kl_div binary_cross_entropy_with_logits normalize cosine_similarity hardtanh"
+).split()
 _MATH = "sqrt log exp log1p expm1 pow fabs floor ceil tanh".split()
-_OPERATOR = "add sub mul truediv floordiv mod pow neg pos abs getitem lt le gt ge eq ne and_ or_ xor invert matmul".split()
-METHODS = frozenset((
-    "size dim numel float double long int bool to type_as view view_as reshape reshape_as flatten squeeze "
-    "unsqueeze t transpose permute contiguous clone detach sum mean prod max min amax amin argmax argmin exp log "
-    "log1p expm1 abs neg sqrt rsqrt square pow sigmoid tanh relu sign clamp clip clamp_min clamp_max minimum "
-    "maximum where masked_fill gather logsumexp softmax log_softmax cumsum std var norm isfinite isnan "
-    "nan_to_num add sub mul div reciprocal floor ceil round lerp dot matmul eq ne lt le gt ge logical_and "
-    "logical_or logical_not any all sort topk exp2 nansum nanmean"
-).split())
+_OPERATOR = (
+    "add sub mul truediv floordiv mod pow neg pos abs getitem lt le gt ge eq ne and_ or_ xor invert matmul".split()
+)
+METHODS = frozenset(
+    (
+        "size dim numel float double long int bool to type_as view view_as reshape reshape_as flatten squeeze "
+        "unsqueeze t transpose permute contiguous clone detach sum mean prod max min amax amin argmax argmin exp log "
+        "log1p expm1 abs neg sqrt rsqrt square pow sigmoid tanh relu sign clamp clip clamp_min clamp_max minimum "
+        "maximum where masked_fill gather logsumexp softmax log_softmax cumsum std var norm isfinite isnan "
+        "nan_to_num add sub mul div reciprocal floor ceil round lerp dot matmul eq ne lt le gt ge logical_and "
+        "logical_or logical_not any all sort topk exp2 nansum nanmean"
+    ).split()
+)
 ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T", "mT", "real"})
-DTYPES = {name: getattr(torch, name) for name in
-          ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool", "float", "double", "long", "int")}
+DTYPES = {
+    name: getattr(torch, name)
+    for name in (
+        "float32",
+        "float64",
+        "float16",
+        "bfloat16",
+        "int64",
+        "int32",
+        "bool",
+        "float",
+        "double",
+        "long",
+        "int",
+    )
+}
 LAYOUTS = {"strided": torch.strided}
 MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format}
 
@@ -96,7 +116,7 @@ def _decode(arg, known: set[str], where: str):
         return [_decode(a, known, where) for a in arg]
     if not isinstance(arg, dict) or len(arg) != 1:
         raise LossGraphError(f"{where}: argument {arg!r} is not an encoded value")
-    (kind, value), = arg.items()
+    ((kind, value),) = arg.items()
     if kind == "ref":
         if value not in known:
             raise LossGraphError(f"{where}: refers to {value!r}, which is not an earlier node")
@@ -143,7 +163,7 @@ class LossProgram:
         parsed_inputs = _parse_inputs(inputs)
         nodes = graph.get("nodes") if isinstance(graph, dict) else None
         if not isinstance(graph, dict) or graph.get("format", 1) != 1 or not isinstance(nodes, list):
-            raise LossGraphError("graph must be {\"format\": 1, \"nodes\": [...]}")
+            raise LossGraphError('graph must be {"format": 1, "nodes": [...]}')
         if len(nodes) > MAX_NODES:
             raise LossGraphError(f"graph has {len(nodes)} nodes; at most {MAX_NODES}")
         known: set[str] = set()
@@ -164,18 +184,23 @@ class LossProgram:
                 program.append(_Node(op, node_name, _function(target, args, where), tuple(args), kwargs))
             elif op == "call_method":
                 if target not in METHODS:
-                    raise LossGraphError(f"{where}: Tensor method {target!r} is not allowed in a custom loss; "
-                                         f"allowed: {', '.join(sorted(METHODS))}")
+                    raise LossGraphError(
+                        f"{where}: Tensor method {target!r} is not allowed in a custom loss; "
+                        f"allowed: {', '.join(sorted(METHODS))}"
+                    )
                 if not args:
                     raise LossGraphError(f"{where}: method call {target!r} has no tensor to call it on")
                 program.append(_Node(op, node_name, target, tuple(args), kwargs))
             else:  # get_attr (a captured tensor), call_module (an nn.Module): never rebuilt here
-                raise LossGraphError(f"{where}: op {op!r} (target {target!r}) is not allowed in a custom loss; "
-                                     "only placeholder, call_function, call_method and output")
+                raise LossGraphError(
+                    f"{where}: op {op!r} (target {target!r}) is not allowed in a custom loss; "
+                    "only placeholder, call_function, call_method and output"
+                )
             known.add(node_name)
         if placeholders != [n for n, _ in parsed_inputs]:
-            raise LossGraphError(f"graph placeholders {placeholders} do not match inputs "
-                                 f"{[n for n, _ in parsed_inputs]}")
+            raise LossGraphError(
+                f"graph placeholders {placeholders} do not match inputs {[n for n, _ in parsed_inputs]}"
+            )
         loss, metrics = _parse_output(output)
         return cls(name, parsed_inputs, tuple(program), loss, metrics)
 
@@ -188,16 +213,19 @@ class LossProgram:
             try:
                 if node.op == "call_method":
                     if not isinstance(args[0], torch.Tensor):
-                        raise LossGraphError(f"node {node.name!r}: method {node.call!r} called on a "
-                                             f"{type(args[0]).__name__}, not a tensor")
+                        raise LossGraphError(
+                            f"node {node.name!r}: method {node.call!r} called on a "
+                            f"{type(args[0]).__name__}, not a tensor"
+                        )
                     env[node.name] = getattr(args[0], node.call)(*args[1:], **kwargs)
                 else:
                     env[node.name] = node.call(*args, **kwargs)
             except LossGraphError:
                 raise
             except Exception as e:  # noqa: BLE001 - a shape or dtype mistake in the user's loss
-                raise LossGraphError(f"loss {self.name!r} failed at node {node.name!r}: {type(e).__name__}: {e}") \
-                    from None
+                raise LossGraphError(
+                    f"loss {self.name!r} failed at node {node.name!r}: {type(e).__name__}: {e}"
+                ) from None
         loss = env[self.loss.name]
         if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
             shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
@@ -217,13 +245,18 @@ def _parse_inputs(inputs) -> tuple[tuple[str, int], ...]:
     out = []
     for i, item in enumerate(inputs):
         name, rank = (item.get("name"), item.get("rank")) if isinstance(item, dict) else (None, None)
-        if not isinstance(name, str) or not _INPUT_NAME.fullmatch(name) or rank not in (0, 1, 2) \
-                or isinstance(rank, bool):
+        if (
+            not isinstance(name, str)
+            or not _INPUT_NAME.fullmatch(name)
+            or rank not in (0, 1, 2)
+            or isinstance(rank, bool)
+        ):
             raise LossGraphError(f"inputs[{i}] must be {{name: lowercase identifier, rank: 0|1|2}}, got {item!r}")
         out.append((name, rank))
     if out[0] != ("logprobs", 1):
-        raise LossGraphError(f"the first input must be logprobs with rank 1 (this server trains on [T] target "
-                             f"tokens), got {out[0]}")
+        raise LossGraphError(
+            f"the first input must be logprobs with rank 1 (this server trains on [T] target tokens), got {out[0]}"
+        )
     if len({n for n, _ in out}) != len(out):
         raise LossGraphError("input names must be distinct")
     return tuple(out)
@@ -243,12 +276,15 @@ def _node_fields(i: int, node) -> tuple[str, str, str, str]:
 def _function(target: str, args: list, where: str):
     if target == "getattr":  # fx records `x.shape` as getattr(x, "shape"): only these read-only attributes
         if len(args) != 2 or args[1] not in ATTRIBUTES:
-            raise LossGraphError(f"{where}: getattr of {args[1:]!r} is not allowed; attributes allowed: "
-                                 f"{', '.join(sorted(ATTRIBUTES))}")
+            raise LossGraphError(
+                f"{where}: getattr of {args[1:]!r} is not allowed; attributes allowed: {', '.join(sorted(ATTRIBUTES))}"
+            )
         return getattr
     if target not in FUNCTIONS:
-        raise LossGraphError(f"{where}: function {target!r} is not allowed in a custom loss (not on this "
-                             "server's allow-list of torch, torch.nn.functional, math and operator functions)")
+        raise LossGraphError(
+            f"{where}: function {target!r} is not allowed in a custom loss (not on this "
+            "server's allow-list of torch, torch.nn.functional, math and operator functions)"
+        )
     return FUNCTIONS[target]
 
 
@@ -256,13 +292,18 @@ def _parse_output(output) -> tuple[_Ref, dict]:
     if output is None:
         raise LossGraphError("graph has no output node")
     value = output[0] if isinstance(output, (list, tuple)) and len(output) == 1 else None
-    if not (isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[0], _Ref)
-            and isinstance(value[1], dict)):
+    if not (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and isinstance(value[0], _Ref)
+        and isinstance(value[1], dict)
+    ):
         raise LossGraphError("the output must be (loss tensor, {metric name: tensor})")
     for key, ref in value[1].items():
         if not _METRIC_KEY.fullmatch(key) or not isinstance(ref, _Ref):
-            raise LossGraphError(f"metric {key!r} must be named custom/<name>:sum or custom/<name>:mean and be a "
-                                 "tensor")
+            raise LossGraphError(
+                f"metric {key!r} must be named custom/<name>:sum or custom/<name>:mean and be a tensor"
+            )
     return value[0], value[1]
 
 

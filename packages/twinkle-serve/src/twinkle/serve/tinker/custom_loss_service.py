@@ -53,8 +53,9 @@ def _loss_inputs(program: LossProgram, body: bytes, data: list[Datum]) -> list[l
     out = []
     for i, (d, wire) in enumerate(zip(data, msg.data)):
         if "target_tokens" not in d.inputs:
-            raise BadRequest(f"datum {i} has no loss_fn_inputs['target_tokens'], which loss "
-                             f"{program.name!r} needs for its logprobs")
+            raise BadRequest(
+                f"datum {i} has no loss_fn_inputs['target_tokens'], which loss {program.name!r} needs for its logprobs"
+            )
         row = []
         for name, rank in program.inputs[1:]:
             if name not in d.inputs:
@@ -67,21 +68,34 @@ def _loss_inputs(program: LossProgram, body: bytes, data: list[Datum]) -> list[l
             elif rank == 2 and len(shape) == 2:
                 arr = arr.reshape(shape)
             else:
-                raise BadRequest(f"datum {i} loss_fn_inputs[{name!r}] has shape {shape or [arr.size]}, but loss "
-                                 f"{program.name!r} declared {name} with rank {rank}")
+                raise BadRequest(
+                    f"datum {i} loss_fn_inputs[{name!r}] has shape {shape or [arr.size]}, but loss "
+                    f"{program.name!r} declared {name} with rank {rank}"
+                )
             row.append(torch.from_numpy(arr.copy()))
         out.append(row)
     return out
 
 
-def submit(svc: Service, tenant: str, engine, run: Run, seq_id, data: list[Datum], config: dict,
-           forward_only: bool, body: bytes) -> str:
+def submit(
+    svc: Service,
+    tenant: str,
+    engine,
+    run: Run,
+    seq_id,
+    data: list[Datum],
+    config: dict,
+    forward_only: bool,
+    body: bytes,
+) -> str:
     """Queue one custom-loss forward(/backward) for `run`; the id of its future (a ForwardBackwardOutput)."""
     program = _program(svc, tenant, run.session_id, config.get("loss_id"))
     inputs = _loss_inputs(program, body, data)
     tokens = sum(len(d.tokens) for d in data)
-    surrogate = [Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"],
-                                  "weights": np.zeros(len(d.tokens), np.float32)}) for d in data]
+    surrogate = [
+        Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": np.zeros(len(d.tokens), np.float32)})
+        for d in data
+    ]
 
     def work():
         adapter = svc.live_adapter(run.model_id)
@@ -93,8 +107,9 @@ def submit(svc: Service, tenant: str, engine, run: Run, seq_id, data: list[Datum
                 loss_sum = float(loss.detach().sum())
                 if forward_only:
                     svc.count_training(run, tokens)
-                    return "proto", codec.encode_forward_result(ForwardResult(forward.logprobs,
-                                                                              {**metrics, "loss:sum": loss_sum}))
+                    return "proto", codec.encode_forward_result(
+                        ForwardResult(forward.logprobs, {**metrics, "loss:sum": loss_sum})
+                    )
                 loss.backward()
         except LossGraphError as e:
             raise UserError(str(e)) from None
@@ -103,8 +118,7 @@ def submit(svc: Service, tenant: str, engine, run: Run, seq_id, data: list[Datum
             if lp.grad is None:
                 raise UserError(f"loss {program.name!r} does not depend on the logprobs of datum {i}: no gradient")
             # cross-entropy is L = -sum(w * logprobs): w = -dLoss/dlogprobs back-propagates the custom loss
-            linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"],
-                                           "weights": (-lp.grad).numpy()}))
+            linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": (-lp.grad).numpy()}))
         backward = engine.backend.forward_backward(adapter, linear, "cross_entropy", {}, False)
         svc.count_training(run, tokens)
         svc.record_step(run, {"loss": loss_sum})  # the run's curve, as for the built-in losses

@@ -45,8 +45,10 @@ class UrlSigner:
         """-> (subject, file) of a valid, unexpired token; 403 otherwise."""
         payload, _, mac = token.partition(".")
         if not token.isascii() or not hmac.compare_digest(self._mac(payload), mac):
-            raise Forbidden("this download URL's signature is not valid (or the server restarted since it "
-                            "was issued): ask for a new URL")
+            raise Forbidden(
+                "this download URL's signature is not valid (or the server restarted since it "
+                "was issued): ask for a new URL"
+            )
         subject, file, expires = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
         if expires < time.time():
             raise Forbidden("this download URL has expired: ask for a new URL")
@@ -65,8 +67,10 @@ class ExternalWeights:
         path = f"tinker://{run_id}/{checkpoint_id}"
         ckpt = self.svc.checkpoints.readable(tenant, path)  # own, or published by another tenant
         if ckpt.kind != "external":
-            raise BadRequest(f"checkpoint {path} is {ckpt.kind} weights, not external weights: export it with "
-                             "save_weights_external (tinker checkpoint download does this for training checkpoints)")
+            raise BadRequest(
+                f"checkpoint {path} is {ckpt.kind} weights, not external weights: export it with "
+                "save_weights_external (tinker checkpoint download does this for training checkpoints)"
+            )
         urls, expires = {}, int(time.time()) + URL_TTL_S
         for name in self._files(ckpt):
             token = self.signer.token(path, expires, name)

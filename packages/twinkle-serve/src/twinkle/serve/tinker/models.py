@@ -43,8 +43,12 @@ class TinkerModels:
         # A native run's adapters are the native API's to free (DELETE /twinkle/v1/models/{id}).
         for run in self.rt.store.runs.of_session(session_id):
             if run.api == "tinker" and self.rt.live.get(run.model_id) is not None:
-                self.svc.unload(tenant, run, [adapter_name(run.model_id)],
-                                lambda run=run: {"type": "unload_model", "model_id": run.model_id})
+                self.svc.unload(
+                    tenant,
+                    run,
+                    [adapter_name(run.model_id)],
+                    lambda run=run: {"type": "unload_model", "model_id": run.model_id},
+                )
 
     # ---- models --------------------------------------------------------------------------------
     def new_run(self, tenant: str, session_id, model_seq_id, base_model, spec: LoraSpec, user_metadata):
@@ -59,8 +63,13 @@ class TinkerModels:
         if self.rt.store.runs.get(model_id) is not None:  # before reserving memory for it
             raise BadRequest(f"model {model_id!r} already exists")
         self.rt.adapter_memory.reserve(adapter_name(model_id), engine.backend, spec)
-        lora = {"rank": spec.rank, "seed": spec.seed, "train_attn": spec.train_attn, "train_mlp": spec.train_mlp,
-                "train_unembed": spec.train_unembed}
+        lora = {
+            "rank": spec.rank,
+            "seed": spec.seed,
+            "train_attn": spec.train_attn,
+            "train_mlp": spec.train_mlp,
+            "train_unembed": spec.train_unembed,
+        }
         metadata = {str(k): str(v) for k, v in (user_metadata or {}).items()}
         return self.svc.create_run(tenant, session_id, model_id, engine, "tinker", lora, metadata), engine
 
@@ -72,15 +81,25 @@ class TinkerModels:
 
     def create_model(self, tenant: str, body: dict) -> dict:
         cfg = body.get("lora_config") or {}
-        spec = LoraSpec(rank=int(cfg.get("rank", 32)), seed=cfg.get("seed"),
-                        train_attn=bool(cfg.get("train_attn", True)), train_mlp=bool(cfg.get("train_mlp", True)),
-                        train_unembed=bool(cfg.get("train_unembed", True)))
+        spec = LoraSpec(
+            rank=int(cfg.get("rank", 32)),
+            seed=cfg.get("seed"),
+            train_attn=bool(cfg.get("train_attn", True)),
+            train_mlp=bool(cfg.get("train_mlp", True)),
+            train_unembed=bool(cfg.get("train_unembed", True)),
+        )
         try:
             spec.target_modules()
         except UserError as e:
             raise BadRequest(str(e)) from None
-        run, engine = self.new_run(tenant, body.get("session_id"), body.get("model_seq_id", 0),
-                                   body.get("base_model"), spec, body.get("user_metadata"))
+        run, engine = self.new_run(
+            tenant,
+            body.get("session_id"),
+            body.get("model_seq_id", 0),
+            body.get("base_model"),
+            spec,
+            body.get("user_metadata"),
+        )
 
         def work():
             self.build_adapter(run, engine, spec)
@@ -91,10 +110,18 @@ class TinkerModels:
     def get_info(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))
         engine = self.rt.engine(run.base_model)
-        return {"type": "get_info", "model_id": run.model_id, "is_lora": True, "lora_rank": run.lora.get("rank"),
+        return {
+            "type": "get_info",
+            "model_id": run.model_id,
+            "is_lora": True,
+            "lora_rank": run.lora.get("rank"),
+            "model_name": run.base_model,
+            "model_data": {
+                "arch": "qwen3",
                 "model_name": run.base_model,
-                "model_data": {"arch": "qwen3", "model_name": run.base_model,
-                               "tokenizer_id": engine.backend.tokenizer_path}}
+                "tokenizer_id": engine.backend.tokenizer_path,
+            },
+        }
 
     def forward_backward(self, tenant: str, body: bytes) -> dict:
         try:
@@ -106,8 +133,9 @@ class TinkerModels:
         engine = self.rt.engine(run.base_model)
         self.rt.store.runs.touch(model_id)
         if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
-            request_id = custom_loss_service.submit(self.svc, tenant, engine, run, seq_id, data, config, forward_only,
-                                                    body)
+            request_id = custom_loss_service.submit(
+                self.svc, tenant, engine, run, seq_id, data, config, forward_only, body
+            )
             return {"request_id": request_id, "model_id": model_id}
 
         def finish(result):
@@ -143,8 +171,9 @@ class TinkerModels:
 
         def work():
             metrics = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)
-            self.svc.record_step(run, {"grad_norm": metrics.get("grad_norm:mean"), "lr": params.learning_rate},
-                                 same_step=True)
+            self.svc.record_step(
+                run, {"grad_norm": metrics.get("grad_norm:mean"), "lr": params.learning_rate}, same_step=True
+            )
             return "json", {"type": "optim_step", "metrics": metrics}
 
         request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)

@@ -25,9 +25,16 @@ from twinkle.serve.tinker.sampling import TinkerSampling
 from twinkle.serve.tinker.weights import TinkerWeights
 
 # Flags for /client/config: the simplest transport the SDK supports (see tinker-contract.md §1).
-CLIENT_CONFIG = {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
-                 "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": False, "sample_use_retrieve_futures": False,
-                 "custom_loss_server_side": True, "sample_join_sampling_session": False}
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "credential_default_source": "api_key",
+    "use_pyqwest_transport": False,
+    "parallel_fwdbwd_chunks": False,
+    "proto_compress_fwdbwd": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": True,
+    "sample_join_sampling_session": False,
+}
 
 
 async def json_body(request: Request) -> dict:
@@ -69,8 +76,12 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.get("/get_server_capabilities")
     def capabilities(t: str = Depends(ready_tenant)):
-        return {"supported_models": [{"model_name": name, "max_context_length": e.backend.max_context,
-                                      "trainable": True, "sampleable": True} for name, e in rt.engines.items()]}
+        return {
+            "supported_models": [
+                {"model_name": name, "max_context_length": e.backend.max_context, "trainable": True, "sampleable": True}
+                for name, e in rt.engines.items()
+            ]
+        }
 
     @r.post("/create_session", openapi_extra=b.documented(b.CreateSessionBody))
     async def create_session(request: Request, t: str = Depends(tenant)):
@@ -91,8 +102,9 @@ def build_router(svc: Service) -> PrefixRouter:
         return {"status": "accepted"}
 
     @r.get("/sessions")
-    def sessions(limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),
-                 t: str = Depends(tenant)):
+    def sessions(
+        limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62), t: str = Depends(tenant)
+    ):
         return rest.list_sessions(t, limit, offset)
 
     @r.get("/sessions/{session_id}")
@@ -108,6 +120,7 @@ def build_router(svc: Service) -> PrefixRouter:
             except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
                 # parsing a field of the wrong type (queued work runs later, on the worker, not here)
                 raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
+
         handler.__name__ = path.strip("/")
         r.add_api_route(path, handler, methods=["POST"], openapi_extra=b.documented(body))
 
@@ -120,9 +133,23 @@ def build_router(svc: Service) -> PrefixRouter:
     json_route("/create_sampling_session", sampling.create_sampling_session, b.CreateSamplingSessionBody)
     json_route("/asample", sampling.asample, b.ASampleBody)
 
-    @r.post("/forward_backward", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/x-protobuf": {"schema": {"type": "string", "format": "binary",
-                                              "description": "tinker ForwardBackwardRequest (protobuf)"}}}}})
+    @r.post(
+        "/forward_backward",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/x-protobuf": {
+                        "schema": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "tinker ForwardBackwardRequest (protobuf)",
+                        }
+                    }
+                },
+            }
+        },
+    )
     async def forward_backward(request: Request, t: str = Depends(ready_tenant)):
         return await run_in_threadpool(models.forward_backward, t, await request.body())
 
@@ -184,8 +211,9 @@ def build_router(svc: Service) -> PrefixRouter:
         return rest.weights_info(t, path)
 
     @r.get("/checkpoints")
-    def user_checkpoints(limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62),
-                         t: str = Depends(tenant)):
+    def user_checkpoints(
+        limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62), t: str = Depends(tenant)
+    ):
         return rest.list_user_checkpoints(t, limit, offset)
 
     return r

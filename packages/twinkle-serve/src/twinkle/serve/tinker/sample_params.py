@@ -16,7 +16,7 @@ MAX_NUM_SAMPLES = 1024
 def prompt_tokens(model_input) -> list[int]:
     chunks = model_input.get("chunks", []) if isinstance(model_input, dict) else None
     if not isinstance(chunks, list):
-        raise BadRequest("prompt must be a ModelInput: {\"chunks\": [...]}")
+        raise BadRequest('prompt must be a ModelInput: {"chunks": [...]}')
     return [t for c in chunks for t in _chunk_tokens(c)]
 
 
@@ -63,18 +63,25 @@ def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleP
     """The asample body's sampling options, checked (a 400 naming the field) -> (SampleParams, the CSR layout
     of a sparse target_prompt_logprobs, to answer in, or None)."""
     if body.get("record_stability_info") not in (None, False):  # refused, never silently ignored
-        raise BadRequest("record_stability_info (stable_reinforce provenance) is not supported by this server; "
-                         "sample without it and train with importance_sampling")
+        raise BadRequest(
+            "record_stability_info (stable_reinforce provenance) is not supported by this server; "
+            "sample without it and train with importance_sampling"
+        )
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise BadRequest("sampling_params must be an object")
     stop = sp.get("stop")
     if stop is not None:
         items = [stop] if isinstance(stop, str) else stop
-        if (not isinstance(items, list) or not all(isinstance(s, str) and s or _is_int(s) and s >= 0 for s in items)
-                or not (all(isinstance(s, str) for s in items) or all(_is_int(s) for s in items))):
-            raise BadRequest("sampling_params.stop must be a string, a list of non-empty strings, or a list of "
-                             f"token ids >= 0, got {stop!r}")
+        if (
+            not isinstance(items, list)
+            or not all(isinstance(s, str) and s or _is_int(s) and s >= 0 for s in items)
+            or not (all(isinstance(s, str) for s in items) or all(_is_int(s) for s in items))
+        ):
+            raise BadRequest(
+                "sampling_params.stop must be a string, a list of non-empty strings, or a list of "
+                f"token ids >= 0, got {stop!r}"
+            )
         stop = items
     top_k = _int(sp, "top_k", -1, lo=-1, where="sampling_params.")
     temperature, top_p = _float(sp, "temperature", 1.0), _float(sp, "top_p", 1.0)
@@ -88,16 +95,18 @@ def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleP
         if k > min(vocab_size, MAX_TOPK_LOGPROBS):
             raise BadRequest(f"{name} must be at most {min(vocab_size, MAX_TOPK_LOGPROBS)}, got {k}")
     if prompt_len * topk_prompt > MAX_TOPK_PROMPT_CELLS:
-        raise BadRequest(f"topk_prompt_logprobs {topk_prompt} x prompt length {prompt_len} exceeds "
-                         f"{MAX_TOPK_PROMPT_CELLS} cells")
+        raise BadRequest(
+            f"topk_prompt_logprobs {topk_prompt} x prompt length {prompt_len} exceeds {MAX_TOPK_PROMPT_CELLS} cells"
+        )
     alt_k = _int(body, "prompt_alt_tokens_k", 0, lo=0)
     if prompt_len * alt_k > MAX_TOPK_PROMPT_CELLS:
         raise BadRequest(f"prompt_alt_tokens_k {alt_k} x prompt length {prompt_len} exceeds {MAX_TOPK_PROMPT_CELLS}")
     targets = layout = None
     if body.get("target_prompt_logprobs") is not None:
         try:
-            targets, layout = codec.decode_target_ids(body["target_prompt_logprobs"], prompt_len, vocab_size,
-                                                      MAX_TOPK_PROMPT_CELLS)
+            targets, layout = codec.decode_target_ids(
+                body["target_prompt_logprobs"], prompt_len, vocab_size, MAX_TOPK_PROMPT_CELLS
+            )
         except UserError as e:
             raise BadRequest(str(e)) from None
     last_n = _int(body, "prompt_logprobs_last_n", None, lo=1)
@@ -105,10 +114,19 @@ def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleP
         if not body.get("prompt_logprobs"):
             raise BadRequest("prompt_logprobs_last_n applies to prompt logprobs; set prompt_logprobs")
         if last_n > prompt_len - 1:
-            raise BadRequest(f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, "
-                             f"got {last_n}")
-    return SampleParams(max_tokens=_int(sp, "max_tokens", None, lo=1, where="sampling_params."),
-                        temperature=temperature, top_k=top_k, top_p=top_p,
-                        seed=_int(sp, "seed", None, where="sampling_params."), stop=stop,
-                        topk_prompt=topk_prompt, topk_sample=topk_sample, prompt_logprobs_last_n=last_n,
-                        target_prompt_ids=targets, prompt_alt_tokens_k=alt_k), layout
+            raise BadRequest(
+                f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, got {last_n}"
+            )
+    return SampleParams(
+        max_tokens=_int(sp, "max_tokens", None, lo=1, where="sampling_params."),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=_int(sp, "seed", None, where="sampling_params."),
+        stop=stop,
+        topk_prompt=topk_prompt,
+        topk_sample=topk_sample,
+        prompt_logprobs_last_n=last_n,
+        target_prompt_ids=targets,
+        prompt_alt_tokens_k=alt_k,
+    ), layout

@@ -37,8 +37,9 @@ class TinkerSampling:
         """save_weights_for_sampler without a path: an ephemeral sampler on the run's current weights."""
         sampler_id = f"{session_id}:sample:{seq}"
         engine.backend.install_sampler_from_adapter(sampler_name(sampler_id), self.svc.live_adapter(model_id))
-        self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(),
-                                              ephemeral=True))
+        self.rt.store.samplers.create(
+            Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(), ephemeral=True)
+        )
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
     def sampler(self, tenant: str, sampler_id) -> Sampler:

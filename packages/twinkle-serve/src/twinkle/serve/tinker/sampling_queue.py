@@ -28,8 +28,7 @@ def _int(body: dict, name: str, default: int) -> int:
 async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
     target = body.get("target")
     if not isinstance(target, dict) or target.get("type", "sampling_session") != "sampling_session":
-        raise BadRequest("target must be {\"type\": \"sampling_session\", \"sampling_session_id\", "
-                         "\"cloned_sampler_id\"}")
+        raise BadRequest('target must be {"type": "sampling_session", "sampling_session_id", "cloned_sampler_id"}')
     sampler_id, rt = sampling.sampler(tenant, target.get("sampling_session_id")).sampler_id, sampling.rt
     clone, cursor = _int(target, "cloned_sampler_id", 0), _int(body, "prev_cursor", 0)
     retrieved = body.get("retrieved_request_ids", [])
@@ -52,8 +51,12 @@ async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) ->
         _, still = await asyncio.wait(waits, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         for w in still:
             w.cancel()
-    completions = [{"state": "finished", "request_id": r["request_id"], "response_payload_uncompressed_size": r["size"]}
-                   if r["status"] == "complete" else {"state": "failed", "request_id": r["request_id"]} for r in done]
+    completions = [
+        {"state": "finished", "request_id": r["request_id"], "response_payload_uncompressed_size": r["size"]}
+        if r["status"] == "complete"
+        else {"state": "failed", "request_id": r["request_id"]}
+        for r in done
+    ]
     return {"completions": completions, "cursor": max([cursor] + [r["completion"] for r in done])}
 
 

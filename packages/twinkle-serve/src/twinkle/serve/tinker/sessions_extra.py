@@ -60,17 +60,24 @@ def _matches(row: dict, body: dict, tenant: str) -> bool:
         return True
     status = _status(row)
     for query in statuses:
-        if status is not None and query["type"] == status["type"] and (
-                query["type"] != "client_finished" or not query.get("reasons")
-                or status["reason"]["type"] in query["reasons"]):
+        if (
+            status is not None
+            and query["type"] == status["type"]
+            and (
+                query["type"] != "client_finished"
+                or not query.get("reasons")
+                or status["reason"]["type"] in query["reasons"]
+            )
+        ):
             return True
     return False
 
 
 def _check_search(body: dict) -> None:
     if body.get("display_name") is not None:
-        raise BadRequest("display_name: this server does not record session display names; search by "
-                         "session_id or user_metadata")
+        raise BadRequest(
+            "display_name: this server does not record session display names; search by session_id or user_metadata"
+        )
     if not isinstance(body.setdefault("user_metadata", {}), dict):
         raise BadRequest("user_metadata must be an object of string keys and values")
     owner = body.setdefault("owner", {"type": "own"})
@@ -78,8 +85,11 @@ def _check_search(body: dict) -> None:
         raise BadRequest(f"owner must be {{type: own | accessible | user}}, got {owner!r}")
     _str_list(owner, "owner_urns")
     statuses = body.get("statuses")
-    if statuses is not None and (not isinstance(statuses, list) or not statuses or not all(
-            isinstance(q, dict) and q.get("type") in STATUSES for q in statuses)):
+    if statuses is not None and (
+        not isinstance(statuses, list)
+        or not statuses
+        or not all(isinstance(q, dict) and q.get("type") in STATUSES for q in statuses)
+    ):
         raise BadRequest(f"statuses must be a non-empty list of {{type: {' | '.join(sorted(STATUSES))}}}")
     for q in statuses or ():
         _str_list(q, "reasons")
@@ -87,8 +97,11 @@ def _check_search(body: dict) -> None:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 200:
         raise BadRequest(f"limit must be an integer from 1 to 200, got {limit!r}")
     cursor = body.get("cursor")
-    if cursor is not None and (not isinstance(cursor, dict) or not isinstance(cursor.get("last_session_id"), str)
-                               or not isinstance(cursor.get("last_created_at"), str)):
+    if cursor is not None and (
+        not isinstance(cursor, dict)
+        or not isinstance(cursor.get("last_session_id"), str)
+        or not isinstance(cursor.get("last_created_at"), str)
+    ):
         raise BadRequest("cursor must be a previous response's next_cursor: {last_created_at, last_session_id}")
 
 
@@ -102,14 +115,28 @@ def search(svc: Service, tenant: str, body: dict) -> dict:
         except ValueError:
             raise BadRequest(f"cursor.last_created_at is not a timestamp: {cursor['last_created_at']!r}") from None
         rows = [r for r in rows if (round(r["created_at"], 6), r["session_id"]) < (round(after[0], 6), after[1])]
-    page = rows[:body["limit"]]
-    summaries = [{"session_id": r["session_id"], "created_at": _iso(r["created_at"]), "owner": owner_urn(tenant),
-                  "project_id": r["project_id"], "status": _status(r), "checkpoints_count": r["checkpoints_count"],
-                  "display_name": None, "user_metadata": session_metadata(svc.store, r["session_id"]),
-                  "checkpoint_storage_bytes": r["checkpoint_bytes"]} for r in page]
+    page = rows[: body["limit"]]
+    summaries = [
+        {
+            "session_id": r["session_id"],
+            "created_at": _iso(r["created_at"]),
+            "owner": owner_urn(tenant),
+            "project_id": r["project_id"],
+            "status": _status(r),
+            "checkpoints_count": r["checkpoints_count"],
+            "display_name": None,
+            "user_metadata": session_metadata(svc.store, r["session_id"]),
+            "checkpoint_storage_bytes": r["checkpoint_bytes"],
+        }
+        for r in page
+    ]
     more = len(rows) > len(page)
-    return {"sessions": summaries, "next_cursor": {"last_created_at": summaries[-1]["created_at"],
-                                                    "last_session_id": page[-1]["session_id"]} if more else None}
+    return {
+        "sessions": summaries,
+        "next_cursor": {"last_created_at": summaries[-1]["created_at"], "last_session_id": page[-1]["session_id"]}
+        if more
+        else None,
+    }
 
 
 def set_project(svc: Service, tenant: str, session_id: str, body: dict) -> dict:
@@ -141,14 +168,27 @@ def trace(svc: Service, signer, token: str) -> bytes:
         return {"name": name, "ph": "i", "s": "p", "ts": int(ts * 1e6), "pid": 1, "tid": 1, "args": args}
 
     events = [instant("session created", session.created_at, session_id=session_id)]
-    events += [instant("training run created", m.created_at, model_id=m.model_id, base_model=m.base_model)
-               for m in runs]
-    events += [instant("sampler created", s.created_at, sampler_id=s.sampler_id, model_path=s.model_path)
-               for s in store.samplers.of_session(session_id)]
-    events += [instant(f"{c.kind} checkpoint saved", c.created_at, tinker_path=c.tinker_path,
-                       size_bytes=c.size_bytes) for c in checkpoints]
-    events += [{"name": f"{u['kind']} tokens", "ph": "C", "ts": int(u["hour"] * 1e6), "pid": 1,
-                "args": {"tokens": u["tokens"]}} for u in store.usage.of_session(session_id)]
+    events += [
+        instant("training run created", m.created_at, model_id=m.model_id, base_model=m.base_model) for m in runs
+    ]
+    events += [
+        instant("sampler created", s.created_at, sampler_id=s.sampler_id, model_path=s.model_path)
+        for s in store.samplers.of_session(session_id)
+    ]
+    events += [
+        instant(f"{c.kind} checkpoint saved", c.created_at, tinker_path=c.tinker_path, size_bytes=c.size_bytes)
+        for c in checkpoints
+    ]
+    events += [
+        {
+            "name": f"{u['kind']} tokens",
+            "ph": "C",
+            "ts": int(u["hour"] * 1e6),
+            "pid": 1,
+            "args": {"tokens": u["tokens"]},
+        }
+        for u in store.usage.of_session(session_id)
+    ]
     if session.finished_at is not None:
         events.append(instant("session finished", session.finished_at, reason=session.finish_reason))
     events.sort(key=lambda e: e["ts"])

@@ -57,30 +57,59 @@ def usage_events(store, tenant: str, starting_on: str | None, ending_before: str
         if r["kind"] == "sampling_prefill":
             info["cached"] = False  # this server has no prefill cache
         session = r["session_id"] or None
-        data.append({"bucket_start": _iso(r["hour"]), "bucket_end": _iso(r["hour"] + 3600),
-                     "base_model": r["base_model"], "user_id": f"twinkle:key:{tenant}", "user_name": tenant,
-                     "session_id": session, "project_id": store.projects.of(session) if session else None,
-                     "estimated_cost_usd": None, "effective_rate_usd_per_million_tokens": None, "event_info": info})
-    return {"data": data, "sessions": {s: {"user_metadata": session_metadata(store, s)} for s in sessions},
-            "cost_data_through": None}
+        data.append(
+            {
+                "bucket_start": _iso(r["hour"]),
+                "bucket_end": _iso(r["hour"] + 3600),
+                "base_model": r["base_model"],
+                "user_id": f"twinkle:key:{tenant}",
+                "user_name": tenant,
+                "session_id": session,
+                "project_id": store.projects.of(session) if session else None,
+                "estimated_cost_usd": None,
+                "effective_rate_usd_per_million_tokens": None,
+                "event_info": info,
+            }
+        )
+    return {
+        "data": data,
+        "sessions": {s: {"user_metadata": session_metadata(store, s)} for s in sessions},
+        "cost_data_through": None,
+    }
 
 
 def checkpoint_storage(store, tenant: str, project_id: str | None) -> dict:
     totals = store.projects.checkpoint_storage(tenant, project_id)
-    item = {"project_id": project_id, "org_user_urn": f"twinkle:key:{tenant}", "user_email": None,
-            "user_name": tenant, "checkpoint_count": totals["n"], "size_bytes": totals["size"],
-            "size_gigabytes": totals["size"] / GB, "estimated_monthly_cost_usd": None}
+    item = {
+        "project_id": project_id,
+        "org_user_urn": f"twinkle:key:{tenant}",
+        "user_email": None,
+        "user_name": tenant,
+        "checkpoint_count": totals["n"],
+        "size_bytes": totals["size"],
+        "size_gigabytes": totals["size"] / GB,
+        "estimated_monthly_cost_usd": None,
+    }
     return {"effective_rate_usd_per_gigabyte_month": None, "data": [item] if totals["n"] else []}
 
 
 def audit_log() -> dict:
-    raise NotTracked("the audit log is not tracked by this server: it records no per-event history of "
-                     "checkpoint reads or project changes")
+    raise NotTracked(
+        "the audit log is not tracked by this server: it records no per-event history of "
+        "checkpoint reads or project changes"
+    )
 
 
 def api_key_record(store, tenant: str) -> dict:
     """GET /auth/apikey/me: the caller's key as `tinker auth login` expects it (no email: keys here name a
     tenant, not a person)."""
     row = store.keys.row(tenant)
-    return {"key_id": row["key_id"], "name": row["name"], "note": f"twinkle-server key of tenant {tenant!r}",
-            "details": {"org_details": {"name": "twinkle-server"}, "user_details": {"email": f"(no email: tenant {tenant})"}}}
+    return {
+        "key_id": row["key_id"],
+        "name": row["name"],
+        "note": f"twinkle-server key of tenant {tenant!r}",
+        "details": {
+            "org_details": {"name": "twinkle-server"},
+            "user_details": {"email": f"(no email: tenant {tenant})"},
+        },
+    }

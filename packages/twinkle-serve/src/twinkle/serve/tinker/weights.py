@@ -28,12 +28,21 @@ class TinkerWeights:
             engine.backend.save_checkpoint(adapter, staging, kind == "training")
             return {"lora": run.lora}
 
-        return self.svc.checkpoints.write(run, kind, name, fill, overwrite=overwrite, ttl=body.get("ttl_seconds"),
-                                          user_metadata=body.get("user_metadata"))
+        return self.svc.checkpoints.write(
+            run,
+            kind,
+            name,
+            fill,
+            overwrite=overwrite,
+            ttl=body.get("ttl_seconds"),
+            user_metadata=body.get("user_metadata"),
+        )
 
     def _queue(self, tenant, engine, run: Run, body: dict, work) -> dict:
-        return {"request_id": self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work),
-                "model_id": run.model_id}
+        return {
+            "request_id": self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work),
+            "model_id": run.model_id,
+        }
 
     def save_weights(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))
@@ -55,8 +64,10 @@ class TinkerWeights:
             self.svc.admit_save(tenant)
 
             def work():
-                return "json", {"type": "save_weights_for_sampler",
-                                "path": self._write(run, engine, "sampler", name, body, True).tinker_path}
+                return "json", {
+                    "type": "save_weights_for_sampler",
+                    "path": self._write(run, engine, "sampler", name, body, True).tinker_path,
+                }
         else:
             seq = body.get("sampling_session_seq_id")
             if not isinstance(seq, int):
@@ -75,8 +86,14 @@ class TinkerWeights:
         with_optimizer = bool(body.get("optimizer"))
         if body.get("session_id") is not None:  # create_training_client_from_state(_with_optimizer)
             spec = LoraSpec(**{k: v for k, v in meta["lora"].items() if k in LoraSpec.__dataclass_fields__})
-            run, engine = self.models.new_run(tenant, body["session_id"], body.get("model_seq_id"),
-                                              meta["base_model"], spec, body.get("user_metadata"))
+            run, engine = self.models.new_run(
+                tenant,
+                body["session_id"],
+                body.get("model_seq_id"),
+                meta["base_model"],
+                spec,
+                body.get("user_metadata"),
+            )
             seq_id = 0
         else:  # TrainingClient.load_state: into an existing model
             run = self.svc.run(tenant, body.get("model_id"))
@@ -102,8 +119,9 @@ class TinkerWeights:
         name = check_name(body.get("path"))
         for field in ("ttl_seconds", "seq_id"):
             value = body.get(field)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or value < (1 if field == "ttl_seconds" else 0)):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < (1 if field == "ttl_seconds" else 0)
+            ):
                 raise BadRequest(f"{field} must be an integer >= {1 if field == 'ttl_seconds' else 0}, got {value!r}")
 
         def work():
@@ -112,13 +130,19 @@ class TinkerWeights:
 
         return self._queue(tenant, engine, run, body, work)
 
-    def copy_checkpoint(self, tenant: str, source: Checkpoint, model_id: str, session_id: str,
-                        ttl: int | None) -> str:
+    def copy_checkpoint(self, tenant: str, source: Checkpoint, model_id: str, session_id: str, ttl: int | None) -> str:
         """A readable checkpoint copied (files hard-linked: no bytes duplicated) into a new training run
         `model_id` of `session_id`, which holds it and cannot be trained on. -> the copy's tinker path."""
         origin = self.rt.store.runs.of_checkpoint(source)
-        run = self.svc.create_run(tenant, session_id, model_id, self.rt.engine(origin.base_model), "tinker",
-                                  origin.lora, {"copied_from": source.tinker_path})
+        run = self.svc.create_run(
+            tenant,
+            session_id,
+            model_id,
+            self.rt.engine(origin.base_model),
+            "tinker",
+            origin.lora,
+            {"copied_from": source.tinker_path},
+        )
         meta = self.svc.checkpoints.meta(source)
         folder = self.svc.checkpoints.folder(source)
 

@@ -15,8 +15,7 @@ _PKG = "twinkle_tinker_wire"
 
 
 def _field(msg, name, number, ftype, *, repeated=False, type_name=None, oneof=None, optional=False):
-    f = msg.field.add(name=name, number=number, type=ftype,
-                      label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+    f = msg.field.add(name=name, number=number, type=ftype, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
     if type_name:
         f.type_name = f".{_PKG}.{type_name}"
     if oneof is not None:
@@ -120,8 +119,15 @@ def _build():
     _field(m, "stop_reason", 1, _F.TYPE_ENUM, type_name="StopReason")
     _field(m, "tokens", 2, _F.TYPE_BYTES)
     _field(m, "logprobs", 3, _F.TYPE_BYTES, oneof=_optional_oneof(m, "logprobs"), optional=True)
-    _field(m, "topk_sampled_logprobs", 4, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
-           oneof=_optional_oneof(m, "topk_sampled_logprobs"), optional=True)
+    _field(
+        m,
+        "topk_sampled_logprobs",
+        4,
+        _F.TYPE_MESSAGE,
+        type_name="TopkLogprobs",
+        oneof=_optional_oneof(m, "topk_sampled_logprobs"),
+        optional=True,
+    )
 
     m = fd.message_type.add(name="PromptAltTokens")  # both dense [len(prompt) - 1, k]
     _field(m, "tokens", 1, _F.TYPE_MESSAGE, type_name="Tensor")
@@ -130,19 +136,51 @@ def _build():
     m = fd.message_type.add(name="SampleResponse")
     _field(m, "sequences", 1, _F.TYPE_MESSAGE, repeated=True, type_name="SampledSequence")
     _field(m, "prompt_logprobs", 2, _F.TYPE_BYTES, oneof=_optional_oneof(m, "prompt_logprobs"), optional=True)
-    _field(m, "topk_prompt_logprobs", 3, _F.TYPE_MESSAGE, type_name="TopkLogprobs",
-           oneof=_optional_oneof(m, "topk_prompt_logprobs"), optional=True)
+    _field(
+        m,
+        "topk_prompt_logprobs",
+        3,
+        _F.TYPE_MESSAGE,
+        type_name="TopkLogprobs",
+        oneof=_optional_oneof(m, "topk_prompt_logprobs"),
+        optional=True,
+    )
     _field(m, "prompt_cache_hit_tokens", 4, _F.TYPE_INT32)
-    _field(m, "target_prompt_logprobs", 5, _F.TYPE_MESSAGE, type_name="Tensor",
-           oneof=_optional_oneof(m, "target_prompt_logprobs"), optional=True)
-    _field(m, "prompt_alt_tokens", 6, _F.TYPE_MESSAGE, type_name="PromptAltTokens",
-           oneof=_optional_oneof(m, "prompt_alt_tokens"), optional=True)
+    _field(
+        m,
+        "target_prompt_logprobs",
+        5,
+        _F.TYPE_MESSAGE,
+        type_name="Tensor",
+        oneof=_optional_oneof(m, "target_prompt_logprobs"),
+        optional=True,
+    )
+    _field(
+        m,
+        "prompt_alt_tokens",
+        6,
+        _F.TYPE_MESSAGE,
+        type_name="PromptAltTokens",
+        oneof=_optional_oneof(m, "prompt_alt_tokens"),
+        optional=True,
+    )
 
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PKG}.{name}"))
-            for name in ("Tensor", "Datum", "Chunk", "ForwardBackwardRequest", "ForwardBackwardOutput",
-                         "ArrayRecord", "BatchedTensor", "SampleResponse", "SampledSequence")}
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PKG}.{name}"))
+        for name in (
+            "Tensor",
+            "Datum",
+            "Chunk",
+            "ForwardBackwardRequest",
+            "ForwardBackwardOutput",
+            "ArrayRecord",
+            "BatchedTensor",
+            "SampleResponse",
+            "SampledSequence",
+        )
+    }
 
 
 _CLASSES = _build()

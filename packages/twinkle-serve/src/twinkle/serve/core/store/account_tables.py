@@ -15,13 +15,25 @@ class CustomLosses:
         self.db = db
 
     def put(self, loss_id: str, tenant: str, session_id: str, name: str, inputs, graph) -> None:
-        _put(self.db, "custom_losses", {"loss_id": loss_id, "tenant": tenant, "session_id": session_id, "name": name,
-                                        "inputs": inputs, "graph": graph, "created_at": time.time()})
+        _put(
+            self.db,
+            "custom_losses",
+            {
+                "loss_id": loss_id,
+                "tenant": tenant,
+                "session_id": session_id,
+                "name": name,
+                "inputs": inputs,
+                "graph": graph,
+                "created_at": time.time(),
+            },
+        )
 
     def owned(self, loss_id, tenant: str) -> dict | None:
         """(name, inputs, graph, session_id) of the tenant's loss, JSON decoded; None otherwise."""
-        row = isinstance(loss_id, str) and self.db.one("SELECT * FROM custom_losses WHERE loss_id=? AND tenant=?",
-                                                       (loss_id, tenant))
+        row = isinstance(loss_id, str) and self.db.one(
+            "SELECT * FROM custom_losses WHERE loss_id=? AND tenant=?", (loss_id, tenant)
+        )
         return {**row, "inputs": json.loads(row["inputs"]), "graph": json.loads(row["graph"])} if row else None
 
 
@@ -32,27 +44,45 @@ class SampleRequests:
         self.db = db
 
     def record(self, request_id: str, tenant: str, sampler_id: str, clone: int) -> None:
-        _put(self.db, "sample_requests", {"request_id": request_id, "tenant": tenant, "sampler_id": sampler_id,
-                                          "clone": clone, "completion": None})
+        _put(
+            self.db,
+            "sample_requests",
+            {"request_id": request_id, "tenant": tenant, "sampler_id": sampler_id, "clone": clone, "completion": None},
+        )
 
     def owned(self, request_id, tenant: str) -> bool:
-        return isinstance(request_id, str) and self.db.one(
-            "SELECT request_id FROM sample_requests WHERE request_id=? AND tenant=?", (request_id, tenant)) is not None
+        return (
+            isinstance(request_id, str)
+            and self.db.one(
+                "SELECT request_id FROM sample_requests WHERE request_id=? AND tenant=?", (request_id, tenant)
+            )
+            is not None
+        )
 
     def completions(self, tenant: str, sampler_id: str, clone: int, after: int) -> tuple[list, list]:
         """-> (finished requests numbered after `after`, in completion order, with status and payload size;
         request ids still pending). A request is numbered once, the first time it is seen finished."""
-        rows = self.db.all("SELECT s.request_id, s.completion, f.status, LENGTH(f.payload) AS size FROM sample_requests s "
-                           "JOIN futures f ON f.request_id = s.request_id WHERE s.tenant=? AND s.sampler_id=? "
-                           "AND s.clone=? AND (s.completion IS NULL OR s.completion > ?) ORDER BY f.completed_at",
-                           (tenant, sampler_id, clone, after))
+        rows = self.db.all(
+            "SELECT s.request_id, s.completion, f.status, LENGTH(f.payload) AS size FROM sample_requests s "
+            "JOIN futures f ON f.request_id = s.request_id WHERE s.tenant=? AND s.sampler_id=? "
+            "AND s.clone=? AND (s.completion IS NULL OR s.completion > ?) ORDER BY f.completed_at",
+            (tenant, sampler_id, clone, after),
+        )
         for row in rows:
             if row["completion"] is None and row["status"] != "pending":
-                numbered = self.db.all("UPDATE sample_requests SET completion = (SELECT COALESCE(MAX(completion), 0) "
-                                       "+ 1 FROM sample_requests) WHERE request_id=? AND completion IS NULL "
-                                       "RETURNING completion", (row["request_id"],))
-                row["completion"] = numbered[0]["completion"] if numbered else self.db.one(
-                    "SELECT completion FROM sample_requests WHERE request_id=?", (row["request_id"],))["completion"]
+                numbered = self.db.all(
+                    "UPDATE sample_requests SET completion = (SELECT COALESCE(MAX(completion), 0) "
+                    "+ 1 FROM sample_requests) WHERE request_id=? AND completion IS NULL "
+                    "RETURNING completion",
+                    (row["request_id"],),
+                )
+                row["completion"] = (
+                    numbered[0]["completion"]
+                    if numbered
+                    else self.db.one("SELECT completion FROM sample_requests WHERE request_id=?", (row["request_id"],))[
+                        "completion"
+                    ]
+                )
         done = sorted((r for r in rows if r["status"] != "pending"), key=lambda r: r["completion"])
         return done, [r["request_id"] for r in rows if r["status"] == "pending"]
 
@@ -62,8 +92,11 @@ class SampleRequests:
 
     def join(self, sampler_id: str) -> int:
         """The next client number of a sampling session (its original client is 0)."""
-        return self.db.all("INSERT INTO sampler_clients (sampler_id, clients) VALUES (?, 1) ON CONFLICT(sampler_id) "
-                           "DO UPDATE SET clients = clients + 1 RETURNING clients", (sampler_id,))[0]["clients"]
+        return self.db.all(
+            "INSERT INTO sampler_clients (sampler_id, clients) VALUES (?, 1) ON CONFLICT(sampler_id) "
+            "DO UPDATE SET clients = clients + 1 RETURNING clients",
+            (sampler_id,),
+        )[0]["clients"]
 
 
 class Usage:
@@ -73,24 +106,33 @@ class Usage:
     def add(self, tenant: str, session_id: str | None, base_model: str, kind: str, tokens: int) -> None:
         """Count `tokens` of `kind` (training, sampling_prefill, sampling_sample) in this UTC hour's bucket."""
         hour = int(time.time()) // 3600 * 3600
-        self.db.execute("INSERT INTO usage (tenant, hour, session_id, base_model, kind, tokens) VALUES (?, ?, ?, ?, ?, ?) "
-                        "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
-                        (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)))
+        self.db.execute(
+            "INSERT INTO usage (tenant, hour, session_id, base_model, kind, tokens) VALUES (?, ?, ?, ?, ?, ?) "
+            "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
+            (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)),
+        )
 
     def add_to_run(self, model_id: str, tenant: str, kind: str, tokens: int) -> None:
-        self.db.execute("INSERT INTO run_usage (model_id, tenant, kind, tokens) VALUES (?, ?, ?, ?) "
-                        "ON CONFLICT(model_id, kind) DO UPDATE SET tokens = tokens + ?",
-                        (model_id, tenant, kind, int(tokens), int(tokens)))
+        self.db.execute(
+            "INSERT INTO run_usage (model_id, tenant, kind, tokens) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(model_id, kind) DO UPDATE SET tokens = tokens + ?",
+            (model_id, tenant, kind, int(tokens), int(tokens)),
+        )
 
     def since(self, tenant: str, start: float) -> int:
         """Tokens of every kind the tenant used in the hours from `start` on."""
-        return self.db.one("SELECT COALESCE(SUM(tokens), 0) AS n FROM usage WHERE tenant=? AND hour >= ?",
-                           (tenant, start))["n"]
+        return self.db.one(
+            "SELECT COALESCE(SUM(tokens), 0) AS n FROM usage WHERE tenant=? AND hour >= ?", (tenant, start)
+        )["n"]
 
     def totals(self, tenant: str) -> dict[str, int]:
         """All-time tokens of the tenant by kind."""
-        return {r["kind"]: r["tokens"] for r in self.db.all(
-            "SELECT kind, SUM(tokens) AS tokens FROM usage WHERE tenant=? GROUP BY kind", (tenant,))}
+        return {
+            r["kind"]: r["tokens"]
+            for r in self.db.all(
+                "SELECT kind, SUM(tokens) AS tokens FROM usage WHERE tenant=? GROUP BY kind", (tenant,)
+            )
+        }
 
     def of_runs(self, tenant: str) -> list[dict]:
         """Per run of the tenant: tokens by kind and checkpoint bytes stored, runs with either."""
@@ -101,11 +143,16 @@ class Usage:
             "(SELECT COALESCE(SUM(tokens), 0) FROM run_usage u WHERE u.model_id = m.model_id AND u.kind != 'training') "
             " AS sampling, "
             "(SELECT COALESCE(SUM(size_bytes), 0) FROM checkpoints c WHERE c.model_id = m.model_id) AS checkpoint_bytes "
-            "FROM models m WHERE m.tenant=? ORDER BY m.created_at", (tenant,))
+            "FROM models m WHERE m.tenant=? ORDER BY m.created_at",
+            (tenant,),
+        )
 
     def buckets(self, tenant: str, start: float, end: float) -> list[dict]:
-        return self.db.all("SELECT hour, session_id, base_model, kind, tokens FROM usage WHERE tenant=? AND hour >= ? "
-                           "AND hour < ? ORDER BY hour, tokens DESC", (tenant, start, end))
+        return self.db.all(
+            "SELECT hour, session_id, base_model, kind, tokens FROM usage WHERE tenant=? AND hour >= ? "
+            "AND hour < ? ORDER BY hour, tokens DESC",
+            (tenant, start, end),
+        )
 
     def of_session(self, session_id: str) -> list[dict]:
         return self.db.all("SELECT hour, kind, tokens FROM usage WHERE session_id=? ORDER BY hour", (session_id,))
@@ -126,19 +173,24 @@ class Projects:
 
     def sessions_with_details(self, tenant: str) -> list[dict]:
         """Every session of `tenant`, newest first, with its project and checkpoint count and bytes."""
-        return self.db.all("SELECT s.*, COALESCE(p.project_id, 'default') AS project_id, "
-                           "(SELECT COUNT(*) FROM checkpoints c JOIN models m ON m.model_id = c.model_id "
-                           " WHERE m.session_id = s.session_id) AS checkpoints_count, "
-                           "(SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c JOIN models m "
-                           " ON m.model_id = c.model_id WHERE m.session_id = s.session_id) AS checkpoint_bytes "
-                           "FROM sessions s LEFT JOIN session_projects p ON p.session_id = s.session_id "
-                           "WHERE s.tenant=? ORDER BY s.created_at DESC, s.session_id DESC", (tenant,))
+        return self.db.all(
+            "SELECT s.*, COALESCE(p.project_id, 'default') AS project_id, "
+            "(SELECT COUNT(*) FROM checkpoints c JOIN models m ON m.model_id = c.model_id "
+            " WHERE m.session_id = s.session_id) AS checkpoints_count, "
+            "(SELECT COALESCE(SUM(c.size_bytes), 0) FROM checkpoints c JOIN models m "
+            " ON m.model_id = c.model_id WHERE m.session_id = s.session_id) AS checkpoint_bytes "
+            "FROM sessions s LEFT JOIN session_projects p ON p.session_id = s.session_id "
+            "WHERE s.tenant=? ORDER BY s.created_at DESC, s.session_id DESC",
+            (tenant,),
+        )
 
     def checkpoint_storage(self, tenant: str, project_id: str | None) -> dict:
         """Live checkpoints of `tenant` (of one project's sessions, if given): count and bytes."""
-        sql = ("SELECT COUNT(*) AS n, COALESCE(SUM(c.size_bytes), 0) AS size FROM checkpoints c "
-               "LEFT JOIN models m ON m.model_id = c.model_id LEFT JOIN session_projects p ON p.session_id = m.session_id "
-               "WHERE c.tenant=? AND (c.expires_at IS NULL OR c.expires_at > ?)")
+        sql = (
+            "SELECT COUNT(*) AS n, COALESCE(SUM(c.size_bytes), 0) AS size FROM checkpoints c "
+            "LEFT JOIN models m ON m.model_id = c.model_id LEFT JOIN session_projects p ON p.session_id = m.session_id "
+            "WHERE c.tenant=? AND (c.expires_at IS NULL OR c.expires_at > ?)"
+        )
         args = [tenant, time.time()]
         if project_id is not None:
             sql += " AND COALESCE(p.project_id, 'default') = ?"

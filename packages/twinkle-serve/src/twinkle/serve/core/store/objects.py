@@ -33,8 +33,9 @@ class Sessions:
         _put(self.db, "sessions", asdict(session))
 
     def owned(self, session_id, tenant: str) -> Session | None:
-        row = _id(session_id) and self.db.one("SELECT * FROM sessions WHERE session_id=? AND tenant=?",
-                                              (session_id, tenant))
+        row = _id(session_id) and self.db.one(
+            "SELECT * FROM sessions WHERE session_id=? AND tenant=?", (session_id, tenant)
+        )
         return Session.from_row(row) if row else None
 
     def get(self, session_id: str) -> Session | None:
@@ -45,16 +46,23 @@ class Sessions:
         self.db.execute("UPDATE sessions SET last_heartbeat=? WHERE session_id=?", (time.time(), session_id))
 
     def finish(self, session_id: str, reason: str) -> None:
-        self.db.execute("UPDATE sessions SET finished_at=?, finish_reason=? WHERE session_id=?",
-                        (time.time(), reason, session_id))
+        self.db.execute(
+            "UPDATE sessions SET finished_at=?, finish_reason=? WHERE session_id=?", (time.time(), reason, session_id)
+        )
 
     def list(self, tenant: str, limit: int, offset: int) -> builtins.list[Session]:
-        return [Session.from_row(r) for r in self.db.all(
-            "SELECT * FROM sessions WHERE tenant=? ORDER BY created_at DESC LIMIT ? OFFSET ?", (tenant, limit, offset))]
+        return [
+            Session.from_row(r)
+            for r in self.db.all(
+                "SELECT * FROM sessions WHERE tenant=? ORDER BY created_at DESC LIMIT ? OFFSET ?",
+                (tenant, limit, offset),
+            )
+        ]
 
     def sampler_ids(self, session_id: str) -> builtins.list[str]:
-        return [r["sampler_id"] for r in self.db.all("SELECT sampler_id FROM samplers WHERE session_id=?",
-                                                     (session_id,))]
+        return [
+            r["sampler_id"] for r in self.db.all("SELECT sampler_id FROM samplers WHERE session_id=?", (session_id,))
+        ]
 
 
 class Runs:
@@ -83,8 +91,9 @@ class Runs:
         if not model_ids:
             return 0
         marks = ",".join("?" for _ in model_ids)
-        return self.db.one(f"SELECT COUNT(*) AS n FROM models WHERE tenant=? AND model_id IN ({marks})",
-                           (tenant, *model_ids))["n"]
+        return self.db.one(
+            f"SELECT COUNT(*) AS n FROM models WHERE tenant=? AND model_id IN ({marks})", (tenant, *model_ids)
+        )["n"]
 
     def set_lora(self, model_id: str, lora: dict) -> None:
         self.db.execute("UPDATE models SET lora=? WHERE model_id=?", (json.dumps(lora), model_id))
@@ -93,13 +102,19 @@ class Runs:
         self.db.execute("UPDATE models SET last_request_time=? WHERE model_id=?", (time.time(), model_id))
 
     def of_session(self, session_id: str) -> builtins.list[Run]:
-        return [Run.from_row(r) for r in self.db.all("SELECT * FROM models WHERE session_id=? ORDER BY model_id",
-                                                     (session_id,))]
+        return [
+            Run.from_row(r)
+            for r in self.db.all("SELECT * FROM models WHERE session_id=? ORDER BY model_id", (session_id,))
+        ]
 
     def list(self, tenant: str, limit: int, offset: int = 0) -> builtins.list[Run]:
-        return [Run.from_row(r) for r in self.db.all(
-            "SELECT * FROM models WHERE tenant=? ORDER BY created_at DESC, model_id LIMIT ? OFFSET ?",
-            (tenant, limit, offset))]
+        return [
+            Run.from_row(r)
+            for r in self.db.all(
+                "SELECT * FROM models WHERE tenant=? ORDER BY created_at DESC, model_id LIMIT ? OFFSET ?",
+                (tenant, limit, offset),
+            )
+        ]
 
     def count(self, tenant: str) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM models WHERE tenant=?", (tenant,))["n"]
@@ -113,13 +128,16 @@ class Samplers:
         _put(self.db, "samplers", {**asdict(sampler), "ephemeral": int(sampler.ephemeral)})
 
     def owned(self, sampler_id, tenant: str) -> Sampler | None:
-        row = _id(sampler_id) and self.db.one("SELECT * FROM samplers WHERE sampler_id=? AND tenant=?",
-                                              (sampler_id, tenant))
+        row = _id(sampler_id) and self.db.one(
+            "SELECT * FROM samplers WHERE sampler_id=? AND tenant=?", (sampler_id, tenant)
+        )
         return Sampler.from_row(row) if row else None
 
     def of_session(self, session_id: str) -> list[Sampler]:
-        return [Sampler.from_row(r) for r in self.db.all("SELECT * FROM samplers WHERE session_id=? ORDER BY created_at",
-                                                         (session_id,))]
+        return [
+            Sampler.from_row(r)
+            for r in self.db.all("SELECT * FROM samplers WHERE session_id=? ORDER BY created_at", (session_id,))
+        ]
 
 
 class Checkpoints:

@@ -75,8 +75,10 @@ def migrate(db: sqlite3.Connection) -> int:
     """Run the migrations this database has not seen, each in one transaction; the version reached."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > VERSION:
-        raise RuntimeError(f"the data dir's database is at schema version {version}, newer than this server's "
-                           f"{VERSION}: run the newer twinkle-server (downgrades are not supported)")
+        raise RuntimeError(
+            f"the data dir's database is at schema version {version}, newer than this server's "
+            f"{VERSION}: run the newer twinkle-server (downgrades are not supported)"
+        )
     for number in range(version + 1, VERSION + 1):
         try:
             db.executescript(f"BEGIN;\n{MIGRATIONS[number - 1]}\nPRAGMA user_version = {number};\nCOMMIT;")

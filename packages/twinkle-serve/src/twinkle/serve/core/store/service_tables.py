@@ -16,20 +16,25 @@ class Keys:
         return self.db.one("SELECT name FROM api_keys WHERE name=? AND revoked_at IS NULL", (name,)) is not None
 
     def add(self, name: str, key_hash: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO api_keys (name, key_hash, created_at, revoked_at) "
-                        "VALUES (?, ?, ?, NULL)", (name, key_hash, time.time()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO api_keys (name, key_hash, created_at, revoked_at) VALUES (?, ?, ?, NULL)",
+            (name, key_hash, time.time()),
+        )
 
     def list(self) -> builtins.list[dict]:
         return self.db.all("SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at")
 
     def row(self, name: str) -> dict | None:
         """An active key's record (its id is the row number)."""
-        return self.db.one("SELECT rowid AS key_id, name, created_at FROM api_keys WHERE name=? AND revoked_at IS NULL",
-                           (name,))
+        return self.db.one(
+            "SELECT rowid AS key_id, name, created_at FROM api_keys WHERE name=? AND revoked_at IS NULL", (name,)
+        )
 
     def revoke(self, name: str) -> bool:
-        return self.db.execute("UPDATE api_keys SET revoked_at=? WHERE name=? AND revoked_at IS NULL",
-                               (time.time(), name)) > 0
+        return (
+            self.db.execute("UPDATE api_keys SET revoked_at=? WHERE name=? AND revoked_at IS NULL", (time.time(), name))
+            > 0
+        )
 
     def tenant_for(self, key_hash: str) -> str | None:
         row = self.db.one("SELECT name FROM api_keys WHERE key_hash=? AND revoked_at IS NULL", (key_hash,))
@@ -44,22 +49,30 @@ class Futures:
         self.db = db
 
     def fail_pending(self, content_type: str, payload: bytes) -> None:
-        self.db.execute("UPDATE futures SET status='failed', content_type=?, payload=?, completed_at=? "
-                        "WHERE status='pending'", (content_type, payload, time.time()))
+        self.db.execute(
+            "UPDATE futures SET status='failed', content_type=?, payload=?, completed_at=? WHERE status='pending'",
+            (content_type, payload, time.time()),
+        )
 
     def create(self, request_id: str, tenant: str) -> None:
-        self.db.execute("INSERT INTO futures (request_id, tenant, status, created_at) VALUES (?, ?, 'pending', ?)",
-                        (request_id, tenant, time.time()))
+        self.db.execute(
+            "INSERT INTO futures (request_id, tenant, status, created_at) VALUES (?, ?, 'pending', ?)",
+            (request_id, tenant, time.time()),
+        )
 
     def finish(self, request_id: str, status: str, content_type: str, payload: bytes) -> None:
-        self.db.execute("UPDATE futures SET status=?, content_type=?, payload=?, completed_at=? WHERE request_id=?",
-                        (status, content_type, payload, time.time(), request_id))
+        self.db.execute(
+            "UPDATE futures SET status=?, content_type=?, payload=?, completed_at=? WHERE request_id=?",
+            (status, content_type, payload, time.time(), request_id),
+        )
 
     def get(self, request_id, tenant: str) -> FutureRow | None:
         if not isinstance(request_id, str):
             return None
-        row = self.db.one("SELECT request_id, status, content_type, payload FROM futures "
-                          "WHERE request_id=? AND tenant=?", (request_id, tenant))
+        row = self.db.one(
+            "SELECT request_id, status, content_type, payload FROM futures WHERE request_id=? AND tenant=?",
+            (request_id, tenant),
+        )
         return FutureRow(**row) if row else None
 
     def pending(self, tenant: str) -> tuple[int, int]:
@@ -90,13 +103,16 @@ class Idempotency:
         self.db.execute("DELETE FROM idempotency WHERE created_at < ?", (before,))
 
     def get(self, tenant: str, key: str) -> dict | None:
-        return self.db.one("SELECT fingerprint, status, content_type, body FROM idempotency WHERE tenant=? AND key=?",
-                           (tenant, key))
+        return self.db.one(
+            "SELECT fingerprint, status, content_type, body FROM idempotency WHERE tenant=? AND key=?", (tenant, key)
+        )
 
     def put(self, tenant: str, key: str, fingerprint: str, status: int, content_type: str, body: bytes) -> None:
-        self.db.execute("INSERT OR REPLACE INTO idempotency (tenant, key, fingerprint, status, content_type, body, "
-                        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (tenant, key, fingerprint, status, content_type, body, time.time()))
+        self.db.execute(
+            "INSERT OR REPLACE INTO idempotency (tenant, key, fingerprint, status, content_type, body, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (tenant, key, fingerprint, status, content_type, body, time.time()),
+        )
 
 
 class Curves:
@@ -109,21 +125,27 @@ class Curves:
         now = time.time()
         for name, value in metrics.items():
             if value is not None:
-                self.db.execute("INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
-                                (model_id, tenant, step, name, float(value), now))
+                self.db.execute(
+                    "INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
+                    (model_id, tenant, step, name, float(value), now),
+                )
         if self.on_add is not None:
             self.on_add(model_id, tenant, step, {k: float(v) for k, v in metrics.items() if v is not None})
 
     def of(self, model_id: str, since_step: int = -1) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
-        for row in self.db.all("SELECT step, name, value, t FROM run_curves WHERE model_id=? AND step>? "
-                               "ORDER BY step, t", (model_id, since_step)):
+        for row in self.db.all(
+            "SELECT step, name, value, t FROM run_curves WHERE model_id=? AND step>? ORDER BY step, t",
+            (model_id, since_step),
+        ):
             out.setdefault(row["name"], []).append({"step": row["step"], "value": row["value"], "t": row["t"]})
         return out
 
     def last(self, model_id: str, name: str) -> dict | None:
-        return self.db.one("SELECT step, value FROM run_curves WHERE model_id=? AND name=? "
-                           "ORDER BY step DESC, t DESC LIMIT 1", (model_id, name))
+        return self.db.one(
+            "SELECT step, value FROM run_curves WHERE model_id=? AND name=? ORDER BY step DESC, t DESC LIMIT 1",
+            (model_id, name),
+        )
 
     def count(self, model_id: str, name: str) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM run_curves WHERE model_id=? AND name=?", (model_id, name))["n"]
