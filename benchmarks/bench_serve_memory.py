@@ -3,8 +3,9 @@
 A real server process per measurement (benchmarks/_server.py), driven through the unmodified
 Tinker SDK: N LoRA tenants on twinkle://qwen3-demo (ranks 8/16/32 cycling; attention, MLP and
 unembedding, as the SDK asks by default), each trained 2 steps (forward_backward + AdamW
-optim_step, so every tenant holds its optimizer state). Then the benchmark waits 3 s (the server
-idles; what it does then is its own business) and reads the server process's RSS from /proc,
+optim_step, so every tenant holds its optimizer state). Then the benchmark waits 12 s (the server
+idles; what it does then is its own business: it hands freed memory back after TRIM_AFTER_IDLE_S = 10 s
+of quiet) and reads the server process's RSS from /proc,
 nothing trimmed or collected by the benchmark.
 - runtime: the same server on twinkle://qwen3-tiny (0.2M parameters) after one tenant's 2 steps:
   Python, torch, transformers, uvicorn and the warmed code paths, which every server pays whatever
@@ -74,7 +75,7 @@ def served_rss(model: str, tenants: int) -> int:
                 pending.append(client.optim_step(types.AdamParams(learning_rate=1e-4)))
             for future in pending:
                 future.result()
-        time.sleep(3.0)
+        time.sleep(12.0)  # past the server's own idle release (TRIM_AFTER_IDLE_S)
         return tree_rss(proc.pid)
     finally:
         proc.terminate()
