@@ -351,3 +351,14 @@ def test_a_one_token_prompt_has_no_scored_positions(eos_trained):
     ).result()
     assert out.prompt_logprobs == [None] and out.topk_prompt_logprobs == [None]
     assert out.prompt_alt_tokens.tokens.to_numpy().shape == (0, 3) and len(out.sequences[0].tokens) == 2
+
+
+def test_prompt_alt_tokens_at_a_subnormal_temperature_are_the_argmax_not_nan():
+    import torch
+
+    from twinkle.serve.backend.sampling import _draw_alternatives
+
+    table_T_V = torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0], [2.0, -1.0, 0.5]]), dim=-1)
+    ids_T_K, logprobs_T_K = _draw_alternatives(table_T_V, 4, 5e-324, seed=7)  # 5e-324 is 0 in float32
+    assert ids_T_K.tolist() == [[1] * 4, [0] * 4]
+    assert np.isfinite(logprobs_T_K).all()

@@ -141,6 +141,8 @@ def _draw_alternatives(table_T_V, k: int, temperature: float, seed: int | None):
         # seeded like the request's samples, on a stream of its own (sample index -1)
         g = torch.Generator().manual_seed(row_seed(seed if seed is not None else random.randrange(2**62), -1))
         shifted_T_V = table_T_V - table_T_V.max(-1, keepdim=True).values  # a tiny temperature must not give NaN
+        # below float32's smallest normal (5e-324 arrives from JSON) the divisor would round to 0 (0/0 = NaN)
+        temperature = max(temperature, torch.finfo(torch.float32).tiny)
         ids_T_K = torch.multinomial(torch.softmax(shifted_T_V / temperature, dim=-1), k, replacement=True, generator=g)
     return ids_T_K.numpy().astype(np.int64), table_T_V.gather(1, ids_T_K).numpy().astype(np.float32)
 
