@@ -45,6 +45,8 @@ HOW = {
     "uv run ray start --head --port=6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
     "uv run ray start --address=HOST_A:6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
     "uv run twinkle-server --port 8000 --data-dir ./twinkle-data --config two-hosts.toml": "needs the two-host Ray cluster above: nox -s ray_cluster runs the same on one machine",
+    "uv run python benchmarks/bench_client_native.py --steps 40 --rounds 4": HELP,
+    "uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3": HELP,
     "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py": "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
 }
 # Benchmarks measure for minutes: each is checked with --help (its full run is `nox -s bench`).

@@ -51,7 +51,6 @@ class MultiLoraBackend(TorchSampling, Backend):
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
-        from twinkle.model.multi_lora.memory import share_frozen_weights
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
@@ -64,8 +63,15 @@ class MultiLoraBackend(TorchSampling, Backend):
         assert isinstance(embeddings, torch.nn.Embedding), type(embeddings)
         self.vocab_size = embeddings.num_embeddings
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
-        self._init_sampler(model_path, torch_dtype, max_batch_size, device=device, trust_remote_code=trust_remote_code)
-        share_frozen_weights(hf, self.sampler.model)  # one copy of the frozen base for training and sampling
+        # one copy of the frozen base for training and sampling
+        self._init_sampler(
+            model_path,
+            torch_dtype,
+            max_batch_size,
+            device=device,
+            trust_remote_code=trust_remote_code,
+            share_frozen_with=hf,
+        )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
 
     # ---- adapters ----------------------------------------------------------------------------------

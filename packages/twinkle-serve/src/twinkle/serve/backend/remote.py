@@ -58,17 +58,22 @@ class RemoteBackend(Backend):
 
         self.base_model, self.tokenizer_path = base_model, model_path
         # the operator's trust_remote_code travels to every rank with the other construction options
+        # remote_group= is the argument remote_class adds to every constructor
         self.trainer = TrainShard(
-            base_model, shard_model_path, dtype=dtype, trust_remote_code=trust_remote_code, remote_group=remote_group
-        )  # ty: ignore[unknown-argument] - remote_class adds it
+            base_model,
+            shard_model_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            remote_group=remote_group,  # ty: ignore[unknown-argument]
+        )
         self.samplers = SamplerShard(
             base_model,
             shard_model_path,
             dtype=dtype,
             max_batch_size=max_batch_size,
             trust_remote_code=trust_remote_code,
-            remote_group=sampler_remote_group,
-        )  # ty: ignore[unknown-argument] - remote_class adds it
+            remote_group=sampler_remote_group,  # ty: ignore[unknown-argument]
+        )
         if remote_group is None:  # a local shard: its engine and base model are in this process
             self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
         info = self.trainer.describe()

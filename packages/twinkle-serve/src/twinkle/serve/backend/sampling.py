@@ -20,7 +20,10 @@ class TorchSampling:
         max_batch_size: int,
         device: str | None = None,
         trust_remote_code: bool = False,
+        share_frozen_with=None,
     ) -> None:
+        """The sampler on its own copy of the model; `share_frozen_with`: a training model in this
+        process whose frozen base weights the sampler uses instead of holding them twice."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from twinkle.sampler import TorchSampler
@@ -33,6 +36,10 @@ class TorchSampling:
             max_batch_size=max_batch_size,
             device=device,
         )
+        if share_frozen_with is not None:
+            from twinkle.model.multi_lora.memory import share_frozen_weights
+
+            share_frozen_weights(share_frozen_with, self.sampler.model)
 
     def install_sampler_from_adapter(self, sampler, adapter):
         self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())  # ty: ignore[missing-attribute] - a mixin: the training backend it joins has adapter_tensors
