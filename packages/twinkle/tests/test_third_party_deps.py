@@ -47,6 +47,8 @@ OPTIONAL_BACKEND_MODULES = {
 USED_WITHOUT_IMPORT = {
     ("twinkle-data", "tokenizers"): "the fast tokenizer backend transformers loads tokenizer.json with",
     ("twinkle-serve", "uvicorn"): "imported by the server module at run time",
+    ("twinkle-serve", "uvloop"): "uvicorn's event loop when installed (its per-request CPU is half of asyncio's)",
+    ("twinkle-serve", "httptools"): "uvicorn's HTTP parser when installed (faster than h11)",
     (
         "twinkle-model",
         "tensorboard",
