@@ -362,3 +362,31 @@ def test_prompt_alt_tokens_at_a_subnormal_temperature_are_the_argmax_not_nan():
     ids_T_K, logprobs_T_K = _draw_alternatives(table_T_V, 4, 5e-324, seed=7)  # 5e-324 is 0 in float32
     assert ids_T_K.tolist() == [[1] * 4, [0] * 4]
     assert np.isfinite(logprobs_T_K).all()
+
+
+def test_a_sampler_checkpoint_saved_again_under_its_name_samples_the_new_weights(eos_trained):
+    """The same `tinker://` path after more training is new weights: neither a sampling client made
+    before the re-save nor one made after it may answer from the old adapter."""
+    from tinker import types
+
+    tc, _, _ = eos_trained
+    first = tc.save_weights_for_sampler("resaved").result().path
+    before = tc.create_sampling_client(first).result()
+    prompt = types.ModelInput.from_ints(PROMPT)
+    lps_old = before.compute_logprobs(prompt).result()
+    seq = PROMPT + [400, 401, 402]
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(seq[:-1]),
+        loss_fn_inputs={"target_tokens": seq[1:], "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * 3},
+    )
+    for _ in range(3):
+        tc.forward_backward([datum], "cross_entropy")
+        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+    second = tc.save_weights_for_sampler("resaved").result().path
+    assert second == first
+    after = tc.create_sampling_client(second).result()
+    expected = tc.save_weights_and_get_sampling_client().compute_logprobs(prompt).result()
+    for client in (before, after):
+        got = client.compute_logprobs(prompt).result()
+        assert got[1:] == pytest.approx(expected[1:], abs=1e-6)
+        assert max(abs(a - b) for a, b in zip(got[1:], lps_old[1:])) > 1e-3

@@ -62,7 +62,9 @@ class TinkerSampling:
         adapter = folder = None
         if sampler.model_path:
             ckpt = self.svc.checkpoints.readable(tenant, sampler.model_path)
-            adapter, folder = sampler_name(sampler.model_path + ckpt.dir), str(self.svc.checkpoints.folder(ckpt))
+            # the save time is in the name: a checkpoint re-saved at the same path is new weights, not a cache hit
+            adapter = sampler_name(f"{sampler.model_path}{ckpt.dir}@{ckpt.created_at!r}")
+            folder = str(self.svc.checkpoints.folder(ckpt))
         elif sampler.ephemeral:
             adapter = sampler_name(sampler.sampler_id)
 
