@@ -18,7 +18,7 @@ class ChoiceText:
     def __init__(self, tokenizer, stop: list[str] | None):
         self.tokenizer, self.stop = tokenizer, stop or []
         # every token so far (not only the kept ones): the shape the chunk formatters read log-probs from
-        self.partial = Rendered("", [], [], [], [], None, "length")
+        self.partial = Rendered("", [], [], [], None, "length")
         self._end = 0  # text length through the last token, as render measures it
         self.sent_chars = self.sent_tokens = 0
 
