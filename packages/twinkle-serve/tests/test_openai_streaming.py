@@ -214,3 +214,20 @@ def test_text_that_may_begin_a_stop_string_is_held_back(tokenizer):
     assert (lo, hi) == (len(final.tokens), len(final.tokens))  # every kept token already went out
     deltas, final, _ = stream_text(tokenizer, "a cat s", ["sat"])  # a held prefix that never completes
     assert "".join(deltas) == final.text == "a cat s" and deltas[-1] == "s"
+
+
+def test_the_tokens_per_day_quota_refuses_a_stream_before_its_first_byte(server):
+    import openai
+
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key=server.create_key("oai-quota"), max_retries=0)
+    server.runtime.store.quotas.set("oai-quota", tokens_per_day=5)  # less than the prompt alone
+    for stream in (True, False):
+        with pytest.raises(openai.RateLimitError) as err:
+            chat(c, max_tokens=4, stream=stream)
+        assert "tokens_per_day quota: 0 used of 5" in err.value.body["message"]
+    server.runtime.store.quotas.set("oai-quota", tokens_per_day=1000)
+    _, finish, _, usage = joined(
+        chat(c, max_tokens=4, stream=True, stream_options={"include_usage": True}), 1, lambda ch: ch.delta.content
+    )
+    assert finish == ["length"] and usage.completion_tokens == 4
+    assert server.runtime.store.usage.since("oai-quota", 0) == usage.prompt_tokens + 4  # counted once
