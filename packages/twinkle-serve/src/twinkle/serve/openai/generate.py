@@ -143,6 +143,8 @@ async def stream(
             if out or opening:  # held-back text sends nothing yet
                 send("chunks", out)
 
+        if closed.is_set():  # the caller went away while this waited in the queue
+            return "json", {"closed": True}
         try:
             job.install()
             for p, prompt in enumerate(prompts):
