@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 
 from twinkle.sampler.params import SamplingParams
@@ -66,3 +69,15 @@ class StopChecker:
         # A little slack: a split UTF-8 character may have decoded as U+FFFD last step.
         tail = text[max(0, prev_text_len - self._longest - 2) :]
         return any(s in tail for s in self.stop_strings), len(text)
+
+
+class StepToken(NamedTuple):
+    """One token a decode step appended: to sequence `index` (response order: prompt-major, then sample)."""
+
+    index: int
+    token: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]] | None  # the k most likely (id, log-prob) when asked for
+
+
+OnTokens = Callable[[list[StepToken]], None]

@@ -14,7 +14,7 @@ import torch
 
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler
-from twinkle.sampler.decoding import StopChecker, choose_tokens, row_seed
+from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
 from twinkle.sampler.routing import LoRARouter
 
@@ -150,7 +150,11 @@ class TorchSampler(Sampler):
 
     # ---- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, inputs, sampling_params=None, adapter_name=None) -> list[SampleResponse]:
+    def sample(
+        self, inputs, sampling_params=None, adapter_name=None, on_tokens: OnTokens | None = None
+    ) -> list[SampleResponse]:
+        """`on_tokens`: called after every decode step with that step's tokens (streaming); an exception it
+        raises ends the sampling there and propagates (how a stream whose reader left stops it)."""
         params = SamplingParams.from_dict(sampling_params)
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
@@ -170,6 +174,8 @@ class TorchSampler(Sampler):
                 [row_seed(seed, j) for _, j in chunk],
                 params,
                 group=n if n > 1 and step % n == 0 else 1,
+                on_tokens=on_tokens,
+                first_index=lo,
             )
             sequences.extend(seqs)
             for k, (p, _) in enumerate(chunk):
@@ -198,11 +204,14 @@ class TorchSampler(Sampler):
         seeds: list[int],
         params: SamplingParams,
         group: int = 1,
+        on_tokens: OnTokens | None = None,
+        first_index: int = 0,
     ) -> tuple[list[SampledSequence], tuple | None]:
         """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None)).
 
         `group` > 1: rows come in runs of `group` equal (prompt, adapter) pairs; each run's prompt is
-        prefilled once and its KV cache expanded to the run's rows."""
+        prefilled once and its KV cache expanded to the run's rows. `on_tokens` gets each step's tokens,
+        row r as sequence `first_index + r` of the response order."""
         from transformers import DynamicCache
 
         n = len(prompts)
@@ -259,6 +268,9 @@ class TorchSampler(Sampler):
                         reasons[r] = "stop"
                     else:
                         keep.append(b)
+                if on_tokens is not None:
+                    emitted = [(r, tops[r][-1] if top is not None else None) for r in active]
+                    on_tokens([StepToken(first_index + r, tokens[r][-1], logps[r][-1], t) for r, t in emitted])
                 if not keep or step == params.max_tokens - 1:
                     break
                 if len(keep) < len(active):  # finished rows leave the batch and the cache

@@ -12,6 +12,7 @@ from twinkle.serve.backend.base import SampledSeq, SampleParams, SampleResult, U
 class TorchSampling:
     vocab_size: int
     max_context: int
+    streams_tokens = True  # sample() takes on_tokens: each decode step's tokens as they come (SSE streaming)
 
     def _init_sampler(
         self,
@@ -52,7 +53,10 @@ class TorchSampling:
         if sampler in self.sampler.adapter_names:
             self.sampler.remove_adapter(sampler)
 
-    def sample(self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs) -> SampleResult:
+    def sample(
+        self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None
+    ) -> SampleResult:
+        """`on_tokens`: see TorchSampler.sample (StepToken.index is the sample's index in the result)."""
         from twinkle.sampler import SamplingParams
 
         if not prompt:
@@ -109,7 +113,7 @@ class TorchSampling:
                 f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
                 f"in [0, {self.vocab_size}) or -1"
             )
-        (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler)
+        (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens)
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
         result = SampleResult(

@@ -32,16 +32,16 @@ class OpenAIError(ApiError):
         self.status, self.param, self.code = status, param, code
 
 
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    """`{"error": {...}}`: an error status's body, and the event that ends a stream which fails midway."""
+    kind = _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def error_response(
     status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
 ) -> JSONResponse:
-    body = {
-        "message": message,
-        "type": _TYPE.get(status, "server_error" if status >= 500 else "invalid_request_error"),
-        "param": param,
-        "code": code,
-    }
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

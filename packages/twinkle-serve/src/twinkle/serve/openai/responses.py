@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
-
-from fastapi.responses import StreamingResponse
 
 from twinkle.serve.openai.text import Rendered, chat_logprobs, completion_logprobs
 
@@ -49,40 +46,50 @@ def completion(tokenizer, body, rendered: list[Rendered], usage: dict) -> dict:
     return {**_head("text_completion", body.model), "choices": choices, "usage": usage}
 
 
-def chat_chunks(tokenizer, body, rendered: list[Rendered], usage: dict) -> Iterator[dict]:
-    head = _head("chat.completion.chunk", body.model)
+class ChatChunks:
+    """chat.completion.chunk objects, built one delta at a time as a stream produces them."""
 
-    def chunk(i, delta, logprobs=None, finish=None):
-        return {**head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
+    def __init__(self, tokenizer, body):
+        self.tokenizer, self.body = tokenizer, body
+        self.head = _head("chat.completion.chunk", body.model)
 
-    for i, r in enumerate(rendered):
-        yield chunk(i, {"role": "assistant", "content": ""})
-        for k, piece in enumerate(r.pieces):
-            yield chunk(i, {"content": piece}, chat_logprobs(tokenizer, r, k, k + 1) if body.logprobs else None)
-        yield chunk(i, {}, finish=r.finish_reason)
-    if body.include_usage():
-        yield {**head, "choices": [], "usage": usage}
+    def _chunk(self, i: int, delta: dict, logprobs=None, finish=None) -> dict:
+        return {**self.head, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
 
+    def opening(self, i: int) -> list[dict]:
+        return [self._chunk(i, {"role": "assistant", "content": ""})]
 
-def completion_chunks(tokenizer, body, rendered: list[Rendered], usage: dict) -> Iterator[dict]:
-    head = _head("text_completion", body.model)
+    def piece(self, i: int, text: str, r: Rendered, lo: int, hi: int) -> dict:
+        logprobs = chat_logprobs(self.tokenizer, r, lo, hi) if self.body.logprobs else None
+        return self._chunk(i, {"content": text}, logprobs)
 
-    def chunk(i, text, logprobs=None, finish=None):
-        return {**head, "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+    def finish(self, i: int, reason: str) -> dict:
+        return self._chunk(i, {}, finish=reason)
 
-    for i, r in enumerate(rendered):
-        for k, piece in enumerate(r.pieces):
-            lps = completion_logprobs(tokenizer, r, k, k + 1) if body.logprobs is not None else None
-            yield chunk(i, piece, lps)
-        yield chunk(i, "", finish=r.finish_reason)
-    if body.include_usage():
-        yield {**head, "choices": [], "usage": usage}
+    def usage(self, usage: dict) -> list[dict]:
+        return [{**self.head, "choices": [], "usage": usage}] if self.body.include_usage() else []
 
 
-def stream(chunks: Iterator[dict]) -> StreamingResponse:
-    def events():
-        for c in chunks:
-            yield f"data: {json.dumps(c)}\n\n"
-        yield "data: [DONE]\n\n"
+class CompletionChunks(ChatChunks):
+    """text_completion chunks: no role opening; `text` instead of `delta`."""
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, tokenizer, body):
+        super().__init__(tokenizer, body)
+        self.head = _head("text_completion", body.model)
+
+    def _text(self, i: int, text: str, logprobs=None, finish=None) -> dict:
+        return {**self.head, "choices": [{"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
+
+    def opening(self, i: int) -> list[dict]:
+        return []
+
+    def piece(self, i: int, text: str, r: Rendered, lo: int, hi: int) -> dict:
+        logprobs = completion_logprobs(self.tokenizer, r, lo, hi) if self.body.logprobs is not None else None
+        return self._text(i, text, logprobs)
+
+    def finish(self, i: int, reason: str) -> dict:
+        return self._text(i, "", finish=reason)
+
+
+def sse(event: dict | str) -> str:
+    return f"data: {event if isinstance(event, str) else json.dumps(event)}\n\n"

@@ -1,8 +1,7 @@
 """`/v1/models`, `/v1/chat/completions`, `/v1/completions`: OpenAI's wire format over the service core.
 
-The bearer token is the tenant's `tml-` key (X-API-Key works too). Responses are computed before the
-first byte is sent, so a failure is always a proper error status; `stream=true` then sends the
-result as OpenAI's server-sent-event chunks, one per token.
+The bearer token is the tenant's `tml-` key (X-API-Key works too). `stream=true` sends OpenAI's
+server-sent-event chunks while the tokens are decoded (see generate.stream).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from twinkle.serve.core.service import Service
 from twinkle.serve.openai import responses
 from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest, _Body
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
-from twinkle.serve.openai.generate import generate
+from twinkle.serve.openai.generate import generate, stream
 from twinkle.serve.openai.models import ModelResolver
 from twinkle.serve.openai.text import render
 
@@ -76,26 +75,24 @@ def build_openai_router(svc: Service) -> APIRouter:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
         prompt = chat_prompt(tokenizer, body)
-        (result,) = await generate(
-            svc, name, target, [prompt], body.n, params(body, body.top_logprobs or 0, body.limit())
-        )
-        rendered = [render(tokenizer, s, body.stop_list()) for s in result.sequences]
-        usage = responses.usage([prompt], [result])
+        sample = params(body, body.top_logprobs or 0, body.limit())
         if body.stream:
-            return responses.stream(responses.chat_chunks(tokenizer, body, rendered, usage))
-        return responses.chat_completion(tokenizer, body, rendered, usage)
+            return await stream(svc, name, target, [prompt], body.n, sample, responses.ChatChunks(tokenizer, body))
+        (result,) = await generate(svc, name, target, [prompt], body.n, sample)
+        rendered = [render(tokenizer, s, body.stop_list()) for s in result.sequences]
+        return responses.chat_completion(tokenizer, body, rendered, responses.usage([prompt], [result]))
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, name: str = Depends(ready)):
         target = models.resolve(name, body.model)
         tokenizer = target.engine.backend.tokenizer
         prompts = completion_prompts(tokenizer, body.prompt)
-        results = await generate(svc, name, target, prompts, body.n, params(body, body.logprobs or 0, body.max_tokens))
-        rendered = [render(tokenizer, s, body.stop_list()) for r in results for s in r.sequences]
-        usage = responses.usage(prompts, results)
+        sample = params(body, body.logprobs or 0, body.max_tokens)
         if body.stream:
-            return responses.stream(responses.completion_chunks(tokenizer, body, rendered, usage))
-        return responses.completion(tokenizer, body, rendered, usage)
+            return await stream(svc, name, target, prompts, body.n, sample, responses.CompletionChunks(tokenizer, body))
+        results = await generate(svc, name, target, prompts, body.n, sample)
+        rendered = [render(tokenizer, s, body.stop_list()) for r in results for s in r.sequences]
+        return responses.completion(tokenizer, body, rendered, responses.usage(prompts, results))
 
     return router
 

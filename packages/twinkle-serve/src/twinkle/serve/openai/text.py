@@ -1,5 +1,5 @@
 """From sampled token ids to OpenAI's choice: the text up to (not including) a stop string or EOS,
-the tokens that text came from, one text piece per token (for streaming), and their log-probs."""
+the tokens that text came from, where each token's text starts, and their log-probs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from twinkle.serve.backend import SampledSeq
 @dataclass
 class Rendered:
     text: str
-    pieces: list[str]  # one per kept token; "".join(pieces) == text
     starts: list[int]  # each kept token's offset in text
     tokens: list[int]  # the kept tokens
     logprobs: list[float]
@@ -31,12 +30,8 @@ def render(tokenizer, seq: SampledSeq, stop: list[str] | None) -> Rendered:
     text = text[:cut]
     starts = [0] + ends[:-1]
     kept = [j for j in range(len(seq.tokens)) if starts[j] < cut]  # EOS (no text) and stop-string tokens drop out
-    pieces = [text[starts[j] : min(ends[j], cut)] for j in kept]
-    if pieces:
-        pieces[-1] = text[starts[kept[-1]] :]
     return Rendered(
         text,
-        pieces,
         [starts[j] for j in kept],
         [seq.tokens[j] for j in kept],
         [seq.logprobs[j] for j in kept],
