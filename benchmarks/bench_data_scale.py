@@ -9,14 +9,15 @@ a temp dir. Each side runs in a fresh process, so its peak RSS is its own:
   `datasets` pipeline around it.
 - threads (indication, on the first tenth of the rows): twinkle with one process and the tokenizer's
   own batch parallelism (TOKENIZERS_PARALLELISM=true), to show which parallelism pays here.
-The two main sides alternate (ABBA) over ROUNDS rounds; medians are compared.
+The two main sides run once each by default (`--rounds 2` alternates them ABBA; medians are compared):
+at 1M rows one side takes 7-15 minutes, long enough that run-to-run noise is small.
 
 Prints a final JSON line: `speedup` (rows/s twinkle / hf), rows/s of each, and peak RSS (MB) of each
 side's main process and of its largest worker process (most of it is torch + transformers, imported
 before the first row: `rss_after_imports_mb`). Most of the time is Jinja rendering and tokenizing
-inside `Template.batch_encode`, the same on both sides; at ~2,500 rows/s on two cores the four
-1M-row runs take ~15 minutes.
-Run: .venv/bin/python benchmarks/bench_data_scale.py [--rows 1000000]
+inside `Template.batch_encode`, the same on both sides; at ~2,500 rows/s on two cores the two
+1M-row runs take ~15 minutes (twice that with `--rounds 2`).
+Run: .venv/bin/python benchmarks/bench_data_scale.py [--rows 1000000] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 
-ROUNDS = 2
 NUM_PROC = 2
 TOPICS = ("rivers", "prime numbers", "lanterns", "the moon", "bread", "chess", "rain", "bridges", "glass", "owls")
 WORDS = (
@@ -136,6 +136,7 @@ def main() -> None:
     parser.add_argument("--side", choices=("twinkle", "hf", "threads"))
     parser.add_argument("--jsonl", type=Path)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     if args.side == "twinkle":
         print(json.dumps(side_twinkle(args.jsonl, args.out, args.rows, NUM_PROC)))
@@ -157,7 +158,7 @@ def main() -> None:
             flush=True,
         )
         runs: dict[str, list[dict]] = {"twinkle": [], "hf": []}
-        for r in range(ROUNDS):
+        for r in range(args.rounds):
             for name in ("hf", "twinkle") if r % 2 == 0 else ("twinkle", "hf"):
                 out = tmp / f"{name}-{r}"
                 out.mkdir()
@@ -193,7 +194,7 @@ def main() -> None:
                 "rss_after_imports_mb": tw["rss_before_mb"],  # torch + transformers + tokenizer, before any row
                 "tokenizer_threads_1_proc_rows_per_s": round(threads["rows"] / threads["seconds"], 1),
                 "tokenizer_threads_rows": threads["rows"],
-                "rounds": ROUNDS,
+                "rounds": args.rounds,
             }
         )
     )
