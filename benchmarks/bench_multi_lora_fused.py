@@ -9,6 +9,12 @@ tokens. Three loops, alternating step by step so machine load hits all alike, me
 Final line: JSON with `speedup` = the smaller of the two configurations' fused tokens/s / peft
 tokens/s (goal >= 1.8), each configuration's figures under its own key.
 
+Where the time goes, per configuration: `phases` splits the fused and peft steps into the pass
+(forward + backward) and the optimizer part (clip + step + zero_grad), medians of wall and CPU
+seconds; `base_floor` times the frozen base alone (no adapters, no optimizer) over the fused rows
+in one pass and over each tenant's rows in its own pass. Their ratio bounds what fusing can gain
+on the base's share of the step, since adapters and optimizer do the same FLOPs on both sides.
+
     uv run python benchmarks/bench_multi_lora_fused.py [--steps 12] [--threads 2] [--configs 4x2x32,8x1x16]
 """
 
@@ -58,6 +64,31 @@ def make_engine(path_or_id, tenants):
     return engine
 
 
+class Phases:
+    """(wall, CPU) seconds of each phase of a step, one entry per timed step."""
+
+    def __init__(self):
+        self.times: dict[str, list[tuple[float, float]]] = {}
+        self.recording = False
+
+    def clock(self) -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def add(self, phase: str, since: tuple[float, float]) -> None:
+        if self.recording:
+            wall, cpu = self.clock()
+            self.times.setdefault(phase, []).append((wall - since[0], cpu - since[1]))
+
+    def summary(self) -> dict:
+        return {
+            phase: {
+                "median_s": round(statistics.median(w for w, _ in t), 5),
+                "median_cpu_s": round(statistics.median(c for _, c in t), 5),
+            }
+            for phase, t in self.times.items()
+        }
+
+
 class PeftSwitching:
     """The baseline: one peft model with every tenant's adapter, switched per tenant."""
 
@@ -81,23 +112,51 @@ class PeftSwitching:
                 torch.tensor([r["labels"] for r in batches[tenant]]),
             )
 
-    def step(self):
+    def step(self, phases: Phases | None = None):
         for tenant, (ids, labels) in self.tensors.items():
+            start = phases.clock() if phases else None
             self.model.set_adapter(tenant)
             logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
             loss = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1), ignore_index=-100
             )
             loss.backward()
+            if phases:
+                phases.add(f"pass_{tenant}", start)
+                start = phases.clock()
             torch.nn.utils.clip_grad_norm_(self.params[tenant], 1.0)
             self.optimizers[tenant].step()
             self.optimizers[tenant].zero_grad(set_to_none=True)
+            if phases:
+                phases.add(f"optimizer_{tenant}", start)
 
 
-def fused_step(engine, batches):
+def fused_step(engine, batches, phases: Phases | None = None):
+    start = phases.clock() if phases else None
     engine.forward_backward_fused(batches)
+    if phases:
+        phases.add("pass", start)
+        start = phases.clock()
     for tenant in batches:
         engine.clip_grad_and_step(adapter_name=tenant)
+    if phases:
+        phases.add("optimizer", start)
+
+
+def base_pass(engine, batch_ids):
+    """Forward + backward of the frozen base alone (every adapter off) over one batch of rows;
+    the input embeddings take the gradient, so backward runs through every layer as in training."""
+    ids = torch.tensor(batch_ids)
+    engine.routing.set([(None, ids.shape[0], ids.shape[1])], training=True)
+    try:
+        embeds = engine.base.get_input_embeddings()(ids).detach().requires_grad_(True)
+        logits = engine.base(inputs_embeds=embeds, use_cache=False).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
+        )
+        loss.backward()
+    finally:
+        engine.routing.clear()
 
 
 def sequential_step(engine, batches):
@@ -106,11 +165,23 @@ def sequential_step(engine, batches):
         engine.clip_grad_and_step(adapter_name=tenant)
 
 
-def measure(loops: dict, steps: int, warmup: int) -> dict[str, list[tuple[float, float]]]:
+def _per_phase(summary: dict) -> dict:
+    """peft's per-tenant phases summed into one pass and one optimizer figure per step."""
+    out = {}
+    for phase in ("pass", "optimizer"):
+        parts = [v for k, v in summary.items() if k.startswith(f"{phase}_")]
+        out[phase] = {key: round(sum(p[key] for p in parts), 5) for key in ("median_s", "median_cpu_s")}
+    return out
+
+
+def measure(loops: dict, steps: int, warmup: int, recorders=()) -> dict[str, list[tuple[float, float]]]:
     """Alternate the loops step by step; (wall, process CPU) seconds per step of each. CPU time
-    is the steadier figure on a shared machine: it does not count time spent waiting for a core."""
+    is the steadier figure on a shared machine: it does not count time spent waiting for a core.
+    `recorders` (Phases) start recording once the warmup is over."""
     times = {name: [] for name in loops}
     for i in range(warmup + steps):
+        for recorder in recorders:
+            recorder.recording = i >= warmup
         for name, step in loops.items():
             start, cpu = time.perf_counter(), time.process_time()
             step()
@@ -138,22 +209,39 @@ def run_config(count: int, rows: int, seq: int, args) -> dict:
     batches = make_batches(ranks, rows, seq, engine.base.config.vocab_size)
     baseline = PeftSwitching(path, ranks, batches)
     tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)
+    fused_phases, peft_phases = Phases(), Phases()
     times = measure(
         {
-            "fused": lambda: fused_step(engine, batches),
-            "peft": baseline.step,
+            "fused": lambda: fused_step(engine, batches, fused_phases),
+            "peft": lambda: baseline.step(peft_phases),
             "sequential": lambda: sequential_step(engine, batches),
+        },
+        args.steps,
+        args.warmup,
+        recorders=(fused_phases, peft_phases),
+    )
+    rows_of = {tenant: [r["input_ids"] for r in batch] for tenant, batch in batches.items()}
+    floor_times = measure(
+        {
+            "fused_rows": lambda: base_pass(engine, [ids for rows in rows_of.values() for ids in rows]),
+            "per_tenant": lambda: [base_pass(engine, rows) for rows in rows_of.values()],
         },
         args.steps,
         args.warmup,
     )
     result = {name: summary(t, tokens) for name, t in times.items()}
+    floor = {name: summary(t, tokens) for name, t in floor_times.items()}
     fused, peft, sequential = (result[k]["tokens_per_s"] for k in ("fused", "peft", "sequential"))
     return {
         "tenants": ranks,
         "rows_per_tenant": rows,
         "seq": seq,
         **result,
+        "phases": {"fused": fused_phases.summary(), "peft": _per_phase(peft_phases.summary())},
+        "base_floor": {
+            **floor,
+            "ratio": round(floor["fused_rows"]["tokens_per_s"] / floor["per_tenant"]["tokens_per_s"], 3),
+        },
         "speedup_vs_engine_sequential": round(fused / sequential, 3),
         "cpu_speedup": round(result["fused"]["tokens_per_cpu_s"] / result["peft"]["tokens_per_cpu_s"], 3),
         "speedup": round(fused / peft, 3),

@@ -13,7 +13,6 @@ import math
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pad_sequence
 
 
 class Routing:
@@ -158,80 +157,100 @@ class MultiLoraLinear(nn.Module):
         return _MultiLoraAdd.apply(x, out, plan, *weights)
 
     def _plan(self, x: torch.Tensor, segments: list[tuple[int, int, str, int]]) -> list[_Group]:
-        """Consecutive segments of equal size form one group, computed as one batched matmul."""
+        """Consecutive segments of equal size and equal rank form one group, one batched matmul.
+        Tenants of different ranks are never padded to a common rank: on CPU the padded products
+        cost more than the separate calls they save (ranks 8/16/32/8 do twice the work at 32)."""
         groups: list[_Group] = []
         for start, end, name, length in segments:
             keep = self._keep_mask(name, x[start:end], length)
+            rank = self.lora_A[name].weight.shape[0]
             last = groups[-1] if groups else None
-            if last is not None and last.end == start and last.size == end - start:
+            if last is not None and last.end == start and last.size == end - start and last.rank == rank:
                 last.add(end, self.scaling[name], keep)
             else:
-                groups.append(_Group(start, end, [self.scaling[name]], [keep]))
+                groups.append(_Group(start, end, rank, [self.scaling[name]], [keep]))
         return groups
 
 
 class _Group:
-    """A run of consecutive, equally sized segments: `count` tenants of `size` rows each.
+    """A run of consecutive, equally sized segments whose adapters share one rank: `count`
+    tenants of `size` rows each. One tenant: plain matmuls. Several: their factors stacked and one
+    `bmm` per product over the tenants, the segmented LoRA matmul of punica/S-LoRA done with a
+    stock kernel."""
 
-    One tenant: two plain matmuls at its own rank. Several: their factors stacked (ranks
-    zero-padded to the largest) and one `bmm` per product over the tenants, the segmented LoRA
-    matmul of punica/S-LoRA done with a stock kernel. Zero rows of A give zero columns of the
-    rank-r activation, so padding changes no result, and the padded parts' gradients are dropped."""
-
-    def __init__(self, start: int, end: int, scalings: list[float], keeps: list):
-        self.start, self.end, self.size = start, end, end - start
-        self.scalings, self.keeps = scalings, keeps
+    def __init__(self, start: int, end: int, rank: int, scalings: list[float], keeps: list):
+        self.start, self.end, self.size, self.rank = start, end, end - start, rank
+        self.scalings, self.keeps, self.count = scalings, keeps, 1
+        self.drops = keeps[0] is not None
 
     def add(self, end: int, scaling: float, keep) -> None:
         self.end = end
         self.scalings.append(scaling)
         self.keeps.append(keep)
+        self.count += 1
+        self.drops |= keep is not None
 
-    @property
-    def count(self) -> int:
-        return len(self.scalings)
+    def scale(self, like: torch.Tensor) -> float | torch.Tensor:
+        """The scalings as one number when the tenants agree (most do), else [count, 1, 1]."""
+        first = self.scalings[0]
+        if all(s == first for s in self.scalings):
+            return first
+        return torch.tensor(self.scalings, dtype=like.dtype, device=like.device).view(-1, 1, 1)
 
     def dropped(self, t: torch.Tensor) -> torch.Tensor:
         """t (this group's rows) times each tenant's dropout mask; t itself when no tenant drops."""
-        if all(k is None for k in self.keeps):
+        if not self.drops:
             return t
         return t * torch.cat([torch.ones_like(t[: self.size]) if k is None else k for k in self.keeps])
 
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """This group's rows of t (an input or a gradient) as [count, tokens, features], or
+        [tokens, features] for one tenant: a view of t when t is contiguous, else a copy."""
+        return self.shaped(t[self.start : self.end])
+
+    def into(self, t: torch.Tensor) -> torch.Tensor:
+        """Like `rows`, but always a view (raises otherwise): for tensors written in place."""
+        part = t[self.start : self.end]
+        return part.view(self.count, -1, part.shape[-1]) if self.count > 1 else part.view(-1, part.shape[-1])
+
+    def shaped(self, part: torch.Tensor) -> torch.Tensor:
+        return part.reshape(self.count, -1, part.shape[-1]) if self.count > 1 else part.reshape(-1, part.shape[-1])
+
     def x(self, x: torch.Tensor, dtype) -> torch.Tensor:
-        """This group's rows of x, dropout applied, as [count, tokens, in] (one tenant: [tokens, in])."""
-        rows = self.dropped(x[self.start : self.end]).to(dtype)
-        return rows.reshape(self.count, -1, x.shape[-1]) if self.count > 1 else rows.reshape(-1, x.shape[-1])
+        """This group's rows of x, dropout applied, in the adapters' dtype."""
+        part = self.dropped(x[self.start : self.end])
+        return self.shaped(part if part.dtype == dtype else part.to(dtype))
+
+    def factors(self, weights, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(A, B) of this group: [r, in] and [out, r] for one tenant, stacked [count, ...] for several."""
+        a = weights[2 * offset : 2 * (offset + self.count) : 2]
+        b = weights[2 * offset + 1 : 2 * (offset + self.count) : 2]
+        return (a[0], b[0]) if self.count == 1 else (torch.stack(a), torch.stack(b))
 
 
-def _stack(weights, group: _Group, offset: int):
-    """(A [count, r, in], B.T [count, r, out], scalings [count, 1, 1]) of a group, ranks zero-padded."""
-    a = [weights[2 * (offset + i)] for i in range(group.count)]
-    b_t = [weights[2 * (offset + i) + 1].t() for i in range(group.count)]
-    scale = torch.tensor(group.scalings, dtype=a[0].dtype, device=a[0].device).view(-1, 1, 1)
-    return pad_sequence(a, batch_first=True), pad_sequence(b_t, batch_first=True), scale
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.mm(a, b) if a.dim() == 2 else torch.bmm(a, b)
 
 
-def _add_low_rank(x, out, plan, weights) -> list[tuple]:
-    """out[rows] += (scaling * (x[rows] * keep) @ A.T) @ B.T for every segment, in place; returns
-    per group what backward needs: the stacked factors and scalings (None for one tenant) and the
-    scaled rank-r activations."""
+def _t(t: torch.Tensor) -> torch.Tensor:
+    """The last two dims swapped (a view: the GEMM reads it transposed, nothing is copied)."""
+    return t.transpose(-1, -2)
+
+
+def _add_low_rank(x, out, plan, weights) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """out[rows] += (scaling * (x[rows] * keep) @ A.T) @ B.T for every group, in place; returns
+    per group what backward needs: its (A, B), stacked for several tenants, and the scaled
+    rank-r activations."""
     saved, offset = [], 0
     for group in plan:
-        xg = group.x(x, weights[2 * offset].dtype)
-        out_g = out[group.start : group.end].view(*xg.shape[:-1], out.shape[-1])
-        if group.count == 1:
-            a_R_I, bt_R_O = weights[2 * offset], weights[2 * offset + 1].t()
-            low = torch.mm(xg, a_R_I.t()).mul_(group.scalings[0])
-            stacks, add = (None, None, None), (out_g.addmm_, torch.mm)
-        else:
-            a_C_R_I, bt_C_R_O, scale = _stack(weights, group, offset)
-            low = torch.bmm(xg, a_C_R_I.transpose(1, 2)).mul_(scale)
-            stacks, add, bt_R_O = (a_C_R_I, bt_C_R_O, scale), (out_g.baddbmm_, torch.bmm), bt_C_R_O
+        a, b = group.factors(weights, offset)
+        low = _mm(group.x(x, a.dtype), _t(a)).mul_(group.scale(a))
+        out_g = group.into(out)
         if out.dtype == low.dtype:
-            add[0](low, bt_R_O)
+            (out_g.addmm_ if group.count == 1 else out_g.baddbmm_)(low, _t(b))
         else:  # adapters kept in another dtype than the base (a sampler's fp32 adapters on a bf16 base)
-            out_g.add_(add[1](low, bt_R_O).to(out.dtype))
-        saved.append((*stacks, low))
+            out_g.add_(_mm(low, _t(b)).to(out.dtype))
+        saved.append((a, b, low))
         offset += group.count
     return saved
 
@@ -239,49 +258,50 @@ def _add_low_rank(x, out, plan, weights) -> list[tuple]:
 class _MultiLoraAdd(torch.autograd.Function):
     """Adds every segment's low-rank update into the base output in place: one autograd node per
     layer however many tenants share the batch, no split/cat copies of the activations. Backward
-    hands the output gradient through unchanged (the base path) and adds the adapters' parts."""
+    hands the output gradient through unchanged (the base path) and adds the adapters' parts:
+    per group four GEMMs that read their operands transposed in place (no transposed copies),
+    each weight gradient in its weight's own layout, the input gradient written straight into
+    its rows."""
 
     @staticmethod
     def forward(ctx, x, out, plan, *weights):
         saved = _add_low_rank(x, out, plan, weights)
         ctx.mark_dirty(out)
-        ctx.plan, ctx.ranks = plan, [w.shape[0] for w in weights[::2]]
-        ctx.stacks = [stacks for *stacks, _ in saved]
-        ctx.save_for_backward(x, *weights, *(low for *_, low in saved))
+        ctx.plan = plan
+        # a tenant's own factors are saved as inputs (autograd checks them); stacks are fresh copies
+        ctx.stacks = [(a, b) if group.count > 1 else None for group, (a, b, _) in zip(plan, saved)]
+        ctx.save_for_backward(x, *weights, *(low for _, _, low in saved))
         return out
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         (grad_out,) = grad_outputs  # forward has one output
-        plan, ranks = ctx.plan, ctx.ranks
+        plan = ctx.plan
         x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
-        weights, lows = rest[: 2 * len(ranks)], rest[2 * len(ranks) :]
+        weights, lows = rest[: len(rest) - len(plan)], rest[len(rest) - len(plan) :]
         grad_x = None
         if ctx.needs_input_grad[0]:
-            covered = sum(g.end - g.start for g in plan)
-            grad_x = torch.empty_like(x) if covered == x.shape[0] else torch.zeros_like(x)
+            make = torch.empty if sum(g.size for g in plan) == x.shape[0] else torch.zeros
+            grad_x = make(x.shape, dtype=x.dtype, device=x.device)
         grad_weights, offset = [], 0
-        for group, low, (a_C_R_I, bt_C_R_O, scale) in zip(plan, lows, ctx.stacks):
-            xg = group.x(x, low.dtype)
-            g = grad_out[group.start : group.end].to(low.dtype)
+        for group, low, stack in zip(plan, lows, ctx.stacks):
+            a, b = stack or (weights[2 * offset], weights[2 * offset + 1])
+            g = group.rows(grad_out)
+            g = g if g.dtype == low.dtype else g.to(low.dtype)
+            grad_b = _mm(_t(g), low)  # [(count,) out, r]
+            g_low = _mm(g, b).mul_(group.scale(low))
+            grad_a = _mm(_t(g_low), group.x(x, low.dtype))  # [(count,) r, in]
             if group.count == 1:
-                a_R_I, b_O_R = weights[2 * offset], weights[2 * offset + 1]
-                g_N_O = g.reshape(-1, g.shape[-1])
-                grad_b = torch.mm(g_N_O.t(), low)
-                g_low = torch.mm(g_N_O, b_O_R).mul_(group.scalings[0])
-                grad_weights += [torch.mm(g_low.t(), xg), grad_b]
-                g_x = torch.mm(g_low, a_R_I) if grad_x is not None else None
+                grad_weights += [grad_a, grad_b]
             else:
-                g_C_N_O = g.reshape(group.count, -1, g.shape[-1])
-                grad_bt = torch.bmm(low.transpose(1, 2), g_C_N_O)
-                g_low = torch.bmm(g_C_N_O, bt_C_R_O.transpose(1, 2)).mul_(scale)
-                grad_a = torch.bmm(g_low.transpose(1, 2), xg)
-                for i in range(group.count):
-                    r = ranks[offset + i]
-                    grad_weights += [grad_a[i, :r], grad_bt[i, :r].t()]
-                g_x = torch.bmm(g_low, a_C_R_I) if grad_x is not None else None
-            if g_x is not None and grad_x is not None:
-                grad_x[group.start : group.end] = group.dropped(g_x.reshape(grad_x[group.start : group.end].shape))
+                grad_weights += [w for pair in zip(grad_a.unbind(), grad_b.unbind()) for w in pair]
+            if grad_x is None:
+                pass
+            elif not group.drops and a.dtype == x.dtype:
+                (torch.mm if group.count == 1 else torch.bmm)(g_low, a, out=group.into(grad_x))
+            else:
+                rows = grad_x[group.start : group.end]
+                rows.copy_(group.dropped(_mm(g_low, a).reshape(rows.shape)))
             offset += group.count
         return grad_x, grad_out, None, *grad_weights
 

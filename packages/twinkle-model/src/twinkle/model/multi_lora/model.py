@@ -249,8 +249,8 @@ class MultiLoraModel(TwinkleModel):
 
     def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool) -> dict:
         start = time.perf_counter()
-        # tenants with equally many rows next to each other: each layer runs them as one batched matmul
-        work = sorted(work, key=lambda item: item[1].rows)
+        # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
+        work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
         refs = self._reference_logps(work) if train else {}
         logits = self._logits([(s.name, b) for s, b in work], train)
         outcomes, records, total, offset = {}, {}, None, 0
