@@ -1,6 +1,6 @@
 """GRPO on a task from the bundled arithmetic split: the loop is yours, every phase a visible call.
 
-    uv run examples/grpo.py                               # ~15 min on 2 busy CPU cores
+    uv run examples/grpo.py                               # ~8 min on 2 busy CPU cores
     uv run examples/grpo.py --overlap                     # sample step k+1 while step k trains
 
 Starts from the embedded demo model after a brief SFT on the task's train split (cached after the
@@ -46,7 +46,9 @@ def parse_args(argv=None):
     p.add_argument("--model", default=DEFAULT_MODEL, help="base model id (warm-started on arithmetic first)")
     p.add_argument("--task", default="larger", choices=list(TASKS), help="which operand is larger, the result, its last digit")
     p.add_argument("--warm-start-steps", type=int, default=30, help="SFT steps before RL (0: start from --model)")
-    p.add_argument("--steps", type=int, default=100)
+    # Measured (demo model, 2 busy cores, seed 0): held-out 0.594 -> 0.670 at step 20, back to 0.594 by
+    # step 90 as the sampled entropy collapses (0.7 -> 0.02 nats) and groups stop disagreeing.
+    p.add_argument("--steps", type=int, default=30)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt (the GRPO group)")
     p.add_argument("--max-tokens", type=int, default=3)
