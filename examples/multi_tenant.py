@@ -3,7 +3,9 @@ and work at the same time, each with its own API key, through the unmodified Tin
 
     A  private data (self-cognition), LoRA r=8, SFT on the assistant turns
     B  open data (arithmetic text), LoRA r=32, plain next-token loss on every token
-    C  GRPO: sample groups from its own LoRA, reward, group-relative advantages, importance_sampling loss
+    C  GRPO on examples/grpo.py's task from its SFT warm start (a second base model on the same server):
+       sample groups from its own LoRA, reward, group-relative advantages, importance_sampling loss;
+       held-out greedy accuracy before and after
     D  log-prob inference only on the base model (no training), checked against a local forward
 
     uv run examples/multi_tenant.py                       # starts a server in-process on a free port
@@ -24,6 +26,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
+# Tenant C: examples/grpo.py's task and warm start (the same cached SFT folder), and its LoRA lr.
+RL_TASK, RL_WARM_START, RL_LR = "larger", 30, 3e-3
 
 
 def bundled(name: str) -> list[dict]:
@@ -85,45 +89,56 @@ def tenant_b(client, model, steps):
     return losses[-1] < 0.8 * losses[0], f"next-token r=32: per-token loss {losses[0]:.3f} -> {losses[-1]:.3f}"
 
 
-def tenant_c(client, model, steps, group=8):
-    """GRPO: reward = share of digits in the answer; the policy learns to answer with digits.
+def task_prompts(tok, split):
+    """(prompt token ids, ground truth) for examples/grpo.py's task, through the tenant's own tokenizer."""
+    from twinkle.rl.demo import arithmetic_prompts
 
-    The base model almost never samples a digit (reward ~0.003), so the signal starts sparse: groups
-    of 8 give most prompts one rewarded sample, and lr 3e-3 keeps the unrewarded majority's negative
-    advantages from drifting the policy away first (at 3e-2 the reward fell to 0).
-    """
+    rows = arithmetic_prompts(split, task=RL_TASK)
+    chat = (tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True) for r in rows)
+    return [(tok.encode(text, add_special_tokens=False), r["ground_truth"]) for text, r in zip(chat, rows)]
+
+
+def tenant_c(client, model, steps, prompts=8, group=8):
+    """GRPO on examples/grpo.py's task (which of two numbers is larger), from its SFT warm start:
+    sample groups from its own LoRA, reward exact answers, group-relative advantages,
+    importance_sampling loss; greedy accuracy on the held-out test split before and after."""
+    import random
+
     from tinker import types
 
-    tc = client.create_lora_training_client(base_model=model, rank=16, seed=3).result()
+    from twinkle.reward import ArithmeticAccuracy
+
+    tc = client.create_lora_training_client(base_model=model, rank=32, seed=3).result()
     tok = tc.get_tokenizer()
-    questions = [r["question"] for r in bundled("arithmetic")[:4]]
-    prompts = [
-        tok.encode(
-            tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True),
-            add_special_tokens=False,
-        )
-        for q in questions
-    ]
-    rewards_per_iter = []
+    train, held_out = task_prompts(tok, "train"), task_prompts(tok, "test")
+    correct, rng = ArithmeticAccuracy(), random.Random(3)
+
+    def score(pairs, samples):  # one reward per sequence, prompt-major
+        texts = [tok.decode(s.tokens) for seqs in samples for s in seqs]
+        truths = [{"ground_truth": truth} for (_, truth), seqs in zip(pairs, samples) for _ in seqs]
+        return correct(texts, truths).values
+
+    def sample(sampler, pairs, n, temperature, seed=0):
+        params = types.SamplingParams(max_tokens=4, temperature=temperature, seed=seed)
+        futures = [sampler.sample(types.ModelInput.from_ints(p), num_samples=n, sampling_params=params) for p, _ in pairs]
+        return [f.result().sequences for f in futures]
+
+    def accuracy(sampler):
+        values = score(held_out, sample(sampler, held_out, 1, 0.0))
+        return sum(values) / len(values)
+
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    before, rewards_per_iter = accuracy(sampler), []
     for it in range(steps):
-        sampler = tc.save_weights_and_get_sampling_client().result()
-        futures = [
-            sampler.sample(
-                types.ModelInput.from_ints(p),
-                num_samples=group,
-                sampling_params=types.SamplingParams(max_tokens=8, temperature=1.0, seed=100 * it + i),
-            )
-            for i, p in enumerate(prompts)
-        ]
-        data, rewards = [], []
-        for prompt, fut in zip(prompts, futures):
-            seqs = fut.result().sequences
-            r = [sum(ch.isdigit() for ch in tok.decode(s.tokens)) / max(1, len(tok.decode(s.tokens))) for s in seqs]
-            mean = sum(r) / len(r)
-            rewards += r
+        batch = rng.sample(train, prompts)
+        samples = sample(sampler, batch, group, 1.0, seed=it)
+        rewards = score(batch, samples)
+        data = []
+        for i, ((prompt, _), seqs) in enumerate(zip(batch, samples)):
+            r = rewards[i * group : (i + 1) * group]
+            mean = sum(r) / group
             for s, reward in zip(seqs, r):
-                n = len(prompt) - 1
-                tokens = prompt + s.tokens
+                n, tokens = len(prompt) - 1, prompt + s.tokens
                 data.append(
                     types.Datum(
                         model_input=types.ModelInput.from_ints(tokens[:-1]),
@@ -135,11 +150,16 @@ def tenant_c(client, model, steps, group=8):
                     )
                 )
         tc.forward_backward(data, "importance_sampling")
-        tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+        tc.optim_step(types.AdamParams(learning_rate=RL_LR)).result()
         rewards_per_iter.append(sum(rewards) / len(rewards))
+        sampler = tc.save_weights_and_get_sampling_client().result()
+    after = accuracy(sampler)
     half = max(1, len(rewards_per_iter) // 2)
     first, last = sum(rewards_per_iter[:half]) / half, sum(rewards_per_iter[-half:]) / half
-    return last > first, f"GRPO: mean reward {first:.3f} (first half) -> {last:.3f} (second half)"
+    return after >= before, (
+        f"GRPO: mean reward {first:.3f} (first half) -> {last:.3f} (second half); "
+        f"held-out greedy accuracy {before:.3f} -> {after:.3f} ({len(held_out)} test prompts, {steps} steps)"
+    )
 
 
 def tenant_d(client, model, steps):
@@ -177,17 +197,23 @@ def main() -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--base-url", default=None, help="an already running twinkle-server (keys: TWINKLE_KEY_A..D)")
+    ap.add_argument("--rl-model", default=None, help="tenant C's base on --base-url (default: --model)")
     args = ap.parse_args()
 
-    server = None
+    server, rl_model = None, args.rl_model or args.model
     if args.base_url is None:
         import twinkle
+        from twinkle.rl.demo import warm_start
 
+        # Tenant C starts where examples/grpo.py does: the base after a brief SFT on the task, served
+        # beside the shared base as a second model (RL from a random model sees only zero rewards).
+        rl_path = warm_start(args.model, steps=RL_WARM_START, task=RL_TASK, log=None)
+        rl_model = f"{args.model}+{RL_TASK}-sft"
         server = twinkle.initialize(
             mode="http",
             port=0,
             data_dir=tempfile.mkdtemp(prefix="twinkle-mt-"),
-            config={"models": [{"name": args.model}]},
+            config={"models": [{"name": args.model}, {"name": rl_model, "path": rl_path}]},
             block=False,
             log_level="warning",
         ).wait_ready()
@@ -201,7 +227,7 @@ def main() -> int:
     def run(name):
         try:
             with tinker.ServiceClient(base_url=url, api_key=keys[name]) as client:
-                results[name] = TENANTS[name](client, args.model, args.steps)
+                results[name] = TENANTS[name](client, rl_model if name == "C" else args.model, args.steps)
         except Exception as e:  # noqa: BLE001 - report every tenant, then fail
             results[name] = (False, f"failed: {type(e).__name__}: {e}")
 

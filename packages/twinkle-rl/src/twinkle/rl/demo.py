@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -19,13 +20,62 @@ from pathlib import Path
 ARITHMETIC = "twinkle://arithmetic"
 
 
-def arithmetic_prompts(split: str = "train", limit: int | None = None) -> list[dict]:
-    """Rows `{"messages": [system, user], "ground_truth": "44", "question": ...}` of the bundled task."""
+def _questions(split: str) -> list[dict]:
     from twinkle.dataset import Dataset, DatasetMeta
+
+    return list(Dataset(DatasetMeta(ARITHMETIC, split=split)))
+
+
+def _operands(rows: list[dict]):
+    for row in rows:
+        m = _TWO_OPERANDS.fullmatch(row["question"])
+        if m:
+            yield int(m[1]), m[2], int(m[3])
+
+
+def _last_digit(rows: list[dict]) -> list[dict]:
+    """The sums of `rows`, asked for their last digit: ten possible answers instead of ~150."""
+    return [
+        {"question": f"What is the last digit of {a} + {b}?", "answer": str((a + b) % 10)}
+        for a, op, b in _operands(rows)
+        if op == "+"
+    ]
+
+
+def _larger(rows: list[dict]) -> list[dict]:
+    """The operands of `rows`, asked which one is larger (answer 1 or 2): a model that answers either
+    is right half the time, so every sampled group holds right and wrong answers and RL has signal
+    from its first step."""
+    pairs = [(a, b) for a, _, b in _operands(rows) if a != b]
+    # Subtractions put the larger operand first: alternate the order so "1" and "2" are equally common.
+    pairs = [(max(a, b), min(a, b)) if i % 2 else (min(a, b), max(a, b)) for i, (a, b) in enumerate(pairs)]
+    return [{"question": f"Which is larger, {a} or {b}? Answer 1 or 2.", "answer": "1" if a > b else "2"} for a, b in pairs]
+
+
+def _numbers(question: str) -> tuple[str, ...]:
+    return tuple(sorted(re.findall(r"\d+", question)))
+
+
+_TWO_OPERANDS = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
+TASKS = {"arithmetic": lambda rows: rows, "last-digit": _last_digit, "larger": _larger}
+
+
+def arithmetic_prompts(split: str = "train", limit: int | None = None, task: str = "arithmetic") -> list[dict]:
+    """Rows `{"messages": [system, user], "ground_truth": "44", "question": ...}` of the bundled task.
+
+    `task="last-digit"` asks for the last digit of the split's sums instead. The bundled train split
+    repeats 74 of the test questions (operands 0..49 leave only 5,000 problems); "train" leaves
+    them out, so the test split stays held out for whatever trains on it.
+    """
     from twinkle.preprocessor import ArithmeticProcessor
 
-    meta = DatasetMeta(ARITHMETIC, split=split, data_slice=range(limit) if limit else None)
-    raw = list(Dataset(meta))
+    if task not in TASKS:
+        raise ValueError(f"unknown arithmetic task {task!r}; known: {', '.join(TASKS)}")
+    raw = TASKS[task](_questions(split))
+    if split == "train":  # a test question with its operands in either order is held out
+        held_out = {_numbers(row["question"]) for row in TASKS[task](_questions("test"))}
+        raw = [row for row in raw if _numbers(row["question"]) not in held_out]
+    raw = raw[:limit]
     return [{**row, **out} for row, out in zip(raw, ArithmeticProcessor()(raw))]
 
 
@@ -44,8 +94,9 @@ def warm_start(
     cache_dir: str | os.PathLike | None = None,
     seed: int = 0,
     log=print,
+    task: str = "arithmetic",
 ) -> str:
-    """Folder of `base` after `steps` of full-parameter SFT on arithmetic train; built once, then cached."""
+    """Folder of `base` after `steps` of full-parameter SFT on the `task`'s train split; built once, then cached."""
     import torch
     from tqdm import tqdm
 
@@ -54,14 +105,14 @@ def warm_start(
     from twinkle.template import Template
 
     base = base or DEFAULT_MODEL
-    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, 1]).encode()).hexdigest()[:12]
-    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"arithmetic-sft-{key}"
+    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, task, 2]).encode()).hexdigest()[:12]
+    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"{task}-sft-{key}"
     if (target / "config.json").exists():
         return str(target)
     start = time.perf_counter()
     base_path = resolve_model_path(base)
     template = Template(model_id=base_path)
-    rows = _sft_rows(template, arithmetic_prompts("train"))
+    rows = _sft_rows(template, arithmetic_prompts("train", task=task))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TransformersModel(model_id=base_path)
