@@ -51,6 +51,7 @@ def final(model, name):
     return {
         "weights": [p.detach().clone() for p in state.params],
         "moments": [{k: v.clone() for k, v in state.optimizer.state[p].items()} for p in state.params],
+        "moment_order": [list(state.optimizer.state[p]) for p in state.params],  # a checkpoint's layout
         "lr": state.optimizer.param_groups[0]["lr"],
         "scheduler": state.scheduler.state_dict(),
         "steps": state.optimizer_steps,

@@ -53,7 +53,7 @@ class _Away:
     """A parked or spilled adapter's tensors ({} once spilled) and what is not a tensor."""
 
     tensors: dict[str, torch.Tensor]
-    meta: dict  # {"moved": keys that were on the model's device, "opt_scalars": {i: {key: value}}}
+    meta: dict  # "moved": keys that were on the model's device; "opt_scalars", "opt_order": {i: ...}
     bytes: int
     folder: Path | None = None
     since: float = field(default_factory=time.monotonic)
@@ -79,10 +79,10 @@ class Residency:
         return LIVE if away is None else (PARKED if away.folder is None else SPILLED)
 
     def counts(self) -> dict[str, int]:
-        out = {LIVE: len(self.model.adapters) - len(self._away), PARKED: 0, SPILLED: 0}
-        for name in self._away:
-            out[self.tier(name)] += 1
-        return out
+        """Adapters per tier (safe to read from another thread: it copies before it counts)."""
+        away = list(self._away.values())
+        spilled = sum(1 for a in away if a.folder is not None)
+        return {LIVE: len(self.model.adapters) - len(away), PARKED: len(away) - spilled, SPILLED: spilled}
 
     def parked_bytes(self) -> int:
         return sum(a.bytes for a in self._away.values() if a.folder is None)
@@ -122,10 +122,11 @@ class Residency:
         start, model = time.perf_counter(), self.model
         state = model.adapters[name]
         opt = state.optimizer
-        tensors, moved, scalars = {}, [], {}
+        tensors, moved, scalars, order = {}, [], {}, {}
         for i, p in enumerate(state.params):
-            entries = {"w": p, "g": p.grad}
-            entries.update({f"o.{k}": v for k, v in (opt.state.get(p, {}) if opt is not None else {}).items()})
+            opt_state = opt.state.get(p, {}) if opt is not None else {}
+            order[str(i)] = list(opt_state)  # a checkpoint's optimizer entries keep their order
+            entries = {"w": p, "g": p.grad, **{f"o.{k}": v for k, v in opt_state.items()}}
             for key, value in entries.items():
                 if isinstance(value, torch.Tensor):
                     tensors[f"{i}.{key}"] = _to_host(value)
@@ -141,7 +142,7 @@ class Residency:
             model.lora_layer(module_name).remove_adapter(name)
         unwrap_empty_layers(model.base, state.module_names)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
-        self._away[name] = _Away(tensors, {"moved": moved, "opt_scalars": scalars}, size)
+        self._away[name] = _Away(tensors, {"moved": moved, "opt_scalars": scalars, "opt_order": order}, size)
         self.stats.parked += 1
         self.stats.park_s += time.perf_counter() - start
 
@@ -194,12 +195,10 @@ class Residency:
                 if f"{i}.g" in tensors:
                     new.grad = back(f"{i}.g")
                 renamed[old] = new
-                if opt is not None:
-                    prefix = f"{i}.o."
-                    entry = {k[len(prefix) :]: back(k) for k in tensors if k.startswith(prefix)}
-                    entry.update(meta["opt_scalars"].get(str(i), {}))
-                    if entry:
-                        opt.state[new] = entry
+                scalars = meta["opt_scalars"].get(str(i), {})
+                entry = {k: scalars[k] if k in scalars else back(f"{i}.o.{k}") for k in meta["opt_order"][str(i)]}
+                if opt is not None and entry:
+                    opt.state[new] = entry
         if opt is not None:
             for group in opt.param_groups:
                 group["params"] = [renamed.get(p, p) for p in group["params"]]
