@@ -72,7 +72,7 @@ class AdapterMemory:
         self.parked_cap = None if parked_cap_mb is None else int(parked_cap_mb * 2**20)
         self.spill_dir = spill_dir
         self._held: dict[str, int] = {}  # every reserved adapter, wherever it lives
-        self._live: set[str] = set()  # (offload) the reserved adapters now live on their model
+        self._live: set[str] = set()  # the reserved adapters counted against the cap: live on their model
         self._dims: dict[int, dict[str, int]] = {}
         self._lock = threading.Lock()
         self._backends: weakref.WeakSet = weakref.WeakSet()
@@ -111,25 +111,29 @@ class AdapterMemory:
         if need is None:
             return
         rank = spec.rank if isinstance(spec, LoraSpec) else spec.r
+        # an adapter of a model whose adapters can be parked counts once it is live (make_room)
+        resident = backend in self._backends and self.offload
         with self._lock:
-            used = sum(v for k, v in self._held.items() if k != key and (k in self._live or not self.offload))
-            if need > self.cap if self.offload else used + need > self.cap:
-                in_use = "" if self.offload else f"{used / 2**20:.2f} MiB of "
+            used = sum(self._held[k] for k in self._live if k != key and k in self._held)
+            if need > self.cap if resident else used + need > self.cap:
+                in_use = "" if resident else f"{used / 2**20:.2f} MiB of "
                 raise AdapterMemoryFull(
                     f"adapter memory is full: this LoRA (rank {rank}) needs {need / 2**20:.2f} MiB, "
                     f"{in_use}the server's {self.cap / 2**20:.2f} MiB (max_adapter_memory_mb) "
                     + (
                         "cannot hold it even with every other adapter parked; use a smaller rank"
-                        if self.offload
+                        if resident
                         else "are in use; finish a session (or close a model) to free its adapters, or use a smaller rank"
                     )
                 )
             self._held[key] = need
+            if not resident:
+                self._live.add(key)
 
     def used(self) -> int:
-        """Bytes counted against the cap: live adapters (with offload), every reserved one (without)."""
+        """Bytes counted against the cap: the live adapters (every reserved one where none can be parked)."""
         with self._lock:
-            return sum(v for k, v in self._held.items() if k in self._live or not self.offload)
+            return sum(self._held[k] for k in self._live)
 
     def release(self, key: str) -> None:
         with self._lock:
@@ -139,12 +143,14 @@ class AdapterMemory:
     # ---- residency (with offload): called on a backend's worker, under its engine lock --------------
     def manage(self, backend) -> None:
         """Keep `backend`'s live adapters under the cap (a multi-LoRA backend in this process)."""
-        if not self.offload or not hasattr(backend, "enable_residency"):
+        if not hasattr(backend, "enable_residency"):
+            return
+        self._backends.add(backend)  # reported on (tiers), and with offload kept under the cap
+        if not self.offload:
             return
         folder = self.spill_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", backend.base_model)
         shutil.rmtree(folder, ignore_errors=True)  # the server's own: nothing spilled outlives a restart
         backend.enable_residency(folder, self.make_room)
-        self._backends.add(backend)
         timers = [t for t in (self.idle_park_s, self.idle_spill_s) if t is not None]
         if timers and self._sweeper is None:
             period = min(max(min(timers) / 4, 0.05), 5.0)
@@ -155,7 +161,7 @@ class AdapterMemory:
         """Park this model's least recently used live adapters (never `pinned`) until `key` fits."""
         with self._lock:
             need = self._held.get(key, 0)
-            used = sum(v for k, v in self._held.items() if k in self._live and k != key)
+            used = sum(self._held[k] for k in self._live if k != key and k in self._held)
         if self.cap is not None:
             for victim in residency.least_recent():
                 if used + need <= self.cap:
@@ -167,7 +173,8 @@ class AdapterMemory:
                     self._live.discard(victim)
                     used -= self._held.get(victim, 0)
         with self._lock:
-            self._live.add(key)
+            if key in self._held:
+                self._live.add(key)
         self._spill_over(residency)
 
     def _spill_over(self, residency) -> None:
@@ -182,7 +189,7 @@ class AdapterMemory:
         while True:
             time.sleep(period)
             for backend in list(self._backends):
-                backend.with_residency(self._sweep)
+                backend.with_residency(self._sweep)  # only backends with offload: the sweeper starts with it
 
     def _sweep(self, residency) -> None:
         """Idle live adapters to host memory, long-parked ones to disk."""
