@@ -74,7 +74,7 @@ class MultiLoraModel(TwinkleModel):
     def adapter_names(self) -> list[str]:
         return list(self.adapters)
 
-    def _state(self, adapter_name: str | None, pinned: set[str] = frozenset()) -> AdapterState:
+    def _state(self, adapter_name: str | None, pinned: set[str] | frozenset[str] = frozenset()) -> AdapterState:
         """The adapter's state, brought back live first if it was parked or spilled."""
         if adapter_name is None:
             if len(self.adapters) != 1:

@@ -163,7 +163,7 @@ class Residency:
         self.stats.spilled += 1
         self.stats.spill_s += time.perf_counter() - start
 
-    def restore(self, name: str, pinned: set[str] = frozenset()) -> None:
+    def restore(self, name: str, pinned: set[str] | frozenset[str] = frozenset()) -> None:
         """Parked or spilled -> live, exactly as it was."""
         away = self._away.get(name)
         if away is None:

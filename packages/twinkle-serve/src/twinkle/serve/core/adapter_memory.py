@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -148,7 +149,8 @@ class AdapterMemory:
         self._backends.add(backend)  # reported on (tiers), and with offload kept under the cap
         if not self.offload:
             return
-        folder = self.spill_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", backend.base_model)
+        spill_dir = self.spill_dir or Path(tempfile.mkdtemp(prefix="twinkle-adapter-spill-"))
+        folder = spill_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", backend.base_model)
         shutil.rmtree(folder, ignore_errors=True)  # the server's own: nothing spilled outlives a restart
         backend.enable_residency(folder, self.make_room)
         timers = [t for t in (self.idle_park_s, self.idle_spill_s) if t is not None]
