@@ -4,6 +4,7 @@ saved checkpoint) must equal the same workload run alone on a server that never 
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 
 import httpx
@@ -87,11 +88,14 @@ def run_tenants(srv, keys: dict[str, str], workloads: list[int], steps: int, sft
             losses[i].append(out.metrics["loss:sum"])
         for tc in clients:
             tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-    results = []
-    for i, (tc, tenant) in enumerate(zip(clients, tenants)):
-        path = tc.save_state(f"final-{i}").result().path
-        results.append({"losses": losses[i], "tensors": checkpoint_tensors(srv, tenant, path)})
-    return results
+    return [saved(srv, tenant, tc, losses[i], f"final-{i}") for i, (tc, tenant) in enumerate(zip(clients, tenants))]
+
+
+def saved(srv, tenant: str, tc, losses: list[float], name: str) -> dict:
+    """A tenant's result: its losses, and its saved state's tensors and counters (steps acknowledged)."""
+    path = tc.save_state(name).result().path
+    counters = json.loads((folder_of(srv, tenant, path) / "training_state" / "state.json").read_text())["counters"]
+    return {"losses": losses, "tensors": checkpoint_tensors(srv, tenant, path), "counters": counters}
 
 
 def alone_results(start, data_dir, sft, steps: int):
@@ -141,6 +145,8 @@ def assert_bit_equal(got: dict, expected: dict) -> None:
     import torch
 
     assert got["losses"] == expected["losses"]
+    assert got["counters"] == expected["counters"]  # optimizer steps and forward_backward calls
+    assert got["counters"]["optimizer_steps"] == len(expected["losses"])  # every acknowledged step is in it
     assert got["tensors"].keys() == expected["tensors"].keys()
     for name, tensor in expected["tensors"].items():
         assert torch.equal(got["tensors"][name], tensor), name

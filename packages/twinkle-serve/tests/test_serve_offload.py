@@ -22,10 +22,10 @@ from _offload_tenants import (  # noqa: E402
     alone_results,
     assert_bit_equal,
     check_capacity,
-    checkpoint_tensors,
     crowded_server,
     one_torch_thread,
     run_tenants,
+    saved,
     tenant_keys,
     tokens,
 )
@@ -123,8 +123,7 @@ def test_idle_adapters_are_parked_then_spilled_and_resume_exactly(start, tmp_pat
                 assert time.monotonic() < deadline, capacity(srv, key).text
                 time.sleep(0.1)
             tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
-        path = tc.save_state("final").result().path
-        assert_bit_equal({"losses": losses, "tensors": checkpoint_tensors(srv, tenant, path)}, alone[0])
+        assert_bit_equal(saved(srv, tenant, tc, losses, "final"), alone[0])
         swaps = capacity(srv, key).json()["swaps"]
         assert swaps["restored_from_disk"] >= STEPS
     finally:
