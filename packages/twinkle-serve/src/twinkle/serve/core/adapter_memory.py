@@ -177,15 +177,17 @@ class AdapterMemory:
         with self._lock:
             if key in self._held:
                 self._live.add(key)
-        self._spill_over(residency)
+        self._spill_over(residency, pinned)
 
-    def _spill_over(self, residency) -> None:
+    def _spill_over(self, residency, pinned: set[str] | frozenset[str] = frozenset()) -> None:
+        """Past the parked-memory cap, the least recently parked go to disk (not one coming back now)."""
         if self.parked_cap is None:
             return
         for victim in residency.least_recent(PARKED):
             if residency.parked_bytes() <= self.parked_cap:
                 break
-            residency.spill(victim)
+            if victim not in pinned:
+                residency.spill(victim)
 
     def _sweep_loop(self, period: float) -> None:
         while True:
