@@ -20,8 +20,8 @@ def rows(seed, n=2, length=10):
     return [{"input_ids": torch.randint(3, 800, (length,), generator=g).tolist()} for _ in range(n)]
 
 
-def make_model(tmp_path=None):
-    model = MultiLoraModel(TEST_MODEL)
+def make_model(tmp_path=None, device=None):
+    model = MultiLoraModel(TEST_MODEL, device=device)
     for i, name in enumerate(("a", "b")):
         # dropout on: the restored adapter must keep drawing from the same generator
         config = LoraConfig(r=2 + 2 * i, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear")
@@ -138,3 +138,26 @@ def test_make_room_runs_before_an_adapter_comes_back_and_never_parks_the_pass(tm
     model.forward_fused({"a": rows(0), "b": rows(1)})  # both come back, neither parks the other
     assert calls == [("a", ["a", "b"]), ("b", ["a", "b"])]
     assert [model.adapter_tier(n) for n in ("a", "b", "c")] == ["live", "live", "parked"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (gathered by the gpu session)")
+def test_on_cuda_parking_frees_device_memory_into_pinned_host_memory_and_round_trips_bit_exact(tmp_path):
+    reference = make_model(device="cuda")
+    expected_losses = train(reference, lambda m, i: None)
+    moved = make_model(tmp_path, device="cuda")
+
+    def moves(model, i):
+        (model.spill_adapter if i % 3 == 0 else model.park_adapter)("a" if i % 2 == 0 else "b")
+
+    assert train(moved, moves) == expected_losses
+    for name in ("a", "b"):
+        got, expected = final(moved, name), final(reference, name)
+        assert got.pop("moment_order") == expected.pop("moment_order")
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    moved.park_adapter("a")
+    assert torch.cuda.memory_allocated() < before  # weights, moments off the device
+    parked = moved.residency._away["a"].tensors
+    assert all(t.device.type == "cpu" and t.is_pinned() for k, t in parked.items() if k in moved.residency._away["a"].meta["moved"])
