@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 
-def start_server(model: str, n_keys: int) -> tuple[subprocess.Popen, str, list[str]]:
-    """`twinkle-server` on a free loopback port with a fresh data dir; returns (process, url, keys)."""
+def start_server(model: str, n_keys: int, **config) -> tuple[subprocess.Popen, str, list[str]]:
+    """`twinkle-server` on a free loopback port with a fresh data dir (`config`: more server config keys);
+    returns (process, url, keys)."""
     import httpx
 
     from twinkle.serve import free_port
@@ -35,7 +36,7 @@ def start_server(model: str, n_keys: int) -> tuple[subprocess.Popen, str, list[s
         .splitlines()[-1]
         for i in range(n_keys)
     ]
-    (data_dir / "config.json").write_text(json.dumps({"models": [{"name": model}]}))
+    (data_dir / "config.json").write_text(json.dumps({"models": [{"name": model}], **config}))
     port = free_port()
     proc = subprocess.Popen(
         [

@@ -76,6 +76,7 @@ ID_FREE = {
     ("POST", "/twinkle/v1/models"): "creates; takes a base model name only",
     ("GET", "/twinkle/v1/runs"): "the caller's own list",
     ("GET", "/twinkle/v1/server"): "capacity and queue",
+    ("GET", "/twinkle/v1/capacity"): "adapters that fit, per tier (server-wide counts, no tenant's data)",
     ("GET", "/twinkle/v1/result_types"): "schema examples",
     ("GET", "/twinkle/v1/dashboard/summary"): "the caller's own runs",
     ("POST", "/api/v1/sessions/search"): "searches the caller's own sessions only",

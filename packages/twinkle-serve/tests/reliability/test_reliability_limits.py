@@ -36,6 +36,7 @@ def limited(launch):
         ["ratey", "tokeny", "big", "plain", "native"],
         max_request_bytes=BODY_LIMIT,
         max_adapter_memory_mb=cap_mb,
+        adapter_offload=False,  # the cap refuses instead of parking (parking: test_reliability_offload)
         tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0}},
     )
     return srv, keys, per_adapter, cap_mb

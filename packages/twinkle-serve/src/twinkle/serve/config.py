@@ -86,8 +86,19 @@ class ServeConfig(_Strict):
     # A finished future's result stays retrievable this long, then its row (and its sampling-queue
     # entry) is removed: the tables would otherwise grow by a row per request forever.
     futures_keep_hours: float = Field(24.0, gt=0)
-    # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters; a new one past it is refused.
+    # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
+    # Adapter residency (twinkle.serve.core.adapter_memory): an idle adapter's weights and optimizer
+    # state move off the model to host memory, then to disk, and come back on its next call. Under the
+    # cap, the least recently used are parked to admit a new or returning adapter; off, a new adapter
+    # past the cap is refused (409) and nothing ever moves.
+    adapter_offload: bool = True
+    adapter_idle_offload_s: float | None = Field(600.0, gt=0)  # idle this long: to host memory (None: never)
+    adapter_idle_spill_s: float | None = Field(3600.0, gt=0)  # parked this long: to disk (None: never)
+    # Host memory for parked adapters; past it, the least recently parked go to disk (None: no cap).
+    max_parked_adapter_memory_mb: float | None = Field(None, gt=0)
+    # Where spilled adapters go (safetensors + JSON); default <data_dir>/adapter_spill. Emptied at start.
+    adapter_spill_dir: str | None = None
     # Experiment trackers for every run's curves, as transformers' report_to: "tensorboard", "wandb",
     # "mlflow", "trackio", a list, or none (the default); written under <data_dir>/runs/.
     report_to: str | list[str] | None = None

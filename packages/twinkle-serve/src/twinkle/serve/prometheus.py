@@ -17,7 +17,7 @@ import time
 from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Steps of the tiny CPU models take milliseconds, a large model's seconds.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -79,6 +79,23 @@ class _RuntimeCollector:
             "twinkle_adapter_memory_cap_bytes", "max_adapter_memory_mb (-1: no cap)", value=-1 if cap is None else cap
         )
         yield GaugeMetricFamily("twinkle_ready", "1 once the base models are loaded", value=int(rt.ready.is_set()))
+        yield from _residency_metrics(rt.adapter_memory.report())
+
+
+def _residency_metrics(report: dict):
+    """Adapters per residency tier, and the moves between tiers with the seconds they took."""
+    tiers = GaugeMetricFamily("twinkle_adapters", "Adapters per residency tier", labels=["tier"])
+    for tier, n in report["adapters"].items():
+        tiers.add_metric([tier], n)
+    yield tiers
+    swaps = report["swaps"]
+    moves = CounterMetricFamily("twinkle_adapter_swaps", "Adapter moves between residency tiers", labels=["move"])
+    seconds = CounterMetricFamily("twinkle_adapter_swap_seconds", "Seconds spent moving adapters", labels=["move"])
+    for move, count, timer in (("park", "parked", "park_s"), ("spill", "spilled", "spill_s"), ("restore", "restored", "restore_s")):
+        moves.add_metric([move], swaps.get(count, 0))
+        seconds.add_metric([move], swaps.get(timer, 0.0))
+    yield moves
+    yield seconds
 
 
 class RequestMetrics:

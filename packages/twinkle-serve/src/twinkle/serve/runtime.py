@@ -59,7 +59,7 @@ class Runtime:
         self.engines: dict[str, Engine] = {}
         self.ready = threading.Event()
         self.live = LiveAdapters()  # training runs with an adapter in this process
-        self.adapter_memory = AdapterMemory(config.max_adapter_memory_mb)  # one account for both APIs
+        self.adapter_memory = AdapterMemory.from_config(config, self.data_dir)  # one account for both APIs
         self.throughput = Throughput()
         self.metrics = ServerMetrics()
         self.metrics.watch(self)
@@ -100,6 +100,7 @@ class Runtime:
                 on_pass=functools.partial(self.metrics.observe_pass, entry.name),
             )
             self.engines[entry.name] = Engine(entry, backend, scheduler)
+            self.adapter_memory.manage(backend)  # residency: idle adapters off the model, LRU under the cap
             log.info(
                 "serving base model %s from %s (multi-LoRA%s)",
                 entry.name,

@@ -27,6 +27,7 @@ from twinkle.model.base import TwinkleModel
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
+from twinkle.model.multi_lora.residency import LIVE, Residency
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
 from twinkle.model.multi_lora.state import AdapterState
 
@@ -54,7 +55,8 @@ class MultiLoraModel(TwinkleModel):
         self.pad_id = model.config.pad_token_id or 0
         self.seed = seed
         self.routing = Routing()
-        self.adapters: dict[str, AdapterState] = {}
+        self.adapters: dict[str, AdapterState] = {}  # every adapter, wherever it lives (self.residency)
+        self.residency = Residency(self)
         self._trimmer: IdleTrimmer | None = None
 
     def release_memory_when_idle(self, idle_seconds: float = 1.0) -> None:
@@ -72,20 +74,50 @@ class MultiLoraModel(TwinkleModel):
     def adapter_names(self) -> list[str]:
         return list(self.adapters)
 
-    def _state(self, adapter_name: str | None) -> AdapterState:
+    def _state(self, adapter_name: str | None, pinned: set[str] | frozenset[str] = frozenset()) -> AdapterState:
+        """The adapter's state, brought back live first if it was parked or spilled."""
         if adapter_name is None:
             if len(self.adapters) != 1:
                 raise ValueError(
                     f"adapter_name is required when the model holds {len(self.adapters)} adapters "
                     f"({', '.join(self.adapters) or 'none'})"
                 )
-            return next(iter(self.adapters.values()))
+            adapter_name = next(iter(self.adapters))
         try:
-            return self.adapters[adapter_name]
+            state = self.adapters[adapter_name]
         except KeyError:
             raise KeyError(
                 f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}"
             ) from None
+        self.residency.restore(adapter_name, pinned)
+        self.residency.touch(adapter_name)
+        return state
+
+    # ---- residency: idle adapters off the live model (twinkle.model.multi_lora.residency) ----------
+    def enable_spill(self, folder) -> None:
+        """Spilled adapters go under `folder` (one subfolder each; the model owns what it writes there)."""
+        from pathlib import Path
+
+        self.residency.spill_dir = Path(folder)
+
+    def park_adapter(self, adapter_name: str) -> None:
+        """Move the adapter, its gradients and optimizer state off the layers into host memory."""
+        self._state(adapter_name)  # a clear error for an unknown name
+        self.residency.park(adapter_name)
+
+    def spill_adapter(self, adapter_name: str) -> None:
+        """Move the adapter (live or parked) to the spill folder, freeing its host memory too."""
+        self._known(adapter_name)
+        self.residency.spill(adapter_name)
+
+    def adapter_tier(self, adapter_name: str) -> str:
+        """'live', 'parked' or 'spilled'; any call that uses the adapter brings it back live."""
+        self._known(adapter_name)
+        return self.residency.tier(adapter_name)
+
+    def _known(self, adapter_name: str) -> None:
+        if adapter_name not in self.adapters:
+            raise KeyError(f"no adapter named {adapter_name!r}; adapters: {', '.join(self.adapters) or 'none'}")
 
     def lora_layer(self, module_name: str) -> MultiLoraLinear:
         """The multi-LoRA wrapper at `module_name` (a layer some adapter targets)."""
@@ -112,6 +144,7 @@ class MultiLoraModel(TwinkleModel):
             )
         spec = AdapterSpec.from_lora_config(config)
         module_names = spec.select(self.base)
+        self.residency.admit(adapter_name, set())
         init_gen, dropout_gen = self._generator(adapter_name, 0, seed), self._generator(adapter_name, 1, seed)
         params = []
         for layer in wrap_linear_layers(self.base, module_names, self.routing):
@@ -123,10 +156,13 @@ class MultiLoraModel(TwinkleModel):
 
     def remove_adapter(self, adapter_name: str) -> None:
         """Drop the adapter, its optimizer state and metrics; layers left with no adapter are unwrapped."""
-        state = self._state(adapter_name)
-        for module_name in state.module_names:
-            self.lora_layer(module_name).remove_adapter(adapter_name)
-        unwrap_empty_layers(self.base, state.module_names)
+        self._known(adapter_name)
+        state = self.adapters[adapter_name]
+        if self.residency.tier(adapter_name) == LIVE:
+            for module_name in state.module_names:
+                self.lora_layer(module_name).remove_adapter(adapter_name)
+            unwrap_empty_layers(self.base, state.module_names)
+        self.residency.forget(adapter_name)
         del self.adapters[adapter_name]
         self._worked()
 
@@ -206,9 +242,10 @@ class MultiLoraModel(TwinkleModel):
         if not batches:
             raise ValueError("no batches given")
         outcomes, work = {}, []
+        pinned = set(batches)  # bringing one tenant back never parks another of this pass
         for name, inputs in batches.items():
             try:
-                work.append((self._state(name), collate(inputs, self.pad_id)))
+                work.append((self._state(name, pinned), collate(inputs, self.pad_id)))
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[name] = error
         if work:

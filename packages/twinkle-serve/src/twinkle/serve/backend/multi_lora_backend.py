@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from contextlib import contextmanager
 
 import numpy as np
@@ -27,6 +28,7 @@ from twinkle.serve.backend.base import (
     UserError,
     library_errors,
 )
+from twinkle.serve.backend.resident import ResidentAdapters, _exclusive
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -37,7 +39,7 @@ TRIM_AFTER_IDLE_S = 10.0
 LORA_ALPHA = 32  # Tinker does not expose alpha; a fixed alpha keeps lr meaningful across ranks
 
 
-class MultiLoraBackend(TorchSampling, Backend):
+class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     def __init__(
         self,
         base_model: str,
@@ -73,8 +75,11 @@ class MultiLoraBackend(TorchSampling, Backend):
             share_frozen_with=hf,
         )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
+        self._engine_lock = threading.RLock()
+        self._engine_lock = threading.RLock()
 
     # ---- adapters ----------------------------------------------------------------------------------
+    @_exclusive
     def create_adapter(self, name: str, spec: LoraSpec) -> None:
         from peft import LoraConfig
 
@@ -87,12 +92,14 @@ class MultiLoraBackend(TorchSampling, Backend):
         self.engine.add_adapter_to_model(name, config, seed=seed)
         self.engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
 
+    @_exclusive
     def remove_adapter(self, name: str) -> None:
         if name in self.engine.adapters:
             self.engine.remove_adapter(name)
 
     # ---- the native API's adapters ------------------------------------------------------------------
     @library_errors
+    @_exclusive
     def add_lora(self, name: str, config, gradient_accumulation_steps: int, seed: int | None) -> int:
         from twinkle.serve.backend.lora_init import peft_like_init
 
@@ -108,6 +115,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         return None if state is None else state.spec.rank
 
     @library_errors
+    @_exclusive
     def configure_adapter(self, name: str, what: str, component: str, kwargs: dict, is_training: bool = True) -> None:
         state = self._state(name)
         if what == "loss":
@@ -124,6 +132,7 @@ class MultiLoraBackend(TorchSampling, Backend):
             raise UserError(f"cannot configure {what!r}; expected loss, optimizer, lr_scheduler or metric")
 
     @library_errors
+    @_exclusive
     def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
         self._state(name)
         try:
@@ -132,14 +141,21 @@ class MultiLoraBackend(TorchSampling, Backend):
             raise UserError(str(e)) from None
 
     @library_errors
+    @_exclusive
     def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:
         self._state(name)
         return {k: float(v) for k, v in self.engine.calculate_metric(is_training, adapter_name=name).items()}
 
-    def _state(self, name: str):
+    def _known(self, name: str):
+        """The adapter's state wherever it lives (a parked one stays parked)."""
         if name not in self.engine.adapters:
             raise UserError(f"model adapter {name!r} is not loaded on this server")
         return self.engine.adapters[name]
+
+    def _state(self, name: str):
+        """The adapter's state, live (brought back if it was parked or spilled)."""
+        self._known(name)
+        return self.engine._state(name)
 
     # ---- training ----------------------------------------------------------------------------------
     @staticmethod
@@ -154,6 +170,7 @@ class MultiLoraBackend(TorchSampling, Backend):
             rows.append(row)
         return rows
 
+    @_exclusive
     def forward_backward_many(self, passes: list[Pass]) -> list:
         """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
         per kind (train / forward-only)."""
@@ -161,7 +178,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
         for i, item in enumerate(passes):
             try:
-                state = self._state(item.adapter)
+                state = self._known(item.adapter)  # the engine brings the pass's adapters back together
                 if item.adapter in groups[item.forward_only]:
                     raise RuntimeError(f"adapter {item.adapter!r} twice in one fused pass")
                 groups[item.forward_only][item.adapter] = (i, self._pass_rows(item, state))
@@ -209,6 +226,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         metrics.update({f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()})
         return ForwardResult(logprobs, metrics)
 
+    @_exclusive
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         state = self._state(name)
         opt = state.ensure_optimizer()
@@ -229,6 +247,7 @@ class MultiLoraBackend(TorchSampling, Backend):
         return {"grad_norm:mean": float(out["grad_norm"])}
 
     # ---- state -------------------------------------------------------------------------------------
+    @_exclusive
     def adapter_tensors(self, name):
         from twinkle.sampler import AdapterWeights
 
@@ -240,6 +259,7 @@ class MultiLoraBackend(TorchSampling, Backend):
             scaling[module] = state.spec.scaling
         return AdapterWeights(lora_A, lora_B, scaling)
 
+    @_exclusive
     def save_checkpoint(self, name: str, folder, training_state: bool) -> None:
         """The adapter in the one checkpoint format (twinkle.model.checkpoint), with its training state
         on request (a Tinker adapter's implicit Adam included)."""
@@ -248,6 +268,7 @@ class MultiLoraBackend(TorchSampling, Backend):
             state.ensure_optimizer()
         self.engine.save(folder, adapter_name=name, save_training_state=training_state)
 
+    @_exclusive
     def load_checkpoint(self, name: str, folder, training_state: bool, implicit_adam: bool = False) -> dict:
         """Weights from a LoRA folder into adapter `name` (built from the folder's own LoraConfig when it
         does not exist yet); with `training_state`, the optimizer, scheduler and counters too (the

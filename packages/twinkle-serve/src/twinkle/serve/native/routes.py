@@ -37,6 +37,7 @@ from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
+from twinkle.serve.native.capacity import add_capacity_route
 from twinkle.serve.native.checkpoints import NativeCheckpoints
 from twinkle.serve.native.compute import NativeCompute
 from twinkle.serve.native.models import NativeModels
@@ -220,4 +221,5 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
             calculate_metric={"loss": 2.5, "step": 1.0},
         )
 
+    add_capacity_route(r, rt, tenant)  # GET /capacity (twinkle.serve.native.capacity)
     return r, views
