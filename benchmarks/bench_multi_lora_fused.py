@@ -151,9 +151,7 @@ def base_pass(engine, batch_ids):
     try:
         embeds = engine.base.get_input_embeddings()(ids).detach().requires_grad_(True)
         logits = engine.base(inputs_embeds=embeds, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1)
-        )
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
         loss.backward()
     finally:
         engine.routing.clear()

@@ -120,7 +120,9 @@ def tenant_c(client, model, steps, prompts=8, group=8):
 
     def sample(sampler, pairs, n, temperature, seed=0):
         params = types.SamplingParams(max_tokens=4, temperature=temperature, seed=seed)
-        futures = [sampler.sample(types.ModelInput.from_ints(p), num_samples=n, sampling_params=params) for p, _ in pairs]
+        futures = [
+            sampler.sample(types.ModelInput.from_ints(p), num_samples=n, sampling_params=params) for p, _ in pairs
+        ]
         return [f.result().sequences for f in futures]
 
     def accuracy(sampler):

@@ -160,4 +160,8 @@ def test_on_cuda_parking_frees_device_memory_into_pinned_host_memory_and_round_t
     moved.park_adapter("a")
     assert torch.cuda.memory_allocated() < before  # weights, moments off the device
     parked = moved.residency._away["a"].tensors
-    assert all(t.device.type == "cpu" and t.is_pinned() for k, t in parked.items() if k in moved.residency._away["a"].meta["moved"])
+    assert all(
+        t.device.type == "cpu" and t.is_pinned()
+        for k, t in parked.items()
+        if k in moved.residency._away["a"].meta["moved"]
+    )

@@ -136,7 +136,9 @@ def check_capacity(srv, key: str, per: int, cap: int, tenants: int, live_fit: in
     # round-robin over more tenants than fit: every call after the first round brings one back
     assert swaps["restored"] >= tenants * calls_each - live_fit
     assert swaps["restored_from_disk"] >= 1 and swaps["spilled"] >= 1
-    assert swaps["parked"] == swaps["restored"] + tiers["parked"] + tiers["spilled"]  # every move out came back or is out
+    assert (
+        swaps["parked"] == swaps["restored"] + tiers["parked"] + tiers["spilled"]
+    )  # every move out came back or is out
     assert swaps["restore_s"] > 0 and swaps["park_s"] > 0
     return body
 

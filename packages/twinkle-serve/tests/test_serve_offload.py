@@ -107,7 +107,6 @@ def test_idle_adapters_are_parked_then_spilled_and_resume_exactly(start, tmp_pat
     import tinker
     from tinker import types
 
-
     alone, _ = reference
     srv = start(tmp_path_factory.mktemp("offload-idle"), adapter_idle_offload_s=0.3, adapter_idle_spill_s=0.3)
     try:

@@ -49,7 +49,9 @@ def _larger(rows: list[dict]) -> list[dict]:
     pairs = [(a, b) for a, _, b in _operands(rows) if a != b]
     # Subtractions put the larger operand first: alternate the order so "1" and "2" are equally common.
     pairs = [(max(a, b), min(a, b)) if i % 2 else (min(a, b), max(a, b)) for i, (a, b) in enumerate(pairs)]
-    return [{"question": f"Which is larger, {a} or {b}? Answer 1 or 2.", "answer": "1" if a > b else "2"} for a, b in pairs]
+    return [
+        {"question": f"Which is larger, {a} or {b}? Answer 1 or 2.", "answer": "1" if a > b else "2"} for a, b in pairs
+    ]
 
 
 def _numbers(question: str) -> tuple[str, ...]:

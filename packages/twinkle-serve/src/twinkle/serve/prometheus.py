@@ -91,7 +91,11 @@ def _residency_metrics(report: dict):
     swaps = report["swaps"]
     moves = CounterMetricFamily("twinkle_adapter_swaps", "Adapter moves between residency tiers", labels=["move"])
     seconds = CounterMetricFamily("twinkle_adapter_swap_seconds", "Seconds spent moving adapters", labels=["move"])
-    for move, count, timer in (("park", "parked", "park_s"), ("spill", "spilled", "spill_s"), ("restore", "restored", "restore_s")):
+    for move, count, timer in (
+        ("park", "parked", "park_s"),
+        ("spill", "spilled", "spill_s"),
+        ("restore", "restored", "restore_s"),
+    ):
         moves.add_metric([move], swaps.get(count, 0))
         seconds.add_metric([move], swaps.get(timer, 0.0))
     yield moves

@@ -156,7 +156,9 @@ class AdapterMemory:
         timers = [t for t in (self.idle_park_s, self.idle_spill_s) if t is not None]
         if timers and self._sweeper is None:
             period = min(max(min(timers) / 4, 0.05), 5.0)
-            self._sweeper = threading.Thread(target=self._sweep_loop, args=(period,), name="twinkle-residency", daemon=True)
+            self._sweeper = threading.Thread(
+                target=self._sweep_loop, args=(period,), name="twinkle-residency", daemon=True
+            )
             self._sweeper.start()
 
     def make_room(self, residency, key: str, pinned: set[str]) -> None:
@@ -225,5 +227,7 @@ class AdapterMemory:
             out["adapter_bytes"] = need
             limited = self.cap is not None and need
             out["fit_now"] = max(self.cap - used, 0) // need if limited else None
-            out["fit_max"] = (self.cap // need if self.offload else max(self.cap - used, 0) // need) if limited else None
+            out["fit_max"] = (
+                (self.cap // need if self.offload else max(self.cap - used, 0) // need) if limited else None
+            )
         return out
