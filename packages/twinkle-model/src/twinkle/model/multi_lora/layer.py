@@ -163,7 +163,7 @@ class MultiLoraLinear(nn.Module):
         groups: list[_Group] = []
         for start, end, name, length in segments:
             keep = self._keep_mask(name, x[start:end], length)
-            rank = int(self.factors(name)[0].shape[0])
+            rank = int(self.lora_A[name].weight.shape[0])  # ty: ignore[not-subscriptable]
             last = groups[-1] if groups else None
             if last is not None and last.end == start and last.size == end - start and last.rank == rank:
                 last.add(end, self.scaling[name], keep)
