@@ -99,13 +99,22 @@ def initialize(
         uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=75)
     )
     url = f"http://{host}:{port}"
-    log.info(
-        "twinkle-server listening on %s (data dir %s); Tinker SDK: TINKER_BASE_URL=%s TINKER_API_KEY=tml-...",
-        url,
-        data_dir,
-        url,
-    )
+
+    def announce_once_bound() -> None:
+        # said only once the socket accepts connections: scripts wait for this line, then connect
+        while not server.started:
+            if server.should_exit:
+                return
+            time.sleep(0.02)
+        log.info(
+            "twinkle-server listening on %s (data dir %s); Tinker SDK: TINKER_BASE_URL=%s TINKER_API_KEY=tml-...",
+            url,
+            data_dir,
+            url,
+        )
+
     if block:
+        threading.Thread(target=announce_once_bound, name="twinkle-announce", daemon=True).start()
         try:
             server.run()
         finally:
@@ -118,4 +127,5 @@ def initialize(
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError(f"the HTTP server did not start on {url}")
         time.sleep(0.02)
+    announce_once_bound()
     return Server(url, runtime, server, thread)
