@@ -175,6 +175,30 @@ def test_twinkle_export_merges_the_server_checkpoint(server, trained, tokenizer,
     assert torch.allclose(logp, reference(tokens), atol=1e-4)
 
 
+def test_both_apis_sample_one_copy_of_a_checkpoint(server, keys, ann, trained, tokenizer):
+    """The Tinker sampler and the OpenAI route name a checkpoint alike: its weights load once, and
+    the two APIs' greedy tokens agree."""
+    import tinker
+    from tinker import types
+
+    from twinkle.serve.core.checkpoints import sampler_adapter_name
+
+    sampler = server.runtime.engines[TEST_MODEL].backend.sampler
+    name = sampler_adapter_name(server.runtime.store.checkpoints.get(trained))
+    prompt = chat_ids(tokenizer, QUESTION)
+    answer = ann.completions.create(model=trained, prompt=prompt, max_tokens=4, temperature=0, logprobs=0)
+    loaded = set(sampler.adapter_names)
+    assert name in loaded
+    sc = (
+        tinker.ServiceClient(base_url=server.url, api_key=keys["oai-ann"])
+        .create_sampling_client(model_path=trained)
+        .result()
+    )
+    got = sc.sample(types.ModelInput.from_ints(prompt), 1, types.SamplingParams(max_tokens=4, temperature=0)).result()
+    assert set(sampler.adapter_names) == loaded  # nothing loaded a second time
+    assert tokenizer.decode(got.sequences[0].tokens) == answer.choices[0].text
+
+
 def test_unknown_model_and_another_tenants_checkpoint_are_404(server, keys, ann, trained):
     import openai
 

@@ -9,6 +9,7 @@ checkpoint under a name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -34,6 +35,13 @@ def parse_path(path) -> tuple[str, Kind, str]:
             "or tinker://<model_id>/sampler_weights/<name>"
         )
     return parts[0], KIND[parts[1]], parts[2]
+
+
+def sampler_adapter_name(ckpt: Checkpoint) -> str:
+    """The name a checkpoint's weights are loaded under on a sampler, the same from every API (so the
+    Tinker and OpenAI routes share one copy). The save time is in it: a checkpoint re-saved at the same
+    path is new weights, not a cache hit."""
+    return "ckpt-" + hashlib.sha1(f"{ckpt.tinker_path}@{ckpt.created_at!r}".encode()).hexdigest()[:16]
 
 
 def check_name(name) -> str:

@@ -6,9 +6,9 @@ Another tenant's unpublished checkpoint answers 404 exactly like one that does n
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
+from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Checkpoint
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
@@ -24,11 +24,8 @@ class Target:
 
     @property
     def adapter(self) -> str | None:
-        """The sampler's name on the backend; a re-saved checkpoint (same path, new time) is a new name."""
-        if self.checkpoint is None:
-            return None
-        key = f"{self.checkpoint.tinker_path}@{self.checkpoint.created_at}"
-        return "oai-" + hashlib.sha1(key.encode()).hexdigest()[:16]
+        """The checkpoint's name on the sampler: the one the Tinker routes load it under too."""
+        return None if self.checkpoint is None else sampler_adapter_name(self.checkpoint)
 
 
 def _missing(model: str) -> OpenAIError:

@@ -6,6 +6,7 @@ import hashlib
 import time
 import uuid
 
+from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
@@ -62,8 +63,7 @@ class TinkerSampling:
         adapter = folder = None
         if sampler.model_path:
             ckpt = self.svc.checkpoints.readable(tenant, sampler.model_path)
-            # the save time is in the name: a checkpoint re-saved at the same path is new weights, not a cache hit
-            adapter = sampler_name(f"{sampler.model_path}{ckpt.dir}@{ckpt.created_at!r}")
+            adapter = sampler_adapter_name(ckpt)
             folder = str(self.svc.checkpoints.folder(ckpt))
         elif sampler.ephemeral:
             adapter = sampler_name(sampler.sampler_id)
