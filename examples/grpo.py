@@ -48,6 +48,10 @@ def parse_args(argv=None):
         "--task", default="larger", choices=list(TASKS), help="which operand is larger, the result, its last digit"
     )
     p.add_argument("--warm-start-steps", type=int, default=30, help="SFT steps before RL (0: start from --model)")
+    p.add_argument("--warm-start-task", default=None, choices=list(TASKS), help="SFT on this task (default: --task)")
+    p.add_argument(
+        "--format-only", action="store_true", help="warm start on shuffled answers: the format, not the rule"
+    )
     # Measured (demo model, 2 busy cores, seed 0): held-out 0.594 -> 0.670 at step 20, back to 0.594 by
     # step 90 as the sampled entropy collapses (0.7 -> 0.02 nats) and groups stop disagreeing.
     p.add_argument("--steps", type=int, default=30)
@@ -58,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the reference (adapter disabled)")
+    p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (keeps groups disagreeing)")
     p.add_argument("--overlap", action="store_true", help="off-policy: sample step k+1 while step k trains")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--is-stats", action="store_true", help="extra forward for importance-ratio statistics")
@@ -77,7 +82,16 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
 
-    base = warm_start(args.model, steps=args.warm_start_steps, task=args.task) if args.warm_start_steps else args.model
+    base = (
+        warm_start(
+            args.model,
+            steps=args.warm_start_steps,
+            task=args.warm_start_task or args.task,
+            format_only=args.format_only,
+        )
+        if args.warm_start_steps
+        else args.model
+    )
     t_rl = time.perf_counter()
     print(f"base: {base} ({t_rl - t_start:.0f}s)")
 
@@ -87,7 +101,7 @@ def main(argv=None) -> dict:
         LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0),
     )
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
-    model.set_loss("GRPOLoss", adapter_name=ADAPTER, beta=args.beta)
+    model.set_loss("GRPOLoss", adapter_name=ADAPTER, beta=args.beta, entropy_coef=args.entropy_coef)
 
     # The sampler holds its own copy of the base; only the LoRA moves on each sync. With overlap the
     # sampler keeps running while the trainer steps in place, so each sync must be a snapshot.

@@ -42,15 +42,17 @@ def _last_digit(rows: list[dict]) -> list[dict]:
     ]
 
 
-def _larger(rows: list[dict]) -> list[dict]:
-    """The operands of `rows`, asked which one is larger (answer 1 or 2): a model that answers either
-    is right half the time, so every sampled group holds right and wrong answers and RL has signal
-    from its first step."""
+def _compare(rows: list[dict], word: str) -> list[dict]:
+    """The operands of `rows`, asked which one is larger (or smaller): answer 1 or 2. A model that
+    answers either is right half the time, so sampled groups hold right and wrong answers and RL
+    has signal from its first step."""
     pairs = [(a, b) for a, _, b in _operands(rows) if a != b]
     # Subtractions put the larger operand first: alternate the order so "1" and "2" are equally common.
     pairs = [(max(a, b), min(a, b)) if i % 2 else (min(a, b), max(a, b)) for i, (a, b) in enumerate(pairs)]
+    first = (lambda a, b: a > b) if word == "larger" else (lambda a, b: a < b)
     return [
-        {"question": f"Which is larger, {a} or {b}? Answer 1 or 2.", "answer": "1" if a > b else "2"} for a, b in pairs
+        {"question": f"Which is {word}, {a} or {b}? Answer 1 or 2.", "answer": "1" if first(a, b) else "2"}
+        for a, b in pairs
     ]
 
 
@@ -59,7 +61,22 @@ def _numbers(question: str) -> tuple[str, ...]:
 
 
 _TWO_OPERANDS = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
-TASKS = {"arithmetic": lambda rows: rows, "last-digit": _last_digit, "larger": _larger}
+TASKS = {
+    "arithmetic": lambda rows: rows,
+    "last-digit": _last_digit,
+    "larger": lambda rows: _compare(rows, "larger"),
+    "smaller": lambda rows: _compare(rows, "smaller"),
+}
+# `larger` states its own answer format; without the arithmetic system prompt its rows are half as
+# long, and an RL step (which trains on every prompt token) costs half as much.
+SYSTEM_PROMPT = {"larger": None, "smaller": None}
+
+
+def _processor(task: str, with_answer: bool = False):
+    from twinkle.preprocessor import ArithmeticProcessor
+    from twinkle.preprocessor.rl import ARITHMETIC_SYSTEM
+
+    return ArithmeticProcessor(system=SYSTEM_PROMPT.get(task, ARITHMETIC_SYSTEM), with_answer=with_answer)
 
 
 def arithmetic_prompts(split: str = "train", limit: int | None = None, task: str = "arithmetic") -> list[dict]:
@@ -69,8 +86,6 @@ def arithmetic_prompts(split: str = "train", limit: int | None = None, task: str
     repeats 74 of the test questions (operands 0..49 leave only 5,000 problems); "train" leaves
     them out, so the test split stays held out for whatever trains on it.
     """
-    from twinkle.preprocessor import ArithmeticProcessor
-
     if task not in TASKS:
         raise ValueError(f"unknown arithmetic task {task!r}; known: {', '.join(TASKS)}")
     raw = TASKS[task](_questions(split))
@@ -78,13 +93,11 @@ def arithmetic_prompts(split: str = "train", limit: int | None = None, task: str
         held_out = {_numbers(row["question"]) for row in TASKS[task](_questions("test"))}
         raw = [row for row in raw if _numbers(row["question"]) not in held_out]
     raw = raw[:limit]
-    return [{**row, **out} for row, out in zip(raw, ArithmeticProcessor()(raw))]
+    return [{**row, **out} for row, out in zip(raw, _processor(task)(raw))]
 
 
-def _sft_rows(template, rows) -> list[dict]:
-    from twinkle.preprocessor import ArithmeticProcessor
-
-    encoded = [template.encode(r) for r in ArithmeticProcessor(with_answer=True)(rows)]
+def _sft_rows(template, rows, task: str) -> list[dict]:
+    encoded = [template.encode(r) for r in _processor(task, with_answer=True)(rows)]
     return [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in encoded]
 
 
@@ -97,8 +110,13 @@ def warm_start(
     seed: int = 0,
     log=print,
     task: str = "arithmetic",
+    format_only: bool = False,
 ) -> str:
-    """Folder of `base` after `steps` of full-parameter SFT on the `task`'s train split; built once, then cached."""
+    """Folder of `base` after `steps` of full-parameter SFT on the `task`'s train split; built once, then cached.
+
+    `format_only`: every row's answer is replaced by another row's, so the model learns what an answer
+    looks like and how often each occurs, and nothing about which one is right. RL from there has to
+    find the rule from rewards alone."""
     import torch
     from tqdm import tqdm
 
@@ -107,14 +125,21 @@ def warm_start(
     from twinkle.template import Template
 
     base = base or DEFAULT_MODEL
-    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, task, 2]).encode()).hexdigest()[:12]
-    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"{task}-sft-{key}"
+    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, task, format_only, 3]).encode()).hexdigest()[
+        :12
+    ]
+    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"{task}{'-format' if format_only else ''}-sft-{key}"
     if (target / "config.json").exists():
         return str(target)
     start = time.perf_counter()
     base_path = resolve_model_path(base)
     template = Template(model_id=base_path)
-    rows = _sft_rows(template, arithmetic_prompts("train", task=task))
+    prompts = arithmetic_prompts("train", task=task)
+    if format_only:
+        answers = [row["answer"] for row in prompts]
+        random.Random(seed).shuffle(answers)
+        prompts = [{**row, "answer": answer} for row, answer in zip(prompts, answers)]
+    rows = _sft_rows(template, prompts, task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TransformersModel(model_id=base_path)
