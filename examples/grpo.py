@@ -1,6 +1,6 @@
 """GRPO on a task from the bundled arithmetic split: the loop is yours, every phase a visible call.
 
-    uv run examples/grpo.py                               # ~8 min on 2 busy CPU cores
+    uv run examples/grpo.py                               # ~3 min on 2 CPU cores
     uv run examples/grpo.py --overlap                     # sample step k+1 while step k trains
 
 Starts from the embedded demo model after a brief SFT on the task's train split (cached after the
@@ -48,21 +48,18 @@ def parse_args(argv=None):
         "--task", default="larger", choices=list(TASKS), help="which operand is larger, the result, its last digit"
     )
     p.add_argument("--warm-start-steps", type=int, default=30, help="SFT steps before RL (0: start from --model)")
-    p.add_argument("--warm-start-task", default=None, choices=list(TASKS), help="SFT on this task (default: --task)")
-    p.add_argument(
-        "--format-only", action="store_true", help="warm start on shuffled answers: the format, not the rule"
-    )
-    # Measured (demo model, 2 busy cores, seed 0): held-out 0.594 -> 0.670 at step 20, back to 0.594 by
-    # step 90 as the sampled entropy collapses (0.7 -> 0.02 nats) and groups stop disagreeing.
-    p.add_argument("--steps", type=int, default=30)
+    # Measured (demo model, seed 0): held-out greedy accuracy 0.504 -> 0.806 at step 25, then 0.77-0.81;
+    # the README's "RL that learns" has the curve. lr 1e-3 without the entropy bonus collapsed groups to
+    # one answer (sampled entropy 0.7 -> 0.02 nats) and lost the gain again.
+    p.add_argument("--steps", type=int, default=100)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="samples per prompt (the GRPO group)")
     p.add_argument("--max-tokens", type=int, default=3)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the reference (adapter disabled)")
-    p.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (keeps groups disagreeing)")
+    p.add_argument("--entropy-coef", type=float, default=0.01, help="entropy bonus (keeps groups disagreeing)")
     p.add_argument("--overlap", action="store_true", help="off-policy: sample step k+1 while step k trains")
     p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--is-stats", action="store_true", help="extra forward for importance-ratio statistics")
@@ -82,16 +79,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     t_start = time.perf_counter()
 
-    base = (
-        warm_start(
-            args.model,
-            steps=args.warm_start_steps,
-            task=args.warm_start_task or args.task,
-            format_only=args.format_only,
-        )
-        if args.warm_start_steps
-        else args.model
-    )
+    base = warm_start(args.model, steps=args.warm_start_steps, task=args.task) if args.warm_start_steps else args.model
     t_rl = time.perf_counter()
     print(f"base: {base} ({t_rl - t_start:.0f}s)")
 

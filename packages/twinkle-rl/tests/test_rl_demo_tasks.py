@@ -1,4 +1,4 @@
-"""The bundled RL tasks: every answer is right, the test split is held out of train, "larger" and "smaller" are balanced."""
+"""The bundled RL tasks: every answer is right, the test split is held out of train, "larger" is balanced."""
 
 import re
 from collections import Counter
@@ -20,15 +20,14 @@ def test_no_test_operand_pair_is_trained_on_in_either_order(task):
     assert not [r["question"] for r in train if frozenset(operands(r["question"])) in held_out]
 
 
-@pytest.mark.parametrize("word", ["larger", "smaller"])
-def test_comparisons_name_the_right_operand_and_each_answer_is_half_the_split(word):
+def test_larger_answers_name_the_larger_two_digit_operand_and_each_answer_is_half_the_split():
     for split in ("train", "test"):
-        rows = arithmetic_prompts(split, task=word)
+        rows = arithmetic_prompts(split, task="larger")
         for r in rows:
             a, b = operands(r["question"])
-            assert r["ground_truth"] == ("1" if (a > b) == (word == "larger") else "2"), r
+            assert r["ground_truth"] == ("1" if a > b else "2") and min(a, b) >= 10, r
             # the question states its answer format: no system prompt, half the tokens per RL row
-            assert r["messages"] == [{"role": "user", "content": f"Which is {word}, {a} or {b}? Answer 1 or 2."}]
+            assert r["messages"] == [{"role": "user", "content": f"Which is larger, {a} or {b}? Answer 1 or 2."}]
         counts = Counter(r["ground_truth"] for r in rows)
         assert abs(counts["1"] - counts["2"]) <= 0.05 * len(rows), counts  # one answer always scores ~0.5
 
@@ -41,7 +40,5 @@ def test_last_digit_answers_are_the_sums_last_digit():
 
 def test_limit_and_unknown_task():
     assert [r["question"] for r in arithmetic_prompts("test", limit=2)] == ["What is 8 + 36?", "What is 16 - 7?"]
-    with pytest.raises(
-        ValueError, match="unknown arithmetic task 'parity'; known: arithmetic, last-digit, larger, smaller"
-    ):
+    with pytest.raises(ValueError, match="unknown arithmetic task 'parity'; known: arithmetic, last-digit, larger"):
         arithmetic_prompts("test", task="parity")

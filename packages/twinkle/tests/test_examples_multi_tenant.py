@@ -25,7 +25,8 @@ def test_four_tenants_on_one_server_each_end_with_a_correct_result(tmp_path):
     assert sorted(lines) == ["A", "B", "C", "D"], out.stdout
     first, last = map(float, re.search(r"mean reward ([\d.]+) \(first half\) -> ([\d.]+)", lines["C"]).groups())
     before, after = map(float, re.search(r"held-out greedy accuracy ([\d.]+) -> ([\d.]+)", lines["C"]).groups())
-    assert last > first and after >= before, lines["C"]  # demo model: sampled 0.518 -> 0.570, held out 0.594 -> 0.594
+    # demo model, 12 steps: sampled 0.523 -> 0.556, held out 0.504 -> 0.760 (100 steps: 0.798, README)
+    assert last > first and after >= before + 0.15, lines["C"]
     loss_a = [float(x) for x in re.search(r"per-token loss ([\d.]+) -> ([\d.]+)", lines["A"]).groups()]
     assert loss_a[1] < 0.5 * loss_a[0], lines["A"]
     assert float(re.search(r"max \|diff\| ([\d.e+-]+)", lines["D"]).group(1)) < 1e-3

@@ -42,17 +42,18 @@ def _last_digit(rows: list[dict]) -> list[dict]:
     ]
 
 
-def _compare(rows: list[dict], word: str) -> list[dict]:
-    """The operands of `rows`, asked which one is larger (or smaller): answer 1 or 2. A model that
-    answers either is right half the time, so sampled groups hold right and wrong answers and RL
-    has signal from its first step."""
-    pairs = [(a, b) for a, _, b in _operands(rows) if a != b]
+def _larger(rows: list[dict]) -> list[dict]:
+    """The operands of `rows`, asked which one is larger (answer 1 or 2): a model that answers either
+    is right half the time, so sampled groups hold right and wrong answers and RL has signal from its
+    first step."""
+    # Two-digit operands only, so the digits line up: with one-digit numbers mixed in, comparing the
+    # leading digits (what the demo model learns first, from rewards or labels) scores 0.64 and stalls
+    # there until the model also learns to count digits, which GRPO on 2 cores did not reach in 300 steps.
+    pairs = [(a, b) for a, _, b in _operands(rows) if a != b and min(a, b) >= 10]
     # Subtractions put the larger operand first: alternate the order so "1" and "2" are equally common.
     pairs = [(max(a, b), min(a, b)) if i % 2 else (min(a, b), max(a, b)) for i, (a, b) in enumerate(pairs)]
-    first = (lambda a, b: a > b) if word == "larger" else (lambda a, b: a < b)
     return [
-        {"question": f"Which is {word}, {a} or {b}? Answer 1 or 2.", "answer": "1" if first(a, b) else "2"}
-        for a, b in pairs
+        {"question": f"Which is larger, {a} or {b}? Answer 1 or 2.", "answer": "1" if a > b else "2"} for a, b in pairs
     ]
 
 
@@ -64,12 +65,11 @@ _TWO_OPERANDS = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
 TASKS = {
     "arithmetic": lambda rows: rows,
     "last-digit": _last_digit,
-    "larger": lambda rows: _compare(rows, "larger"),
-    "smaller": lambda rows: _compare(rows, "smaller"),
+    "larger": _larger,
 }
 # `larger` states its own answer format; without the arithmetic system prompt its rows are half as
 # long, and an RL step (which trains on every prompt token) costs half as much.
-SYSTEM_PROMPT = {"larger": None, "smaller": None}
+SYSTEM_PROMPT = {"larger": None}
 
 
 def _processor(task: str, with_answer: bool = False):
@@ -110,13 +110,8 @@ def warm_start(
     seed: int = 0,
     log=print,
     task: str = "arithmetic",
-    format_only: bool = False,
 ) -> str:
-    """Folder of `base` after `steps` of full-parameter SFT on the `task`'s train split; built once, then cached.
-
-    `format_only`: every row's answer is replaced by another row's, so the model learns what an answer
-    looks like and how often each occurs, and nothing about which one is right. RL from there has to
-    find the rule from rewards alone."""
+    """Folder of `base` after `steps` of full-parameter SFT on the `task`'s train split; built once, then cached."""
     import torch
     from tqdm import tqdm
 
@@ -125,21 +120,14 @@ def warm_start(
     from twinkle.template import Template
 
     base = base or DEFAULT_MODEL
-    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, task, format_only, 3]).encode()).hexdigest()[
-        :12
-    ]
-    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"{task}{'-format' if format_only else ''}-sft-{key}"
+    key = hashlib.sha256(json.dumps([base, steps, batch_size, lr, seed, task, 4]).encode()).hexdigest()[:12]
+    target = Path(cache_dir or cache_root() / "rl-warm-start") / f"{task}-sft-{key}"
     if (target / "config.json").exists():
         return str(target)
     start = time.perf_counter()
     base_path = resolve_model_path(base)
     template = Template(model_id=base_path)
-    prompts = arithmetic_prompts("train", task=task)
-    if format_only:
-        answers = [row["answer"] for row in prompts]
-        random.Random(seed).shuffle(answers)
-        prompts = [{**row, "answer": answer} for row, answer in zip(prompts, answers)]
-    rows = _sft_rows(template, prompts, task)
+    rows = _sft_rows(template, arithmetic_prompts("train", task=task), task)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TransformersModel(model_id=base_path)
