@@ -37,6 +37,7 @@ HOW = {
     "uv run examples/multi_tenant.py": HELP,
     "uv run examples/multi_tenant.py --model twinkle://qwen3-tiny --steps 6": RUN,
     "uv run examples/multi_tenant.py --base-url http://127.0.0.1:8000": HELP,
+    "uv run examples/multi_tenant.py --rl-steps 100": HELP,
     "uv run python examples/sft.py": RUN,
     "uv run torchrun --nproc_per_node=2 examples/sft.py": RUN,
     "uv run examples/sft_any_mode.py": RUN,
