@@ -107,6 +107,7 @@ def tenant_c(client, model, steps, prompts=16, group=8):
 
     from tinker import types
 
+    from twinkle.advantage import GRPOAdvantage
     from twinkle.reward import ArithmeticAccuracy
 
     tc = client.create_lora_training_client(base_model=model, rank=32, seed=3).result()
@@ -136,14 +137,13 @@ def tenant_c(client, model, steps, prompts=16, group=8):
         batch = rng.sample(train, prompts)
         samples = sample(sampler, batch, group, 1.0, seed=it)
         rewards = score(batch, samples)
+        adv = GRPOAdvantage(scale_by="group")(rewards, group_size=group).tolist()
         data = []
         for i, ((prompt, _), seqs) in enumerate(zip(batch, samples)):
-            r = rewards[i * group : (i + 1) * group]
-            mean = sum(r) / group
-            std = (sum((x - mean) ** 2 for x in r) / (group - 1)) ** 0.5
-            if std == 0:  # every sample agrees: no signal in this group (grpo.py skips it too)
+            a = adv[i * group : (i + 1) * group]
+            if not any(a):  # every sample agrees: no signal in this group (grpo.py skips it too)
                 continue
-            for s, reward in zip(seqs, r):
+            for s, advantage in zip(seqs, a):
                 n, tokens = len(prompt) - 1, prompt + s.tokens
                 data.append(
                     types.Datum(
@@ -151,7 +151,7 @@ def tenant_c(client, model, steps, prompts=16, group=8):
                         loss_fn_inputs={
                             "target_tokens": tokens[1:],
                             "logprobs": [0.0] * n + list(s.logprobs),
-                            "advantages": [0.0] * n + [(reward - mean) / std] * len(s.tokens),
+                            "advantages": [0.0] * n + [advantage] * len(s.tokens),
                         },
                     )
                 )
