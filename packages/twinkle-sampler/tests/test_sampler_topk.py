@@ -7,6 +7,15 @@ import torch
 
 from twinkle.sampler import SamplingParams, TorchSampler, extract_adapter
 
+# The sampler's batches (left padding, several prompts, adapters mixed) and the reference's single
+# unpadded forward reduce in other kernel blocks, so fp32 log-probs agree to a few ulps of their
+# magnitude (|lp| up to ~20 has an ulp of ~2e-6), and how many depends on the CPU's kernels: relative.
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def assert_logprobs_close(got, want) -> None:
+    torch.testing.assert_close(torch.as_tensor(got, dtype=torch.float32), torch.as_tensor(want), rtol=RTOL, atol=ATOL)
+
 
 @pytest.fixture(scope="module")
 def sampler(model_path, trainer):
@@ -29,12 +38,12 @@ def full_logp(trainer, tokens: list[int], adapter: str | None) -> torch.Tensor:
 
 
 def assert_topk_rows(rows, logp_T_V, k):
-    """rows[i] are the k best (id, log-prob) of logp_T_V[i]: ids exact, values to 1e-5, best first."""
+    """rows[i] are the k best (id, log-prob) of logp_T_V[i]: ids exact, values close, best first."""
     assert len(rows) == logp_T_V.shape[0]
     for row, logp_V in zip(rows, logp_T_V):
         want = logp_V.topk(k)
         assert [t for t, _ in row] == want.indices.tolist()
-        assert max(abs(lp - w) for (_, lp), w in zip(row, want.values.tolist())) < 1e-5
+        assert_logprobs_close([lp for _, lp in row], want.values)
 
 
 def test_prompt_top_logprobs_match_a_full_forward_in_a_padded_mixed_batch(sampler, trainer, prompts):
@@ -47,8 +56,9 @@ def test_prompt_top_logprobs_match_a_full_forward_in_a_padded_mixed_batch(sample
         logp_T_V = full_logp(trainer, prompt, adapter)
         assert_topk_rows(tops[1:], logp_T_V[:-1], 4)
         # the prompt token's own log-prob is the same distribution read at that token
-        for t, lp in enumerate(response.prompt_logprobs[1:], start=1):
-            assert abs(lp - float(logp_T_V[t - 1, prompt[t]])) < 1e-5
+        assert_logprobs_close(
+            response.prompt_logprobs[1:], logp_T_V[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
+        )
 
 
 def test_sampled_top_logprobs_match_a_full_forward_of_the_completion(sampler, trainer, prompts):
@@ -58,7 +68,7 @@ def test_sampled_top_logprobs_match_a_full_forward_of_the_completion(sampler, tr
     )[0].sequences[0]
     logp_T_V = full_logp(trainer, prompt + seq.tokens, "tenant")[len(prompt) - 1 : -1]
     assert_topk_rows(seq.top_logprobs, logp_T_V, 5)
-    assert max(abs(lp - float(logp_T_V[i, t])) for i, (t, lp) in enumerate(zip(seq.tokens, seq.logprobs))) < 1e-5
+    assert_logprobs_close(seq.logprobs, logp_T_V.gather(1, torch.tensor(seq.tokens)[:, None])[:, 0])
 
 
 def test_prompt_logprobs_flag_forms(sampler, prompts):
@@ -90,10 +100,10 @@ def test_prompt_logprob_tables_are_the_full_forward_of_each_padded_prompt(sample
     for prompt, adapter, table in zip(rows, adapters, tables):
         assert table.shape == (len(prompt) - 1, sampler.model.config.vocab_size) and table.dtype == torch.float32
         if len(prompt) > 1:
-            assert (table - full_logp(trainer, prompt, adapter)[:-1]).abs().max() < 1e-5
+            assert_logprobs_close(table, full_logp(trainer, prompt, adapter)[:-1])
     # the same numbers compute_logprobs reads at the prompt's own tokens
     lps = sampler.compute_logprobs([prompts[1]], adapter_name="tenant")[0]
-    assert max(abs(lps[t] - float(tables[0][t - 1, prompts[1][t]])) for t in range(1, len(prompts[1]))) < 1e-6
+    assert_logprobs_close(lps[1:], tables[0].gather(1, torch.tensor(prompts[1][1:])[:, None])[:, 0])
 
 
 def test_a_tiny_temperature_is_greedy_not_nan(sampler, prompts):

@@ -72,7 +72,9 @@ def test_data_parallel_losses_equal_one_process(runs):
     assert got["forward_loss"] == pytest.approx(expected["forward_loss"], rel=1e-5)
     assert [len(lp) for lp in got["logprobs"]] == [len(s) - 1 for s in SEQS]  # datum order kept
     for g, e in zip(got["logprobs"], expected["logprobs"]):
-        np.testing.assert_allclose(g, e, atol=1e-5)
+        # Two shards reduce gradients in another order than one process, so the trained weights and
+        # the log-probs read from them agree relative to their magnitude (fp32), not bit for bit.
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
 def test_remote_sampler_matches_local_sampler(runs):

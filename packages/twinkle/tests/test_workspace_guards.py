@@ -33,7 +33,7 @@ ALLOWED = {
     "twinkle-rl": {"twinkle-mesh", "twinkle-data", "twinkle-model", "twinkle-sampler"},
     "twinkle-serve": set(SEVEN) - {"twinkle-serve"},
     "twinkle-server": set(SEVEN),
-    "twinkle": set(SEVEN),
+    "twinkle-llm": set(SEVEN),
 }
 
 
@@ -83,12 +83,12 @@ def imported_siblings(dist: str) -> dict[str, str]:
 
 
 def test_the_seven_members_meta_and_app_exist():
-    assert set(SEVEN) | {"twinkle", "twinkle-server"} <= set(MEMBERS)
+    assert set(SEVEN) | {"twinkle-llm", "twinkle-server"} <= set(MEMBERS)
 
 
 def test_only_the_meta_distribution_ships_twinkle_init():
     shipping = sorted(d for d, f in MEMBERS.items() if (f / "src" / "twinkle" / "__init__.py").exists())
-    assert shipping == ["twinkle"]
+    assert shipping == ["twinkle-llm"]
 
 
 def test_seed_import_paths_have_one_owner_each():
