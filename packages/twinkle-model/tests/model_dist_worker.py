@@ -54,7 +54,7 @@ def lora_config():
 def _grad_probe(model) -> dict:
     from twinkle.model.strategy import full_tensor
 
-    params = model._state(None).parameters()
+    params = model._state(None).params
     if any(p.grad is None for p in params):
         return {"has_grad": False, "digest": None}
     return {"has_grad": True, "digest": sum(float(full_tensor(p.grad).double().sum()) for p in params)}
@@ -63,7 +63,7 @@ def _grad_probe(model) -> dict:
 def trained_weights(model, adapter_name: str | None = None) -> dict[str, list]:
     from twinkle.model.strategy import full_tensor
 
-    return {n: full_tensor(p.detach()).tolist() for n, p in model._state(adapter_name).params}
+    return {n: full_tensor(p.detach()).tolist() for n, p in model._state(adapter_name).named_params()}
 
 
 def run_scenario(
@@ -96,7 +96,7 @@ def run_scenario(
     out["strategy"], out["wrapped"] = model.strategy, type(model._wrapped).__name__
     out["layout"] = {
         n: [[repr(x) for x in p.placements], list(p.to_local().shape)]
-        for n, p in model._state(None).params
+        for n, p in model._state(None).named_params()
         if hasattr(p, "placements")
     }  # how each DTensor parameter is placed and what this rank holds
     if save_dir is not None:

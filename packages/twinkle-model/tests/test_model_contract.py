@@ -133,7 +133,7 @@ def test_mfu_is_absent_without_a_peak_not_a_division_by_zero():
 
 def _grads(engine):
     state = engine.adapters["default"] if isinstance(engine, MultiLoraModel) else engine.states["default"]
-    params = state.params if isinstance(engine, MultiLoraModel) else state.parameters()
+    params = state.params
     return [p.grad.clone() for p in params]
 
 

@@ -29,7 +29,7 @@ def test_bf16_autocast_on_cpu_is_close_to_fp32(rows):
     assert bf16 == pytest.approx(fp32, rel=BF16_LOSS_RTOL)
     assert bf16 != fp32  # autocast really ran in bf16
     assert bf16[-1] < bf16[0]  # and it trains
-    assert all(p.dtype == torch.float32 for _, p in model.states["default"].params)  # fp32 master weights
+    assert all(p.dtype == torch.float32 for _, p in model.states["default"].named_params())  # fp32 master weights
 
 
 def test_fp16_is_refused_on_cpu_by_name():

@@ -47,6 +47,13 @@ def max_diff(xs, ys):
     return max((x - y).abs().max().item() for x, y in zip(xs, ys))
 
 
+# Fused rows and one tenant's rows alone reduce in other kernel blocks: fp32 losses and log-probs agree
+# relative to their magnitude (a summed loss of ~100 has an ulp of ~1e-5), not bit for bit. Gradients
+# and LoRA weights here are ~1e-2: an absolute 1e-5 is hundreds of ulps, and a leaked update is ~1e-3.
+def assert_logprobs_close(got, want) -> None:
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-5)
+
+
 def test_fused_gradients_and_weights_equal_each_tenant_alone():
     fused, alone = make_model(), make_model()
     initial = {name: [p.detach().clone() for p in s.params] for name, s in fused.adapters.items()}
@@ -54,7 +61,7 @@ def test_fused_gradients_and_weights_equal_each_tenant_alone():
         fused_results = fused.forward_backward_fused(DATA)
         alone_results = {name: alone.forward_backward(rows, adapter_name=name) for name, rows in DATA.items()}
         for name in DATA:
-            assert fused_results[name]["loss"] == pytest.approx(alone_results[name]["loss"], abs=1e-5)
+            assert fused_results[name]["loss"] == pytest.approx(alone_results[name]["loss"], rel=1e-5)
             assert fused_results[name]["loss_tokens"] == alone_results[name]["loss_tokens"]
             grads_f = [p.grad for p in fused.adapters[name].params]
             grads_a = [p.grad for p in alone.adapters[name].params]
@@ -68,7 +75,7 @@ def test_fused_gradients_and_weights_equal_each_tenant_alone():
         assert max_diff(fused.adapters[name].params, initial[name]) > 1e-3  # the steps really moved the weights
     # the tenant with dropout got identical masks fused and alone (per-adapter generator, own shape)
     assert fused.calculate_metric(adapter_name="alice")["loss"] == pytest.approx(
-        alone.calculate_metric(adapter_name="alice")["loss"], abs=1e-5
+        alone.calculate_metric(adapter_name="alice")["loss"], rel=1e-5
     )
 
 
@@ -85,8 +92,8 @@ def test_each_tenant_keeps_its_own_loss_in_a_fused_pass():
     alone_results = {name: alone.forward_backward(rows, adapter_name=name) for name, rows in data.items()}
     assert fused_results["bob"]["metrics"]["kl"] > 0  # adapter on vs off differ: the reference was really the base
     for name in data:
-        assert fused_results[name]["loss"] == pytest.approx(alone_results[name]["loss"], abs=1e-5)
-        assert fused_results[name]["metrics"] == pytest.approx(alone_results[name]["metrics"], abs=1e-5)
+        assert fused_results[name]["loss"] == pytest.approx(alone_results[name]["loss"], rel=1e-5)
+        assert fused_results[name]["metrics"] == pytest.approx(alone_results[name]["metrics"], rel=1e-5, abs=1e-6)
         assert (
             max_diff([p.grad for p in fused.adapters[name].params], [p.grad for p in alone.adapters[name].params])
             < 1e-5
@@ -120,10 +127,8 @@ def test_forward_returns_logprobs_and_fuses_without_gradients():
     out = model.forward_fused({"alice": DATA["alice"], "carol": DATA["carol"]})
     alone = model.forward_only(DATA["alice"], adapter_name="alice")
     assert [len(x) for x in out["alice"]["logprobs"]] == [15, 11]
-    assert (
-        max(abs(a - b) for ra, rb in zip(out["alice"]["logprobs"], alone["logprobs"]) for a, b in zip(ra, rb[1:]))
-        < 1e-5
-    )
+    for ra, rb in zip(out["alice"]["logprobs"], alone["logprobs"]):
+        assert_logprobs_close(ra, rb[1:])
     assert [row[0] for row in alone["logprobs"]] == [0.0, 0.0]  # the contract: aligned with the labels
     assert all(p.grad is None for s in model.adapters.values() for p in s.params)
     logits = model.logits(DATA["carol"], adapter_name="carol")
@@ -131,5 +136,5 @@ def test_forward_returns_logprobs_and_fuses_without_gradients():
     logp = torch.log_softmax(logits[0, :-1], -1).gather(-1, targets[:, None]).squeeze(-1)
     # positions without a label (the 3-token prompt) report 0
     assert out["carol"]["logprobs"][0][:2] == [0.0, 0.0]
-    assert max(abs(a - b) for a, b in zip(logp[2:].tolist(), out["carol"]["logprobs"][0][2:])) < 1e-5
+    assert_logprobs_close(out["carol"]["logprobs"][0][2:], logp[2:].tolist())
     assert model.calculate_metric(is_training=False, adapter_name="alice")["loss"] > 0

@@ -40,7 +40,10 @@ def snapshot(model, name):
         "optimizer": optimizer,
         "lr": state.optimizer.param_groups[0]["lr"],
         "scheduler": state.scheduler.state_dict(),
-        "metrics": [dict(vars(m)) for m in state.train_metrics + state.eval_metrics],
+        # every metric's state but wall time: two runs of the same work never take the same seconds
+        "metrics": [
+            {k: v for k, v in vars(m).items() if k != "seconds"} for m in state.train_metrics + state.eval_metrics
+        ],
         "counters": (state.micro_step, state.consumed_batches, state.optimizer_steps),
     }
 
@@ -83,7 +86,13 @@ def test_training_others_interleaved_and_fused_leaves_a_tenant_bit_exact():
     model.clip_grad_and_step(adapter_name="b")
     reference.clip_grad_and_step(adapter_name="b")
     assert_identical(snapshot(model, "b"), snapshot(reference, "b"))
-    assert model.calculate_metric(adapter_name="b") == reference.calculate_metric(adapter_name="b")
+    assert without_timing(model.calculate_metric(adapter_name="b")) == without_timing(
+        reference.calculate_metric(adapter_name="b")
+    )
+
+
+def without_timing(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in ("tokens_per_s", "mfu")}
 
 
 def test_a_failing_tenant_fails_alone_in_a_fused_pass():

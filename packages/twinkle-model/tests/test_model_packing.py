@@ -4,6 +4,7 @@ attention across packed rows would change the later rows' log-probs."""
 
 import random
 
+import pytest
 import torch
 from peft import LoraConfig
 
@@ -41,12 +42,11 @@ def test_packed_rows_give_the_padded_per_token_logprobs_loss_and_gradients():
     assert [len(r) for r in b["logprobs"]] == [len(r["input_ids"]) for r in rows]  # split back per row
     for x, y in zip(a["logprobs"], b["logprobs"]):
         torch.testing.assert_close(torch.tensor(y), torch.tensor(x), rtol=1e-5, atol=1e-5)
-    assert abs(a["loss"] - b["loss"]) < 1e-5
+    # packed rows attend in other kernel blocks than padded ones: fp32 agrees relative to magnitude
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
     fa, fb = padded.forward_backward(rows), packed.forward_backward(rows)
-    assert abs(fa["loss"] - fb["loss"]) < 1e-5
-    grads = [
-        (p.grad, q.grad) for (_, p), (_, q) in zip(padded.states["default"].params, packed.states["default"].params)
-    ]
+    assert fb["loss"] == pytest.approx(fa["loss"], rel=1e-5)
+    grads = [(p.grad, q.grad) for p, q in zip(padded.states["default"].params, packed.states["default"].params)]
     assert all(g is not None and g.abs().sum() > 0 for g, _ in grads)
     for g, h in grads:
         torch.testing.assert_close(h, g, rtol=1e-4, atol=1e-6)

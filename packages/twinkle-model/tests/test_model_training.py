@@ -20,7 +20,7 @@ def lora_model(gas=1, lr=1e-2, name="default", seed=0):
 
 
 def adapter_weights(m, name="default"):
-    return {n: p.detach().clone() for n, p in m.states[name].params}
+    return {n: p.detach().clone() for n, p in m.states[name].named_params()}
 
 
 def test_lora_training_reduces_loss_and_reports_metrics(rows):
@@ -44,16 +44,16 @@ def test_gradient_accumulation_steps_only_on_boundaries_and_averages(rows):
     before = adapter_weights(m)
     m.forward_backward(inputs=rows[:2])
     assert m.clip_grad_and_step() == {"stepped": False, "accumulated": 1}
-    assert all(torch.equal(before[n], p) for n, p in m.states["default"].params)
+    assert all(torch.equal(before[n], p) for n, p in m.states["default"].named_params())
     m.forward_backward(inputs=rows[2:])
-    accumulated = {n: p.grad.clone() for n, p in m.states["default"].params if p.grad is not None}
+    accumulated = {n: p.grad.clone() for n, p in m.states["default"].named_params() if p.grad is not None}
 
     # the same two micro-batches by hand: mean of the per-micro-batch gradients
     ref = lora_model(gas=1)
     expected = {}
     for half in (rows[:2], rows[2:]):
         ref.forward_backward(inputs=half)
-        for n, p in ref.states["default"].params:
+        for n, p in ref.states["default"].named_params():
             if p.grad is not None:
                 expected[n] = expected.get(n, 0) + p.grad.clone() / 2
                 p.grad = None
@@ -62,7 +62,7 @@ def test_gradient_accumulation_steps_only_on_boundaries_and_averages(rows):
     for n in accumulated:
         torch.testing.assert_close(accumulated[n], expected[n])
     assert m.clip_grad_and_step()["stepped"]
-    assert any(not torch.equal(before[n], p) for n, p in m.states["default"].params)
+    assert any(not torch.equal(before[n], p) for n, p in m.states["default"].named_params())
 
 
 def test_out_of_vocab_id_raises_before_the_model_runs(rows):
@@ -99,10 +99,10 @@ def test_nonfinite_loss_skips_the_step_and_leaves_weights_and_optimizer_untouche
     out = m.forward_backward(inputs=rows)
     assert out["loss"] != out["loss"]  # NaN reported
     assert m.clip_grad_and_step()["skipped"]
-    assert all(torch.equal(weights[n], p) for n, p in m.states["default"].params)
+    assert all(torch.equal(weights[n], p) for n, p in m.states["default"].named_params())
     for k, v in m.states["default"].optimizer.state.items():
         assert all(torch.equal(vv, opt_state[k][kk]) for kk, vv in v.items())
-    assert all(p.grad is None for p in m.states["default"].parameters())
+    assert all(p.grad is None for p in m.states["default"].params)
     metrics = m.calculate_metric()
     assert metrics["skipped_steps"] == 1 and metrics["nonfinite_losses"] == 1 and metrics["step"] == 1
     m.forward_backward(inputs=rows)  # training continues afterwards
@@ -166,8 +166,8 @@ def test_several_adapters_keep_separate_state(rows):
     m.forward_backward(inputs=rows, adapter_name="alpha")
     assert m.clip_grad_and_step(adapter_name="alpha")["stepped"]
     assert m.clip_grad_and_step(adapter_name="beta") == {"stepped": False, "accumulated": 1}
-    assert all(torch.equal(b_before[n], p) for n, p in m.states["beta"].params)
-    assert all(p.grad is not None for n, p in m.states["beta"].params if "lora_B" in n)
+    assert all(torch.equal(b_before[n], p) for n, p in m.states["beta"].named_params())
+    assert all(p.grad is not None for n, p in m.states["beta"].named_params() if "lora_B" in n)
     m.forward_backward(inputs=rows, adapter_name="beta")
     assert m.clip_grad_and_step(adapter_name="beta")["stepped"]
     assert type(m.states["alpha"].optimizer).__name__ == "AdamW" and type(m.states["beta"].optimizer).__name__ == "SGD"

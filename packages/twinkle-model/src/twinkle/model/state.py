@@ -1,6 +1,12 @@
-"""Per-adapter training state. Everything that differs between two tenants training LoRAs on the
-same base lives here and nowhere else: optimizer, scheduler, loss, gradient-accumulation counter,
-metrics, and the template/processor used to encode their inputs."""
+"""Per-adapter training state, one class for every engine (TransformersModel, MultiLoraModel,
+MegatronModel). Everything that differs between two tenants training LoRAs on the same base lives
+here and nowhere else: parameters, optimizer, scheduler, loss, accumulation window, non-finite flag,
+counters, metrics, and the template/processor used to encode their inputs. Nothing in it is shared
+between adapters, which is what makes isolation hold by construction: an optimizer only ever sees
+its own adapter's parameters, and a metric only its own tenant's records.
+
+The step rule that acts on it (accumulate, skip non-finite, clip, step, schedule, metrics) is
+`twinkle.model.step`; an engine only says how a pass is computed."""
 
 from __future__ import annotations
 
@@ -8,55 +14,103 @@ from dataclasses import dataclass, field
 
 import torch
 
-from twinkle.loss import CrossEntropyLoss, Loss
+from twinkle.loss import CrossEntropyLoss, Loss, create_loss
 from twinkle.metric import LossMetric, Metric, OptimizerMetric, ThroughputMetric, TokenAccuracy
+from twinkle.model.optim import build_optimizer, resolve_scheduler
 
 FULL_MODEL = ""  # the state key when no adapter exists: the whole model trains
 
 
-def default_metrics(peak_flops: float) -> list[Metric]:
-    return [LossMetric(), TokenAccuracy(), OptimizerMetric(), ThroughputMetric(peak_flops)]
+def default_metrics(peak_flops: float, is_training: bool = True) -> list[Metric]:
+    own = [OptimizerMetric()] if is_training else []
+    return [LossMetric(), TokenAccuracy(), *own, ThroughputMetric(peak_flops)]
 
 
 @dataclass
 class AdapterState:
     name: str
-    params: list[tuple[str, torch.nn.Parameter]]  # this adapter's trainable parameters, by name
-    peak_flops: float
+    params: list[torch.nn.Parameter]  # this adapter's trainable parameters
+    param_names: list[str] = field(default_factory=list)  # their module paths (weight-decay groups, FSDP rebind)
+    peak_flops: float = 0.0  # the device's measured matmul peak: the denominator of MFU
     gradient_accumulation_steps: int = 1
     loss: Loss = field(default_factory=CrossEntropyLoss)
     optimizer: torch.optim.Optimizer | None = None
-    optimizer_spec: tuple | None = None  # (name/cls, kwargs) to rebuild on resume
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-    scheduler_spec: tuple | None = None
     template: object = None
     processor: object = None
+    # multi-LoRA engines: the adapter's spec (rank, scaling, targets) and the layers it adapts
+    spec: object = None
+    module_names: list[str] = field(default_factory=list)
+    dropout_generator: torch.Generator | None = None
     micro_step: int = 0  # forward_backward calls since the last optimizer step
     optimizer_steps: int = 0  # steps taken (skipped ones excluded)
     consumed_batches: int = 0  # forward_backward calls ever: the data position on resume
     nonfinite_pending: bool = False  # a non-finite loss since the last step: that step will be skipped
     grad_scaler: torch.amp.GradScaler | None = None  # under fp16 mixed precision
-    pending_seconds: float = 0.0
     train_metrics: list[Metric] = field(default_factory=list)
     eval_metrics: list[Metric] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.gradient_accumulation_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {self.gradient_accumulation_steps}")
-        if not self.train_metrics:
-            self.train_metrics = default_metrics(self.peak_flops)
-        if not self.eval_metrics:
-            self.eval_metrics = [LossMetric(), TokenAccuracy(), ThroughputMetric(self.peak_flops)]
+        if not isinstance(self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps must be a positive integer, got {self.gradient_accumulation_steps!r}"
+            )
+        if not self.param_names:
+            self.param_names = [f"lora.{i}" for i in range(len(self.params))]
+        self.train_metrics = self.train_metrics or default_metrics(self.peak_flops, is_training=True)
+        self.eval_metrics = self.eval_metrics or default_metrics(self.peak_flops, is_training=False)
+
+    @classmethod
+    def from_named(cls, name: str, named_params, **kwargs) -> AdapterState:
+        named = list(named_params)
+        return cls(name, [p for _, p in named], [n for n, _ in named], **kwargs)
 
     @property
     def at_boundary(self) -> bool:
         return self.micro_step >= self.gradient_accumulation_steps  # the rule in twinkle.model.base
 
-    def parameters(self) -> list[torch.nn.Parameter]:
-        return [p for _, p in self.params]
+    def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return list(zip(self.param_names, self.params))
 
     def metrics(self, is_training: bool) -> list[Metric]:
         return self.train_metrics if is_training else self.eval_metrics
 
     def lr(self) -> float | None:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer else None
+
+    # -- what a user sets ---------------------------------------------------------------------
+    def set_loss(self, name_or_cls, **kwargs) -> None:
+        self.loss = create_loss(name_or_cls, **kwargs)
+
+    def set_optimizer(self, optimizer_cls="AdamW", **kwargs) -> None:
+        self.optimizer = build_optimizer(optimizer_cls, self.named_params(), **kwargs)
+        self.scheduler = None  # a scheduler is bound to one optimizer
+
+    def require_optimizer(self) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            raise ValueError(f"no optimizer for {self.name or 'the model'!r}: call set_optimizer(...) first")
+        return self.optimizer
+
+    def ensure_optimizer(self) -> torch.optim.Optimizer:
+        """The Tinker API's implicit Adam (its optim_step carries the Adam parameters every step).
+        The TwinkleModel contract never calls this: there, a missing optimizer is an error."""
+        if self.optimizer is None:
+            self.set_optimizer("AdamW", lr=1e-4)
+        return self.require_optimizer()
+
+    def set_scheduler(self, scheduler_cls, **kwargs) -> None:
+        if self.optimizer is None:
+            raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
+        # One schedule implementation for every engine, so a tenant's lr curve does not depend on which runs it.
+        self.scheduler = resolve_scheduler(scheduler_cls)(self.optimizer, **kwargs)
+
+    def parameter_bytes(self) -> int:
+        total = sum(p.numel() * p.element_size() for p in self.params)
+        if self.optimizer is not None:
+            total += sum(
+                t.numel() * t.element_size()
+                for s in self.optimizer.state.values()
+                for t in s.values()
+                if isinstance(t, torch.Tensor)
+            )
+        return total

@@ -128,10 +128,11 @@ def rebind_parameters(module: torch.nn.Module, states) -> None:
     Optimizer state already built for the old tensors cannot follow a sharding: refuse it."""
     current = dict(module.named_parameters())
     for state in states:
-        swapped = {id(p): current[n] for n, p in state.params if n in current and current[n] is not p}
+        named = state.named_params()
+        swapped = {id(p): current[n] for n, p in named if n in current and current[n] is not p}
         if not swapped:
             continue
-        state.params = [(n, current.get(n, p)) for n, p in state.params]
+        state.params = [current.get(n, p) for n, p in named]
         optimizer = state.optimizer
         if optimizer is None:
             continue

@@ -1,7 +1,8 @@
 """TransformersModel: a transformers causal LM (optionally with LoRA adapters) driven step by step.
 
 Per-adapter state (optimizer, scheduler, loss, accumulation counter, metrics) lives in
-`AdapterState`; this class only routes calls to the right state and runs the network.
+`AdapterState` and the step rule in `twinkle.model.step`, both shared with every engine; this class
+only routes calls to the right state and runs the network.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from pathlib import Path
 
 import torch
 
-from twinkle.loss import ChunkedHead, LogitsHead, LossContext, create_loss
+from twinkle.loss import ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
-from twinkle.metric import ForwardRecord, StepRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.metric import METRICS
 from twinkle.model import checkpoint, inputs as model_inputs
+from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
-from twinkle.model.optim import build_optimizer, resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
     barrier,
@@ -126,7 +127,9 @@ class TransformersModel(TwinkleModel):
             self.peft_model.add_adapter(adapter_name, config)
         marker = f".{adapter_name}."
         params = [(n, p) for n, p in self.peft_model.named_parameters() if marker in n]
-        self.states[adapter_name] = AdapterState(adapter_name, params, self.peak_flops, gradient_accumulation_steps)
+        self.states[adapter_name] = AdapterState.from_named(
+            adapter_name, params, peak_flops=self.peak_flops, gradient_accumulation_steps=gradient_accumulation_steps
+        )
         self._wrapped = None  # the parameter set changed: wrap again on the next forward
 
     def _state(self, adapter_name: str | None) -> AdapterState:
@@ -138,7 +141,7 @@ class TransformersModel(TwinkleModel):
                 return self.states[names[0]]
             if FULL_MODEL not in self.states:
                 params = [(n, p) for n, p in self.hf_model.named_parameters() if p.requires_grad]
-                self.states[FULL_MODEL] = AdapterState(FULL_MODEL, params, self.peak_flops)
+                self.states[FULL_MODEL] = AdapterState.from_named(FULL_MODEL, params, peak_flops=self.peak_flops)
             return self.states[FULL_MODEL]
         if adapter_name not in self.states:
             raise ValueError(f"unknown adapter {adapter_name!r}; existing: {self.adapter_names}")
@@ -154,22 +157,15 @@ class TransformersModel(TwinkleModel):
 
     @remote_method()
     def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> None:
-        self._state(adapter_name).loss = create_loss(loss, **kwargs)
+        self._state(adapter_name).set_loss(loss, **kwargs)
 
     @remote_method()
     def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
-        state = self._state(adapter_name)
-        state.optimizer = build_optimizer(optimizer_cls, state.params, **kwargs)
-        state.optimizer_spec = (optimizer_cls, kwargs)
-        state.scheduler = None
+        self._state(adapter_name).set_optimizer(optimizer_cls, **kwargs)
 
     @remote_method()
     def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
-        state = self._state(adapter_name)
-        cls = resolve_scheduler(scheduler_cls)
-        if state.optimizer is None:
-            raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
-        state.scheduler = cls(state.optimizer, **kwargs)
+        self._state(adapter_name).set_scheduler(scheduler_cls, **kwargs)
 
     @remote_method()
     def set_template(self, template="Template", adapter_name: str | None = None, **kwargs) -> None:
@@ -270,7 +266,7 @@ class TransformersModel(TwinkleModel):
             correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask.bool()).sum())
         attention = ctx.batch.get("attention_mask")
         input_tokens = int(attention.sum()) if attention is not None else ctx.batch["input_ids"].numel()
-        n_trainable = sum(p.numel() for p in state.parameters()) if training else 0
+        n_trainable = sum(p.numel() for p in state.params) if training else 0
         flops = step_flops(
             input_tokens,
             ctx.batch["input_ids"].shape[1],
@@ -350,20 +346,15 @@ class TransformersModel(TwinkleModel):
     def clip_grad_norm(
         self, max_grad_norm: float = 1.0, norm_type: float = 2.0, adapter_name: str | None = None
     ) -> float:
-        return clip_grad_norm(self._state(adapter_name).parameters(), max_grad_norm, norm_type)
-
-    def _optimizer(self, state: AdapterState) -> torch.optim.Optimizer:
-        if state.optimizer is None:
-            raise ValueError(f"no optimizer for {state.name or 'the model'!r}: call set_optimizer(...) first")
-        return state.optimizer
+        return clip_grad_norm(self._state(adapter_name).params, max_grad_norm, norm_type)
 
     @remote_method()
     def step(self, adapter_name: str | None = None) -> None:
-        self._optimizer(self._state(adapter_name)).step()
+        self._state(adapter_name).require_optimizer().step()
 
     @remote_method()
     def zero_grad(self, adapter_name: str | None = None) -> None:
-        for p in self._state(adapter_name).parameters():
+        for p in self._state(adapter_name).params:
             p.grad = None
 
     @remote_method()
@@ -374,59 +365,15 @@ class TransformersModel(TwinkleModel):
 
     @remote_method()
     def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
-        """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary.
-
-        A non-finite loss in the window, or a non-finite gradient norm, skips the step: weights,
-        optimizer and scheduler stay untouched, the gradients are dropped, `skipped_steps` grows."""
-        state = self._state(adapter_name)
-        optimizer = self._optimizer(state)
-        if not state.at_boundary:
-            return {"stepped": False, "accumulated": state.micro_step}
-        t0 = time.perf_counter()
-        limit = float("inf") if max_grad_norm is None else max_grad_norm
-        scaler = state.grad_scaler
-        if scaler is not None and not state.nonfinite_pending:
-            scaler.unscale_(optimizer)  # clip the true gradients; an overflow shows as a non-finite norm
-        grad_norm = None if state.nonfinite_pending else self.clip_grad_norm(limit, adapter_name=adapter_name)
-        skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm))
-        if not skipped:
-            if scaler is not None:
-                scaler.step(optimizer)
-            else:
-                optimizer.step()
-            if state.scheduler is not None:
-                state.scheduler.step()
-            state.optimizer_steps += 1
-        if scaler is not None and not state.nonfinite_pending:
-            scaler.update()  # a skipped (overflowing) step lowers the scale
-        self.zero_grad(adapter_name)
-        state.micro_step, state.nonfinite_pending = 0, False
-        record = StepRecord(grad_norm, state.lr(), skipped, time.perf_counter() - t0)
-        for metric in state.train_metrics:
-            metric.on_step(record)
-        throughput = next((m for m in state.train_metrics if hasattr(m, "peak_flops")), None)
-        if throughput is not None and logger.isEnabledFor(logging.INFO):
-            logger.info("adapter %r step %d: %s", state.name, state.optimizer_steps, throughput.compute())
-        return {
-            "stepped": not skipped,
-            "skipped": skipped,
-            "grad_norm": grad_norm,
-            "lr": state.lr(),
-            "step": state.optimizer_steps,
-        }
+        """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary
+        (`twinkle.model.step`). The norm is taken over every shard under DDP, FSDP2 or tp."""
+        return step_rule.clip_grad_and_step(self._state(adapter_name), max_grad_norm, clip_grad_norm)
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """Metrics since the last call (then reset): loss, token_accuracy, grad_norm, lr,
         tokens_per_s, mfu, skipped_steps, and the loss's own."""
-        state = self._state(adapter_name)
-        out: dict[str, float] = {}
-        for metric in state.metrics(is_training):
-            out.update(metric.compute())
-            metric.reset()
-        if is_training:
-            out["step"] = float(state.optimizer_steps)
-        return out
+        return step_rule.calculate_metric(self._state(adapter_name), is_training)
 
     # -- checkpoints (twinkle.model.checkpoint) -------------------------------------------------
     def _tokenizer(self, state):

@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from twinkle.loss import LogitsHead, LossContext, create_loss
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
-from twinkle.metric import ForwardRecord, StepRecord
-from twinkle.model import inputs as model_inputs
+from twinkle.metric import ForwardRecord
+from twinkle.model import inputs as model_inputs, step as step_rule
 from twinkle.model.base import TwinkleModel, refuse
 from twinkle.model.megatron import convert, require_megatron
 from twinkle.model.optim import resolve_scheduler
@@ -121,7 +121,7 @@ class MegatronModel(TwinkleModel):
         self.vocab_size = self.hf_config.vocab_size
         self.optimizer = None
         self.schedulers: list = []
-        self.state = AdapterState(FULL_MODEL, list(gpt.named_parameters()), peak_flops=0.0)
+        self.state = AdapterState.from_named(FULL_MODEL, gpt.named_parameters(), peak_flops=0.0)
 
     # -- configuration --------------------------------------------------------------------------
     def _check_adapter(self, adapter_name):
@@ -330,30 +330,13 @@ class MegatronModel(TwinkleModel):
                 self.state.optimizer_steps += 1
         self.module.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self.state.micro_step, self.state.nonfinite_pending = 0, False
         lr = self._torch_optimizers()[0].param_groups[0]["lr"]
-        for metric in self.state.train_metrics:
-            metric.on_step(
-                StepRecord(None if grad_norm is None else float(grad_norm), lr, skipped, time.perf_counter() - t0)
-            )
-        return {
-            "stepped": not skipped,
-            "skipped": skipped,
-            "grad_norm": None if grad_norm is None else float(grad_norm),
-            "lr": lr,
-            "step": self.state.optimizer_steps,
-        }
+        return step_rule.finish_step(self.state, None if grad_norm is None else float(grad_norm), skipped, t0, lr)
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         self._check_adapter(adapter_name)
-        out: dict[str, float] = {}
-        for metric in self.state.metrics(is_training):
-            out.update(metric.compute())
-            metric.reset()
-        if is_training:
-            out["step"] = float(self.state.optimizer_steps)
-        return out
+        return step_rule.calculate_metric(self.state, is_training)
 
     # -- checkpoints: HF folders ------------------------------------------------------------------
     def _load_hf_state(self, hf_state: dict[str, torch.Tensor]) -> None:

@@ -20,8 +20,8 @@ import torch
 from peft import LoraConfig
 
 from twinkle.loss import LossContext
-from twinkle.metric import ForwardRecord, StepRecord
-from twinkle.model import checkpoint
+from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.model import checkpoint, step as step_rule
 from twinkle.model.base import TwinkleModel
 
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
@@ -29,7 +29,7 @@ from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empt
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
 from twinkle.model.multi_lora.residency import LIVE, Residency
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
-from twinkle.model.multi_lora.state import AdapterState
+from twinkle.model.state import AdapterState
 
 
 class MultiLoraModel(TwinkleModel):
@@ -53,6 +53,10 @@ class MultiLoraModel(TwinkleModel):
         self.base = model
         self.device = next(model.parameters()).device
         self.pad_id = model.config.pad_token_id or 0
+        # MFU per tenant, as the library reports it: the base's matmuls counted before any adapter wraps a layer
+        self.peak_flops = measure_matmul_peak(self.device, next(model.parameters()).dtype)
+        self._n_matmul = matmul_params(model)[0]
+        self._layers, self._q_width = attention_dims(model.config)
         self.seed = seed
         self.routing = Routing()
         self.adapters: dict[str, AdapterState] = {}  # every adapter, wherever it lives (self.residency)
@@ -151,7 +155,13 @@ class MultiLoraModel(TwinkleModel):
             layer.add_adapter(adapter_name, spec.rank, spec.scaling, spec.dropout, dropout_gen, init_gen)
             params += [layer.lora_A[adapter_name].weight, layer.lora_B[adapter_name].weight]
         self.adapters[adapter_name] = AdapterState(
-            adapter_name, spec, module_names, params, gradient_accumulation_steps, dropout_generator=dropout_gen
+            adapter_name,
+            params,
+            peak_flops=self.peak_flops,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            spec=spec,
+            module_names=module_names,
+            dropout_generator=dropout_gen,
         )
 
     def remove_adapter(self, adapter_name: str) -> None:
@@ -317,7 +327,7 @@ class MultiLoraModel(TwinkleModel):
                 input_tokens=batch.tokens,
                 correct_tokens=correct,
                 seconds=0.0,
-                flops=0.0,
+                flops=self._flops(state, batch, train),
                 finite=bool(finite),
                 extras=dict(out.metrics) if out else {},
             )
@@ -347,55 +357,22 @@ class MultiLoraModel(TwinkleModel):
                     state.nonfinite_pending |= not records[state.name].finite
         return outcomes
 
+    def _flops(self, state: AdapterState, batch: Batch, train: bool) -> float:
+        own = sum(p.numel() for p in state.params)  # this tenant's LoRA factors: matmuls too, trained
+        return step_flops(
+            batch.tokens, batch.length, self._n_matmul + own, own if train else 0, self._layers, self._q_width, train
+        )
+
     # ---- optimizer steps, metrics, checkpoints --------------------------------------------------
     def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
-        """On an accumulation boundary (the rule in twinkle.model.base): clip, step the optimizer
-        and the scheduler, clear this adapter's gradients. A non-finite loss in the window or a
-        non-finite gradient norm skips the step."""
-        state = self._state(adapter_name)
-        optimizer = state.require_optimizer()
-        if state.micro_step < state.gradient_accumulation_steps:
-            return {"stepped": False, "accumulated": state.micro_step}
-        start = time.perf_counter()
-        grads = [p for p in state.params if p.grad is not None]
-        grad_norm = None
-        if grads and not state.nonfinite_pending:
-            limit = max_grad_norm if max_grad_norm is not None else float("inf")
-            # foreach: one call over all factors instead of a Python loop per tensor (same numbers on CPU)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(grads, limit, foreach=True))
-        skipped = grad_norm is None or not torch.isfinite(torch.tensor(grad_norm)).item()
-        if not skipped:
-            optimizer.step()
-            if state.scheduler is not None:
-                state.scheduler.step()
-            state.optimizer_steps += 1
-        optimizer.zero_grad(set_to_none=True)
-        state.micro_step, state.nonfinite_pending = 0, False
-        lr = optimizer.param_groups[0]["lr"]
-        record = StepRecord(
-            grad_norm=None if skipped else grad_norm, lr=lr, skipped=skipped, seconds=time.perf_counter() - start
-        )
-        for metric in state.train_metrics:
-            metric.on_step(record)
+        """On an accumulation boundary, the step rule every engine shares (`twinkle.model.step`)."""
+        result = step_rule.clip_grad_and_step(self._state(adapter_name), max_grad_norm)
         self._worked()
-        return {
-            "stepped": not skipped,
-            "skipped": skipped,
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "step": state.optimizer_steps,
-        }
+        return result
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:
         """This adapter's metrics since the last report (then reset)."""
-        state = self._state(adapter_name)
-        out = {}
-        for metric in state.metrics(is_training):
-            out.update(metric.compute())
-            metric.reset()
-        if is_training:
-            out["step"] = float(state.optimizer_steps)
-        return out
+        return step_rule.calculate_metric(self._state(adapter_name), is_training)
 
     def save(
         self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
