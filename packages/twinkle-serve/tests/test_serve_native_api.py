@@ -108,6 +108,8 @@ def test_train_save_download_resume(native, rows, tmp_path):
     assert [len(lp) for lp in after["logprobs"]] == [len(r["input_ids"]) for r in rows]
     metrics = model.calculate_metric(is_training=True).result()
     assert metrics["step"] == 1.0 and metrics["loss"] == pytest.approx(first["loss"])
+    # the server's engine counts FLOPs like the library's: a tenant sees its own throughput and MFU
+    assert metrics["tokens_per_s"] > 0 and 0 < metrics["mfu"] < 1
 
     path = model.save("ckpt-1", save_training_state=True).result()
     assert path == f"tinker://{model.model_id}/weights/ckpt-1"
