@@ -13,7 +13,7 @@ import twinkle.mesh as tm
 from twinkle.mesh import DeviceGroup, DeviceMesh, remote_class, remote_method
 from twinkle.mesh import runtime as rt_module
 from twinkle.mesh.device_group import assign_devices
-from twinkle.mesh.remote import collect_results, dispatch_args, method_spec
+from twinkle.mesh.dispatch import collect_results, dispatch_args, method_spec
 
 
 @pytest.fixture(autouse=True)

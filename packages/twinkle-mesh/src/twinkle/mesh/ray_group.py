@@ -23,7 +23,7 @@ from typing import Any
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
-from twinkle.mesh.remote import RemoteError, WorkerDied, collect_results, dispatch_args, method_spec
+from twinkle.mesh.dispatch import RemoteError, WorkerDied, collect_results, dispatch_args, method_spec
 from twinkle.mesh.runtime import get_runtime, ray_runtime, require_ray
 
 ray = require_ray()

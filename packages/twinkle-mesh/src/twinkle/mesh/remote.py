@@ -11,28 +11,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TypeVar
 
-import torch
+from twinkle.mesh.dispatch import COLLECT, DISPATCH, SPEC_ATTR, RemoteError, WorkerDied, method_spec
 
-from twinkle.mesh.device_mesh import DeviceMesh, split_bounds
-
-DISPATCH = ("all", "slice")
-COLLECT = ("first", "all", "mean", "flatten", "merge")
-_SPEC_ATTR = "__twinkle_remote__"
-
-
-class RemoteError(RuntimeError):
-    """A call failed on one or more ranks of a remote group; carries the remote traceback."""
-
-    def __init__(self, message: str, rank: int, remote_traceback: str, exc_type: str):
-        super().__init__(message)
-        self.rank, self.remote_traceback, self.exc_type = rank, remote_traceback, exc_type
-
-
-class WorkerDied(RemoteError):
-    """A rank's actor process is gone (killed, out of memory, node lost): the group must be rebuilt."""
+__all__ = ["RemoteError", "WorkerDied", "method_spec", "remote_class", "remote_method"]
 
 
 def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "first"):
@@ -49,19 +33,10 @@ def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "f
         raise ValueError(f"remote_method collect={collect!r}; expected one of {COLLECT} or a callable")
 
     def mark(fn):
-        setattr(fn, _SPEC_ATTR, (dispatch, collect))
+        setattr(fn, SPEC_ATTR, (dispatch, collect))
         return fn
 
     return mark
-
-
-def method_spec(cls: type, name: str) -> tuple:
-    for klass in cls.__mro__:  # the nearest declaration: an undecorated override keeps its parent's
-        fn = klass.__dict__.get(name)
-        fn = getattr(fn, "__func__", fn)  # unwrap static/class methods
-        if hasattr(fn, _SPEC_ATTR):
-            return getattr(fn, _SPEC_ATTR)
-    return ("all", "first")
 
 
 C = TypeVar("C", bound=type)
@@ -122,80 +97,3 @@ def remote_class(cls: C) -> C:
     setattr(cls, "__init_subclass__", classmethod(__init_subclass__))
     setattr(cls, "__twinkle_remote_class__", True)
     return cls
-
-
-# -- fan-out and fan-in ---------------------------------------------------------------------------
-def _sliceable(value) -> bool:
-    if isinstance(value, (list, tuple, torch.Tensor)):
-        return not (isinstance(value, torch.Tensor) and value.dim() == 0)
-    return isinstance(value, Mapping) and bool(value) and all(_sliceable(v) for v in value.values())
-
-
-def _cut(value, data_rank: int, parts: int):
-    if isinstance(value, Mapping):
-        return type(value)({k: _cut(v, data_rank, parts) for k, v in value.items()})
-    start, stop = split_bounds(len(value), parts, data_rank)
-    return value[start:stop]
-
-
-def dispatch_args(dispatch, args: tuple, kwargs: dict, mesh: DeviceMesh, rank: int) -> tuple[tuple, dict]:
-    """The arguments rank `rank` receives."""
-    if callable(dispatch):
-        return dispatch(args, kwargs, mesh, rank)
-    if dispatch == "all":
-        return args, kwargs
-    data_rank, parts = mesh.get_rank("data", rank), mesh.data_world_size
-
-    def cut(v):
-        return _cut(v, data_rank, parts) if _sliceable(v) else v
-
-    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
-
-
-def _mean(values: list):
-    first = values[0]
-    if isinstance(first, Mapping):
-        return {k: _mean([v[k] for v in values]) for k in first}
-    if isinstance(first, torch.Tensor):
-        return torch.stack([v.float() for v in values]).mean(0)
-    if isinstance(first, (int, float)) and not isinstance(first, bool):
-        return sum(values) / len(values)
-    raise TypeError(f"collect='mean' needs numbers, tensors or dicts of them, got {type(first).__name__}")
-
-
-def collect_results(collect, results: list):
-    if callable(collect):
-        return collect(results)
-    if collect == "first":
-        return results[0]
-    if collect == "all":
-        return list(results)
-    if collect == "mean":
-        return _mean(results)
-    if collect == "merge":
-        return _merge(results)
-    return _flatten(results)
-
-
-def _merge(results: list) -> dict:
-    out = {}
-    for key in results[0]:
-        values = [r[key] for r in results]
-        if all(v is None for v in values):
-            out[key] = None
-        elif isinstance(values[0], (list, tuple)):
-            out[key] = _flatten(values)
-        else:
-            out[key] = _mean(values)
-    return out
-
-
-def _flatten(results: list) -> list:
-    flat = []
-    for rank, r in enumerate(results):
-        if not isinstance(r, (list, tuple)):
-            raise TypeError(
-                f"collect='flatten' needs every rank to return a list; rank {rank} returned {type(r).__name__}"
-            )
-        flat.extend(r)
-    return flat

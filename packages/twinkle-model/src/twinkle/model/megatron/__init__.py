@@ -6,17 +6,6 @@ imports without the extra; `MegatronModel` imports megatron-core only when built
 
 from __future__ import annotations
 
-EXTRA_HINT = "MegatronModel needs megatron-core: pip install 'twinkle-model[megatron]'"
-
-
-def require_megatron():
-    """megatron.core, or an ImportError naming the extra that provides it."""
-    try:
-        import megatron.core as mcore
-    except ImportError as e:
-        raise ImportError(f"{EXTRA_HINT} ({e})") from e
-    return mcore
-
 
 def __getattr__(name: str):
     if name == "MegatronModel":

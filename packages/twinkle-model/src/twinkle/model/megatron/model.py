@@ -26,10 +26,22 @@ from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import ForwardRecord
 from twinkle.model import inputs as model_inputs, step as step_rule
 from twinkle.model.base import TwinkleModel, refuse
-from twinkle.model.megatron import convert, require_megatron
+import twinkle.model.megatron.convert as convert
 from twinkle.model.optim import resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import barrier, is_main_process
+
+EXTRA_HINT = "MegatronModel needs megatron-core: pip install 'twinkle-model[megatron]'"
+
+
+def require_megatron():
+    """megatron.core, or an ImportError naming the extra that provides it."""
+    try:
+        import megatron.core as mcore
+    except ImportError as e:
+        raise ImportError(f"{EXTRA_HINT} ({e})") from e
+    return mcore
+
 
 _OPTIMIZERS = {"adam": "adam", "adamw": "adam", "sgd": "sgd"}  # megatron's 'adam' decays decoupled (AdamW)
 

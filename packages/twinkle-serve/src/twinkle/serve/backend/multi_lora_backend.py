@@ -276,7 +276,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         Tinker API's Adam, whose lr arrives with every step: it is made when missing, and a saved lr
         schedule has nothing to drive. -> the resumed counters ({} without)."""
         from twinkle.model import checkpoint
-        from twinkle.serve.backend import legacy_checkpoint
+        import twinkle.serve.backend.legacy_checkpoint as legacy_checkpoint
 
         created = name not in self.engine.adapters
         try:

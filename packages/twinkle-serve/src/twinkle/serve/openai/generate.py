@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from twinkle.serve.backend import SampleParams, SampleResult, UserError
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
-from twinkle.serve.openai import responses
+import twinkle.serve.openai.responses as responses
 from twinkle.serve.openai.errors import OpenAIError, error_body
 from twinkle.serve.openai.models import Target
 from twinkle.serve.openai.streaming import ChoiceText

@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from twinkle.serve.auth import API_KEY
 from twinkle.serve.backend import SampleParams
 from twinkle.serve.core.service import Service
-from twinkle.serve.openai import responses
+import twinkle.serve.openai.responses as responses
 from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest, _Body
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
 from twinkle.serve.openai.generate import generate, stream
