@@ -1,6 +1,6 @@
 """The native API on the backends: one sampling remotely but training in process is served (native
-operations through the remote backend's local shard equal the plain backend); the removed `peft`
-backend is a config error naming its replacement."""
+operations through the remote backend's local shard equal the plain backend); an unknown backend is
+a config error listing the known ones."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import pytest
 from pydantic import ValidationError
 
 from twinkle.serve.config import ServeConfig
-
-
-def test_the_removed_peft_backend_names_its_replacement():
-    with pytest.raises(ValidationError) as err:
-        ServeConfig.model_validate({"models": [{"name": "m", "backend": "peft"}]})
-    assert "backend 'peft' was removed" in str(err.value) and "use backend 'multi_lora'" in str(err.value)
 
 
 def test_backends_come_from_the_one_registry_and_an_unknown_name_lists_the_known():

@@ -460,8 +460,6 @@ class TransformersModel(TwinkleModel):
 
 
 def _default_processor():
-    try:
-        from twinkle.processor import InputProcessor
-    except ImportError:  # twinkle-data without its InputProcessor yet: the internal collate pads
-        return None
+    from twinkle.processor import InputProcessor
+
     return InputProcessor(padding_side="right")

@@ -32,12 +32,7 @@ class ModelEntry(_Strict):
 
     @field_validator("backend", mode="before")
     @classmethod
-    def _removed_backends(cls, value):
-        if value == "peft":
-            raise ValueError(
-                "backend 'peft' was removed (it was a second, unfused training loop): use "
-                "backend 'multi_lora', which trains the same peft LoRA configs, fused across tenants"
-            )
+    def _known_backend(cls, value):
         from twinkle.serve.backend import BACKENDS
 
         BACKENDS.get(value)  # an unknown name fails here, at config load, listing the known ones

@@ -76,7 +76,6 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
         self._engine_lock = threading.RLock()
-        self._engine_lock = threading.RLock()
 
     # ---- adapters ----------------------------------------------------------------------------------
     @_exclusive
