@@ -86,6 +86,8 @@ class ServeConfig(_Strict):
     # A finished future's result stays retrievable this long, then its row (and its sampling-queue
     # entry) is removed: the tables would otherwise grow by a row per request forever.
     futures_keep_hours: float = Field(24.0, gt=0)
+    # Graceful shutdown (SIGTERM): accepted work may run this long before the server stops anyway.
+    drain_s: float = Field(30.0, ge=0)
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
     # Adapter residency (twinkle.serve.core.adapter_memory): an idle adapter's weights and optimizer

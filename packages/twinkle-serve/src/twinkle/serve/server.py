@@ -1,9 +1,16 @@
-"""Starting the server from Python: `twinkle.serve.initialize(mode='http', ...)` (the CLI wraps this)."""
+"""Starting the server from Python: `twinkle.serve.initialize(mode='http', ...)` (the CLI wraps this).
+
+Graceful shutdown: the first SIGTERM (or Ctrl-C) drains. New work is refused with 503 ("shutting
+down"), the work already accepted runs to completion (up to the config's `drain_s`) while clients can
+still poll its futures, then HTTP stops. A future still pending after that is answered, after the
+next start, with the documented restart error. A second signal exits at once (uvicorn's own).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -53,6 +60,27 @@ class Server:
         self.stop()
 
 
+def _draining_server(config: "uvicorn.Config", runtime: Runtime) -> "uvicorn.Server":
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if runtime.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+                return super().handle_exit(sig, frame)
+            log.warning("signal %s: draining (new work refused, accepted work finishing)", sig)
+            runtime.begin_drain()
+            threading.Thread(target=self._drain_then_exit, name="twinkle-drain", daemon=True).start()
+
+        def _drain_then_exit(self) -> None:
+            left = runtime.drain(runtime.config.drain_s)
+            if left:
+                log.warning("drain_s=%s passed with %d requests still queued", runtime.config.drain_s, left)
+            time.sleep(min(1.0, runtime.config.drain_s))  # clients' polls pick up the last results
+            self.should_exit = True
+
+    return DrainingServer(config)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -95,8 +123,18 @@ def initialize(
             data_dir,
         )
     app = create_app(runtime)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=75)
+    server = _draining_server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_keep_alive=75,
+            # a connection that never finishes its request cannot hold the shutdown past the longest poll
+            timeout_graceful_shutdown=config.long_poll_s + 5,
+        ),
+        runtime,
     )
     url = f"http://{host}:{port}"
 
