@@ -81,6 +81,45 @@ def _draining_server(config: "uvicorn.Config", runtime: Runtime) -> "uvicorn.Ser
     return DrainingServer(config)
 
 
+def _connection_limit(config: ServeConfig) -> int:
+    """config.max_connections, or what the open-file limit allows (raising the soft limit to the hard one,
+    so 1,000 idle keep-alive connections do not exhaust a default of 1,024)."""
+    if config.max_connections is not None:
+        return config.max_connections
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        if want > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    except (ImportError, ValueError, OSError):  # no rlimits (Windows) or not allowed: keep what there is
+        soft = 1024
+    return max(64, soft - 256)
+
+
+def _uvicorn_config(app, host: str, port: int, log_level: str, config: ServeConfig) -> "uvicorn.Config":
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from twinkle.serve.slow_clients import Deadlines, guarded
+
+    deadlines = Deadlines(config.header_timeout_s, config.body_timeout_s, config.write_stall_s)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        http=guarded(AutoHTTPProtocol, deadlines),
+        timeout_keep_alive=config.keep_alive_s,
+        limit_concurrency=_connection_limit(config),
+        # a connection that never finishes its request cannot hold the shutdown past the longest poll
+        timeout_graceful_shutdown=config.long_poll_s + 5,
+    )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -102,7 +141,6 @@ def initialize(
     `block=True` serves until interrupted (what the CLI does); `block=False` serves on a background
     thread and returns a `Server` (use `.wait_ready()`, `.stop()`). `port=None` or 0 picks a free port.
     """
-    import uvicorn
 
     from twinkle.serve.app import create_app
 
@@ -123,19 +161,7 @@ def initialize(
             data_dir,
         )
     app = create_app(runtime)
-    server = _draining_server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-            timeout_keep_alive=75,
-            # a connection that never finishes its request cannot hold the shutdown past the longest poll
-            timeout_graceful_shutdown=config.long_poll_s + 5,
-        ),
-        runtime,
-    )
+    server = _draining_server(_uvicorn_config(app, host, port, log_level, config), runtime)
     url = f"http://{host}:{port}"
 
     def announce_once_bound() -> None:
