@@ -59,6 +59,9 @@ class RayConfig(_Strict):
 
     address: str | None = None  # "auto", "ray://host:10001"; None joins a running local Ray or starts one
     groups: list[RayGroup] = Field(min_length=1)
+    # A call to a remote group that gets no answer this long (a rank stopped, hung, or partitioned away)
+    # fails naming the ranks still out, and the group is rebuilt as after a dead rank. None: no limit.
+    call_timeout_s: float | None = Field(600.0, gt=0)
 
     @model_validator(mode="after")
     def _unique_names(self):

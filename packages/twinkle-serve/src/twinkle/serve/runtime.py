@@ -81,6 +81,7 @@ class Runtime:
                     remote_group=entry.remote_group,
                     sampler_remote_group=entry.sampler_remote_group,
                     shard_model_path=entry.path,
+                    call_timeout_s=self.config.ray.call_timeout_s if self.config.ray else None,
                 )
             try:
                 backend = create_backend(
