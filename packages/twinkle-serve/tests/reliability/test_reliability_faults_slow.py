@@ -18,12 +18,13 @@ import statistics
 import threading
 import time
 
-from harness import HOST, SUMMARY, Wire, fb_body, sft_pair
+import httpx
+from harness import HOST, SUMMARY
+from test_reliability_baddata import _good_tenant as trainer  # a closed-loop trainer, 4 x 128 tokens a step
 
 DEADLINES = {"header_timeout_s": 2.0, "body_timeout_s": 2.0, "write_stall_s": 2.0, "keep_alive_s": 10.0}
 IDLE = 1000
 WINDOW_S, PAIRS = 6.0, 3
-ROWS = [[9 + (7 * i + 13 * r) % 800 for i in range(129)] for r in range(2)]
 
 
 def _connect(port: int, timeout: float = 30) -> socket.socket:
@@ -126,24 +127,6 @@ def _idle_pool(port: int, key: str) -> list[socket.socket]:
     return pool
 
 
-def _trainer(url, key, seed, stop, steps) -> None:
-    w = Wire(url, key)
-    mid = w.create_model(w.session(), seed=seed)
-    seq = 1
-    while not stop.is_set():
-        start = time.monotonic()
-        fb = w.http.post(
-            "/api/v1/forward_backward",
-            content=fb_body(mid, seq, [sft_pair(r) for r in ROWS]),
-            headers={"content-type": "application/x-protobuf"},
-        )
-        opt = w.post("/optim_step", {"model_id": mid, "seq_id": seq + 1, "adam_params": {"learning_rate": 1e-3}})
-        w.done(fb), w.done(opt)
-        seq += 2
-        steps.append((start, time.monotonic()))
-    w.close()
-
-
 def _p99(values: list[float]) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
@@ -152,13 +135,11 @@ def test_slow_and_stalled_clients_are_bounded_and_other_tenants_keep_their_p99(l
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft > 2 * IDLE + 256, f"ulimit -n is {soft}: too low to hold {IDLE} connections in this test"
     srv, keys = launch(["good0", "good1", "staller"], **DEADLINES)
-    import httpx
-
     attacks = Attacks(srv.port, keys["staller"])
     attacks.schema_bytes = len(httpx.get(f"{srv.url}/openapi.json", headers={"X-API-Key": keys["staller"]}).content)
     stop, steps = threading.Event(), []
     trainers = [
-        threading.Thread(target=_trainer, args=(srv.url, keys[f"good{i}"], i, stop, steps), daemon=True)
+        threading.Thread(target=trainer, args=(srv.url, keys[f"good{i}"], i, stop, steps), daemon=True)
         for i in range(2)
     ]
     for t in trainers:
