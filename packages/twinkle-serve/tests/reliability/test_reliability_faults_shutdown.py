@@ -2,7 +2,7 @@
 and a checkpoint save queued. Checked:
 
 - the server drains and exits 0: after SIGTERM new work is refused with a 503 that says the server
-  is shutting down, and every future acknowledged before it completes (clients still poll while it
+  is shutting down (and /readyz answers 503 "draining"), and every future acknowledged before it completes (clients still poll while it
   drains) -- none is left for the restart error;
 - restarted on the same data dir: SQLite's integrity_check passes, every result a client saw before
   the shutdown reads back identical, every acknowledged save is listed and its folder loads;
@@ -36,6 +36,7 @@ class Tenant:
         self.acked: list[tuple[str, str]] = []  # (kind, request_id), in submission order
         self.seen: dict[str, tuple] = {}  # request_id -> what its poll answered before the shutdown
         self.refused: list[httpx.Response] = []  # submissions answered while draining
+        self.readyz: list[httpx.Response] = []  # /readyz while draining
 
     def submit_all(self) -> None:
         for step in range(STEPS):
@@ -56,6 +57,7 @@ class Tenant:
                 self.seen[rid] = self.w.result(rid, deadline_s=300)
             stop_submitting.wait(60)
             self.refused.append(self.w.post("/optim_step", {"model_id": self.mid, "seq_id": 999, "adam_params": {}}))
+            self.readyz.append(self.w.http.get("/readyz"))  # and orchestrators are told to stop routing here
         except httpx.TransportError:
             pass  # the server finished draining and went away: the rest is read after the restart
 
@@ -110,6 +112,8 @@ def test_sigterm_drains_accepted_work_and_loses_nothing(launch):
     for t in tenants:
         for r in t.refused:
             assert r.status_code == 503 and "shutting down" in r.json()["error"], (r.status_code, r.text)
+        for r in t.readyz:
+            assert r.status_code == 503 and r.json() == {"status": "draining"}, (r.status_code, r.text)
     _restarted(srv)
     restart_errors = 0
     for t in tenants:
@@ -129,6 +133,7 @@ def test_sigterm_drains_accepted_work_and_loses_nothing(launch):
     for t in tenants:
         t.w.close()
     refused = sum(len(t.refused) for t in tenants)
+    assert sum(len(t.readyz) for t in tenants) == refused  # each one that got through also read /readyz
     print(
         f"\nshutdown: SIGTERM with {acked - done_at_signal} of {acked} acknowledged futures unanswered; drained "
         f"and exited 0 in {drain_wall:.1f} s (under load); all {acked} completed; {refused} later submissions "
