@@ -234,7 +234,7 @@ class RemoteGroup:
     # with WorkerDied naming the ranks still out, so the caller rebuilds the group.
     remote_call_timeout_s: float | None = None
 
-    def _timed_out(self, what: str, ranks: list[int], timeout: float) -> WorkerDied:
+    def _timed_out(self, what: str, ranks: list[int], timeout: float | None) -> WorkerDied:
         out = "; ".join(
             f"rank {r} (pid {self._infos[r]['pid']} on node {self._infos[r]['node_ip']} "
             f"{str(self._infos[r]['node_id'])[:12]}{_process_state(self._infos[r])})"

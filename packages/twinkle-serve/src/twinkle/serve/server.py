@@ -9,6 +9,7 @@ next start, with the documented restart error. A second signal exits at once (uv
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -113,10 +114,10 @@ def _uvicorn_config(app, host: str, port: int, log_level: str, config: ServeConf
         log_level=log_level,
         access_log=False,
         http=guarded(AutoHTTPProtocol, deadlines),
-        timeout_keep_alive=config.keep_alive_s,
+        timeout_keep_alive=math.ceil(config.keep_alive_s),  # uvicorn takes whole seconds
         limit_concurrency=_connection_limit(config),
         # a connection that never finishes its request cannot hold the shutdown past the longest poll
-        timeout_graceful_shutdown=config.long_poll_s + 5,
+        timeout_graceful_shutdown=math.ceil(config.long_poll_s + 5),
     )
 
 

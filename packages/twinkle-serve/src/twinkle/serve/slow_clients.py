@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def _timeout_answer(message: str) -> bytes:
     return head.encode() + body
 
 
-def guarded(base: type, deadlines: Deadlines) -> type:
+def guarded(base: Any, deadlines: Deadlines) -> Any:
     """`base` (uvicorn's HttpToolsProtocol or H11Protocol) with the three deadlines. Only attributes both
     share are used: `transport`, `loop`, `cycle` (the request in progress: `more_body`, `response_started`,
     `response_complete`)."""
