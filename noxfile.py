@@ -220,7 +220,7 @@ FAULTS = "test_reliability_faults_*.py"
 
 @nox.session(name="faults")
 def faults(session: nox.Session) -> None:
-    """The reliability suite's injected faults (about 11 minutes on two cores): a full disk during a
+    """The reliability suite's injected faults (12 minutes on two shared cores): a full disk during a
     checkpoint save (a tmpfs it mounts: needs root, skipped otherwise), slow and stalled clients, a
     Ray actor frozen with SIGSTOP mid-pass, SIGTERM under load (prints the reliability summary)."""
     _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
