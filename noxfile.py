@@ -118,7 +118,7 @@ def types(session: nox.Session) -> None:
 def reliability(session: nox.Session) -> None:
     """The real `twinkle-server` under load, kill -9, fuzzing, isolation, bad data, limits (prints a summary)."""
     _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
-    _pytest(session, "packages/twinkle-serve/tests/reliability")
+    _pytest(session, "packages/twinkle-serve/tests/reliability", f"--ignore-glob=*/{FAULTS}")
 
 
 @nox.session(name="ray_cluster")
@@ -271,3 +271,16 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"},
     )
+
+
+FAULTS = "test_reliability_faults_*.py"
+
+
+@nox.session(name="faults")
+def faults(session: nox.Session) -> None:
+    """The reliability suite's injected faults (12 minutes on two shared cores): a full disk during a
+    checkpoint save (a tmpfs it mounts: needs root, skipped otherwise), slow and stalled clients, a
+    Ray actor frozen with SIGSTOP mid-pass, SIGTERM under load (prints the reliability summary)."""
+    _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
+    folder = Path("packages/twinkle-serve/tests/reliability")
+    _pytest(session, *sorted(str(p) for p in folder.glob(FAULTS)))

@@ -12,11 +12,14 @@ set of actors (the state the old ones held is gone: the caller restores it).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
+import signal
 import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -137,6 +140,26 @@ def group_placement(group: DeviceGroup):
     return rt.placements[group.name]
 
 
+def _process_state(info: dict) -> str:
+    """ ", stopped" for a rank's process on this node that is stopped (SIGSTOP, a debugger); else ""."""
+    pid = info.get("pid")
+    if not isinstance(pid, int) or info.get("node_ip") not in (None, "?", _this_node_ip()):
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return ", stopped" if state in ("T", "t") else ""
+
+
+def _this_node_ip() -> str | None:
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - no Ray here: nothing is on "this node"
+        return None
+
+
 class RemoteGroup:
     """Proxy for `cls` built on every rank of `group`. Methods keep their names and signatures."""
 
@@ -206,13 +229,36 @@ class RemoteGroup:
     def remote_world_size(self) -> int:
         return len(self._actors)
 
-    def _gather(self, refs: list, what: str, wrapped: bool = True) -> list:
+    # A call's deadline (None: wait forever). A rank that neither answers nor dies -- stopped (SIGSTOP),
+    # hung, its node partitioned -- would otherwise hold the caller forever: past it, the call fails
+    # with WorkerDied naming the ranks still out, so the caller rebuilds the group.
+    remote_call_timeout_s: float | None = None
+
+    def _timed_out(self, what: str, ranks: list[int], timeout: float | None) -> WorkerDied:
+        out = "; ".join(
+            f"rank {r} (pid {self._infos[r]['pid']} on node {self._infos[r]['node_ip']} "
+            f"{str(self._infos[r]['node_id'])[:12]}{_process_state(self._infos[r])})"
+            for r in ranks
+        )
+        return WorkerDied(
+            f"{what} timed out: remote group {self._group.name!r} did not answer within {timeout:g} s "
+            f"(remote_call_timeout_s); still out: {out}",
+            ranks[0],
+            "",
+            "Timeout",
+        )
+
+    def _gather(self, refs: list, what: str, wrapped: bool = True, timeout: float | None = None) -> list:
         """Results in rank order; the first failing rank raises at once (its peers may be stuck in a
         collective waiting for it)."""
         pending = {ref: rank for rank, ref in enumerate(refs)}
         results: dict[int, object] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            if not ready:
+                raise self._timed_out(what, sorted(pending.values()), timeout)
             for ref in ready:
                 rank = pending.pop(ref)
                 try:
@@ -267,7 +313,8 @@ class RemoteGroup:
                 a.call.remote(name, dispatch_args(dispatch, args, kwargs, self._mesh, rank))
                 for rank, a in enumerate(self._actors)
             ]
-        return collect_results(collect, self._gather(refs, f"{self._cls.__name__}.{name}"))
+        what = f"{self._cls.__name__}.{name}"
+        return collect_results(collect, self._gather(refs, what, timeout=self.remote_call_timeout_s))
 
     def __getattr__(self, name: str):
         if name.startswith("_"):
@@ -306,6 +353,12 @@ class RemoteGroup:
     def _kill_actors(self) -> None:
         for a in getattr(self, "_actors", []):
             ray.kill(a)
+        # a stopped process cannot act on Ray's request to exit: SIGKILL the ones on this node as well
+        # (SIGKILL ends a stopped process too; Ray's raylet does the same for other nodes' workers)
+        for info in getattr(self, "_infos", []):
+            if _process_state(info):
+                with contextlib.suppress(OSError):
+                    os.kill(info["pid"], signal.SIGKILL)
         self._actors = []
 
     def remote_shutdown(self) -> None:

@@ -54,6 +54,9 @@ class RayConfig(_Strict):
 
     address: str | None = None  # "auto", "ray://host:10001"; None joins a running local Ray or starts one
     groups: list[RayGroup] = Field(min_length=1)
+    # A call to a remote group that gets no answer this long (a rank stopped, hung, or partitioned away)
+    # fails naming the ranks still out, and the group is rebuilt as after a dead rank. None: no limit.
+    call_timeout_s: float | None = Field(600.0, gt=0)
 
     @model_validator(mode="after")
     def _unique_names(self):
@@ -81,6 +84,18 @@ class ServeConfig(_Strict):
     # A finished future's result stays retrievable this long, then its row (and its sampling-queue
     # entry) is removed: the tables would otherwise grow by a row per request forever.
     futures_keep_hours: float = Field(24.0, gt=0)
+    # Graceful shutdown (SIGTERM): accepted work may run this long before the server stops anyway.
+    drain_s: float = Field(30.0, ge=0)
+    # Slow and stalled clients (twinkle.serve.slow_clients): a request's head must arrive within
+    # header_timeout_s, its body within body_timeout_s after that; a client that reads nothing of a
+    # response for write_stall_s is dropped; an idle kept-alive connection is closed after keep_alive_s.
+    header_timeout_s: float = Field(10.0, gt=0)
+    body_timeout_s: float = Field(120.0, gt=0)
+    write_stall_s: float = Field(60.0, gt=0)
+    keep_alive_s: float = Field(75.0, gt=0)
+    # Open connections past this answer 503 (uvicorn's limit_concurrency); default: the process's open
+    # file limit (raised to its hard limit at start) less a reserve for model, database and log files.
+    max_connections: int | None = Field(None, ge=1)
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
     # Adapter residency (twinkle.serve.core.adapter_memory): an idle adapter's weights and optimizer

@@ -19,6 +19,8 @@ def build_probe_router(rt: Runtime) -> APIRouter:
 
     @r.get("/readyz", summary="Readiness: 200 once the base models are loaded, else 503 (no key needed)")
     def readyz():
+        if rt.draining:  # SIGTERM: an orchestrator should stop routing here while accepted work finishes
+            return JSONResponse({"status": "draining"}, status_code=503)
         if rt.ready.is_set():
             return {"status": "ready"}
         return JSONResponse({"status": "failed" if rt.load_error is not None else "loading"}, status_code=503)

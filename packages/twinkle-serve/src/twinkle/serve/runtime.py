@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,7 @@ class Runtime:
         self.metrics.watch(self)
         self.load_error: str | None = None  # why load_models failed, for the routes that answer 503
         self._ray_started = self._owns_ray = False
+        self.draining = False  # set by the first SIGTERM: submissions answer 503 (server.py)
 
     def load_models(self) -> None:
         """Load every configured base model (slow: done once, before /healthz says ok)."""
@@ -79,6 +81,7 @@ class Runtime:
                     remote_group=entry.remote_group,
                     sampler_remote_group=entry.sampler_remote_group,
                     shard_model_path=entry.path,
+                    call_timeout_s=self.config.ray.call_timeout_s if self.config.ray else None,
                 )
             try:
                 backend = create_backend(
@@ -147,9 +150,26 @@ class Runtime:
             rt.placements.clear()
         self._ray_started = False
 
+    def begin_drain(self) -> None:
+        self.draining = True
+
+    def drain(self, timeout: float) -> int:
+        """Wait until every worker's queue is empty (the passes running finish in stop()), at most
+        `timeout` s; -> requests still queued."""
+        deadline = time.monotonic() + timeout
+        while (left := sum(e.scheduler.depth() for e in self.engines.values())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
     def require_ready(self) -> None:
         """503 unless the models are loaded: a failed load says why (no Retry-After: it will not fix
         itself, the operator must), a load in progress asks the client to come back."""
+        if self.draining:
+            raise ServiceUnavailable(
+                "the server is shutting down: it finishes the requests it already accepted and takes no new "
+                "ones; send this again once it has restarted",
+                {"Retry-After": "5"},
+            )
         if self.load_error is not None:
             raise ServiceUnavailable(f"this server could not load its models: {self.load_error}")
         if not self.ready.is_set():
@@ -163,6 +183,8 @@ class Runtime:
         return self.engines[base_model]
 
     def close(self) -> None:
+        self.draining = True
+        self.drain(self.config.drain_s)  # what was accepted on connections uvicorn let finish
         for engine in self.engines.values():
             engine.scheduler.stop()
             engine.backend.close()

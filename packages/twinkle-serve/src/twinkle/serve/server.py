@@ -1,9 +1,17 @@
-"""Starting the server from Python: `twinkle.serve.initialize(mode='http', ...)` (the CLI wraps this)."""
+"""Starting the server from Python: `twinkle.serve.initialize(mode='http', ...)` (the CLI wraps this).
+
+Graceful shutdown: the first SIGTERM (or Ctrl-C) drains. New work is refused with 503 ("shutting
+down"), the work already accepted runs to completion (up to the config's `drain_s`) while clients can
+still poll its futures, then HTTP stops. A future still pending after that is answered, after the
+next start, with the documented restart error. A second signal exits at once (uvicorn's own).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import signal
 import socket
 import threading
 import time
@@ -53,6 +61,66 @@ class Server:
         self.stop()
 
 
+def _draining_server(config: "uvicorn.Config", runtime: Runtime) -> "uvicorn.Server":
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if runtime.draining or sig not in (signal.SIGTERM, signal.SIGINT):
+                return super().handle_exit(sig, frame)
+            log.warning("signal %s: draining (new work refused, accepted work finishing)", sig)
+            runtime.begin_drain()
+            threading.Thread(target=self._drain_then_exit, name="twinkle-drain", daemon=True).start()
+
+        def _drain_then_exit(self) -> None:
+            left = runtime.drain(runtime.config.drain_s)
+            if left:
+                log.warning("drain_s=%s passed with %d requests still queued", runtime.config.drain_s, left)
+            time.sleep(min(1.0, runtime.config.drain_s))  # clients' polls pick up the last results
+            self.should_exit = True
+
+    return DrainingServer(config)
+
+
+def _connection_limit(config: ServeConfig) -> int:
+    """config.max_connections, or what the open-file limit allows (raising the soft limit to the hard one,
+    so 1,000 idle keep-alive connections do not exhaust a default of 1,024)."""
+    if config.max_connections is not None:
+        return config.max_connections
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        if want > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+    except (ImportError, ValueError, OSError):  # no rlimits (Windows) or not allowed: keep what there is
+        soft = 1024
+    return max(64, soft - 256)
+
+
+def _uvicorn_config(app, host: str, port: int, log_level: str, config: ServeConfig) -> "uvicorn.Config":
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from twinkle.serve.slow_clients import Deadlines, guarded
+
+    deadlines = Deadlines(config.header_timeout_s, config.body_timeout_s, config.write_stall_s)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        http=guarded(AutoHTTPProtocol, deadlines),
+        timeout_keep_alive=math.ceil(config.keep_alive_s),  # uvicorn takes whole seconds
+        limit_concurrency=_connection_limit(config),
+        # a connection that never finishes its request cannot hold the shutdown past the longest poll
+        timeout_graceful_shutdown=math.ceil(config.long_poll_s + 5),
+    )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -74,7 +142,6 @@ def initialize(
     `block=True` serves until interrupted (what the CLI does); `block=False` serves on a background
     thread and returns a `Server` (use `.wait_ready()`, `.stop()`). `port=None` or 0 picks a free port.
     """
-    import uvicorn
 
     from twinkle.serve.app import create_app
 
@@ -95,9 +162,7 @@ def initialize(
             data_dir,
         )
     app = create_app(runtime)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, timeout_keep_alive=75)
-    )
+    server = _draining_server(_uvicorn_config(app, host, port, log_level, config), runtime)
     url = f"http://{host}:{port}"
 
     def announce_once_bound() -> None:

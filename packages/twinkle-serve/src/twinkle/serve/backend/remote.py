@@ -5,7 +5,8 @@
 Both APIs run here: Tinker datums and native rows, and the native API's adapter operations.
 
 A rank that dies (kill -9, out of memory, a lost node) fails the request in flight with an error
-naming the rank, its pid and node. The group is then rebuilt at once; the adapters it held are gone
+naming the rank, its pid and node; so does one that stops answering (SIGSTOP, a hang) once the
+config's `ray.call_timeout_s` passes. The group is then rebuilt at once; the adapters it held are gone
 (their tenants resume from their last checkpoint, which the server's store still has) and every
 later request for one of them says so, instead of "not found".
 """
@@ -16,6 +17,7 @@ import dataclasses
 import itertools
 import logging
 import random
+import time
 
 from twinkle.mesh import WorkerDied
 from twinkle.serve.backend.base import AdamParams, Backend, DatumsPass, LoraSpec, UserError
@@ -53,8 +55,11 @@ class RemoteBackend(Backend):
         sampler_remote_group: str | None = None,
         shard_model_path: str | None = None,
         trust_remote_code: bool = False,
+        call_timeout_s: float | None = None,
     ):
         from transformers import AutoTokenizer
+
+        from twinkle.mesh.ray_group import RemoteGroup
 
         self.base_model, self.tokenizer_path = base_model, model_path
         # the operator's trust_remote_code travels to every rank with the other construction options
@@ -74,6 +79,9 @@ class RemoteBackend(Backend):
             trust_remote_code=trust_remote_code,
             remote_group=sampler_remote_group,  # ty: ignore[unknown-argument]
         )
+        for part in (self.trainer, self.samplers):  # a frozen rank fails the call like a dead one
+            if isinstance(part, RemoteGroup):
+                part.remote_call_timeout_s = call_timeout_s
         if remote_group is None:  # a local shard: its engine and base model are in this process
             self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
         info = self.trainer.describe()
@@ -94,7 +102,9 @@ class RemoteBackend(Backend):
             self._lost.update({name: why for name in lost})
             self._adapters.clear()
             log.error("%s (%d adapters lost); rebuilding", e, len(lost))
+            started = time.monotonic()
             self.trainer.remote_rebuild()  # ty: ignore[missing-attribute] - a RemoteGroup proxy's method
+            log.warning("remote group rebuilt in %.1f s", time.monotonic() - started)
             raise GroupRebuilt(why) from None
 
     def _sample(self, method: str, *args, **kwargs):

@@ -4,11 +4,14 @@ A checkpoint is `tenants/<tenant>/<run>/<weights|sampler_weights>/<name>/` holdi
 folder (and training state for `weights`), plus `twinkle_checkpoint.json` saying which base model
 and LoRA made it. Its address is `tinker://<model_id>/<weights|sampler_weights>/<name>` in both APIs.
 Folders are written to a staging directory and renamed into place, so a crash never leaves half a
-checkpoint under a name.
+checkpoint under a name. A save that runs out of disk (or quota) fails with `DiskFull`, naming the
+filesystem and its free space; the staging folder is removed and the previous checkpoint of that name,
+if any, is untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import shutil
@@ -22,6 +25,36 @@ from twinkle.serve.core.records import KIND, SEGMENT, Checkpoint, Kind, Run
 from twinkle.serve.errors import BadRequest, NotFound
 
 META_FILE = "twinkle_checkpoint.json"
+# How libraries that do not raise OSError (safetensors' Rust writer) say ENOSPC / EDQUOT.
+_FULL_TEXT = ("no space left on device", "os error 28", "disk quota exceeded", "os error 122")
+
+
+class DiskFull(OSError):
+    """A checkpoint did not fit on its disk. `client_message` is what the failed future says (the
+    scheduler passes it through instead of "internal error")."""
+
+    def __init__(self, path: str, folder: Path, cause: BaseException):
+        existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
+        try:
+            free = f"{shutil.disk_usage(existing).free:,} bytes free"
+        except OSError:
+            free = "free space unknown"
+        self.client_message = (
+            f"saving checkpoint {path} failed: no space left on device (or disk quota exceeded) on the "
+            f"filesystem holding {folder} ({free} after removing the partial files); nothing new was written under "
+            f"that name and a checkpoint already there is unchanged: free space and save again. "
+            f"({type(cause).__name__}: {cause})"
+        )
+        super().__init__(errno.ENOSPC, self.client_message)
+
+    def __str__(self) -> str:
+        return self.client_message
+
+
+def is_disk_full(e: BaseException) -> bool:
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return any(t in str(e).lower() for t in _FULL_TEXT)
 
 
 def parse_path(path) -> tuple[str, Kind, str]:
@@ -60,6 +93,17 @@ def check_name(name) -> str:
             "characters, and not '.' or '..'"
         )
     return name
+
+
+def _swap_into_place(staging: Path, final: Path) -> None:
+    """Renames only, so the name always holds a whole checkpoint (the old one until the new one is in)."""
+    if not final.exists():
+        staging.rename(final)
+        return
+    old = final.with_name(f".{final.name}-replaced-{time.time_ns()}")
+    final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class CheckpointOps:
@@ -105,18 +149,24 @@ class CheckpointOps:
         final = self.rt.data_dir / relative
         if final.exists() and not overwrite:
             raise UserError(f"checkpoint {path} already exists (pass overwrite to replace it)")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+        staging = None
         try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
             meta = fill(staging)
             (staging / META_FILE).write_text(
                 json.dumps({"base_model": run.base_model, "model_id": run.model_id, **meta})
             )
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
+            _swap_into_place(staging, final)
+        except Exception as e:
+            if is_disk_full(e):
+                if staging is not None:  # first, so the error can say how much space is really free
+                    shutil.rmtree(staging, ignore_errors=True)
+                raise DiskFull(path, final.parent, e) from e
+            raise
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging is not None:  # a failed save leaves no partial files
+                shutil.rmtree(staging, ignore_errors=True)
         now = time.time()
         ckpt = Checkpoint(
             path,

@@ -142,7 +142,9 @@ class Scheduler:
             self.hub.fail(request_id, str(e), "user")
         except Exception as e:  # noqa: BLE001 - a server bug fails this request, never the server
             log.exception("request %s failed", request_id)
-            self.hub.fail(request_id, f"internal error: {type(e).__name__}: {e}", "server")
+            # a fault the server names for the client (a full disk) says so, not "internal error"
+            message = getattr(e, "client_message", None) or f"internal error: {type(e).__name__}: {e}"
+            self.hub.fail(request_id, message, "server")
         else:
             if kind == "proto":
                 self.hub.complete_proto(request_id, result)
