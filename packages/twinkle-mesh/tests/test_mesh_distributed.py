@@ -41,6 +41,11 @@ def reference():
     return {"losses": losses, "lora": lora, "tp": steps.tp_steps()}
 
 
+# Two ranks all-reduce gradients in another order than one process: fp32 losses agree relative to
+# their magnitude, and LoRA weights (~1e-2 after 3 steps) to far below what a lost update moves (>1e-2).
+LOSS_RTOL = 1e-5
+
+
 def _assert_lora_close(got: dict, want: dict, atol: float):
     assert sorted(got) == sorted(want) and len(want) == 28  # 2 layers x 7 linears x (A, B)
     worst = max((got[n] - want[n]).abs().max().item() for n in want)
@@ -101,7 +106,7 @@ def test_ray_remote_group_matches_the_local_run(ray_trainer, reference):
     losses = [
         ray_trainer.train_step(rows[i * steps.GLOBAL_BATCH : (i + 1) * steps.GLOBAL_BATCH]) for i in range(steps.STEPS)
     ]
-    assert losses == pytest.approx(reference["losses"], abs=1e-5)
+    assert losses == pytest.approx(reference["losses"], rel=LOSS_RTOL)
     _assert_lora_close(ray_trainer.lora_state(), reference["lora"], atol=1e-5)
 
 
@@ -165,7 +170,7 @@ def test_ray_killed_rank_is_named_and_the_group_rebuilds_fresh(ray_trainer, refe
     fresh = [r["pid"] for r in ray_trainer.whoami()]
     assert len(set(fresh)) == 2 and not set(fresh) & set(pids)
     rows = steps.make_rows()
-    assert ray_trainer.train_step(rows[: steps.GLOBAL_BATCH]) == pytest.approx(reference["losses"][0], abs=1e-5)
+    assert ray_trainer.train_step(rows[: steps.GLOBAL_BATCH]) == pytest.approx(reference["losses"][0], rel=LOSS_RTOL)
 
 
 def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_result):
@@ -179,7 +184,7 @@ def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_resul
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_torchrun_data_parallel_matches_one_process(torchrun_result, reference, strategy):
     got = torchrun_result[strategy]
-    assert got["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    assert got["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
     assert reference["losses"][2] < reference["losses"][0]  # it does train
     _assert_lora_close(got["lora"], reference["lora"], atol=1e-5)
     moved = max(
