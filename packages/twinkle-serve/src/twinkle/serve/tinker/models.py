@@ -147,7 +147,8 @@ class TinkerModels:
                 # loss_tokens: what loss:sum sums over (cross_entropy's weights), so the dashboard shows it per token
                 weighted = loss_fn == "cross_entropy"
                 counted = sum(
-                    float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens) for d in data
+                    float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens)
+                    for d in data
                 )
                 point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted}
                 self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
