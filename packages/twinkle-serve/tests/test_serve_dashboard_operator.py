@@ -97,7 +97,9 @@ def test_operator_page_refuses_tenants_and_shows_the_load(server, sft):
                 snap = httpx.get(server.url + SUMMARY, headers={"X-API-Key": operator}).json()
             assert load.done > 0
             assert snap["passes"]["fused_passes_total"] > 0
-            assert snap["passes"]["rows_per_pass"] >= 4  # each request carries 4 datums
+            assert snap["passes"]["rows_per_pass"] > 1  # (other tests' 1-row passes may share the minute)
+            recent = [p for e in server.runtime.engines.values() for p in e.scheduler.recent_passes]
+            assert max(rows for _, n, rows in recent if n > 1) >= 8  # two 4-datum requests in one fused pass
             assert snap["rss_bytes"] > 50 * 2**20
             assert snap["adapters"]["adapters"]["live"] >= 3
             routes = {(r["method"], r["route"]): r for r in snap["routes"]}

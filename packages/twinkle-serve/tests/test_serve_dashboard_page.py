@@ -150,12 +150,15 @@ def test_run_page_charts_checkpoints_download_and_overlay(server, runs, tmp_path
             assert page.locator('#charts svg[data-curve="loss_per_token"] polyline').count() == 2
             assert page.locator('#charts svg[data-curve="reward"] polyline').count() == 1
             assert page.locator("#legend .key").count() == 2
-            page.mouse.move(0, 0)
+            box = page.locator('#charts svg[data-curve="loss_per_token"]').bounding_box()
+            page.mouse.move(box["x"] + box["width"] * 0.62, box["y"] + box["height"] / 2)  # a readout in the picture
+            page.locator('#charts .chart:has(svg[data-curve="loss_per_token"]) .tip').wait_for(state="visible")
             IMAGES.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(IMAGES / "dashboard-run.png"), full_page=True)
             # the native run's page shows its posted sample
             page.locator(f'tr.run[data-model-id="{native.model_id}"] td:nth-child(2)').click()
-            page.locator("#samples .sample").wait_for(timeout=10_000)
+            page.locator("#samples .sample", has_text="What is 17 + 25?").wait_for(timeout=10_000)
+            assert page.locator("#samples .sample").count() == 1  # the native run's own, not the other run's
             assert "What is 17 + 25?" in page.inner_text("#samples") and "reward 1" in page.inner_text("#samples")
             # a phone-width view has no horizontal overflow outside the scrolling tables
             phone = browser.new_page(viewport={"width": 390, "height": 844})

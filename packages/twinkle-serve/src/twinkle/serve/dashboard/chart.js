@@ -100,18 +100,24 @@ const TW = (() => {
       const step = steps.reduce((best, s) => Math.abs(s - x) < Math.abs(best - x) ? s : best, steps[0]);
       hovered[spec.name] = step;
       cursor.setAttribute("x1", sx(step)); cursor.setAttribute("x2", sx(step)); cursor.setAttribute("visibility", "visible");
-      const rows = [];
+      const rows = [], ys = [];
       spec.series.forEach((s, i) => {
         const p = s.points.find(q => q.step === step);
         dots[i].setAttribute("visibility", p ? "visible" : "hidden");
         if (!p) return;
+        ys.push(sy(p.value));
         dots[i].setAttribute("cx", sx(p.step)); dots[i].setAttribute("cy", sy(p.value));
         rows.push(`<div><i style="background:${s.color || PALETTE[i % PALETTE.length]}"></i>${esc(s.label)}: <b>${esc(format(p.value))}</b></div>`);
       });
       tip.innerHTML = `<div class="tip-x">${esc(spec.xlabel || "step")} ${step}</div>` + rows.join("");
       tip.style.display = "block";
-      const left = sx(step) / W * box.clientWidth;
-      tip.style.left = Math.min(Math.max(left + 10, 0), box.clientWidth - tip.offsetWidth - 4) + "px";
+      const cx = sx(step) / W * box.clientWidth;  // beside the cursor, on whichever side it fits
+      const left = cx + 12 + tip.offsetWidth <= box.clientWidth ? cx + 12 : cx - 12 - tip.offsetWidth;
+      tip.style.left = Math.max(left, 0) + "px";
+      // above or below the plot's middle, whichever half the hovered points are not in
+      const sr = svg.getBoundingClientRect(), br = box.getBoundingClientRect(), k = sr.height / H;
+      const high = ys.reduce((a, b) => a + b, 0) / Math.max(ys.length, 1) < M.t + ph / 2;
+      tip.style.top = (sr.top - br.top + (high ? (M.t + ph) * k - tip.offsetHeight - 4 : M.t * k + 4)) + "px";
     }
     function hide() {
       delete hovered[spec.name];
