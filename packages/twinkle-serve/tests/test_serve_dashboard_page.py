@@ -53,11 +53,8 @@ def runs(server):
     from twinkle.client.model import TransformersModel
 
     key = server.create_key("dash-viewer")
-    tc = (
-        tinker.ServiceClient(base_url=server.url, api_key=key)
-        .create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=3)
-        .result()
-    )
+    service = tinker.ServiceClient(base_url=server.url, api_key=key)
+    tc = service.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=3).result()
     sums = []
     for step in range(6):
         sums.append(tc.forward_backward([prompt_answer_datum()], "cross_entropy").result().metrics["loss:sum"])
@@ -70,7 +67,8 @@ def runs(server):
     r = httpx.post(f"{server.url}/twinkle/v1/dashboard/runs/{tc.model_id}/samples", headers={"X-API-Key": key},
                    json={"samples": samples})  # fmt: skip
     assert r.status_code == 200 and r.json()["kept"] == 2, r.text
-    tc.save_weights_for_sampler("sampler-6").result()
+    sampler = tc.save_weights_for_sampler("sampler-6", ttl_seconds=86_400).result()
+    tinker.RestClient(base_url=server.url, api_key=key).publish_checkpoint_from_tinker_path(sampler.path).result()
 
     native = TransformersModel(model_id=TEST_MODEL, client=TwinkleClient(server.url, key), name="dash-rl")
     native.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
@@ -136,7 +134,10 @@ def test_run_page_charts_checkpoints_download_and_overlay(server, runs, tmp_path
             assert paths == sorted(
                 [f"tinker://{tc.model_id}/weights/after-6", f"tinker://{tc.model_id}/sampler_weights/sampler-6"]
             )
-            assert "training state" in page.inner_text("#checkpoints")
+            training = page.locator('#checkpoints tr[data-path$="/weights/after-6"]').inner_text()
+            published = page.locator('#checkpoints tr[data-path$="/sampler_weights/sampler-6"]').inner_text()
+            assert "training state" in training and "kept" in training and "private" in training
+            assert "sampler weights" in published and "published" in published and "24.0 h" in published
             with page.expect_download() as dl:
                 page.locator('#checkpoints tr[data-path$="/weights/after-6"] button.download').click()
             saved = tmp_path / "ckpt.zip"

@@ -27,8 +27,8 @@ MAX_POST = 20  # samples per post (the store keeps the newest RunSamples.KEEP pe
 class SampleIn(BaseModel):
     prompt: str = Field(max_length=MAX_TEXT)
     completion: str = Field(max_length=MAX_TEXT)
-    reward: float | None = None
-    step: int | None = None
+    reward: float | None = Field(None, allow_inf_nan=False)  # JSON has no inf/NaN to show it back with
+    step: int | None = Field(None, ge=0, le=2**62)  # SQLite integers are 64-bit
 
 
 class SamplesIn(BaseModel):
