@@ -1,7 +1,7 @@
 """`twinkle-server`: serve the Tinker-compatible and native APIs, or manage API keys.
 
 twinkle-server [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--config FILE] [--log-level info]
-twinkle-server keys create NAME [--data-dir DIR]    # prints a new tml- key (shown once)
+twinkle-server keys create NAME [--operator] [--data-dir DIR]  # prints a new tml- key (shown once)
 twinkle-server keys list [--data-dir DIR]
 twinkle-server keys revoke NAME [--data-dir DIR]
 twinkle-server keys usage [NAME] [--json]           # tokens trained/sampled, checkpoint bytes, per run
@@ -44,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
         s = actions.add_parser(action, help=helptext)
         s.add_argument("name")
         s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
+        if action == "create":
+            s.add_argument(
+                "--operator", action="store_true", help="an operator key: also opens /operator (every tenant's load)"
+            )
     s = actions.add_parser("list", help="list keys (names only; keys are stored hashed)")
     s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)  # or before `keys`
     s = actions.add_parser("usage", help="tokens trained and sampled, checkpoint bytes and quotas, per key and run")
@@ -116,7 +120,7 @@ def keys_main(args: argparse.Namespace) -> int:
     keys = KeyStore(store)
     try:
         if args.action == "create":
-            print(keys.create(args.name))
+            print(keys.create(args.name, operator=args.operator))
         elif args.action == "usage":
             return _keys_report(store, keys, args)
         elif args.action == "set-quota":
@@ -124,9 +128,8 @@ def keys_main(args: argparse.Namespace) -> int:
         elif args.action == "list":
             for row in keys.list():
                 state = "revoked" if row["revoked_at"] else "active"
-                print(
-                    f"{row['name']}\t{state}\t{datetime.fromtimestamp(row['created_at']).isoformat(timespec='seconds')}"
-                )
+                created = datetime.fromtimestamp(row["created_at"]).isoformat(timespec="seconds")
+                print(f"{row['name']}\t{state}\t{created}" + ("\toperator" if row["role"] == "operator" else ""))
         elif not keys.revoke(args.name):
             print(f"no active key named {args.name!r}", file=sys.stderr)
             return 1

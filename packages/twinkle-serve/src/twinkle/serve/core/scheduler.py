@@ -42,6 +42,8 @@ class Scheduler:
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
         self.fused_items: collections.Counter[str] = collections.Counter()  # item type -> requests fused
+        # (monotonic end time, requests, rows) of recent passes: the operator page's passes/s and rows per pass
+        self.recent_passes: deque[tuple[float, int, int]] = deque(maxlen=1024)
         self._queues: dict[str, list] = {}
         self._ready: deque[str] = deque()  # queue keys with work, in round-robin order
         self._cond = threading.Condition()
@@ -116,6 +118,7 @@ class Scheduler:
         while (taken := self._next()) is not None:
             started = time.perf_counter()
             self._serve(taken)
+            self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(fuse) for _, _, fuse in taken)))
             if self.on_pass is not None:
                 self.on_pass(time.perf_counter() - started, len(taken))
 
@@ -168,3 +171,9 @@ class Scheduler:
                         self._ready.remove(queue)
                 return True
         return False
+
+
+def _rows(fuse: tuple | None) -> int:
+    """Rows a fusable pass item carries (native rows or Tinker datums); 0 for other work (steps, saves)."""
+    item = fuse[0] if fuse else None
+    return len(getattr(item, "rows", None) or getattr(item, "data", None) or ())

@@ -92,7 +92,9 @@ class NativeCompute:
                 ).model_dump()
             key = (model_id, internal)
             self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1
-            self.rt.store.curves.add(model_id, tenant, step, {"loss": out["loss"]} if out.get("finite") else {})
+            # tokens: the pass's input tokens, the dashboard's tokens/s (the loss is already per token: mean)
+            point = {"loss": out["loss"], "tokens": tokens} if out.get("finite") else {}
+            self.rt.store.curves.add(model_id, tenant, step, point)
             return ForwardResult(loss=out["loss"], metrics=out.get("metrics", {})).model_dump()
 
         def work(_, run):

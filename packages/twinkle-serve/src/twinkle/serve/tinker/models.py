@@ -144,7 +144,14 @@ class TinkerModels:
             self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
             self.svc.count_training(run, sum(len(d.tokens) for d in data))
             if not forward_only:  # the run's curve, as the dashboard shows native runs'
-                self.svc.record_step(run, {"loss": result.metrics.get("loss:sum")})
+                # loss_tokens: what loss:sum sums over (cross_entropy's weights), so the dashboard shows it per token
+                weighted = loss_fn == "cross_entropy"
+                counted = sum(
+                    float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens)
+                    for d in data
+                )
+                point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted}
+                self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
             return "proto", codec.encode_forward_result(result)
 
         def work():

@@ -1,7 +1,7 @@
 """The server's durable state: one SQLite file in the data dir, and every SQL statement the server runs.
 
 Sessions, training runs, samplers, checkpoint metadata, futures, API keys, the answers to idempotent
-submissions, the runs' curves, token usage and per-key quotas. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
+submissions, the runs' curves, token usage, per-key quotas and the samples a run shows on the dashboard. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
 this file says which exist. Everything a client was told (a future's result, a checkpoint path) is
 committed here before the client can see it, so a restart on the same data dir loses nothing that
 was acknowledged. The schema is versioned (`schema.py`); opening an older database upgrades it.
@@ -13,7 +13,14 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from twinkle.serve.core.store.account_tables import CustomLosses, Projects, Quotas, SampleRequests, Usage
+from twinkle.serve.core.store.account_tables import (
+    CustomLosses,
+    Projects,
+    Quotas,
+    RunSamples,
+    SampleRequests,
+    Usage,
+)
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
 from twinkle.serve.core.store.schema import VERSION, migrate
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
@@ -65,6 +72,7 @@ class Store:
         self.futures, self.idempotency, self.curves = Futures(self.db), Idempotency(self.db), Curves(self.db)
         self.custom_losses, self.sample_requests = CustomLosses(self.db), SampleRequests(self.db)
         self.projects, self.usage, self.quotas = Projects(self.db), Usage(self.db), Quotas(self.db)
+        self.run_samples = RunSamples(self.db)
 
     @property
     def version(self) -> int:

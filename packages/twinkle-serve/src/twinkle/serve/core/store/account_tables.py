@@ -218,3 +218,38 @@ class Quotas:
 
     def bytes_stored(self, tenant: str) -> int:
         return self.db.one("SELECT COALESCE(SUM(size_bytes), 0) AS n FROM checkpoints WHERE tenant=?", (tenant,))["n"]
+
+
+class RunSamples:
+    """The last few sampled completions a run's owner posted for its run page; older ones are dropped."""
+
+    KEEP = 20  # per run: a glance at recent outputs, not a dataset
+
+    def __init__(self, db):
+        self.db = db
+
+    def add(self, model_id: str, tenant: str, samples: list[dict]) -> int:
+        now = time.time()
+        for i, s in enumerate(samples):  # i: the order within one post survives equal timestamps
+            self.db.execute(
+                "INSERT INTO run_samples (model_id, tenant, t, step, prompt, completion, reward) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (model_id, tenant, now + i * 1e-6, s.get("step"), s["prompt"], s["completion"], s.get("reward")),
+            )
+        self.db.execute(
+            "DELETE FROM run_samples WHERE model_id=? AND t NOT IN "
+            "(SELECT t FROM run_samples WHERE model_id=? ORDER BY t DESC LIMIT ?)",
+            (model_id, model_id, self.KEEP),
+        )
+        return self.count(model_id)
+
+    def of(self, model_id: str, tenant: str, limit: int = KEEP) -> list[dict]:
+        """Newest first; the tenant is part of the lookup so no other tenant's sample can come back."""
+        return self.db.all(
+            "SELECT t, step, prompt, completion, reward FROM run_samples WHERE model_id=? AND tenant=? "
+            "ORDER BY t DESC LIMIT ?",
+            (model_id, tenant, limit),
+        )
+
+    def count(self, model_id: str) -> int:
+        return self.db.one("SELECT COUNT(*) AS n FROM run_samples WHERE model_id=?", (model_id,))["n"]

@@ -67,7 +67,16 @@ CREATE TABLE IF NOT EXISTS quotas (tenant TEXT PRIMARY KEY, tokens_per_day INTEG
 CREATE INDEX IF NOT EXISTS usage_tenant_hour ON usage (tenant, hour);
 """
 
-MIGRATIONS = [V1, V2, V3, V4]
+# 5: the dashboard's: a key's role ('operator' keys also open the operator page, `keys create --operator`),
+# and the last few sampled completions a run's owner chose to show on its run page (bounded per run).
+V5 = """
+ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'tenant';
+CREATE TABLE IF NOT EXISTS run_samples (model_id TEXT NOT NULL, tenant TEXT NOT NULL, t REAL NOT NULL,
+    step INTEGER, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL);
+CREATE INDEX IF NOT EXISTS run_samples_model ON run_samples (model_id, t);
+"""
+
+MIGRATIONS = [V1, V2, V3, V4, V5]
 VERSION = len(MIGRATIONS)
 
 

@@ -15,14 +15,19 @@ class Keys:
     def active(self, name: str) -> bool:
         return self.db.one("SELECT name FROM api_keys WHERE name=? AND revoked_at IS NULL", (name,)) is not None
 
-    def add(self, name: str, key_hash: str) -> None:
+    def add(self, name: str, key_hash: str, role: str = "tenant") -> None:
         self.db.execute(
-            "INSERT OR REPLACE INTO api_keys (name, key_hash, created_at, revoked_at) VALUES (?, ?, ?, NULL)",
-            (name, key_hash, time.time()),
+            "INSERT OR REPLACE INTO api_keys (name, key_hash, created_at, revoked_at, role) VALUES (?, ?, ?, NULL, ?)",
+            (name, key_hash, time.time(), role),
         )
 
     def list(self) -> builtins.list[dict]:
-        return self.db.all("SELECT name, created_at, revoked_at FROM api_keys ORDER BY created_at")
+        return self.db.all("SELECT name, created_at, revoked_at, role FROM api_keys ORDER BY created_at")
+
+    def role_for(self, key_hash: str) -> str | None:
+        """'tenant' or 'operator' for a valid, unrevoked key; None otherwise."""
+        row = self.db.one("SELECT role FROM api_keys WHERE key_hash=? AND revoked_at IS NULL", (key_hash,))
+        return row["role"] if row else None
 
     def row(self, name: str) -> dict | None:
         """An active key's record (its id is the row number)."""
@@ -90,6 +95,10 @@ class Futures:
 
     def count(self) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM futures")["n"]
+
+    def oldest_pending(self) -> float | None:
+        """When the longest-waiting unfinished request was submitted (the operator page's queue age)."""
+        return self.db.one("SELECT MIN(created_at) AS t FROM futures WHERE status='pending'")["t"]
 
     def completed_since(self, t: float) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM futures WHERE completed_at > ?", (t,))["n"]
