@@ -7,7 +7,7 @@ import sys
 
 from tqdm import tqdm
 
-from twinkle.client.http import TwinkleClient, _error
+from twinkle.client.http import TwinkleClient, api_error
 from twinkle.client.schema import PREFIX
 
 
@@ -17,7 +17,7 @@ def fetch_archive(client: TwinkleClient, path: str, file=None) -> bytes:
     with client.http.stream("GET", PREFIX + "/checkpoints/archive", params={"path": path}) as resp:
         if resp.status_code >= 400:
             resp.read()
-            raise _error(resp)
+            raise api_error(resp)
         total = int(resp.headers.get("Content-Length", 0)) or None
         with tqdm(
             total=total,

@@ -46,7 +46,7 @@ def _backoff(attempt: int) -> float:
     return 0.5 * 2**attempt
 
 
-def _error(resp, method: str | None = None, path: str | None = None) -> TwinkleAPIError:
+def api_error(resp, method: str | None = None, path: str | None = None) -> TwinkleAPIError:
     """A TwinkleAPIError from an httpx.Response or a wire Answer (then with its method and path)."""
     try:
         body = resp.json()
@@ -106,7 +106,7 @@ class TwinkleClient:
                 time.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:
-                raise _error(resp, method, url)
+                raise api_error(resp, method, url)
             return resp.content if raw else resp.json()
         raise AssertionError("unreachable")
 
@@ -142,7 +142,7 @@ class TwinkleClient:
                 await asyncio.sleep(float(resp.headers.get("retry-after", "1")))
                 continue
             if resp.status_code >= 400:
-                raise _error(resp)
+                raise api_error(resp)
             return resp.json()
         raise AssertionError("unreachable")
 

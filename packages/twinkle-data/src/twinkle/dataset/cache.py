@@ -20,7 +20,7 @@ from pathlib import Path
 import datasets
 
 from twinkle.dataset.arrow_encode import encode_to_arrow
-from twinkle.dataset.loading import _hash
+from twinkle.dataset.loading import lineage_hash
 from twinkle.hub import cache_root
 
 logger = logging.getLogger(__name__)
@@ -77,8 +77,8 @@ def encode_cached(
         with tempfile.TemporaryDirectory(prefix=".uncached-", dir=root) as scratch:
             encoded = _encode_into(Path(scratch), part, template, add_generation_prompt, batch_size, key, num_proc)
             return datasets.Dataset.from_file(encoded.cache_files[0]["filename"], in_memory=True), None
-    new_lineage = _hash(lineage, template.signature(), add_generation_prompt)
-    folder = root / _hash(new_lineage, FORMAT)
+    new_lineage = lineage_hash(lineage, template.signature(), add_generation_prompt)
+    folder = root / lineage_hash(new_lineage, FORMAT)
     if (folder / ENCODED_FILE).exists():
         logger.info("%s: encoded rows loaded from cache %s", key, folder)
         return datasets.Dataset.from_file(str(folder / ENCODED_FILE)), new_lineage

@@ -14,7 +14,7 @@ import datasets
 
 from twinkle.dataset.cache import encode_cached
 from twinkle.dataset.errors import DataError
-from twinkle.dataset.loading import Part, _hash, load_part, rows_to_dataset
+from twinkle.dataset.loading import Part, lineage_hash, load_part, rows_to_dataset
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.mixing import mix_order, mix_streams
 from twinkle.dataset.stream import RowStream
@@ -85,7 +85,7 @@ class Dataset:
             else:
                 self._parts[key] = apply_rows(part, op, self.batch_size)
             lineage = self._lineage[key]
-            self._lineage[key] = _hash(lineage, describe) if lineage and describe else None
+            self._lineage[key] = lineage_hash(lineage, describe) if lineage and describe else None
 
     # ---- ops -----------------------------------------------------------------------------------
     def map(self, preprocessor, dataset_meta: DatasetMeta | str | None = None, **kwargs: Any) -> Dataset:
@@ -177,7 +177,7 @@ class Dataset:
             mixed = combined.select([offsets[part] + row for part, row in order])
             lineages = list(self._lineage.values())
             lineage = (
-                _hash(lineages, strategy, probabilities, seed, stopping_strategy, num_samples)
+                lineage_hash(lineages, strategy, probabilities, seed, stopping_strategy, num_samples)
                 if all(lineages)
                 else None
             )

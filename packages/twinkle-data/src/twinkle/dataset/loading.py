@@ -24,7 +24,7 @@ from twinkle.dataset.stream import RowStream
 Part = datasets.Dataset | RowStream
 
 
-def _hash(*items: object) -> str:
+def lineage_hash(*items: object) -> str:
     return hashlib.sha256(json.dumps(items, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -43,9 +43,9 @@ def _in_memory(meta: DatasetMeta, streaming: bool) -> tuple[Part, str | None]:
     elif isinstance(data, datasets.IterableDataset):
         return RowStream(lambda: iter(data)), None
     elif isinstance(data, dict):
-        part, lineage = _from_table(pa.Table.from_pydict(data)), _hash(data)
+        part, lineage = _from_table(pa.Table.from_pydict(data)), lineage_hash(data)
     elif isinstance(data, Sequence) and all(isinstance(r, dict) for r in data):
-        part, lineage = rows_to_dataset(list(data)), _hash(list(data))
+        part, lineage = rows_to_dataset(list(data)), lineage_hash(list(data))
     else:
         raise DataError(
             f"DatasetMeta.data must be a list of dicts, a dict of columns or a datasets.Dataset, "
@@ -96,8 +96,8 @@ def load_part(meta: DatasetMeta, streaming: bool = False) -> tuple[Part, str | N
         path = resolve_dataset_path(meta.dataset_id)
         files = split_files(path, meta.subset_name, meta.split)
         part = _from_files(files, streaming)
-        lineage = _hash([(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files])
+        lineage = lineage_hash([(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files])
     if meta.data_slice is not None:
         part = _slice(part, meta.data_slice, meta.key)
-        lineage = lineage and _hash(lineage, repr(meta.data_slice))
+        lineage = lineage and lineage_hash(lineage, repr(meta.data_slice))
     return part, lineage

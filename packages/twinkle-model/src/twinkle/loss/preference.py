@@ -20,7 +20,7 @@ def _pairs(values_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return values_B[0::2], values_B[1::2]
 
 
-class _PairLoss(Loss):
+class PairLoss(Loss):
     def _finish(self, losses_P, chosen_reward_P, rejected_reward_P) -> LossOutput:
         loss = losses_P.sum() if self.reduction == "sum" else losses_P.mean()
         return LossOutput(
@@ -33,7 +33,7 @@ class _PairLoss(Loss):
 
 
 @register_loss
-class DPOLoss(_PairLoss):
+class DPOLoss(PairLoss):
     """Direct preference optimisation against a reference policy.
 
         h = [S_θ(y_c) − S_ref(y_c)] − [S_θ(y_r) − S_ref(y_r)]
@@ -76,7 +76,7 @@ class DPOLoss(_PairLoss):
 
 
 @register_loss
-class SimPOLoss(_PairLoss):
+class SimPOLoss(PairLoss):
     """Simple preference optimisation (reference-free, length-normalised).
 
     a(y) = S_θ(y) / Σ_t m_t                  (mean token log-prob)

@@ -150,9 +150,9 @@ def mean_units(loss, ctx) -> torch.Tensor:
     preference losses. A loss class may say otherwise with a `mean_units(ctx)` method."""
     if hasattr(loss, "mean_units"):
         return torch.as_tensor(loss.mean_units(ctx), dtype=torch.float64)
-    from twinkle.loss.preference import _PairLoss
+    from twinkle.loss.preference import PairLoss
 
-    if isinstance(loss, _PairLoss):
+    if isinstance(loss, PairLoss):
         return torch.tensor(ctx.targets_B_T.shape[0] // 2, dtype=torch.float64)
     return ctx.mask_B_T.detach().sum().to(torch.float64).cpu()
 

@@ -124,6 +124,10 @@ def sample_rollout(
     return Rollout(rows, responses, params.num_samples, tokenizer)
 
 
+# One template per tokenizer, made on first use; bounded by the tokenizers a process loads (a handful).
+_TEMPLATES: dict[int, object] = {}
+
+
 def _template_of(sampler):
     """The sampler's template, else one over its tokenizer's chat template (made once per sampler)."""
     if getattr(sampler, "template", None) is not None:
@@ -131,10 +135,9 @@ def _template_of(sampler):
     tokenizer = getattr(sampler, "tokenizer", None)
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         return None
-    cached = getattr(sampler, "_rollout_template", None)
-    if cached is None or cached.tokenizer is not tokenizer:
+    cached = _TEMPLATES.get(id(tokenizer))
+    if cached is None or cached.tokenizer is not tokenizer:  # an id can be reused once its tokenizer is gone
         from twinkle.template import Template
 
-        cached = Template(tokenizer=tokenizer)
-        sampler._rollout_template = cached
+        cached = _TEMPLATES[id(tokenizer)] = Template(tokenizer=tokenizer)
     return cached

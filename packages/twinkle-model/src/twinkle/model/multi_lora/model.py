@@ -78,6 +78,11 @@ class MultiLoraModel(TwinkleModel):
     def adapter_names(self) -> list[str]:
         return list(self.adapters)
 
+    def adapter_state(self, adapter_name: str | None) -> AdapterState:
+        """The adapter's training state (`twinkle.model.state`), brought back live first if it was
+        parked or spilled: what a serving layer reads and steps through the shared step rule."""
+        return self._state(adapter_name)
+
     def _state(self, adapter_name: str | None, pinned: set[str] | frozenset[str] = frozenset()) -> AdapterState:
         """The adapter's state, brought back live first if it was parked or spilled."""
         if adapter_name is None:

@@ -161,6 +161,10 @@ class Backend(ABC):
     max_context: int
     base_module: object | None = None
     multi_lora: object | None = None
+    # Declared capabilities (a subclass that has one says True): callers read these, never probe.
+    streams_tokens: bool = False  # sample() takes on_tokens, each decode step's tokens as they come
+    holds_adapters_here: bool = False  # adapters live in this process: the server's residency policy
+    #                                    parks and spills them (enable_residency and the tier reports)
 
     def __init__(self, base_model: str, model_path: str, **options) -> None:
         """Every backend is built from a model entry: the name clients use, a local folder, the entry's options."""

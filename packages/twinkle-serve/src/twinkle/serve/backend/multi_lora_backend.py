@@ -28,7 +28,7 @@ from twinkle.serve.backend.base import (
     UserError,
     library_errors,
 )
-from twinkle.serve.backend.resident import ResidentAdapters, _exclusive
+from twinkle.serve.backend.resident import ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.backend.validate import check_datums, make_loss
 
@@ -78,7 +78,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         self._engine_lock = threading.RLock()
 
     # ---- adapters ----------------------------------------------------------------------------------
-    @_exclusive
+    @exclusive
     def create_adapter(self, name: str, spec: LoraSpec) -> None:
         from peft import LoraConfig
 
@@ -91,14 +91,14 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         self.engine.add_adapter_to_model(name, config, seed=seed)
         self.engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
 
-    @_exclusive
+    @exclusive
     def remove_adapter(self, name: str) -> None:
         if name in self.engine.adapters:
             self.engine.remove_adapter(name)
 
     # ---- the native API's adapters ------------------------------------------------------------------
     @library_errors
-    @_exclusive
+    @exclusive
     def add_lora(self, name: str, config, gradient_accumulation_steps: int, seed: int | None) -> int:
         from twinkle.serve.backend.lora_init import peft_like_init
 
@@ -114,7 +114,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         return None if state is None else state.spec.rank
 
     @library_errors
-    @_exclusive
+    @exclusive
     def configure_adapter(self, name: str, what: str, component: str, kwargs: dict, is_training: bool = True) -> None:
         state = self._state(name)
         if what == "loss":
@@ -131,7 +131,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             raise UserError(f"cannot configure {what!r}; expected loss, optimizer, lr_scheduler or metric")
 
     @library_errors
-    @_exclusive
+    @exclusive
     def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
         self._state(name)
         try:
@@ -140,7 +140,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             raise UserError(str(e)) from None
 
     @library_errors
-    @_exclusive
+    @exclusive
     def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:
         self._state(name)
         return {k: float(v) for k, v in self.engine.calculate_metric(is_training, adapter_name=name).items()}
@@ -154,7 +154,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     def _state(self, name: str):
         """The adapter's state, live (brought back if it was parked or spilled)."""
         self._known(name)
-        return self.engine._state(name)
+        return self.engine.adapter_state(name)
 
     # ---- training ----------------------------------------------------------------------------------
     @staticmethod
@@ -169,7 +169,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             rows.append(row)
         return rows
 
-    @_exclusive
+    @exclusive
     def forward_backward_many(self, passes: list[Pass]) -> list:
         """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
         per kind (train / forward-only)."""
@@ -225,7 +225,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         metrics.update({f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()})
         return ForwardResult(logprobs, metrics)
 
-    @_exclusive
+    @exclusive
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         state = self._state(name)
         opt = state.ensure_optimizer()
@@ -246,7 +246,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         return {"grad_norm:mean": float(out["grad_norm"])}
 
     # ---- state -------------------------------------------------------------------------------------
-    @_exclusive
+    @exclusive
     def adapter_tensors(self, name):
         from twinkle.sampler import AdapterWeights
 
@@ -258,7 +258,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             scaling[module] = state.spec.scaling
         return AdapterWeights(lora_A, lora_B, scaling)
 
-    @_exclusive
+    @exclusive
     def save_checkpoint(self, name: str, folder, training_state: bool) -> None:
         """The adapter in the one checkpoint format (twinkle.model.checkpoint), with its training state
         on request (a Tinker adapter's implicit Adam included)."""
@@ -267,7 +267,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             state.ensure_optimizer()
         self.engine.save(folder, adapter_name=name, save_training_state=training_state)
 
-    @_exclusive
+    @exclusive
     def load_checkpoint(self, name: str, folder, training_state: bool, implicit_adam: bool = False) -> dict:
         """Weights from a LoRA folder into adapter `name` (built from the folder's own LoraConfig when it
         does not exist yet); with `training_state`, the optimizer, scheduler and counters too (the

@@ -1,7 +1,7 @@
 """A multi-LoRA backend's side of adapter residency: the engine lock and the hooks the server's
 adapter-memory policy (twinkle.serve.core.adapter_memory) drives.
 
-Every engine operation holds the backend's lock (`_exclusive`), so the residency sweeper, which
+Every engine operation holds the backend's lock (`exclusive`), so the residency sweeper, which
 runs on its own thread, parks or spills adapters only between two operations, never inside one.
 """
 
@@ -11,7 +11,7 @@ import functools
 from typing import Any
 
 
-def _exclusive(method):
+def exclusive(method):
     @functools.wraps(method)
     def locked(self, *args, **kwargs):
         with self._engine_lock:
@@ -25,13 +25,14 @@ class ResidentAdapters:
 
     engine: Any
     _engine_lock: Any
+    holds_adapters_here = True
 
     def enable_residency(self, spill_dir, make_room) -> None:
         """`make_room(residency, name, pinned)` runs before an adapter is built or brought back."""
         self.engine.enable_spill(spill_dir)
         self.engine.residency.make_room = functools.partial(make_room, self.engine.residency)
 
-    @_exclusive
+    @exclusive
     def with_residency(self, fn) -> None:
         fn(self.engine.residency)
 

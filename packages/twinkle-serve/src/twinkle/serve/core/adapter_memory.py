@@ -144,7 +144,7 @@ class AdapterMemory:
     # ---- residency (with offload): called on a backend's worker, under its engine lock --------------
     def manage(self, backend) -> None:
         """Keep `backend`'s live adapters under the cap (a multi-LoRA backend in this process)."""
-        if not hasattr(backend, "enable_residency"):
+        if not backend.holds_adapters_here:
             return
         self._backends.add(backend)  # reported on (tiers), and with offload kept under the cap
         if not self.offload:

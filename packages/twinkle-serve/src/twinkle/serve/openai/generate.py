@@ -50,7 +50,7 @@ class _Job:
     def sample(self, prompt: list[int], on_tokens=None) -> SampleResult:
         backend = self.target.engine.backend
         # a backend that cannot hand out tokens per step (a remote one) streams its whole answer at the end
-        more = {"on_tokens": on_tokens} if on_tokens is not None and getattr(backend, "streams_tokens", False) else {}
+        more = {"on_tokens": on_tokens} if on_tokens is not None and backend.streams_tokens else {}
         return backend.sample(self.target.adapter, prompt, self.n, self.params, False, **more)
 
     def count(self, prompt: list[int], sampled: int) -> None:

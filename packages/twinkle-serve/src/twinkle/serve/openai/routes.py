@@ -13,7 +13,7 @@ from twinkle.serve.auth import API_KEY
 from twinkle.serve.backend import SampleParams
 from twinkle.serve.core.service import Service
 import twinkle.serve.openai.responses as responses
-from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest, _Body
+from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
 from twinkle.serve.openai.generate import generate, stream
 from twinkle.serve.openai.models import ModelResolver
@@ -58,7 +58,7 @@ def build_openai_router(svc: Service) -> APIRouter:
         models.resolve(name, model)
         return next(m for m in models.listing(name) if model in (m["id"], m.get("name")))
 
-    def params(body: _Body, top: int, max_tokens: int | None) -> SampleParams:
+    def params(body: ChatRequest | CompletionRequest, top: int, max_tokens: int | None) -> SampleParams:
         return SampleParams(
             max_tokens=max_tokens,
             temperature=body.temperature,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 
-from twinkle.serve.core.store.objects import _put
+from twinkle.serve.core.store.objects import put_row
 
 
 class CustomLosses:
@@ -15,7 +15,7 @@ class CustomLosses:
         self.db = db
 
     def put(self, loss_id: str, tenant: str, session_id: str, name: str, inputs, graph) -> None:
-        _put(
+        put_row(
             self.db,
             "custom_losses",
             {
@@ -44,7 +44,7 @@ class SampleRequests:
         self.db = db
 
     def record(self, request_id: str, tenant: str, sampler_id: str, clone: int) -> None:
-        _put(
+        put_row(
             self.db,
             "sample_requests",
             {"request_id": request_id, "tenant": tenant, "sampler_id": sampler_id, "clone": clone, "completion": None},
@@ -165,7 +165,7 @@ class Projects:
         self.db = db
 
     def set(self, session_id: str, project_id: str) -> None:
-        _put(self.db, "session_projects", {"session_id": session_id, "project_id": project_id})
+        put_row(self.db, "session_projects", {"session_id": session_id, "project_id": project_id})
 
     def of(self, session_id: str) -> str:
         row = self.db.one("SELECT project_id FROM session_projects WHERE session_id=?", (session_id,))
@@ -213,7 +213,7 @@ class Quotas:
     def set(self, tenant: str, **values) -> dict:
         """Change the given fields (None clears one); the others keep their value."""
         merged = {**self.get(tenant), **values}
-        _put(self.db, "quotas", {"tenant": tenant, **{k: merged[k] for k in self.FIELDS}})
+        put_row(self.db, "quotas", {"tenant": tenant, **{k: merged[k] for k in self.FIELDS}})
         return merged
 
     def bytes_stored(self, tenant: str) -> int:

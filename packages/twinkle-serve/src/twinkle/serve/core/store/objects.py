@@ -15,7 +15,7 @@ from twinkle.serve.core.records import Checkpoint, Run, Sampler, Session
 from twinkle.serve.errors import NotFound
 
 
-def _put(db, table: str, values: dict) -> None:
+def put_row(db, table: str, values: dict) -> None:
     values = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in values.items()}
     cols, marks = ", ".join(values), ", ".join("?" for _ in values)
     db.execute(f"INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})", tuple(values.values()))
@@ -30,7 +30,7 @@ class Sessions:
         self.db = db
 
     def create(self, session: Session) -> None:
-        _put(self.db, "sessions", asdict(session))
+        put_row(self.db, "sessions", asdict(session))
 
     def owned(self, session_id, tenant: str) -> Session | None:
         row = _id(session_id) and self.db.one(
@@ -70,7 +70,7 @@ class Runs:
         self.db = db
 
     def create(self, run: Run) -> None:
-        _put(self.db, "models", asdict(run))
+        put_row(self.db, "models", asdict(run))
 
     def owned(self, model_id, tenant: str) -> Run | None:
         row = _id(model_id) and self.db.one("SELECT * FROM models WHERE model_id=? AND tenant=?", (model_id, tenant))
@@ -125,7 +125,7 @@ class Samplers:
         self.db = db
 
     def create(self, sampler: Sampler) -> None:
-        _put(self.db, "samplers", {**asdict(sampler), "ephemeral": int(sampler.ephemeral)})
+        put_row(self.db, "samplers", {**asdict(sampler), "ephemeral": int(sampler.ephemeral)})
 
     def owned(self, sampler_id, tenant: str) -> Sampler | None:
         row = _id(sampler_id) and self.db.one(
@@ -145,7 +145,7 @@ class Checkpoints:
         self.db = db
 
     def put(self, ckpt: Checkpoint) -> None:
-        _put(self.db, "checkpoints", {**asdict(ckpt), "public": int(ckpt.public)})
+        put_row(self.db, "checkpoints", {**asdict(ckpt), "public": int(ckpt.public)})
 
     def _one(self, where: str, args) -> Checkpoint | None:
         row = self.db.one(f"SELECT * FROM checkpoints WHERE {where}", args)
