@@ -221,8 +221,8 @@ def vllm(session: nox.Session) -> None:
 # shows what that machine computes, so a tolerance tuned to one CPU fails in CI instead of on a
 # colleague's machine. The suites that compare floats across engines, batch shapes or reduction orders
 # (bit-exact tests of one kernel on one shape, such as isolation and checkpoint round trips, stay out):
-NUMERICS_SUITES = [
-    *(
+NUMERICS_SUITES = {
+    "model": [
         f"packages/twinkle-model/tests/test_{name}.py"
         for name in (
             "loss_reference",
@@ -238,15 +238,17 @@ NUMERICS_SUITES = [
             "model_multi_lora_layer_grad",
             "model_multi_lora_planner",
         )
-    ),
-    *(f"packages/twinkle-sampler/tests/test_sampler_{name}.py" for name in ("topk", "torch", "contract", "group")),
-    "packages/twinkle-mesh/tests/test_mesh_distributed.py",
-    "tests/conformance",
-    *(
+    ],
+    "sampler": [
+        f"packages/twinkle-sampler/tests/test_sampler_{name}.py" for name in ("topk", "torch", "contract", "group")
+    ],
+    "mesh": ["packages/twinkle-mesh/tests/test_mesh_distributed.py"],
+    "conformance": ["tests/conformance"],
+    "serve": [
         f"packages/twinkle-serve/tests/test_serve_{name}.py"
         for name in ("training", "sampling", "losses", "fusion", "ray_cluster")
-    ),
-]
+    ],
+}
 
 
 @nox.session(name="numerics")
@@ -259,10 +261,11 @@ def numerics(session: nox.Session, cpu: str) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "ATEN_CPU_CAPABILITY": cpu,
     }
-    with _cold_caches() as caches:
-        session.run(
-            "pytest", "-q", "--durations=15", *NUMERICS_SUITES, *session.posargs, env={**env, **caches}
-        )  # fmt: skip
+    # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
+    # must not hold the CPUs (or the memory) another suite's cluster needs.
+    for paths in NUMERICS_SUITES.values():
+        with _cold_caches() as caches:
+            session.run("pytest", "-q", "--durations=5", *paths, *session.posargs, env={**env, **caches})
 
 
 @nox.session(name="conformance")
