@@ -86,6 +86,11 @@ class ServeConfig(_Strict):
     # A finished future's result stays retrievable this long, then its row (and its sampling-queue
     # entry) is removed: the tables would otherwise grow by a row per request forever.
     futures_keep_hours: float = Field(24.0, gt=0)
+    # stable_reinforce's records of sampled sequences (tinker/provenance.py): trainable this long after
+    # their last use (Tinker's documented day), and at most this many recorded tokens per key (the
+    # least recently used go first), so a tenant sampling forever cannot grow the store without bound.
+    stability_ttl_s: float = Field(86400.0, gt=0)
+    stability_max_tokens: int = Field(4_000_000, ge=1)
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
     # Adapter residency (twinkle.serve.core.adapter_memory): an idle adapter's weights and optimizer

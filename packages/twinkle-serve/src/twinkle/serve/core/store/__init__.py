@@ -17,6 +17,7 @@ from twinkle.serve.core.store.account_tables import CustomLosses, Projects, Quot
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
 from twinkle.serve.core.store.schema import VERSION, migrate
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
+from twinkle.serve.core.store.stability_tables import StabilityRecords
 
 __all__ = ["Store", "VERSION"]
 
@@ -65,6 +66,7 @@ class Store:
         self.futures, self.idempotency, self.curves = Futures(self.db), Idempotency(self.db), Curves(self.db)
         self.custom_losses, self.sample_requests = CustomLosses(self.db), SampleRequests(self.db)
         self.projects, self.usage, self.quotas = Projects(self.db), Usage(self.db), Quotas(self.db)
+        self.stability = StabilityRecords(self.db)  # stable_reinforce's sampled-sequence records
 
     @property
     def version(self) -> int:
