@@ -12,7 +12,7 @@ from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec, custom_loss_service
+from twinkle.serve.tinker import codec, custom_loss_service, model_names
 from twinkle.serve.tinker.provenance import Provenance
 
 
@@ -57,7 +57,7 @@ class TinkerModels:
     def new_run(self, tenant: str, session_id, model_seq_id, base_model, spec: LoraSpec, user_metadata):
         """A run's record and its adapter-memory reservation (its adapter is built on the worker)."""
         session_id = self.svc.session(tenant, session_id).session_id
-        engine = self.rt.engine(base_model)
+        engine = model_names.engine(self.rt, base_model)  # `<base>:peft:<context>` names too
         self.svc.admit_run(tenant)
         self.svc.admit_adapter(tenant)
         if not isinstance(model_seq_id, int):
@@ -120,7 +120,7 @@ class TinkerModels:
             "lora_rank": run.lora.get("rank"),
             "model_name": run.base_model,
             "model_data": {
-                "arch": "qwen3",
+                "arch": model_names.arch(engine),  # the config's model_type
                 "model_name": run.base_model,
                 "tokenizer_id": engine.backend.tokenizer_path,
             },

@@ -10,7 +10,7 @@ from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, model_names
 from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
 
@@ -31,7 +31,7 @@ class TinkerSampling:
             ckpt = self.svc.checkpoints.readable(tenant, model_path)
             base_model = self.rt.store.runs.of_checkpoint(ckpt).base_model
         else:
-            base_model = self.rt.engine(body.get("base_model")).entry.name
+            base_model = model_names.engine(self.rt, body.get("base_model")).entry.name
         sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
         self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
