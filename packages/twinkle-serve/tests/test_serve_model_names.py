@@ -56,8 +56,7 @@ def test_capabilities_report_real_context_and_caps(server, tenant_key):
     rest = tinker.RestClient(base_url=server.url, api_key=tenant_key)
     models = {m.model_name: m for m in rest.get_server_capabilities().result().supported_models}
     n = served_context()
-    plain, long = models[TEST_MODEL], models[f"{TEST_MODEL}:peft:{n}"]
-    assert plain.max_context_length == long.max_context_length == n
+    assert models[TEST_MODEL].max_context_length == n
 
 
 def test_capabilities_json_carries_caps_and_arch(server, tenant_key):
@@ -105,7 +104,7 @@ def test_get_info_reports_the_config_architecture(llama_server):
     assert tc.get_info().model_data.arch == "llama"
     rest = tinker.RestClient(base_url=srv.url, api_key=srv.create_key("lara2"))
     caps = {m.model_name: m for m in rest.get_server_capabilities().result().supported_models}
-    assert caps[folder].max_context_length == 1536 and caps[f"{folder}:peft:1536"].max_context_length == 1536
+    assert caps[folder].max_context_length == 1536
 
 
 def test_sampling_client_get_tokenizer_through_the_model_folder(client):

@@ -77,7 +77,7 @@ def arch(eng) -> str | None:
 
 
 def capabilities(rt) -> list[dict]:
-    """get_server_capabilities' rows: each base model, and its `:peft:<max>` long-context name."""
+    """get_server_capabilities' rows: each base model with its real context and caps."""
     caps = getattr(rt.config, "caps", None)  # per-request bounds, where this server has them
     rows = []
     for name, eng in rt.engines.items():
@@ -91,5 +91,5 @@ def capabilities(rt) -> list[dict]:
         }
         if caps is not None and getattr(caps, "max_lora_rank", None):
             row["max_lora_rank"] = caps.max_lora_rank
-        rows += [row, {**row, "model_name": f"{name}:peft:{eng.backend.max_context}"}]
+        rows.append(row)  # (any `name:peft:<n>` up to max_context_length is accepted; not listed twice)
     return rows
