@@ -307,3 +307,31 @@ def faults(session: nox.Session) -> None:
     _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
     folder = Path("packages/twinkle-serve/tests/reliability")
     _pytest(session, *sorted(str(p) for p in folder.glob(FAULTS)))
+
+
+# What tinker-cookbook 0.6.1's recipes import beyond this workspace (its registry dependency list names
+# versions the index lacks, e.g. tml-renderers>=0.4.1, so it is installed --no-deps plus these).
+COOKBOOK_IMPORTS = [
+    "aiohttp",
+    "blobfile",
+    "chz",
+    "cloudpickle",
+    "pyrage",
+    "termcolor",
+    "tiktoken",
+    "tml-renderers",
+    "sympy",
+    "pylatexenc",
+    "math-verify",
+]
+
+
+@nox.session(name="cookbook", default=False)
+def cookbook(session: nox.Session) -> None:
+    """tinker-cookbook 0.6.1's recipes that need no network, 1-2 steps each (sizes overridden only) against
+    a real twinkle-server: scripts/cookbook_recipes.py (`nox -s cookbook -- math_rl rubric`: those only)."""
+    _sync(session, "--all-packages", "--group", "examples")
+    session.install("--no-deps", "tinker-cookbook==0.6.1")
+    session.install(*COOKBOOK_IMPORTS)
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"}
+    session.run("python", "scripts/cookbook_recipes.py", *session.posargs, env=env)

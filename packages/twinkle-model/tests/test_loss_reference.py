@@ -29,6 +29,9 @@ def _setup(seed=0):
         "weights": torch.rand(B, T, generator=g, dtype=torch.float64) * 2 - 0.5,
         "teacher_topk_ids": torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(B * T)]).view(B, T, K),
         "teacher_topk_logprobs": -torch.rand(B, T, K, generator=g, dtype=torch.float64) * 4,
+        # stable_reinforce: which targets were sampled (the rest are prompt), and the cookbook's turn mask
+        "sampled_mask": (torch.rand(B, T, generator=g) < 0.7).double(),
+        "mask": (torch.rand(B, T, generator=g) < 0.9).double(),
     }
     return logits, targets, fields
 
@@ -161,6 +164,21 @@ def ref_gkd(lg, y, f, beta=0.5, tau=1.0):
     return _mean(out)
 
 
+def ref_stable(lg, y, f, cap=2.0):
+    """Truncated IS: value -s·m·min(r, C)·A, gradient -s·m·min(r, C)·A·dlogp, averaged over s·m."""
+    out = []
+    for b, t in _tokens(y):
+        s = f["sampled_mask"][b, t] * f["mask"][b, t]
+        if s == 0:
+            continue
+        lp = _lp(lg[b, t], y[b, t])
+        r = math.exp(lp.item() - f["logprobs"][b, t].item())
+        w = min(r, cap)
+        # the value is w·A; the gradient of w·(lp - sg(lp)) + w is w·dlp
+        out.append(-s * f["advantages"][b, t] * w * (1 + lp - lp.detach()))
+    return _mean(out)
+
+
 CASES = [
     ("CrossEntropyLoss", {}, ref_ce),
     ("importance_sampling", {}, ref_is),
@@ -178,6 +196,8 @@ CASES = [
     ("gkd", {}, ref_gkd),
     ("gkd", {"beta": 0.0, "temperature": 2.0}, lambda *a: ref_gkd(*a, beta=0.0, tau=2.0)),
     ("gkd", {"beta": 1.0}, lambda *a: ref_gkd(*a, beta=1.0)),
+    ("stable_reinforce", {}, ref_stable),
+    ("StableReinforceLoss", {"ratio_cap": 1.1}, lambda *a: ref_stable(*a, cap=1.1)),
 ]
 
 
@@ -252,3 +272,40 @@ def test_entry_points_declare_every_builtin_loss():
     declared = {ep.name for ep in entry_points(group="twinkle.loss")}
     builtins = {cls.__name__ for cls in set(LOSSES._classes.values())}
     assert builtins <= declared, builtins - declared
+
+
+def test_stable_reinforce_truncates_both_branches_and_drops_prompt_positions():
+    """With a cap of 1.1 some tokens are above it (weight C, not r) and some below (weight r); prompt
+    positions (sampled_mask 0) get no gradient at all, whatever their advantage."""
+    logits, targets, fields = _setup(7)
+    fields["logprobs"] = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    fields["logprobs"] = fields["logprobs"] + torch.linspace(-1, 1, B * T, dtype=torch.float64).view(B, T)
+    fields["mask"] = torch.ones(B, T, dtype=torch.float64)
+    x = logits.clone().requires_grad_(True)
+    out = create_loss("stable_reinforce", ratio_cap=1.1)(LossContext.from_logits(x, targets, **fields))
+    out.loss.backward()
+    assert 0 < out.metrics["truncated_fraction"] < 1
+    prompt = (fields["sampled_mask"] == 0) & (targets != -100)
+    assert prompt.any() and x.grad[prompt].abs().max() == 0
+    assert x.grad[(fields["sampled_mask"] == 1) & (targets != -100)].abs().sum() > 0
+
+
+def test_stable_reinforce_on_policy_is_reinforce():
+    """At r = 1 the loss is -Σ A (summed) and its gradient is REINFORCE's, -A·dlogp."""
+    logits, targets, fields = _setup(8)
+    fields.update(sampled_mask=torch.ones(B, T, dtype=torch.float64), mask=torch.ones(B, T, dtype=torch.float64))
+    fields["logprobs"] = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    a = logits.clone().requires_grad_(True)
+    loss = create_loss("stable_reinforce", reduction="sum")(LossContext.from_logits(a, targets, **fields)).loss
+    loss.backward()
+    m = (targets != -100).double()
+    torch.testing.assert_close(loss.double(), -(fields["advantages"] * m).sum(), rtol=1e-5, atol=1e-6)
+    b = logits.clone().requires_grad_(True)
+    lp = torch.log_softmax(b, -1).gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    (-(fields["advantages"] * m * lp).sum()).backward()
+    torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_stable_reinforce_refuses_a_cap_below_one():
+    with pytest.raises(ValueError, match="ratio_cap must be >= 1"):
+        create_loss("stable_reinforce", ratio_cap=0.5)

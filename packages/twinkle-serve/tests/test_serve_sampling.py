@@ -248,14 +248,6 @@ def test_prompt_alt_tokens_are_seeded_draws_with_their_logprobs(eos_trained, ref
         assert (draw(None, temperature).tokens.to_numpy() == top_id.numpy()[:, None]).all()
 
 
-def test_record_stability_info_is_refused(eos_trained, alice):
-    from tinker import types
-
-    stable = alice.create_sampling_client(base_model=TEST_MODEL, record_stability_info=True).result()
-    with pytest.raises(Exception, match="record_stability_info .* is not supported"):
-        stable.sample(types.ModelInput.from_ints(PROMPT), 1, greedy(1)).result()
-
-
 @pytest.fixture(scope="module")
 def raw(server, keys):
     """post(body overrides) -> the HTTP response of a hand-written /asample on a base-model sampler."""

@@ -6,6 +6,7 @@ from twinkle.loss.head import IGNORE_INDEX, ChunkedHead, LogitsHead, TokenHead
 from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
+from twinkle.loss.stable import StableReinforceLoss
 
 __all__ = [
     "LOSSES",
@@ -25,6 +26,7 @@ __all__ = [
     "LossOutput",
     "PPOLoss",
     "SimPOLoss",
+    "StableReinforceLoss",
     "TokenHead",
     "create_loss",
     "register_loss",

@@ -96,6 +96,11 @@ class ServeConfig(_Strict):
     # Open connections past this answer 503 (uvicorn's limit_concurrency); default: the process's open
     # file limit (raised to its hard limit at start) less a reserve for model, database and log files.
     max_connections: int | None = Field(None, ge=1)
+    # stable_reinforce's records of sampled sequences (tinker/provenance.py): trainable this long after
+    # their last use (Tinker's documented day), and at most this many recorded tokens per key (the
+    # least recently used go first), so a tenant sampling forever cannot grow the store without bound.
+    stability_ttl_s: float = Field(86400.0, gt=0)
+    stability_max_tokens: int = Field(4_000_000, ge=1)
     # Cap on the LoRA memory (weights, grads, Adam moments) of all live adapters.
     max_adapter_memory_mb: float | None = Field(None, gt=0)
     # Adapter residency (twinkle.serve.core.adapter_memory): an idle adapter's weights and optimizer

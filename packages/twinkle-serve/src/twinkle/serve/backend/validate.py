@@ -14,6 +14,8 @@ TINKER_LOSSES = {
     "cispo": ("logprobs", "advantages"),
     "dro": ("logprobs", "advantages"),
     "gspo": ("logprobs", "advantages"),
+    # logprobs (and sampled_mask) come from the server's records: tinker/provenance.py
+    "stable_reinforce": ("logprobs", "advantages"),
 }
 
 

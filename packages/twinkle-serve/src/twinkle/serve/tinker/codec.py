@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -46,6 +47,39 @@ def _datum(i: int, d) -> Datum:
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
     inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
     return Datum(tokens, inputs)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One provenance run (tinker.PromptProvenanceSpan / SampledProvenanceSpan), as sent."""
+
+    kind: str  # "prompt" | "sampled"
+    sequence_id: str
+    offset: int
+    length: int
+
+
+def _spans(d) -> tuple[list[Span], list[Span]] | None:
+    """A datum's (model_input spans, loss_fn_input spans), or None when it carries no provenance."""
+    if not d.model_input_spans and not d.loss_fn_input_spans:
+        return None
+    out = []
+    for field in (d.model_input_spans, d.loss_fn_input_spans):
+        runs = []
+        for s in field:
+            kind = s.WhichOneof("span")  # None: a span with neither set (refused when resolved)
+            run = s.prompt_tokens if kind == "prompt_tokens" else s.sampled_tokens
+            label = {"prompt_tokens": "prompt", "sampled_tokens": "sampled"}.get(kind, "empty")
+            runs.append(Span(label, run.sequence_id, run.offset, run.length))
+        out.append(runs)
+    return out[0], out[1]
+
+
+def decode_provenance(body: bytes) -> list[tuple[list[Span], list[Span]] | None]:
+    """Each datum's provenance spans (stable_reinforce), from a body decode_forward_backward accepted."""
+    msg = pb.ForwardBackwardRequest()
+    msg.ParseFromString(body)
+    return [_spans(d) for d in msg.data]
 
 
 def decode_forward_backward(body: bytes):

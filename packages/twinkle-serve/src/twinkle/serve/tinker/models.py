@@ -12,7 +12,8 @@ from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec, custom_loss_service
+from twinkle.serve.tinker import codec, custom_loss_service, model_names
+from twinkle.serve.tinker.provenance import Provenance
 
 
 def adapter_name(model_id: str) -> str:
@@ -26,6 +27,7 @@ def spec_of(run: Run) -> LoraSpec:
 class TinkerModels:
     def __init__(self, svc: Service):
         self.svc, self.rt = svc, svc.rt
+        self.provenance = Provenance(svc)
 
     # ---- sessions ------------------------------------------------------------------------------
     def create_session(self, tenant: str, body: dict) -> dict:
@@ -39,6 +41,7 @@ class TinkerModels:
     def finish_session(self, tenant: str, session_id: str, body: dict) -> None:
         self.svc.session(tenant, session_id)
         self.rt.store.sessions.finish(session_id, (body.get("reason") or {}).get("type", "success"))
+        self.rt.store.stability.drop_session(session_id)  # its recorded sequences can no longer be trained on
         # Free the session's adapters once their queued work has drained (runs and checkpoints stay).
         # A native run's adapters are the native API's to free (DELETE /twinkle/v1/models/{id}).
         for run in self.rt.store.runs.of_session(session_id):
@@ -54,7 +57,7 @@ class TinkerModels:
     def new_run(self, tenant: str, session_id, model_seq_id, base_model, spec: LoraSpec, user_metadata):
         """A run's record and its adapter-memory reservation (its adapter is built on the worker)."""
         session_id = self.svc.session(tenant, session_id).session_id
-        engine = self.rt.engine(base_model)
+        engine = model_names.engine(self.rt, base_model)  # `<base>:peft:<context>` names too
         self.svc.admit_run(tenant)
         self.svc.admit_adapter(tenant)
         if not isinstance(model_seq_id, int):
@@ -117,7 +120,7 @@ class TinkerModels:
             "lora_rank": run.lora.get("rank"),
             "model_name": run.base_model,
             "model_data": {
-                "arch": "qwen3",
+                "arch": model_names.arch(engine),  # the config's model_type
                 "model_name": run.base_model,
                 "tokenizer_id": engine.backend.tokenizer_path,
             },
@@ -137,10 +140,14 @@ class TinkerModels:
                 self.svc, tenant, engine, run, seq_id, data, config, forward_only, body
             )
             return {"request_id": request_id, "model_id": model_id}
+        extra: dict = {}
+        if loss_fn == "stable_reinforce":  # the sampler's log-probs, from the records the spans name
+            data, extra = self.provenance.resolve(tenant, run, data, codec.decode_provenance(body))
 
         def finish(result):
             if isinstance(result, Exception):
                 raise result
+            result.metrics.update(extra)
             self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
             self.svc.count_training(run, sum(len(d.tokens) for d in data))
             if not forward_only:  # the run's curve, as the dashboard shows native runs'

@@ -19,6 +19,7 @@ from twinkle.serve.core.futures import PROTO
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker import bodies as b
+from twinkle.serve.tinker import model_names
 from twinkle.serve.tinker.models import TinkerModels
 from twinkle.serve.tinker.rest import TinkerRest
 from twinkle.serve.tinker.sampling import TinkerSampling
@@ -76,12 +77,7 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.get("/get_server_capabilities")
     def capabilities(t: str = Depends(ready_tenant)):
-        return {
-            "supported_models": [
-                {"model_name": name, "max_context_length": e.backend.max_context, "trainable": True, "sampleable": True}
-                for name, e in rt.engines.items()
-            ]
-        }
+        return {"supported_models": model_names.capabilities(rt)}  # with each model's caps
 
     @r.post("/create_session", openapi_extra=b.documented(b.CreateSessionBody))
     async def create_session(request: Request, t: str = Depends(tenant)):

@@ -62,11 +62,8 @@ def _float(d: dict, name: str, default: float) -> float:
 def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleParams, tuple | None]:
     """The asample body's sampling options, checked (a 400 naming the field) -> (SampleParams, the CSR layout
     of a sparse target_prompt_logprobs, to answer in, or None)."""
-    if body.get("record_stability_info") not in (None, False):  # refused, never silently ignored
-        raise BadRequest(
-            "record_stability_info (stable_reinforce provenance) is not supported by this server; "
-            "sample without it and train with importance_sampling"
-        )
+    if body.get("record_stability_info") not in (None, False, True):  # recorded by tinker/provenance.py
+        raise BadRequest(f"record_stability_info must be a boolean, got {body['record_stability_info']!r}")
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise BadRequest("sampling_params must be an object")

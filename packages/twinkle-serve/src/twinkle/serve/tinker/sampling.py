@@ -10,7 +10,8 @@ from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, model_names
+from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
 
 
@@ -21,6 +22,7 @@ def sampler_name(key: str) -> str:
 class TinkerSampling:
     def __init__(self, svc: Service):
         self.svc, self.rt = svc, svc.rt
+        self.provenance = Provenance(svc)
 
     def create_sampling_session(self, tenant: str, body: dict) -> dict:
         session_id = self.svc.session(tenant, body.get("session_id")).session_id
@@ -29,7 +31,7 @@ class TinkerSampling:
             ckpt = self.svc.checkpoints.readable(tenant, model_path)
             base_model = self.rt.store.runs.of_checkpoint(ckpt).base_model
         else:
-            base_model = self.rt.engine(body.get("base_model")).entry.name
+            base_model = model_names.engine(self.rt, body.get("base_model")).entry.name
         sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
         self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
@@ -41,6 +43,7 @@ class TinkerSampling:
         self.rt.store.samplers.create(
             Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(), ephemeral=True)
         )
+        self.provenance.snapshot(sampler_id, model_id)  # the policy version its samples are recorded with
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
     def sampler(self, tenant: str, sampler_id) -> Sampler:
@@ -60,6 +63,9 @@ class TinkerSampling:
         self.svc.admit_tokens(tenant, len(prompt))
         params, target_layout = sample_params(body, len(prompt), engine.backend.vocab_size)
         want_prompt_lps = bool(body.get("prompt_logprobs"))
+        sequence_ids = [uuid.uuid4().hex for _ in range(n)]
+        # stable_reinforce: what each sequence's loss will need, recorded before the result is visible
+        policy = self.provenance.policy(tenant, sampler) if body.get("record_stability_info") else None
         adapter = folder = None
         if sampler.model_path:
             ckpt = self.svc.checkpoints.readable(tenant, sampler.model_path)
@@ -73,6 +79,8 @@ class TinkerSampling:
                 engine.backend.install_sampler_from_folder(adapter, folder)
             result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps)
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
+            if policy is not None:
+                self.provenance.record(tenant, sampler, policy, sequence_ids, prompt, result.sequences)
             return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
 
         seq = body.get("seq_id")
@@ -80,4 +88,4 @@ class TinkerSampling:
         # a clone's seq_ids start at clone * 1e9: the retrieve_futures queue it reads (tinker/sampling_queue.py)
         clone = seq // 10**9 if isinstance(seq, int) and not isinstance(seq, bool) else 0
         self.rt.store.sample_requests.record(request_id, tenant, sampler.sampler_id, clone)
-        return {"request_id": request_id, "sample_sequence_ids": [uuid.uuid4().hex for _ in range(n)]}
+        return {"request_id": request_id, "sample_sequence_ids": sequence_ids}

@@ -3,7 +3,7 @@
 The SDK (0.38) sends `forward_backward` bodies as protobuf and expects ForwardBackwardOutput and
 SampleResponse results as protobuf. We declare the subset we need as a FileDescriptorProto built in
 code (no protoc step, no dependency on the SDK): only field numbers and types matter on the wire,
-and fields we do not declare (provenance spans) are skipped by the parser.
+and fields we do not declare are skipped by the parser.
 """
 
 from __future__ import annotations
@@ -75,9 +75,21 @@ def _build():
     _field(m, "image", 2, _F.TYPE_MESSAGE, type_name="ImageChunk", oneof=0)
     _field(m, "dmel", 3, _F.TYPE_MESSAGE, type_name="DmelChunk", oneof=0)
 
+    for name in ("PromptProvenanceSpan", "SampledProvenanceSpan"):  # stable_reinforce's provenance
+        m = fd.message_type.add(name=name)
+        _field(m, "sequence_id", 1, _F.TYPE_STRING)
+        _field(m, "offset", 2, _F.TYPE_INT64)
+        _field(m, "length", 3, _F.TYPE_INT64)
+    m = fd.message_type.add(name="ProvenanceSpan")
+    m.oneof_decl.add(name="span")
+    _field(m, "prompt_tokens", 1, _F.TYPE_MESSAGE, type_name="PromptProvenanceSpan", oneof=0)
+    _field(m, "sampled_tokens", 2, _F.TYPE_MESSAGE, type_name="SampledProvenanceSpan", oneof=0)
+
     m = fd.message_type.add(name="Datum")
     _field(m, "model_input", 1, _F.TYPE_MESSAGE, repeated=True, type_name="Chunk")
     _map(fd, m, "loss_fn_inputs", 2, _F.TYPE_MESSAGE, "Tensor")
+    _field(m, "model_input_spans", 3, _F.TYPE_MESSAGE, repeated=True, type_name="ProvenanceSpan")
+    _field(m, "loss_fn_input_spans", 4, _F.TYPE_MESSAGE, repeated=True, type_name="ProvenanceSpan")
 
     m = fd.message_type.add(name="LossConfigValue")
     m.oneof_decl.add(name="value")

@@ -24,6 +24,7 @@ from twinkle.serve.core.store.account_tables import (
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
 from twinkle.serve.core.store.schema import VERSION, migrate
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
+from twinkle.serve.core.store.stability_tables import StabilityRecords
 
 __all__ = ["Store", "VERSION"]
 
@@ -73,6 +74,7 @@ class Store:
         self.custom_losses, self.sample_requests = CustomLosses(self.db), SampleRequests(self.db)
         self.projects, self.usage, self.quotas = Projects(self.db), Usage(self.db), Quotas(self.db)
         self.run_samples = RunSamples(self.db)
+        self.stability = StabilityRecords(self.db)  # stable_reinforce's sampled-sequence records
 
     @property
     def version(self) -> int:

@@ -75,8 +75,21 @@ CREATE TABLE IF NOT EXISTS run_samples (model_id TEXT NOT NULL, tenant TEXT NOT 
     step INTEGER, prompt TEXT NOT NULL, completion TEXT NOT NULL, reward REAL);
 CREATE INDEX IF NOT EXISTS run_samples_model ON run_samples (model_id, t);
 """
+# 6: stable_reinforce (tinker/provenance.py): per sampled sequence what the loss needs (its request's prompt,
+# its tokens and the sampler's log-probs, int32/float32 bytes) and the policy version that sampled it;
+# and the policy version each sampler serves (a run's optimizer step count when its weights were taken).
+V6 = """
+CREATE TABLE IF NOT EXISTS stability_records (sequence_id TEXT PRIMARY KEY, tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL, sampler_id TEXT, model_id TEXT, policy_version INTEGER, prompt BLOB NOT NULL,
+    tokens BLOB NOT NULL, logprobs BLOB NOT NULL, n_tokens INTEGER NOT NULL, created_at REAL NOT NULL,
+    last_used REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS stability_records_tenant ON stability_records (tenant, last_used);
+CREATE INDEX IF NOT EXISTS stability_records_session ON stability_records (session_id);
+CREATE TABLE IF NOT EXISTS stability_policies (sampler_id TEXT PRIMARY KEY, model_id TEXT,
+    policy_version INTEGER NOT NULL);
+"""
 
-MIGRATIONS = [V1, V2, V3, V4, V5]
+MIGRATIONS = [V1, V2, V3, V4, V5, V6]
 VERSION = len(MIGRATIONS)
 
 
