@@ -56,7 +56,7 @@ def by_folder(rt, name):
     if not isinstance(name, str) or not name.startswith("/") or name in rt.engines:
         return None
     for eng in rt.engines.values():
-        folder = getattr(eng.backend, "tokenizer_path", None)
+        folder = eng.backend.tokenizer_path
         if folder and Path(folder).resolve() == Path(name).resolve():
             return eng
     return None
@@ -72,7 +72,7 @@ def _model_type(folder: str) -> str | None:
 
 def arch(eng) -> str | None:
     """The model's architecture as its config names it (`model_type`: qwen3, llama, ...)."""
-    folder = getattr(eng.backend, "tokenizer_path", None) or eng.entry.path
+    folder = eng.backend.tokenizer_path or eng.entry.path
     return _model_type(str(folder)) if folder else None
 
 
