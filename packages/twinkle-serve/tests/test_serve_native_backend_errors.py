@@ -34,7 +34,7 @@ def test_native_operations_on_the_remote_backends_local_trainer():
     rows = [{"input_ids": list(range(5, 20)), "labels": list(range(5, 20))}]
     losses = []
     for backend in (MultiLoraBackend(TEST_MODEL, path), RemoteBackend(TEST_MODEL, path)):
-        assert backend.multi_lora is not None and backend.base_module is not None
+        assert backend.base_module is not None  # training in this process: the base is here
         assert backend.add_lora("a", LoraConfig(r=4, target_modules=["q_proj"]), 1, 3) == 4
         backend.configure_adapter("a", "optimizer", "AdamW", {"lr": 1e-4})  # the contract: no implicit one
         (out,) = backend.forward_backward_many([RowsPass("a", rows, False)])

@@ -150,8 +150,7 @@ class Backend(ABC):
 
     Capabilities are declared, never probed: every backend has a tokenizer, samplers it can install
     and remove, the native API's adapter operations, and `close()`; `base_module` (for the
-    adapter-memory estimate) and `multi_lora` (an in-process engine, for callers that want the object
-    itself) are None where the backend has no such object here.
+    adapter-memory estimate) is None where the base model is not in this process.
     """
 
     base_model: str  # the name clients use
@@ -160,7 +159,6 @@ class Backend(ABC):
     vocab_size: int
     max_context: int
     base_module: object | None = None
-    multi_lora: object | None = None
     # Declared capabilities (a subclass that has one says True): callers read these, never probe.
     streams_tokens: bool = False  # sample() takes on_tokens, each decode step's tokens as they come
     holds_adapters_here: bool = False  # adapters live in this process: the server's residency policy

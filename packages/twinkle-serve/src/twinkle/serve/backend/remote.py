@@ -40,9 +40,9 @@ def _raise_user_error(value):
 class RemoteBackend(Backend):
     """The `multi_lora` backend over a TrainShard and a SamplerShard, each local or a remote group.
 
-    With training in this process (no `remote_group`: only sampling is remote) the local shard's
-    MultiLoraModel is `multi_lora`; with training on a remote group the engine lives on the actors and
-    `multi_lora` is None. Either way both APIs drive it through the Backend operations."""
+    With training in this process (no `remote_group`: only sampling is remote) the local shard's base
+    model is `base_module`; with training on a remote group the engine lives on the actors and
+    `base_module` is None. Either way both APIs drive it through the Backend operations."""
 
     def __init__(
         self,
@@ -83,7 +83,7 @@ class RemoteBackend(Backend):
             if isinstance(part, RemoteGroup):
                 part.remote_call_timeout_s = call_timeout_s
         if remote_group is None:  # a local shard: its engine and base model are in this process
-            self.multi_lora, self.base_module = self.trainer.engine, self.trainer.base_module
+            self.base_module = self.trainer.base_module
         info = self.trainer.describe()
         self.vocab_size, self.max_context = info["vocab_size"], info["max_context"]
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=trust_remote_code)
