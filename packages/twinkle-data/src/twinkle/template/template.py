@@ -113,6 +113,7 @@ class Template:
             messages.append(m)
         if self.default_system and (not messages or messages[0]["role"] != "system"):
             messages.insert(0, {"role": "system", "content": self.default_system})
+        self._require_images(messages, index)
         tools = row.get("tools")
         if isinstance(tools, str):
             tools = json.loads(tools) if tools.strip() else None
@@ -146,19 +147,25 @@ class Template:
         sources = vision.image_sources(messages)
         if not sources:
             return text, spans, {}
+        pixels, grid, counts = self._image_encoder.encode(sources)
+        text, spans = vision.expand_placeholders(text, self._image_encoder.placeholder, counts, spans)
+        # a list of patch rows, not one 2-D array: Arrow stores it as list<list<float>>
+        return text, spans, {"pixel_values": list(pixels), "image_grid_thw": grid.tolist()}
+
+    def _require_images(self, messages, index) -> None:
+        """Before rendering: a text-only model's template cannot even place an image."""
+        n = len(vision.image_sources(messages))
+        if not n:
+            return
         if self._image_encoder is None and self.model_id is not None:
             from twinkle.hub import resolve_model_path
 
             self._image_encoder = vision.load_image_encoder(resolve_model_path(self.model_id), self.tokenizer)
         if self._image_encoder is None:
             raise DataError(
-                f"row {index} holds {len(sources)} image(s) but model {self.model_id!r} is text-only "
+                f"row {index} holds {n} image(s) but model {self.model_id!r} is text-only "
                 f"(no image processor in its folder); use a vision-language model such as twinkle://qwen2.5-vl-tiny"
             )
-        pixels, grid, counts = self._image_encoder.encode(sources)
-        text, spans = vision.expand_placeholders(text, self._image_encoder.placeholder, counts, spans)
-        # a list of patch rows, not one 2-D array: Arrow stores it as list<list<float>>
-        return text, spans, {"pixel_values": list(pixels), "image_grid_thw": grid.tolist()}
 
     def _check_image_truncation(self, n_tokens: int, images: dict, index) -> None:
         if images and self.max_length is not None and n_tokens > self.max_length:
