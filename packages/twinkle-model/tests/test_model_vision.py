@@ -93,3 +93,13 @@ def test_a_text_only_model_refuses_pixel_values(rows):
     bad = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "pixel_values": rows[0]["pixel_values"], "image_grid_thw": [[1, 4, 4]]}]
     with pytest.raises(ValueError, match="the batch holds images but the model \\(Qwen3Config\\) is text-only"):
         m.forward_only(inputs=bad)
+
+
+def test_multi_lora_refuses_image_rows_by_name(rows):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import MultiLoraModel
+
+    m = MultiLoraModel(TEST_MODEL)
+    m.add_adapter_to_model("a", LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
+    with pytest.raises(ValueError, match="MultiLoraModel does not take image rows"):
+        m.forward_backward(inputs=rows[:1], adapter_name="a")
