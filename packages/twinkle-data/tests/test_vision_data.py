@@ -43,7 +43,11 @@ def hf_processor(vl_path):
 
     check = ProcessorMixin.check_argument_for_proper_class
     mp = pytest.MonkeyPatch()
-    mp.setattr(ProcessorMixin, "check_argument_for_proper_class", lambda s, n, a: None if n == "video_processor" else check(s, n, a))
+    mp.setattr(
+        ProcessorMixin,
+        "check_argument_for_proper_class",
+        lambda s, n, a: None if n == "video_processor" else check(s, n, a),
+    )
     try:
         yield Qwen2_5_VLProcessor(
             image_processor=AutoImageProcessor.from_pretrained(vl_path),
@@ -83,7 +87,19 @@ def test_template_equals_the_hf_processor_token_by_token(template, hf_processor)
     two_images = {
         "messages": [
             {"role": "system", "content": "Look closely."},
-            {"role": "user", "content": [{"type": "image", "image": _png((255, 0, 0))}, {"type": "text", "text": "and"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(_png((0, 0, 255), (112, 84))).decode()}}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": _png((255, 0, 0))},
+                    {"type": "text", "text": "and"},
+                    {
+                        "type": "image_url",
+                        "image_url": {
+                            "url": "data:image/png;base64," + base64.b64encode(_png((0, 0, 255), (112, 84))).decode()
+                        },
+                    },
+                ],
+            },
             {"role": "assistant", "content": "red, blue"},
         ]
     }
@@ -117,7 +133,14 @@ def _bytes(src):
 
 
 def test_a_prompt_with_an_image_expands_like_training(template):
-    row = {"messages": [{"role": "user", "content": [{"type": "image", "image": _png((0, 255, 0))}, {"type": "text", "text": "colour?"}]}]}
+    row = {
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": _png((0, 255, 0))}, {"type": "text", "text": "colour?"}],
+            }
+        ]
+    }
     prompt = template.encode_prompt(row)
     assert prompt["input_ids"].count(template.tokenizer.convert_tokens_to_ids("<|image_pad|>")) == 4
     assert template.decode(prompt["input_ids"]).endswith("<|im_start|>assistant\n")
@@ -146,6 +169,8 @@ def test_encoded_image_rows_collate_and_packing_refuses(template):
     rows = [ds[i] for i in range(3)]
     batch = InputProcessor()(rows)
     assert batch["pixel_values"].shape == (48, 1176) and batch["image_grid_thw"].tolist() == [[1, 4, 4]] * 3
-    np.testing.assert_allclose(batch["pixel_values"][:16].numpy(), np.asarray(rows[0]["pixel_values"], dtype=np.float32))
+    np.testing.assert_allclose(
+        batch["pixel_values"][:16].numpy(), np.asarray(rows[0]["pixel_values"], dtype=np.float32)
+    )
     with pytest.raises(ValueError, match="packing=True with image rows"):
         InputProcessor(packing=True)(rows)

@@ -65,7 +65,10 @@ def rows(n: int, seed: int) -> list[dict]:
                 "messages": [
                     {"role": "user", "content": content},
                     # a list of parts here too: a jsonl column must hold one type for Arrow
-                    {"role": "assistant", "content": [{"type": "text", "text": answer.format(colour=colour, shape=shape)}]},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": answer.format(colour=colour, shape=shape)}],
+                    },
                 ],
                 "shape": shape,
                 "colour": colour,

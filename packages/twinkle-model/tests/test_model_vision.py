@@ -51,7 +51,9 @@ def _hand_loss(rows):
         mm_token_type_ids=(ids == image_id).int(),
     )
     logits, targets = out.logits[:, :-1], labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    loss = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+    )
     loss.backward()
     grads = {n.replace(".default", ""): p.grad for n, p in model.named_parameters() if p.grad is not None}
     return float(loss.detach()), grads
@@ -90,7 +92,14 @@ def test_a_text_only_model_refuses_pixel_values(rows):
     from twinkle.hub import TEST_MODEL
 
     m = TransformersModel(model_id=TEST_MODEL)
-    bad = [{"input_ids": [1, 2, 3], "labels": [1, 2, 3], "pixel_values": rows[0]["pixel_values"], "image_grid_thw": [[1, 4, 4]]}]
+    bad = [
+        {
+            "input_ids": [1, 2, 3],
+            "labels": [1, 2, 3],
+            "pixel_values": rows[0]["pixel_values"],
+            "image_grid_thw": [[1, 4, 4]],
+        }
+    ]
     with pytest.raises(ValueError, match="the batch holds images but the model \\(Qwen3Config\\) is text-only"):
         m.forward_only(inputs=bad)
 

@@ -24,7 +24,9 @@ def collate_images(rows: list[dict]) -> dict[str, torch.Tensor]:
         p = np.asarray(row["pixel_values"], dtype=np.float32)
         g = np.asarray(row["image_grid_thw"], dtype=np.int64).reshape(-1, 3)
         if p.shape[0] != int(g.prod(axis=1).sum()):
-            raise ValueError(f"batch row {i}: {p.shape[0]} image patches, but its image grids {g.tolist()} need {int(g.prod(axis=1).sum())}")
+            raise ValueError(
+                f"batch row {i}: {p.shape[0]} image patches, but its image grids {g.tolist()} need {int(g.prod(axis=1).sum())}"
+            )
         pixels.append(p)
         grids.append(g)
     if not pixels:
