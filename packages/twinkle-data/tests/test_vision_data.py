@@ -174,3 +174,15 @@ def test_encoded_image_rows_collate_and_packing_refuses(template):
     )
     with pytest.raises(ValueError, match="packing=True with image rows"):
         InputProcessor(packing=True)(rows)
+
+
+def test_the_image_processor_is_part_of_the_encode_cache_key(template):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from twinkle.hub.embedded_vl import build_image_processor
+
+    same = Template(tokenizer=template.tokenizer, image_processor=build_image_processor())
+    larger = Template(tokenizer=template.tokenizer, image_processor=Qwen2VLImageProcessorPil(max_pixels=224 * 224))
+    assert same.signature() == template.signature() != larger.signature()
+    text_only = Template(tokenizer=template.tokenizer)
+    assert text_only.signature() not in (same.signature(), larger.signature())

@@ -68,8 +68,12 @@ class Template:
     ):
         if truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
+        self._model_path: str | None = None  # known when the tokenizer came from model_id's folder
         if tokenizer is None:
+            from twinkle.hub import resolve_model_path
+
             tokenizer = _load_tokenizer(model_id)
+            self._model_path = resolve_model_path(model_id)  # verified once per process: cheap now
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -86,6 +90,7 @@ class Template:
         self.has_generation_markers = has_generation_markers(source)
         self._vocab_hash: str | None = None
         self._image_encoder = vision.ImageEncoder(image_processor, tokenizer) if image_processor else None
+        self._probed_images = False
 
     # ---- input ---------------------------------------------------------------------------------
     def _conversation(self, row, index: int | None, key: str = "messages") -> tuple[list[dict], Any, dict]:
@@ -282,6 +287,11 @@ class Template:
             self.default_system,
             json.dumps(self.template_kwargs, sort_keys=True, default=str),
         ]
+        if self._image_encoder is None and self._model_path is not None and not self._probed_images:
+            self._probed_images = True  # a VL folder's image processor changes the encoding too
+            self._image_encoder = vision.load_image_encoder(self._model_path, self.tokenizer)
+        if self._image_encoder is not None:  # appended only then: text-only signatures stay as they were
+            parts.append(self._image_encoder.image_processor.to_json_string())
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 
