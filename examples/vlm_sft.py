@@ -56,7 +56,7 @@ def accuracy(model: TransformersModel, rows: list[dict], batch_size: int = 32) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--train-projector", action="store_true", help="a LoRA on the vision merger as well")
