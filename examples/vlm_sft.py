@@ -31,7 +31,7 @@ PROJECTOR = r"model\.visual\.merger\.mlp\.(0|2)"
 
 
 @torch.no_grad()
-def accuracy(model: TransformersModel, rows: list[dict], batch_size: int = 32) -> float:
+def accuracy(model: TransformersModel, rows: list[dict], batch_size: int = 32) -> tuple[float, str]:
     """Share of answers that greedy decoding reproduces exactly (up to and including <|im_end|>).
 
     Greedy decoding emits the reference answer iff the model's top token is the reference token at
@@ -42,7 +42,7 @@ def accuracy(model: TransformersModel, rows: list[dict], batch_size: int = 32) -
     from twinkle.processor import InputProcessor
 
     net = model.peft_model or model.hf_model
-    right = 0
+    right = torch.zeros(len(rows), dtype=torch.bool)
     for start in range(0, len(rows), batch_size):
         batch = InputProcessor()(rows[start : start + batch_size])
         kwargs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
@@ -50,8 +50,10 @@ def accuracy(model: TransformersModel, rows: list[dict], batch_size: int = 32) -
         top_B_T = net(**kwargs, use_cache=False).logits[:, :-1].argmax(-1)
         targets_B_T = batch["labels"][:, 1:]
         wrong = ((top_B_T != targets_B_T) & (targets_B_T != -100)).any(-1)
-        right += int((~wrong).sum())
-    return right / len(rows)
+        right[start : start + batch_size] = ~wrong
+    kinds = sorted({r["kind"] for r in rows})
+    by_kind = ", ".join(f"{k} {float(right[[r['kind'] == k for r in rows]].float().mean()):.3f}" for k in kinds)
+    return float(right.float().mean()), by_kind
 
 
 def main() -> None:
@@ -80,8 +82,8 @@ def main() -> None:
     config = LoraConfig(r=16, lora_alpha=32, target_modules=targets, modules_to_save=["lm_head"])
     model.add_adapter_to_model("default", config)
     model.set_optimizer("AdamW", lr=args.lr)
-    before = accuracy(model, test)
-    print(f"held-out accuracy before: {before:.3f} ({len(test)} pictures)")
+    before, before_kinds = accuracy(model, test)
+    print(f"held-out accuracy before: {before:.3f} ({len(test)} pictures: {before_kinds})")
 
     rows = [train[i] for i in range(len(train))]
     order = np.random.default_rng(0)
@@ -91,15 +93,15 @@ def main() -> None:
             batch = rows[start : start + args.batch_size]
             loss = model.forward_backward(inputs=batch)["loss"]
             model.clip_grad_and_step()
-            if step % 10 == 0 or os.environ.get("VLM_SFT_STEPS"):
+            if step % 10 == 0:
                 print(f"epoch {epoch} step {step} loss {loss:.3f}")
             step += 1
         order.shuffle(rows)
 
     train_s = time.perf_counter() - t_train
-    after = accuracy(model, test)
+    after, after_kinds = accuracy(model, test)
     print(
-        f"held-out accuracy after: {after:.3f} (before {before:.3f}); training {train_s:.0f}s, {time.perf_counter() - t0:.0f}s in all"
+        f"held-out accuracy after: {after:.3f} ({after_kinds}; before {before:.3f}); training {train_s:.0f}s, {time.perf_counter() - t0:.0f}s in all"
     )
 
 
