@@ -41,6 +41,8 @@ HOW = {
     "uv run python examples/sft.py": RUN,
     "uv run torchrun --nproc_per_node=2 examples/sft.py": RUN,
     "uv run examples/sft_any_mode.py": RUN,
+    "uv run examples/vlm_sft.py": HELP,
+    "uv run examples/vlm_sft.py --train-projector": HELP,
     "uv run torchrun --nproc_per_node=2 examples/sft_any_mode.py": RUN,
     "TWINKLE_MODE=ray uv run examples/sft_any_mode.py": RUN,
     "uv run ray start --head --port=6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",

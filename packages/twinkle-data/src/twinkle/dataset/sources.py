@@ -18,7 +18,7 @@ from twinkle.dataset.readers import SUFFIXES
 from twinkle.hub import OfflineError
 
 BUNDLED_ROOT = Path(__file__).parent / "bundled"
-BUNDLED = {"self-cognition": "self_cognition", "arithmetic": "arithmetic"}
+BUNDLED = {"self-cognition": "self_cognition", "arithmetic": "arithmetic", "shapes": "shapes"}
 SCHEME = "twinkle://"
 KNOWN_SPLITS = ("train", "test", "validation", "valid", "dev", "eval")
 _SKIP_DIRS = {".git", ".cache", ".huggingface", "__pycache__"}

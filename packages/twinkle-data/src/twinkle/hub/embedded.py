@@ -91,12 +91,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "twinkle"
 
 
-def _fingerprint(name: str) -> str:
+def _fingerprint(name: str, preset: dict, assets: tuple[str, ...] = ("tokenizer.json", "chat_template.jinja")) -> str:
     h = hashlib.sha256()
-    h.update(
-        json.dumps({"name": name, "preset": asdict(PRESETS[name]), "builder": BUILDER_VERSION}, sort_keys=True).encode()
-    )
-    for asset in ("tokenizer.json", "chat_template.jinja"):
+    h.update(json.dumps({"name": name, "preset": preset, "builder": BUILDER_VERSION}, sort_keys=True).encode())
+    for asset in assets:
         h.update((ASSETS / asset).read_bytes())
     return h.hexdigest()[:16]
 
@@ -188,18 +186,19 @@ def write_folder(name: str, folder: Path) -> None:
     )
 
 
-def check_folder(name: str, folder: Path) -> None:
-    missing = [f for f in EXPECTED_FILES if not (folder / f).is_file()]
+def check_folder(name: str, folder: Path, pinned: str | None = None, extra: tuple[str, ...] = ()) -> None:
+    pinned = pinned or PINNED_WEIGHTS[name]
+    missing = [f for f in EXPECTED_FILES + extra if not (folder / f).is_file()]
     if missing:
         raise RuntimeError(f"building {SCHEME}{name} left out {', '.join(missing)} in {folder}")
     digest = weights_digest(folder / "model.safetensors")
-    if digest != PINNED_WEIGHTS[name]:
+    if digest != pinned:
         import torch
         import transformers
 
         raise RuntimeError(
             f"building {SCHEME}{name} gave weights {digest[:16]}..., not the pinned "
-            f"{PINNED_WEIGHTS[name][:16]}... (torch {torch.__version__}, transformers "
+            f"{pinned[:16]}... (torch {torch.__version__}, transformers "
             f"{transformers.__version__}): this torch/transformers initializes the model differently, "
             f"so results here would not match other machines"
         )
@@ -207,8 +206,18 @@ def check_folder(name: str, folder: Path) -> None:
 
 def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
+    from twinkle.hub import embedded_vl as vl  # imports this module: loaded only when asked
+
     name = model_id.removeprefix(SCHEME).strip("/")
+    if name in vl.VL_PRESETS:
+        target = cache_root() / "models" / f"{name}-{_fingerprint(name, vl.VL_PRESETS[name], vl.ASSET_FILES)}"
+        return publish(
+            target,
+            lambda folder: vl.write_vl_folder(name, folder),
+            lambda folder: check_folder(name, folder, vl.PINNED_VL_WEIGHTS[name], vl.VL_FILES),
+        )
     if name not in PRESETS:
-        raise ValueError(f"unknown embedded model {model_id!r}; known: {', '.join(SCHEME + n for n in PRESETS)}")
-    target = cache_root() / "models" / f"{name}-{_fingerprint(name)}"
+        known = [*PRESETS, *vl.VL_PRESETS]
+        raise ValueError(f"unknown embedded model {model_id!r}; known: {', '.join(SCHEME + n for n in known)}")
+    target = cache_root() / "models" / f"{name}-{_fingerprint(name, asdict(PRESETS[name]))}"
     return publish(target, lambda folder: write_folder(name, folder), lambda folder: check_folder(name, folder))

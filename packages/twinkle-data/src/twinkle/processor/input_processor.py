@@ -1,7 +1,8 @@
 """InputProcessor: encoded rows to model tensors, padded or packed.
 
 Padded (``packing=False``): ``[B, T]`` tensors, pads on the right or left, ``attention_mask`` marks
-real tokens, ``position_ids`` count real tokens from 0, pad labels are -100.
+real tokens, ``position_ids`` count real tokens from 0, pad labels are -100. Rows with images add
+``pixel_values`` and ``image_grid_thw`` (``twinkle.processor.images``).
 
 Packed (``packing=True``, padding-free): all rows concatenated into one ``[1, sum(len)]`` row;
 ``position_ids`` restart at 0 for every sequence, which is how transformers (flash-attention and,
@@ -17,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from twinkle.processor.images import collate_images
 from twinkle.registry import Registry
 
 IGNORE_INDEX = -100
@@ -69,7 +71,14 @@ class InputProcessor:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         ids, labels = self._columns(rows)
-        return self.pack(ids, labels) if self.packing else self.pad(ids, labels)
+        images = collate_images(rows)  # pixel_values / image_grid_thw of every image, in row order
+        if images and self.packing:
+            raise ValueError(
+                "packing=True with image rows is not supported yet (3-D rope positions of packed images "
+                "are not built): use packing=False for vision-language batches"
+            )
+        batch = self.pack(ids, labels) if self.packing else self.pad(ids, labels)
+        return {**batch, **images}
 
     def pad(self, ids: list[list[int]], labels: list[list[int]]) -> dict[str, torch.Tensor]:
         T = max(len(x) for x in ids)

@@ -18,6 +18,7 @@ from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.registry import Registry
 from twinkle.template.render import END, START, has_generation_markers, render
 from twinkle.template.spans import marked_spans, per_round_spans, select_trained
+from twinkle.template import vision
 
 logger = logging.getLogger(__name__)
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
@@ -49,6 +50,8 @@ class Template:
     trained_rounds: ``'all'``, ``'last'`` or assistant round numbers (``[0, -1]``).
     default_system: a system message prepended when a conversation has none.
     chat_template: overrides the tokenizer's template (e.g. one with generation markers).
+    image_processor: for images in messages (see ``twinkle.template.vision``); by default the one in
+        the model's folder. Encoded rows then carry ``pixel_values`` and ``image_grid_thw``.
     """
 
     def __init__(
@@ -61,11 +64,16 @@ class Template:
         tokenizer: PreTrainedTokenizerBase | None = None,
         chat_template: str | None = None,
         template_kwargs: dict | None = None,
+        image_processor=None,
     ):
         if truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
+        self._model_path: str | None = None  # known when the tokenizer came from model_id's folder
         if tokenizer is None:
+            from twinkle.hub import resolve_model_path
+
             tokenizer = _load_tokenizer(model_id)
+            self._model_path = resolve_model_path(model_id)  # verified once per process: cheap now
         self.model_id = model_id
         self.tokenizer = tokenizer
         self.max_length = max_length
@@ -81,6 +89,8 @@ class Template:
         self.chat_template = source
         self.has_generation_markers = has_generation_markers(source)
         self._vocab_hash: str | None = None
+        self._image_encoder = vision.ImageEncoder(image_processor, tokenizer) if image_processor else None
+        self._probed_images = False
 
     # ---- input ---------------------------------------------------------------------------------
     def _conversation(self, row, index: int | None, key: str = "messages") -> tuple[list[dict], Any, dict]:
@@ -101,12 +111,14 @@ class Template:
             if not isinstance(m, dict) or not m.get("role"):
                 raise DataError(f"row {index}: every message needs a 'role', got {m!r}")
             m = {k: v for k, v in m.items() if v is not None}
-            m.setdefault("content", "")
-            if START in m["content"] or END in m["content"]:
+            m["content"] = vision.normalise_content(m.get("content", ""))
+            text = vision.text_of(m["content"])
+            if START in text or END in text:
                 raise DataError(f"row {index}: message text contains reserved characters U+E000/U+E001")
             messages.append(m)
         if self.default_system and (not messages or messages[0]["role"] != "system"):
             messages.insert(0, {"role": "system", "content": self.default_system})
+        self._require_images(messages, index)
         tools = row.get("tools")
         if isinstance(tools, str):
             tools = json.loads(tools) if tools.strip() else None
@@ -134,6 +146,40 @@ class Template:
             by_message = per_round_spans(self.chat_template, messages, context, text, self.tokenizer.eos_token)
         return text, [by_message[i] for i in sorted(trained)]
 
+    # ---- images ---------------------------------------------------------------------------------
+    def _images(self, messages, text: str, spans, index):
+        """Expand the image placeholders of ``text``; (text, spans, image columns or {})."""
+        sources = vision.image_sources(messages)
+        if not sources:
+            return text, spans, {}
+        pixels, grid, counts = self._image_encoder.encode(sources)
+        text, spans = vision.expand_placeholders(text, self._image_encoder.placeholder, counts, spans)
+        # a list of patch rows, not one 2-D array: Arrow stores it as list<list<float>>
+        return text, spans, {"pixel_values": list(pixels), "image_grid_thw": grid.tolist()}
+
+    def _require_images(self, messages, index) -> None:
+        """Before rendering: a text-only model's template cannot even place an image."""
+        n = len(vision.image_sources(messages))
+        if not n:
+            return
+        if self._image_encoder is None and self.model_id is not None:
+            from twinkle.hub import resolve_model_path
+
+            self._image_encoder = vision.load_image_encoder(resolve_model_path(self.model_id), self.tokenizer)
+        if self._image_encoder is None:
+            raise DataError(
+                f"row {index} holds {n} image(s) but model {self.model_id!r} is text-only "
+                f"(no image processor in its folder); use a vision-language model such as twinkle://qwen2.5-vl-tiny"
+            )
+
+    def _check_image_truncation(self, n_tokens: int, images: dict, index) -> None:
+        if images and self.max_length is not None and n_tokens > self.max_length:
+            if self.truncation_strategy in ("left", "right"):
+                raise SequenceTooLongError(
+                    f"row {index}: {n_tokens} tokens with images is longer than max_length={self.max_length}; "
+                    f"cutting it would cut image tokens from their pixels (use 'delete' or raise max_length)"
+                )
+
     # ---- encoding ------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str]):
         return self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
@@ -158,13 +204,15 @@ class Template:
         """Encode rows in one tokenizer call; None marks a row deleted by truncation."""
         if add_generation_prompt:
             return [self.encode_prompt(r, index=first_index + i) for i, r in enumerate(rows)]
-        texts, spans, extras = [], [], []
+        texts, spans, extras, images = [], [], [], []
         for i, row in enumerate(rows):
             messages, tools, original = self._conversation(row, first_index + i)
             text, trained = self._render_train(messages, tools, first_index + i)
+            text, trained, row_images = self._images(messages, text, trained, first_index + i)
             texts.append(text)
             spans.append(trained)
             extras.append(original)
+            images.append(row_images)
         if not texts:
             return []
         tokens = self._tokenize(texts)
@@ -174,13 +222,16 @@ class Template:
             trained = np.zeros(len(ids), dtype=bool)
             for lo, hi in spans[i]:
                 trained |= (starts >= lo) & (starts < hi)
+            if images[i]:  # image tokens are inputs, never targets (even inside a trained reply)
+                trained &= np.asarray(ids) != self._image_encoder.token_id
             labels = np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
+            self._check_image_truncation(len(ids), images[i], first_index + i)
             ids, labels = self._truncate(list(ids), labels, first_index + i)
             if ids is None:
                 out.append(None)
                 continue
             row = {k: v for k, v in extras[i].items() if k not in ("input_ids", "labels")}
-            row.update(input_ids=ids, labels=labels)
+            row.update(input_ids=ids, labels=labels, **images[i])
             if "rejected_messages" in row:  # a preference pair: encode the rejected side alongside
                 rejected = self.encode(
                     {"messages": row["rejected_messages"], "tools": row.get("tools")}, index=first_index + i
@@ -201,10 +252,12 @@ class Template:
         """The generation prompt for sampling: ``{'input_ids', ...carried keys}`` (no labels)."""
         messages, tools, original = self._conversation(messages_or_trajectory, index)
         text, _ = render(self.chat_template, messages=messages, add_generation_prompt=True, **self._context(tools))
+        text, _, images = self._images(messages, text, [], index)
         ids = self._tokenize([text])["input_ids"][0]
+        self._check_image_truncation(len(ids), images, index)
         ids, _ = self._truncate(list(ids), None, index)
         row = {k: v for k, v in original.items() if k not in ("input_ids", "labels")}
-        row["input_ids"] = ids
+        row.update(input_ids=ids, **images)
         return row
 
     def render_text(self, messages_or_trajectory, add_generation_prompt: bool = False) -> str:
@@ -234,6 +287,11 @@ class Template:
             self.default_system,
             json.dumps(self.template_kwargs, sort_keys=True, default=str),
         ]
+        if self._image_encoder is None and self._model_path is not None and not self._probed_images:
+            self._probed_images = True  # a VL folder's image processor changes the encoding too
+            self._image_encoder = vision.load_image_encoder(self._model_path, self.tokenizer)
+        if self._image_encoder is not None:  # appended only then: text-only signatures stay as they were
+            parts.append(self._image_encoder.image_processor.to_json_string())
         return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:20]
 
 

@@ -16,7 +16,9 @@ import torch
 
 from twinkle.loss.head import IGNORE_INDEX
 
-MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
+# images (twinkle.processor.images): model inputs, concatenated over the batch, not per-row loss inputs
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids", *IMAGE_KEYS)
 FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_ratio_mask", "teacher_topk_logprobs")
 
 
@@ -116,7 +118,7 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
             raise ValueError(f"row {i} has no tokens")
         if "labels" in r and len(r["labels"]) != len(r["input_ids"]):
             raise ValueError(f"row {i}: {len(r['labels'])} labels for {len(r['input_ids'])} input_ids")
-    core = [{k: r[k] for k in ("input_ids", "labels") if k in r} for r in rows]
+    core = [{k: r[k] for k in ("input_ids", "labels", *IMAGE_KEYS) if k in r} for r in rows]
     batch = processor(core) if processor is not None else _pad_collate(core)
     B, T = batch["input_ids"].shape
     extra_names = sorted({k for r in rows for k in r} - set(MODEL_KEYS))
@@ -175,3 +177,18 @@ def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]
 def shift_fields(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Align per-token fields with the shifted targets (drop position 0, which nothing predicts)."""
     return {k: (v[:, 1:] if v.dim() >= 2 else v) for k, v in fields.items()}
+
+
+def image_kwargs(batch: dict[str, torch.Tensor], config) -> dict:
+    """Model kwargs for a batch with images. The 1-D ``position_ids`` are dropped (set to None): a
+    Qwen-VL model builds its own 3-D rope positions (time, height, width) from the image grids, and
+    finds the image tokens through ``mm_token_type_ids`` (1 on an image token)."""
+    image_token = getattr(config, "image_token_id", None)
+    if image_token is None:
+        raise ValueError(f"the batch holds images but the model ({type(config).__name__}) is text-only")
+    return {
+        "position_ids": None,
+        "pixel_values": batch["pixel_values"],
+        "image_grid_thw": batch["image_grid_thw"],
+        "mm_token_type_ids": (batch["input_ids"] == image_token).int(),
+    }

@@ -59,6 +59,10 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
     from twinkle.hub import resolve_model_path
 
     path = resolve_model_path(model_id)
+    if model_cls is transformers.AutoModelForCausalLM and hasattr(
+        config or transformers.AutoConfig.from_pretrained(path), "vision_config"
+    ):  # a vision-language checkpoint (Qwen2.5-VL...): AutoModelForCausalLM does not map it
+        model_cls = transformers.AutoModelForImageTextToText
     return model_cls.from_pretrained(path, config=config, dtype=torch_dtype, **kwargs), path
 
 
@@ -211,6 +215,8 @@ class TransformersModel(TwinkleModel):
 
     def _run(self, module, batch) -> "LogitsHead | ChunkedHead":
         model_kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+        if "pixel_values" in batch:
+            model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
         with self._autocast():
             out = module(**model_kwargs, use_cache=False)
         if self.head_chunk_size:  # the patched model returned hidden states

@@ -81,12 +81,24 @@ def _row_fields(rows: list[dict]) -> dict[str, torch.Tensor | list]:
     return out
 
 
+def _refuse_images(rows) -> None:
+    # The fused pass runs the language model on token ids only; images would be silently dropped.
+    if any(isinstance(r, dict) and r.get("pixel_values") is not None for r in rows):
+        raise ValueError(
+            "MultiLoraModel does not take image rows (pixel_values) yet: train vision-language "
+            "adapters with TransformersModel"
+        )
+
+
 def collate(inputs, pad_id: int) -> Batch:
     """One tenant's inputs (rows or a dict of tensors) as a right-padded Batch."""
     if isinstance(inputs, dict) and isinstance(inputs.get("input_ids"), torch.Tensor):
+        _refuse_images([inputs])
         return _from_tensors(inputs)
     if isinstance(inputs, dict):
         inputs = [inputs]
+    if isinstance(inputs, (list, tuple)):
+        _refuse_images(inputs)
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise ValueError("inputs must be a non-empty list of rows (dicts with 'input_ids') or a dict of tensors")
     for i, row in enumerate(inputs):
