@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from twinkle.hub.cache_folder import publish
+from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
 
-ASSETS = Path(__file__).parent / "assets"
-SCHEME = "twinkle://"
 # Bump when the build itself changes (not the presets): it is part of every cache key.
 BUILDER_VERSION = 2
 EXPECTED_FILES = (
@@ -97,21 +96,6 @@ def _fingerprint(name: str, preset: dict, assets: tuple[str, ...] = ("tokenizer.
     for asset in assets:
         h.update((ASSETS / asset).read_bytes())
     return h.hexdigest()[:16]
-
-
-def build_tokenizer():
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast(
-        tokenizer_file=str(ASSETS / "tokenizer.json"),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
-        chat_template=(ASSETS / "chat_template.jinja").read_text(),
-        model_max_length=1024,
-        clean_up_tokenization_spaces=False,
-    )
 
 
 def build_model(name: str, tokenizer):
@@ -206,7 +190,7 @@ def check_folder(name: str, folder: Path, pinned: str | None = None, extra: tupl
 
 def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
-    from twinkle.hub import embedded_vl as vl  # imports this module: loaded only when asked
+    from twinkle.hub import embedded_vl as vl  # loaded only when asked (it imports the VL classes)
 
     name = model_id.removeprefix(SCHEME).strip("/")
     if name in vl.VL_PRESETS:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from twinkle.hub.embedded import ASSETS, SCHEME, build_tokenizer
+from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
 
 # Qwen's own names for the vision tokens: the HF processor and the model config look them up by name.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
