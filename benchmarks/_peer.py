@@ -45,6 +45,34 @@ def peer_python(name: str, packages: list[str], python: str | None = None) -> Pa
     return exe
 
 
+def find_python(minor: str) -> str:
+    """A Python `minor` interpreter to build a venv with: one on PATH that runs, a pyenv install, or
+    (failing both) the bare version request, which uv answers by downloading a build."""
+    for candidate in [
+        shutil.which(f"python{minor}"),
+        *sorted(Path.home().glob(f".pyenv/versions/{minor}*/bin/python{minor}")),
+    ]:
+        if candidate and subprocess.run([str(candidate), "-V"], capture_output=True).returncode == 0:
+            return str(candidate)  # a pyenv shim for a version pyenv does not select fails here
+    return minor
+
+
+def peer_project(name: str, pyproject: str, python: str) -> Path:
+    """A uv project folder for a peer that must run under `uv run --project` (SkyRL starts its engine
+    with the `uv run` flags it was started with), synced once per pyproject text."""
+    folder = VENVS / name
+    marker = folder / ".peer-synced"
+    if marker.exists() and marker.read_text() == pyproject:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(pyproject)
+    print(f"[peer] syncing {folder.relative_to(ROOT)}", file=sys.stderr, flush=True)
+    uv = shutil.which("uv") or "uv"
+    subprocess.run([uv, "sync", "-q", "--project", str(folder)], check=True, env={**os.environ, "UV_PYTHON": python})
+    marker.write_text(pyproject)
+    return folder
+
+
 class Worker:
     """A peer-side process driven by JSON lines: `ask(request)` sends one and returns its answer."""
 

@@ -70,7 +70,9 @@ def main():
             peaks[name] = max(peaks[name], best_gflops(*pairs[name], args.repeats))
     exact = a32.double() @ b32.double()
     rel_err = {
-        name: float((a.float() @ b.float() if name == "fp32" else (a @ b).float()).double().sub(exact).norm() / exact.norm())
+        name: float(
+            (a.float() @ b.float() if name == "fp32" else (a @ b).float()).double().sub(exact).norm() / exact.norm()
+        )
         for name, (a, b) in pairs.items()
     }
     result = {
