@@ -39,13 +39,10 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 from _peer import ROOT, Worker, locked, peer_python
-from peft import LoraConfig
 
-from twinkle.hub import DEFAULT_MODEL, resolve_model_path
-from twinkle.model import TransformersModel
-
+# torch, peft and twinkle are imported where used, after argparse: `--help` must not wait for them
+DEFAULT_MODEL = "twinkle://qwen3-demo"  # twinkle.hub.DEFAULT_MODEL, the embedded demo model
 TRL = ["trl==1.16.0", *locked("torch", "transformers", "peft", "accelerate", "datasets")]
 SHAPES = {"quickstart": {"lr": 2e-3, "steps": 60, "batch": 8}, "8x128": {"lr": 1e-4, "steps": 28, "batch": 8}}
 WEIGHT_DECAY, MAX_LENGTH = 0.01, 128
@@ -79,6 +76,11 @@ def random_batches(steps: int, batch: int, seq: int, vocab: int) -> list[list[di
 
 class TwinkleSide:
     def __init__(self, lr: float, adapter_dir: Path):
+        import torch
+        from peft import LoraConfig
+
+        from twinkle.model import TransformersModel
+
         torch.manual_seed(0)
         self.model = TransformersModel(model_id=DEFAULT_MODEL)
         self.model.add_adapter_to_model("peer", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
@@ -96,6 +98,8 @@ class TwinkleSide:
 
 
 def compare(shape: str, batches: list[list[dict]], lr: float, args, trl_python: Path) -> dict:
+    from twinkle.hub import resolve_model_path
+
     work = ROOT / "out" / "peer-bench" / f"trl-sft-{shape}"
     work.mkdir(parents=True, exist_ok=True)
     ours = TwinkleSide(lr, work / "init-adapter")
@@ -155,6 +159,10 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # the TRL worker inherits it
+    import torch
+
+    from twinkle.model import TransformersModel
+
     torch.set_num_threads(args.threads)
     trl_python = peer_python("trl", TRL)
 
