@@ -1,6 +1,6 @@
 """TRL's side of bench_peer_trl_grpo.py: `GRPOTrainer` until held-out greedy accuracy reaches a target.
 
-Runs in the TRL peer venv (benchmarks/_peer.py); argv[1] is the JSON config (the warm-started model
+Runs in the TRL peer venv (benchmarks/_peer.py); argv[1] is the JSON config's path (the warm-started model
 folder, the train and held-out rows as the benchmark built them, and the hyper-parameters). A
 callback evaluates every `eval_every` steps (greedy, the held-out rows) and stops the trainer at the
 target; evaluation time is left out of the training time. The last stdout line is the JSON result.
@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -74,7 +75,7 @@ class EvalAndStop(TrainerCallback):
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    cfg = json.loads(Path(sys.argv[1]).read_text())
     torch.set_num_threads(cfg["threads"])
     tokenizer = AutoTokenizer.from_pretrained(cfg["model_path"])
     dataset = Dataset.from_list(cfg["train"])

@@ -109,6 +109,7 @@ def try_sampling(tenant: SdkTenant) -> str | None:
     types = tenant.types
     try:
         sampler = tenant.tc.save_weights_and_get_sampling_client(name="bench-sample")
+        sampler = sampler.result() if hasattr(sampler, "result") else sampler  # SDK 0.38 returns a future
         prompt = types.ModelInput.from_ints(tenant.data[0].model_input.to_ints()[:16])
         sampler.sample(prompt, num_samples=1, sampling_params=types.SamplingParams(max_tokens=4)).result()
         return None

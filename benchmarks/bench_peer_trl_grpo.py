@@ -87,8 +87,11 @@ def run_trl(seed: int, args, python: Path, model_path: str, train, held_out) -> 
         "threads": args.threads,
         "out_dir": str(ROOT / "out" / "peer-bench" / f"trl-grpo-seed{seed}"),
     }
+    config = Path(cfg["out_dir"]) / "config.json"  # ~1,200 rows: too long for an argument list
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps(cfg))
     out = subprocess.run(
-        [str(python), str(Path(__file__).parent / "_trl_grpo_worker.py"), json.dumps(cfg)],
+        [str(python), str(Path(__file__).parent / "_trl_grpo_worker.py"), str(config)],
         stdout=subprocess.PIPE,
         text=True,
         check=True,
