@@ -121,11 +121,10 @@ def test_run_page_charts_checkpoints_download_and_overlay(server, runs, tmp_path
             assert "step 6" in tip.inner_text()
             shown = float(tip.locator("b").inner_text())
             assert shown == pytest.approx(per_token[-1], rel=1e-3)
-            for name in ("lr", "grad_norm", "step_time_s", "tokens_per_s"):
+            for name in ("lr", "grad_norm", "step_time_s", "tokens_per_s", "mfu"):
                 assert page.locator(f'#charts svg[data-curve="{name}"]').count() == 1, name
             lr_points = page.locator('svg[data-curve="lr"]').get_attribute("data-points")
             assert lr_points == "6"
-            assert "n/a" in page.inner_text('[data-panel="mfu"]')  # flops=0 on this engine: never a 0
             assert page.locator('svg[data-curve="reward"]').count() == 0  # a supervised run: no reward panel
             # the checkpoints: both kinds, with their tinker:// paths, and a download that is a PEFT zip
             rows = page.locator("#checkpoints tr[data-path]")

@@ -46,3 +46,9 @@ def test_runs_of_both_apis_show_their_steps_and_loss(server, sft):
     # the run's full curves carry the optimizer's numbers too
     curves = httpx.get(f"{server.url}/twinkle/v1/runs/{tc.model_id}/curves", headers={"X-API-Key": key}).json()
     assert len(curves["curves"]["grad_norm"]) == 3 and all(p["value"] > 0 for p in curves["curves"]["grad_norm"])
+    # the engine counts each request's FLOPs: every training point carries its MFU (a fraction of the peak)
+    assert len(curves["curves"]["mfu"]) == 3 and all(0 < p["value"] < 1 for p in curves["curves"]["mfu"])
+    native_curves = httpx.get(
+        f"{server.url}/twinkle/v1/runs/{native.model_id}/curves", headers={"X-API-Key": key}
+    ).json()
+    assert [0 < p["value"] < 1 for p in native_curves["curves"]["mfu"]] == [True]

@@ -353,7 +353,10 @@ class MultiLoraModel(TwinkleModel):
         seconds, all_tokens = time.perf_counter() - start, sum(b.tokens for _, b in work)
         for state, batch in work:
             if state.name in records:
-                records[state.name].seconds = seconds * batch.tokens / max(all_tokens, 1)
+                record = records[state.name]
+                record.seconds = seconds * batch.tokens / max(all_tokens, 1)
+                if record.seconds > 0 and self.peak_flops:  # this tenant's share of the pass, as a fraction of peak
+                    outcomes[state.name]["mfu"] = record.flops / record.seconds / self.peak_flops
                 for metric in state.metrics(train):
                     metric.on_forward(records[state.name])
                 if train:

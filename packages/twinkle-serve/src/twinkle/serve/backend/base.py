@@ -75,6 +75,7 @@ class AdamParams:
 class ForwardResult:
     logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N]
     metrics: dict[str, float]  # keys `name:reduction`
+    mfu: float | None = None  # this request's share of the pass as a fraction of the matmul peak (run curves)
 
 
 @dataclass

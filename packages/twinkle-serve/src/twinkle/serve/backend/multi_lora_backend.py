@@ -223,7 +223,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
         metrics = {"loss:sum": float(outcome["loss"])}
         metrics.update({f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()})
-        return ForwardResult(logprobs, metrics)
+        return ForwardResult(logprobs, metrics, outcome.get("mfu"))
 
     @exclusive
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:

@@ -93,7 +93,7 @@ class NativeCompute:
             key = (model_id, internal)
             self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1
             # tokens: the pass's input tokens, the dashboard's tokens/s (the loss is already per token: mean)
-            point = {"loss": out["loss"], "tokens": tokens} if out.get("finite") else {}
+            point = {"loss": out["loss"], "tokens": tokens, "mfu": out.get("mfu")} if out.get("finite") else {}
             self.rt.store.curves.add(model_id, tenant, step, point)
             return ForwardResult(loss=out["loss"], metrics=out.get("metrics", {})).model_dump()
 

@@ -157,7 +157,7 @@ class TinkerModels:
                     float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens)
                     for d in data
                 )
-                point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted}
+                point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted, "mfu": result.mfu}
                 self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
             return "proto", codec.encode_forward_result(result)
 

@@ -36,6 +36,7 @@ class Db:
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
         self._lock = threading.Lock()
+        self.writes = 0  # write transactions committed: what a step costs the store (tests read it)
         with self._lock:
             self._conn.execute("PRAGMA journal_mode=WAL")
             # With WAL, NORMAL syncs at checkpoints, not on every commit: a killed server process
@@ -47,7 +48,22 @@ class Db:
 
     def execute(self, sql: str, args=()) -> int:
         with self._lock:
+            self.writes += not sql.lstrip().upper().startswith("SELECT")
             return self._conn.execute(sql, args).rowcount
+
+    def execute_many(self, sql: str, rows: list[tuple]) -> None:
+        """Several rows in one transaction: one write (one WAL commit), not one per row."""
+        if not rows:
+            return
+        with self._lock:
+            self.writes += 1
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(sql, rows)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def one(self, sql: str, args=()) -> dict | None:
         with self._lock:

@@ -132,12 +132,10 @@ class Curves:
 
     def add(self, model_id: str, tenant: str, step: int | None, metrics: dict[str, float]) -> None:
         now = time.time()
-        for name, value in metrics.items():
-            if value is not None:
-                self.db.execute(
-                    "INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
-                    (model_id, tenant, step, name, float(value), now),
-                )
+        self.db.execute_many(
+            "INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
+            [(model_id, tenant, step, name, float(v), now) for name, v in metrics.items() if v is not None],
+        )
         if self.on_add is not None:
             self.on_add(model_id, tenant, step, {k: float(v) for k, v in metrics.items() if v is not None})
 
