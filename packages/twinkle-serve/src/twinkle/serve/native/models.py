@@ -17,6 +17,7 @@ import time
 from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
 from twinkle.serve.backend import UserError
 from twinkle.serve.backend.base import library_errors
+from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 
@@ -132,6 +133,10 @@ class NativeModels:
         from peft import LoraConfig
 
         run = self.model(tenant, model_id)
+        backend, caps = self.engine_of(run).backend, self.rt.config.caps
+        bounds.lora_rank("lora_config.r", req.lora_config.r, backend, caps)
+        bounds.target_modules("lora_config.target_modules", req.lora_config.target_modules)
+        bounds.json_depth("lora_config", req.lora_config.model_dump(), caps)
         config = user_errors(LoraConfig)(**req.lora_config.model_dump())
         internal = internal_name(model_id, req.adapter_name)
         if self.has(model_id, req.adapter_name):
@@ -153,6 +158,10 @@ class NativeModels:
         return self.submit(tenant, model_id, seq, work)
 
     def configure(self, tenant: str, model_id: str, seq, what: str, req: NamedComponent) -> dict:
+        bounds.json_depth("kwargs", req.kwargs, self.rt.config.caps)
+        if what == "optimizer":
+            bounds.optimizer_kwargs(req.kwargs)
+
         @user_errors
         def work(backend, run):
             internal = self.adapter(model_id, req.adapter_name)
@@ -171,6 +180,8 @@ class NativeModels:
                 backend.remove_adapter(internal)
                 self.rt.adapter_memory.release(internal)
             self.rt.live.pop(model_id)
+            with self._lock:
+                self._seqs.pop(model_id, None)  # a closed model's numbering: nothing per model outlives it
             self.rt.store.sessions.finish(run.session_id, "success")
             return {"closed": model_id, "adapters": sorted(adapters)}
 

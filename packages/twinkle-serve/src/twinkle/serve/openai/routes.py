@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from twinkle.serve.auth import API_KEY
 from twinkle.serve.backend import SampleParams
+from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.openai import responses
 from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest, _Body
@@ -74,6 +75,7 @@ def build_openai_router(svc: Service) -> APIRouter:
         if body.top_logprobs and not body.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
+        bounds.prompt_chars("messages", body.prompt_chars(), rt.config.caps)  # tokenized here, on the event loop
         prompt = chat_prompt(tokenizer, body)
         sample = params(body, body.top_logprobs or 0, body.limit())
         if body.stream:
@@ -86,6 +88,7 @@ def build_openai_router(svc: Service) -> APIRouter:
     async def completions(body: CompletionRequest, name: str = Depends(ready)):
         target = models.resolve(name, body.model)
         tokenizer = target.engine.backend.tokenizer
+        bounds.prompt_chars("prompt", body.prompt_chars(), rt.config.caps)
         prompts = completion_prompts(tokenizer, body.prompt)
         sample = params(body, body.logprobs or 0, body.max_tokens)
         if body.stream:
