@@ -20,7 +20,8 @@ class OutOfRange(ValueError):
     """A request field outside its range: the servers answer 400 (Tinker, OpenAI) or 422 (native)."""
 
     def __init__(self, field: str, value, expected: str):
-        super().__init__(f"{field} = {value!r} is outside its range: {expected}")
+        shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:30]}...({len(repr(value))} characters)"
+        super().__init__(f"{field} = {shown} is outside its range: {expected}")
         self.field, self.value, self.expected = field, value, expected
 
 

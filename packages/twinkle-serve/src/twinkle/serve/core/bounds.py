@@ -162,17 +162,20 @@ def prompt_chars(field: str, chars: int, caps: ServerCaps) -> None:
         raise BadRequest(f"{field} has {chars} characters; at most {caps.max_prompt_chars} (caps.max_prompt_chars)")
 
 
-def sample_cost(prompt_lens: list[int], n: int, max_tokens: int | None, max_context: int, caps: ServerCaps) -> None:
-    """max_tokens within the context for every prompt, and tokens x samples under caps.max_sample_tokens."""
+def sample_cost(
+    prompt_lens: list[int], n: int, max_tokens: int | None, max_context: int, caps: ServerCaps, field="max_tokens"
+) -> None:
+    """max_tokens (named `field` on the wire) within the context for every prompt, and tokens x samples
+    under caps.max_sample_tokens."""
     check(B.NUM_SAMPLES, "num_samples", n)
     longest = max(prompt_lens, default=0)
     if max_tokens is not None:
-        check(B.MAX_TOKENS, "max_tokens", max_tokens)
+        check(B.MAX_TOKENS, field, max_tokens)
     if longest >= max_context:
         raise BadRequest(f"prompt ({longest}) fills the context of {max_context}: no room to sample")
     if max_tokens is not None and longest + max_tokens > max_context:
         raise BadRequest(
-            f"max_tokens = {max_tokens} is outside its range: prompt ({longest}) + max_tokens ({max_tokens}) "
+            f"{field} = {max_tokens} is outside its range: prompt ({longest}) + max_tokens ({max_tokens}) "
             f"exceeds the context of {max_context}"
         )
     total = sum(n * (p + (max_tokens if max_tokens is not None else max_context - p)) for p in prompt_lens)

@@ -113,8 +113,12 @@ class TinkerWeights:
             if spec is None:
                 engine.backend.load_checkpoint(self.svc.live_adapter(run.model_id), folder, with_optimizer, True)
             else:  # the adapter is built from the folder's own LoraConfig (rank, alpha, targets)
-                engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
-                self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
+                try:
+                    engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
+                    self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
+                except BaseException:
+                    self.models.forget_run(run, engine)  # a model that never loaded is not listed
+                    raise
             return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
