@@ -107,9 +107,22 @@ class NativeModels:
         """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
         user_errors(self.rt.adapter_memory.reserve)(internal, self.engine_of(run).backend, config)
 
-    def unreserve_unless_built(self, backend, internal: str) -> None:
-        if backend.adapter_rank(internal) is None:  # a duplicate's failure must not free the original's share
-            self.rt.adapter_memory.release(internal)
+    def forget_adapter(self, backend, run: Run, label: str, internal: str) -> None:
+        if backend.adapter_rank(internal) is not None:
+            backend.remove_adapter(internal)
+        self.rt.adapter_memory.release(internal)
+        with self._lock:
+            adapters = self._adapters.get(run.model_id, {})
+            if adapters.get(label) == internal:
+                del adapters[label]
+            rest = list(adapters.values())
+            if not rest:
+                self._adapters.pop(run.model_id, None)
+        live = self.rt.live.get(run.model_id)
+        if not rest:
+            self.rt.live.pop(run.model_id)
+        elif live is not None and live.adapter == internal:  # the run stays live on an adapter it still has
+            self.svc.set_live(run.model_id, self.rt.engine(run.base_model), rest[0])
 
     # ---- models and adapters -------------------------------------------------------------------
     def create_model(self, tenant: str, req: CreateModelRequest) -> ModelInfo:
@@ -150,9 +163,10 @@ class NativeModels:
                 raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
             try:
                 rank = backend.add_lora(internal, config, req.gradient_accumulation_steps, run.lora["seed"])
-            finally:
-                self.unreserve_unless_built(backend, internal)
-            self.register(run, rank, req.adapter_name, internal)
+                self.register(run, rank, req.adapter_name, internal)
+            except BaseException:  # failed midway: no adapter, reservation or registration is left behind
+                self.forget_adapter(backend, run, req.adapter_name, internal)
+                raise
             return {"adapter_name": req.adapter_name, "rank": config.r}
 
         return self.submit(tenant, model_id, seq, work)
