@@ -117,7 +117,7 @@ def types(session: nox.Session) -> None:
 def reliability(session: nox.Session) -> None:
     """The real `twinkle-server` under load, kill -9, fuzzing, isolation, bad data, limits (prints a summary)."""
     _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
-    _pytest(session, "packages/twinkle-serve/tests/reliability")
+    _pytest(session, "packages/twinkle-serve/tests/reliability", f"--ignore={SOAK}")
 
 
 @nox.session(name="ray_cluster")
@@ -213,3 +213,14 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"},
     )
+
+
+SOAK = "packages/twinkle-serve/tests/reliability/test_reliability_soak.py"
+
+
+@nox.session(name="soak")
+def soak(session: nox.Session) -> None:
+    """100,000 mixed requests against one server: RSS and every long-lived map stay flat (about 10 minutes
+    on two loaded cores, so a session of its own; in the default run)."""
+    _sync(session, "--package", "twinkle-server", "--package", "twinkle-serve")
+    _pytest(session, SOAK)
