@@ -206,3 +206,35 @@ def test_values_the_server_cannot_represent_are_400s_naming_the_field(srv, wires
         headers={"X-API-Key": t.http.headers["x-api-key"], "content-type": "application/json"},
     )
     assert r.status_code == 400 and "nests deeper" in r.json()["error"]
+
+
+def test_polling_finished_futures_leaves_no_event(tmp_path):
+    """FutureHub keeps an asyncio.Event only while a poll waits: 1,000 finished futures polled twice
+    each leave none (before the fix: one per future), and a waiter still wakes when its future finishes."""
+    import asyncio
+
+    from twinkle.serve.core.futures import FutureHub
+    from twinkle.serve.core.store import Store
+
+    store = Store(tmp_path)
+    hub = FutureHub(store)
+
+    async def run():
+        hub.bind_loop(asyncio.get_running_loop())
+        ids = [hub.create("t") for _ in range(1000)]
+        for request_id in ids:
+            hub.complete_json(request_id, {"ok": True})
+        for request_id in ids * 2:
+            assert (await hub.wait(request_id, "t", 1.0)).status == "complete"
+        assert await hub.wait("unknown", "t", 0.01) is None
+        pending = hub.create("t")
+        waiters = [asyncio.create_task(hub.wait(pending, "t", 30.0)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        assert hub.waiting() == 1  # one Event shared by the three polls
+        asyncio.get_running_loop().call_later(0.05, hub.complete_json, pending, {"ok": 1})
+        rows = await asyncio.gather(*waiters)
+        assert [r.status for r in rows] == ["complete"] * 3
+
+    asyncio.run(run())
+    assert hub.waiting() == 0
+    store.close()
