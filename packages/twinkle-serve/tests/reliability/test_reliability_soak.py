@@ -160,7 +160,7 @@ def test_soak_mixed_requests_grow_nothing(srv):
 
     slope = _slope(points[2 * len(points) // 5 :])  # after the warm-up: SQLite's page cache and malloc arenas
     SUMMARY["soak: requests, wall time"] = f"{REQUESTS} mixed in {wall:.0f} s ({REQUESTS / wall:.0f}/s, under load)"
-    SUMMARY["soak: RSS slope after warm-up"] = f"{slope:.2f} B/request (bound {SLOPE_BOUND})"
+    SUMMARY["soak: private memory slope after warm-up"] = f"{slope:.2f} B/request (bound {SLOPE_BOUND})"
     SUMMARY["soak: largest long-lived maps at the end"] = ", ".join(f"{k} {v}" for k, v in final.items())
     print(counts, final, points[:: max(len(points) // 10, 1)])
     assert final["hub events"] == 0 and final["idempotency in flight"] == 0
