@@ -347,7 +347,9 @@ def test_refused_requests_do_not_grow_the_server(bounded):
             samples.append((i, _rss(pid)))
     slope = _slope(samples[len(samples) // 4 :])  # after the warm-up quarter (allocator arenas, caches)
     assert _state(f) == before
-    SUMMARY["bounds: server private memory slope over refused requests"] = f"{slope:.1f} B/request over {REPLAYS} (bound 64)"
+    SUMMARY["bounds: server private memory slope over refused requests"] = (
+        f"{slope:.1f} B/request over {REPLAYS} (bound 64)"
+    )
     assert slope < 64, samples
 
 
