@@ -287,13 +287,22 @@ def raw(server, keys):
     [
         ({"sampling_params": {"stop": [""]}}, "sampling_params.stop must be"),
         ({"sampling_params": {"stop": ["x", 3]}}, "sampling_params.stop must be"),
-        ({"sampling_params": {"max_tokens": 0}}, "sampling_params.max_tokens must be an integer >= 1"),
-        ({"sampling_params": {"top_k": -2}}, "sampling_params.top_k must be an integer >= -1"),
-        ({"sampling_params": {"temperature": -0.5}}, "sampling_params.temperature must be >= 0"),
-        ({"sampling_params": {"top_p": 0}}, r"sampling_params.top_p must be in \(0, 1\]"),
-        ({"num_samples": 0}, "num_samples must be an integer >= 1"),
+        (
+            {"sampling_params": {"max_tokens": 0}},
+            r"sampling_params.max_tokens = 0 is outside its range: an integer in \[1, ",
+        ),
+        ({"sampling_params": {"top_k": -2}}, r"sampling_params.top_k = -2 is outside its range: an integer in \[-1, "),
+        (
+            {"sampling_params": {"temperature": -0.5}},
+            r"sampling_params.temperature = -0.5 is outside its range: a finite number in \[0, ",
+        ),
+        (
+            {"sampling_params": {"top_p": 0}},
+            r"sampling_params.top_p = 0 is outside its range: a finite number in \(0, 1\]",
+        ),
+        ({"num_samples": 0}, r"num_samples = 0 is outside its range: an integer in \[1, 1024\]"),
         ({"topk_prompt_logprobs": 257}, "topk_prompt_logprobs must be at most 256"),
-        ({"num_samples": 1025}, "num_samples must be at most 1024"),
+        ({"num_samples": 1025}, r"num_samples = 1025 is outside its range: an integer in \[1, 1024\]"),
         ({"sampling_params": "greedy"}, "sampling_params must be an object"),
         ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
         ({"prompt_alt_tokens_k": -1}, "prompt_alt_tokens_k must be an integer >= 0"),

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from twinkle.serve.backend import UserError
@@ -52,13 +55,23 @@ def create_app(rt: Runtime) -> FastAPI:
             {"error": str(exc), "detail": str(exc)}, status_code=429, headers={"Retry-After": str(exc.retry_after)}
         )
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        # FastAPI's own answer, but one naming field, value and range in `error`, and never a 500 for a
+        # NaN or inf the client sent (JSON cannot carry them back: they are echoed as strings)
+        detail = _json_safe(jsonable_encoder(exc.errors()))
+        first = detail[0] if detail else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{loc or 'body'} = {first.get('input')!r}: {first.get('msg')}"
+        return JSONResponse({"error": message, "detail": detail}, status_code=422)
+
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):
         return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
 
     # Starlette wraps middleware in reverse order: BodyLimit runs first, so Idempotency never buffers
     # an oversized body.
-    app.add_middleware(Idempotency, store=rt.store, keys=rt.keys)
+    app.add_middleware(Idempotency, store=rt.store, keys=rt.keys, caps=rt.config.caps)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
     app.add_middleware(RequestMetrics, metrics=rt.metrics)  # outermost: sees every answer, 413s included
     app.include_router(build_probe_router(rt))
@@ -72,6 +85,16 @@ def create_app(rt: Runtime) -> FastAPI:
     app.include_router(build_openai_router(core))  # the OpenAI-compatible API (twinkle.serve.openai)
     _document_tinker_bodies(app)
     return app
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _document_tinker_bodies(app: FastAPI) -> None:

@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from twinkle.serve.core.bounds import ServerCaps
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -73,6 +75,10 @@ class Limits(_Strict):
     requests_per_s: float | None = Field(None, gt=0)
     input_tokens_per_s: float | None = Field(None, gt=0)
     max_input_tokens: int | None = Field(None, ge=1)
+    # creations per key per minute (a burst of this many, refilled over the minute): sessions (Tinker
+    # create_session, native models) and adapters (Tinker create_model, native add_adapter_to_model)
+    sessions_per_minute: float | None = Field(600, gt=0)
+    adapters_per_minute: float | None = Field(240, gt=0)
 
 
 class ServeConfig(_Strict):
@@ -127,6 +133,8 @@ class ServeConfig(_Strict):
         return value
 
     ray: RayConfig | None = None
+    # what one request may cost, and the caps on what grows with requests (twinkle.serve.core.bounds)
+    caps: ServerCaps = Field(default_factory=ServerCaps)
 
     @model_validator(mode="after")
     def _remote_groups_exist(self):

@@ -9,7 +9,10 @@ wants. The same key on a different request (method, path or body) is a client bu
 Crashes: the answer is stored when the route returns. A server killed between a route queueing work
 and that write loses the queued work with its memory (the future is reported failed on restart), so
 the client's retry, which then runs afresh, does not run anything twice; only a side effect already
-on disk in those microseconds (a checkpoint written) could be written again. Answers are kept 24 h.
+on disk in those microseconds (a checkpoint written) could be written again. Answers are kept
+`caps.idempotency_keep_hours` (24 h), and at most `caps.idempotency_max_rows` of them (the oldest go
+first): expired and surplus rows are dropped at start and every tenth of the cap's writes or 1/24 of
+the keep time, so the table never grows with the request count.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ import time
 from typing import Any
 
 from twinkle.serve.auth import TENANT
+from twinkle.serve.core.bounds import ServerCaps
 from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.core.store import Store
 
 HEADER = b"x-idempotency-key"
-KEEP_S = 24 * 3600
 MAX_KEY_LEN = 200
 # Reads and liveness calls (POST only because the SDK says so) are answered afresh every time.
 NOT_REPLAYED = ("/retrieve_future", "/session_heartbeat", "/telemetry", "/client/config", "/client/dynamic_config")
@@ -34,10 +37,25 @@ NOT_REPLAYED = ("/retrieve_future", "/session_heartbeat", "/telemetry", "/client
 class Idempotency:
     """Pure ASGI middleware (it must see the raw body to fingerprint it)."""
 
-    def __init__(self, app, store: Store, keys: KeyStore):
+    def __init__(self, app, store: Store, keys: KeyStore, caps: ServerCaps | None = None):
         self.app, self.answers, self.keys = app, store.idempotency, keys
+        caps = caps or ServerCaps()
+        self.keep_s, self.max_rows = caps.idempotency_keep_hours * 3600, caps.idempotency_max_rows
+        # only requests being handled now: each entry is removed when its request finishes
         self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
-        self.answers.purge(time.time() - KEEP_S)
+        self._writes = 0
+        self.housekeep()
+
+    def housekeep(self) -> None:
+        """Drop answers past the keep time, then all but the newest max_rows."""
+        self._swept_at = time.time()
+        self.answers.purge(self._swept_at - self.keep_s)
+        self.answers.trim(self.max_rows)
+
+    def _stored(self) -> None:
+        self._writes += 1
+        if self._writes % max(self.max_rows // 10, 1) == 0 or time.time() - self._swept_at > self.keep_s / 24:
+            self.housekeep()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "GET" or scope["path"].endswith(NOT_REPLAYED):
@@ -102,6 +120,7 @@ class Idempotency:
                     answer["content_type"].decode("latin-1"),
                     b"".join(answer["body"]),
                 )
+                self._stored()
         finally:
             self._in_flight.pop(slot, None)
             event.set()

@@ -19,8 +19,8 @@ class LimitExceeded(Exception):
 
 
 class _Bucket:
-    def __init__(self, rate: float):
-        self.rate, self.capacity = rate, max(rate, 1.0)
+    def __init__(self, rate: float, capacity: float | None = None):
+        self.rate, self.capacity = rate, capacity or max(rate, 1.0)
         self.level, self.stamp = self.capacity, time.monotonic()
 
     def take(self, amount: float) -> float:
@@ -42,14 +42,20 @@ class TenantLimits:
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._lock = threading.Lock()
 
-    def _take(self, tenant: str, kind: str, rate: float | None, amount: float, what: str) -> None:
+    def _take(
+        self, tenant: str, kind: str, rate: float | None, amount: float, what: str, capacity: float | None = None
+    ) -> None:
         if rate is None:
             return
+        # one bucket per (key, kind): bounded by the keys the operator made, never by requests
         with self._lock:
-            bucket = self._buckets.setdefault((tenant, kind), _Bucket(rate))
+            bucket = self._buckets.get((tenant, kind))
+            if bucket is None:
+                bucket = self._buckets[(tenant, kind)] = _Bucket(rate, capacity)
             wait = bucket.take(amount)
         if wait > 0:
-            raise LimitExceeded(f"tenant {tenant!r} is over its limit of {rate:g} {what}", wait)
+            limit = f"{capacity:g}" if capacity else f"{rate:g}"
+            raise LimitExceeded(f"tenant {tenant!r} is over its limit of {limit} {what}", wait)
 
     def of(self, tenant: str) -> Limits:
         return self.overrides.get(tenant, self.default)
@@ -71,3 +77,9 @@ class TenantLimits:
             raise LimitExceeded(
                 f"tenant {tenant!r} already has {live} models (limit {cap}); finish a session to free them", 30
             )
+
+    def created(self, tenant: str, kind: str) -> None:
+        """One more session or adapter for this key: 429 past `{kind}_per_minute`."""
+        per_minute = getattr(self.of(tenant), f"{kind}_per_minute")
+        if per_minute is not None:
+            self._take(tenant, kind, per_minute / 60, 1, f"{kind} created per minute", capacity=per_minute)

@@ -8,9 +8,11 @@ classes on the server; keyword arguments are plain JSON values, never pickles.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from twinkle.client.schema import bounds as B
 
 PREFIX = "/twinkle/v1"
 JsonValue = Any  # a JSON scalar, list or object (keyword arguments of registered classes)
@@ -27,7 +29,7 @@ class EncodedRow(_Strict):
 
     input_ids: list[int] = Field(min_length=1)
     labels: list[int] | None = None
-    fields: dict[str, float | list[float]] = Field(default_factory=dict)
+    fields: dict[str, B.FiniteFloat | list[B.FiniteFloat]] = Field(default_factory=dict)
 
 
 class Message(BaseModel):
@@ -40,7 +42,7 @@ class Trajectory(_Strict):
     """A raw chat, encoded on the server with the model's chat template (loss on assistant turns)."""
 
     messages: list[Message] = Field(min_length=1)
-    fields: dict[str, float | list[float]] = Field(default_factory=dict)
+    fields: dict[str, B.FiniteFloat | list[B.FiniteFloat]] = Field(default_factory=dict)
 
 
 class Inputs(_Strict):
@@ -54,7 +56,7 @@ class Inputs(_Strict):
 class CreateModelRequest(_Strict):
     base_model: str | None = None  # None: the server's only base model
     name: str | None = None  # a label shown in runs lists and the dashboard
-    seed: int = 42  # as twinkle.initialize(seed=...): adapters start from what peft draws after this seed
+    seed: B.Seed = 42  # as twinkle.initialize(seed=...): adapters start from what peft draws after this seed
 
 
 class ModelInfo(_Strict):
@@ -68,10 +70,13 @@ class LoraConfigModel(BaseModel):
     """peft.LoraConfig's fields; any other LoraConfig field may be given too (validated by peft)."""
 
     model_config = ConfigDict(extra="allow")
-    r: int = Field(8, ge=1)
-    lora_alpha: float = 8
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: str | list[str] | None = "all-linear"
+    r: int = B.LORA_RANK.field(8)  # the server also caps it (model width, caps.max_lora_rank)
+    lora_alpha: float = B.LORA_ALPHA.field(8)
+    lora_dropout: float = B.LORA_DROPOUT.field(0.0)
+    # a regex is matched against every module name of the base model: its length is bounded
+    target_modules: str | list[Annotated[str, Field(max_length=B.MAX_TARGET_PATTERN)]] | None = Field(
+        "all-linear", max_length=B.MAX_TARGET_PATTERN
+    )
     use_rslora: bool = False
     bias: Literal["none"] = "none"
 
@@ -79,7 +84,7 @@ class LoraConfigModel(BaseModel):
 class AddAdapterRequest(_Strict):
     adapter_name: str = "default"
     lora_config: LoraConfigModel = Field(default_factory=LoraConfigModel)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = B.GRAD_ACCUMULATION.field(1)
 
 
 class NamedComponent(_Strict):
@@ -102,7 +107,7 @@ class ForwardRequest(_Strict):
 
 class StepRequest(_Strict):
     adapter_name: str | None = None
-    max_grad_norm: float | None = 1.0
+    max_grad_norm: float | None = B.GRAD_CLIP.field(1.0)  # None: no clipping
 
 
 class MetricRequest(_Strict):
@@ -125,8 +130,8 @@ class LoadRequest(_Strict):
 class LogRequest(_Strict):
     """Client-side numbers for the run's curves (e.g. the reward of an RL step)."""
 
-    step: int | None = None
-    metrics: dict[str, float]
+    step: int | None = B.SEQ_ID.field(None)
+    metrics: dict[str, B.FiniteFloat]
 
 
 # ---- results -------------------------------------------------------------------------------------------
@@ -163,13 +168,17 @@ class CheckpointRef(_Strict):
 
 # ---- sampling ------------------------------------------------------------------------------------------
 class SamplingParamsModel(_Strict):
-    max_tokens: int = Field(64, ge=1)
-    temperature: float = Field(1.0, ge=0)
-    top_k: int = 0
-    top_p: float = Field(1.0, gt=0, le=1)
-    seed: int | None = None
-    stop: list[str] | list[int] | None = None
-    num_samples: int = Field(1, ge=1)
+    max_tokens: int = B.MAX_TOKENS.field(64)  # and within the model's context (the server checks)
+    temperature: float = B.TEMPERATURE.field(1.0)
+    top_k: int = B.TOP_K.field(0)  # 0 or -1: no top-k
+    top_p: float = B.TOP_P.field(1.0)
+    seed: B.Seed | None = None
+    stop: (
+        list[Annotated[str, Field(min_length=1, max_length=B.MAX_STOP_CHARS)]]
+        | list[Annotated[int, Field(ge=0, le=2**31 - 1)]]
+        | None
+    ) = Field(None, max_length=B.MAX_STOP)
+    num_samples: int = B.NUM_SAMPLES.field(1)
 
 
 class SampleRequest(_Strict):

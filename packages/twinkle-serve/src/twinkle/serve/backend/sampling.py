@@ -2,11 +2,19 @@
 
 A sampler adapter is a *snapshot*: installing one copies the LoRA factors, so later training of the
 source adapter never changes what an existing sampling session sees.
+
+An RL loop installs one snapshot per step (save_weights_for_sampler), and every sampled checkpoint
+installs one too, so the installed adapters are bounded: past MAX_SAMPLER_ADAPTERS the least recently
+used is removed. One from a checkpoint folder comes back on its next use (it is installed before
+every sample); a removed snapshot answers a clear error naming what to do.
 """
 
 from __future__ import annotations
 
 from twinkle.serve.backend.base import SampledSeq, SampleParams, SampleResult, UserError
+
+
+MAX_SAMPLER_ADAPTERS = 64
 
 
 class TorchSampling:
@@ -44,14 +52,28 @@ class TorchSampling:
 
     def install_sampler_from_adapter(self, sampler, adapter):
         self.sampler.set_adapter(sampler, self.adapter_tensors(adapter).clone())  # ty: ignore[missing-attribute] - a mixin: the training backend it joins has adapter_tensors
+        self._used(sampler)
 
     def install_sampler_from_folder(self, sampler, folder):
         if sampler not in self.sampler.adapter_names:
             self.sampler.load_adapter(sampler, folder)
+        self._used(sampler)
 
     def remove_sampler(self, sampler):
         if sampler in self.sampler.adapter_names:
             self.sampler.remove_adapter(sampler)
+        self.__dict__.setdefault("_sampler_use", {}).pop(sampler, None)
+
+    def _used(self, sampler) -> None:
+        """Mark `sampler` most recently used; past the cap, remove the least recently used others."""
+        use: dict = self.__dict__.setdefault("_sampler_use", {})  # insertion order = recency
+        use.pop(sampler, None)
+        use[sampler] = True
+        while len(use) > MAX_SAMPLER_ADAPTERS:
+            self.remove_sampler(next(iter(use)))
+
+    def sampler_adapters(self) -> int:
+        return len(self.__dict__.get("_sampler_use", {}))
 
     def sample(
         self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None
@@ -62,7 +84,12 @@ class TorchSampling:
         if not prompt:
             raise UserError("prompt is empty")
         if sampler is not None and sampler not in self.sampler.adapter_names:
-            raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
+            raise UserError(
+                "this sampler's weights are gone (the server restarted, or it was the least recently used of "
+                f"more than {MAX_SAMPLER_ADAPTERS} snapshots); save weights for it again"
+            )
+        if sampler is not None:
+            self._used(sampler)
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise UserError(f"prompt token {bad[0]} is outside the vocabulary [0, {self.vocab_size})")

@@ -20,7 +20,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import UserError
+from twinkle.serve.core import bounds
 from twinkle.serve.core.records import KIND, SEGMENT, Checkpoint, Kind, Run
 from twinkle.serve.errors import BadRequest, NotFound
 
@@ -202,8 +204,6 @@ class CheckpointOps:
         return self.table.of_tenant(tenant, limit, offset)
 
     def set_ttl(self, ckpt: Checkpoint, ttl_seconds) -> None:
-        if ttl_seconds is not None and (
-            not isinstance(ttl_seconds, int) or isinstance(ttl_seconds, bool) or ttl_seconds <= 0
-        ):
-            raise BadRequest(f"ttl_seconds must be a positive integer or null, got {ttl_seconds!r}")
+        if ttl_seconds is not None:
+            bounds.check(B.TTL_SECONDS, "ttl_seconds", ttl_seconds)  # a positive integer the calendar can hold
         self.table.set_expiry(ckpt.tinker_path, None if ttl_seconds is None else time.time() + ttl_seconds)

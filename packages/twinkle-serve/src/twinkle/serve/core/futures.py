@@ -3,7 +3,8 @@
 Results are written to SQLite before the waiting poll is woken, so a result a client has seen
 survives a restart. Finished futures are kept `keep_s` (the config's futures_keep_hours), then pruned:
 at start, and at most once every `keep_s / 24` while the server runs. Waiting is on an asyncio.Event per future (set from the worker thread through
-the event loop), never a sleep loop.
+the event loop), never a sleep loop. An Event exists only while someone waits on its future: the
+last waiter to leave removes it, so polls of finished futures leave nothing behind.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class FutureHub:
     def __init__(self, store: Store, keep_s: float = 24 * 3600):
         self.futures, self.keep_s = store.futures, keep_s
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._events: dict[str, asyncio.Event] = {}
+        # request id -> (its Event, how many polls wait on it); only futures someone is waiting on
+        self._events: dict[str, tuple[asyncio.Event, int]] = {}
         self._lock = threading.Lock()
         # Futures still pending when the last server stopped can never complete: say so, don't hang clients.
         self.futures.fail_pending(
@@ -59,9 +61,9 @@ class FutureHub:
     def _finish(self, request_id: str, status: str, content_type: str, payload: bytes) -> None:
         self.futures.finish(request_id, status, content_type, payload)
         with self._lock:
-            event = self._events.get(request_id)
-        if event is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(event.set)
+            entry = self._events.get(request_id)
+        if entry is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(entry[0].set)
 
     def complete_json(self, request_id: str, result: dict) -> None:
         self._finish(request_id, "complete", JSON, json.dumps(result).encode())
@@ -74,8 +76,10 @@ class FutureHub:
 
     async def wait(self, request_id: str, tenant: str, timeout: float) -> FutureRow | None:
         """The finished future, or the pending one after `timeout` s; None if unknown to this tenant."""
+        # Registered before the row is read: a finish between the read and the wait still sets it.
         with self._lock:
-            event = self._events.setdefault(request_id, asyncio.Event())
+            event, waiters = self._events.get(request_id) or (asyncio.Event(), 0)
+            self._events[request_id] = (event, waiters + 1)
         try:
             row = self.futures.get(request_id, tenant)
             if row is None or row.status != "pending":
@@ -87,5 +91,13 @@ class FutureHub:
             return self.futures.get(request_id, tenant)
         finally:
             with self._lock:
-                if self._events.get(request_id) is event and event.is_set():
-                    self._events.pop(request_id, None)
+                event, waiters = self._events[request_id]
+                if waiters > 1:
+                    self._events[request_id] = (event, waiters - 1)
+                else:
+                    del self._events[request_id]
+
+    def waiting(self) -> int:
+        """Futures someone is polling now (the size of the only in-memory map this hub keeps)."""
+        with self._lock:
+            return len(self._events)

@@ -11,7 +11,9 @@ import time
 import uuid
 from collections.abc import Callable
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import UserError
+from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import CheckpointOps
 from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
 from twinkle.serve.core.usage import UsageLedger
@@ -24,9 +26,11 @@ class Service:
         self.rt, self.store = rt, rt.store
         self.checkpoints = CheckpointOps(rt)
         self.usage = UsageLedger(rt.store)
+        rt.store.curves.max_points = rt.config.caps.max_curve_points
 
     # ---- sessions ------------------------------------------------------------------------------
     def create_session(self, tenant: str, tags: list | None = None, user_metadata: dict | None = None) -> Session:
+        self.rt.limits.created(tenant, "sessions")  # 429 past the key's sessions_per_minute
         now = time.time()
         session = Session(
             uuid.uuid4().hex[:20], tenant, now, now, tags=list(tags or []), user_metadata=dict(user_metadata or {})
@@ -83,7 +87,9 @@ class Service:
 
     def record_step(self, run: Run, metrics: dict, same_step: bool = False) -> int:
         """Add a training step's numbers to the run's curves (both APIs' runs show on the dashboard)."""
-        step = self.store.curves.count(run.model_id, "loss") + (0 if same_step else 1)
+        # the last loss point's step, not a count of points: a long curve is thinned (caps.max_curve_points)
+        last = self.store.curves.last(run.model_id, "loss")
+        step = (last["step"] if last else 0) + (0 if same_step else 1)
         self.store.curves.add(run.model_id, run.tenant, step, metrics)
         return step
 
@@ -108,6 +114,7 @@ class Service:
             if run is not None:
                 live += len(run.lora.get("adapters") or [None])
         self.usage.check_adapters(tenant, live)
+        self.rt.limits.created(tenant, "adapters")  # 429 past the key's adapters_per_minute
 
     def admit_save(self, tenant: str) -> None:
         """409 when the key's checkpoints already fill its storage_bytes quota."""
@@ -124,6 +131,8 @@ class Service:
         fuse: tuple | None = None,
     ) -> str:
         """Queue `fn` (or its fusable `fuse=(item, finish)`) on the base model's scheduler; the future's id."""
+        if seq_id is not None:  # ordered by the scheduler and stored in SQLite: a signed 64-bit integer
+            bounds.check(B.SEQ_ID, "seq_id", seq_id)
         request_id = self.rt.hub.create(tenant)
         engine.scheduler.submit(queue, seq_id, request_id, fn, fuse=fuse)
         return request_id

@@ -63,11 +63,12 @@ class NativeCheckpoints:
             internal = internal_name(model_id, label) if new else self.models.adapter(model_id, label)
             try:
                 counters = backend.load_checkpoint(internal, folder, req.resume)
-            finally:
                 if new:
-                    self.models.unreserve_unless_built(backend, internal)
-            if new:
-                self.models.register(run, backend.adapter_rank(internal), label, internal)
+                    self.models.register(run, backend.adapter_rank(internal), label, internal)
+            except BaseException:
+                if new:  # a new adapter that failed midway is not left half-loaded (an existing one stays)
+                    self.models.forget_adapter(backend, run, label, internal)
+                raise
             out = {"path": req.path, "adapter_name": label, "resumed": False}
             if req.resume:  # the run's curve goes on from the checkpoint's forward_backward count
                 self.compute.fb_counts[(model_id, internal)] = counters["data_position"]

@@ -17,6 +17,7 @@ import time
 from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
 from twinkle.serve.backend import UserError
 from twinkle.serve.backend.base import library_errors
+from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 
@@ -106,9 +107,22 @@ class NativeModels:
         """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
         user_errors(self.rt.adapter_memory.reserve)(internal, self.engine_of(run).backend, config)
 
-    def unreserve_unless_built(self, backend, internal: str) -> None:
-        if backend.adapter_rank(internal) is None:  # a duplicate's failure must not free the original's share
-            self.rt.adapter_memory.release(internal)
+    def forget_adapter(self, backend, run: Run, label: str, internal: str) -> None:
+        if backend.adapter_rank(internal) is not None:
+            backend.remove_adapter(internal)
+        self.rt.adapter_memory.release(internal)
+        with self._lock:
+            adapters = self._adapters.get(run.model_id, {})
+            if adapters.get(label) == internal:
+                del adapters[label]
+            rest = list(adapters.values())
+            if not rest:
+                self._adapters.pop(run.model_id, None)
+        live = self.rt.live.get(run.model_id)
+        if not rest:
+            self.rt.live.pop(run.model_id)
+        elif live is not None and live.adapter == internal:  # the run stays live on an adapter it still has
+            self.svc.set_live(run.model_id, self.rt.engine(run.base_model), rest[0])
 
     # ---- models and adapters -------------------------------------------------------------------
     def create_model(self, tenant: str, req: CreateModelRequest) -> ModelInfo:
@@ -132,6 +146,10 @@ class NativeModels:
         from peft import LoraConfig
 
         run = self.model(tenant, model_id)
+        backend, caps = self.engine_of(run).backend, self.rt.config.caps
+        bounds.lora_rank("lora_config.r", req.lora_config.r, backend, caps)
+        bounds.target_modules("lora_config.target_modules", req.lora_config.target_modules)
+        bounds.json_depth("lora_config", req.lora_config.model_dump(), caps)
         config = user_errors(LoraConfig)(**req.lora_config.model_dump())
         internal = internal_name(model_id, req.adapter_name)
         if self.has(model_id, req.adapter_name):
@@ -145,14 +163,19 @@ class NativeModels:
                 raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
             try:
                 rank = backend.add_lora(internal, config, req.gradient_accumulation_steps, run.lora["seed"])
-            finally:
-                self.unreserve_unless_built(backend, internal)
-            self.register(run, rank, req.adapter_name, internal)
+                self.register(run, rank, req.adapter_name, internal)
+            except BaseException:  # failed midway: no adapter, reservation or registration is left behind
+                self.forget_adapter(backend, run, req.adapter_name, internal)
+                raise
             return {"adapter_name": req.adapter_name, "rank": config.r}
 
         return self.submit(tenant, model_id, seq, work)
 
     def configure(self, tenant: str, model_id: str, seq, what: str, req: NamedComponent) -> dict:
+        bounds.json_depth("kwargs", req.kwargs, self.rt.config.caps)
+        if what == "optimizer":
+            bounds.optimizer_kwargs(req.kwargs)
+
         @user_errors
         def work(backend, run):
             internal = self.adapter(model_id, req.adapter_name)
@@ -171,6 +194,8 @@ class NativeModels:
                 backend.remove_adapter(internal)
                 self.rt.adapter_memory.release(internal)
             self.rt.live.pop(model_id)
+            with self._lock:
+                self._seqs.pop(model_id, None)  # a closed model's numbering: nothing per model outlives it
             self.rt.store.sessions.finish(run.session_id, "success")
             return {"closed": model_id, "adapters": sorted(adapters)}
 

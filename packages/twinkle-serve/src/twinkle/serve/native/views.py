@@ -22,6 +22,7 @@ from twinkle.client.schema import (
     ServerStatus,
 )
 from twinkle.serve.backend import DatumsPass, RowsPass, SampleParams, UserError
+from twinkle.serve.core import bounds
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
 
@@ -50,6 +51,12 @@ class NativeViews:
         else:
             engine, queue = self.rt.engine(req.base_model), f"sample:{tenant}"
         sp = req.sampling_params
+        if req.chats is not None:  # tokenized on the worker: bound the text here, before it is queued
+            chars = sum(len(m.content or "") for chat in req.chats for m in chat)
+            bounds.prompt_chars("chats", chars, self.rt.config.caps)
+        else:
+            lens = [len(p) for p in req.prompts or []]
+            bounds.sample_cost(lens, sp.num_samples, sp.max_tokens, engine.backend.max_context, self.rt.config.caps)
         params = SampleParams(
             max_tokens=sp.max_tokens,
             temperature=sp.temperature,

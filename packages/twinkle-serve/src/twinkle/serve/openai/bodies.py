@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from twinkle.client.schema import bounds as B
+
 MAX_N = 64
 MAX_TOP_LOGPROBS = 20
 
@@ -22,10 +24,10 @@ class _Body(BaseModel):
 
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_tokens: int | None = B.MAX_TOKENS.field(None)  # and within the context (core.bounds.sample_cost)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)  # OpenAI's own range
+    top_p: float = B.TOP_P.field(1.0)
+    seed: B.Seed | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict | None = None
@@ -37,10 +39,12 @@ class _Body(BaseModel):
 
     def stop_list(self) -> list[str] | None:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        if stop is not None and (len(stop) > 4 or not all(stop)):
+        if stop is not None and (len(stop) > 4 or not all(stop) or max(map(len, stop)) > B.MAX_STOP_CHARS):
             from twinkle.serve.openai.errors import OpenAIError
 
-            raise OpenAIError(400, f"stop must be up to 4 non-empty strings, got {self.stop!r}", "stop")
+            raise OpenAIError(
+                400, f"stop must be up to 4 non-empty strings of at most {B.MAX_STOP_CHARS} characters", "stop"
+            )
         return stop or None
 
     def include_usage(self) -> bool:
@@ -62,19 +66,29 @@ class Message(BaseModel):
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
+    def chars(self) -> int:
+        return len(self.content) if isinstance(self.content, str) else sum(len(p.text) for p in self.content)
+
 
 class ChatRequest(_Body):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = B.MAX_TOKENS.field(None)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    def prompt_chars(self) -> int:
+        return sum(m.chars() for m in self.messages)
+
 
 class CompletionRequest(_Body):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for this route
+    max_tokens: int | None = B.MAX_TOKENS.field(16)  # OpenAI's default for this route
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: Literal[False] = False
+
+    def prompt_chars(self) -> int:
+        prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        return sum(len(p) if isinstance(p, (str, list)) else 1 for p in prompts)

@@ -18,6 +18,7 @@ import time
 from fastapi.responses import StreamingResponse
 
 from twinkle.serve.backend import SampleParams, SampleResult, UserError
+from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 import twinkle.serve.openai.responses as responses
@@ -36,6 +37,8 @@ class _Job:
     """One admitted request's prompts on its target's backend; counts what it samples."""
 
     def __init__(self, svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params):
+        backend = target.engine.backend
+        bounds.sample_cost([len(p) for p in prompts], n, params.max_tokens, backend.max_context, svc.rt.config.caps)
         svc.admit_tokens(tenant, sum(len(p) for p in prompts))
         self.svc, self.tenant, self.target, self.prompts, self.n, self.params = svc, tenant, target, prompts, n, params
         ckpt = target.checkpoint

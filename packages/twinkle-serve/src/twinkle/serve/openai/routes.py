@@ -11,7 +11,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from twinkle.serve.auth import API_KEY
 from twinkle.serve.backend import SampleParams
+from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
+from twinkle.serve.errors import BadRequest
 import twinkle.serve.openai.responses as responses
 from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
@@ -68,14 +70,26 @@ def build_openai_router(svc: Service) -> APIRouter:
             topk_sample=top,
         )
 
+    def cost(target, prompts: list[list[int]], n: int, max_tokens: int | None, field: str) -> None:
+        """max_tokens within the context and tokens x samples under the cap, as OpenAI's 400 naming `field`."""
+        try:
+            bounds.sample_cost(
+                [len(p) for p in prompts], n, max_tokens, target.engine.backend.max_context, rt.config.caps, field
+            )
+        except BadRequest as e:
+            raise OpenAIError(400, e.message, field) from None
+
     @router.post("/chat/completions")
     async def chat(body: ChatRequest, name: str = Depends(ready)):
         target = models.resolve(name, body.model)
         if body.top_logprobs and not body.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
+        bounds.prompt_chars("messages", body.prompt_chars(), rt.config.caps)  # tokenized here, on the event loop
         prompt = chat_prompt(tokenizer, body)
         sample = params(body, body.top_logprobs or 0, body.limit())
+        limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        cost(target, [prompt], body.n, sample.max_tokens, limit_field)
         if body.stream:
             return await stream(svc, name, target, [prompt], body.n, sample, responses.ChatChunks(tokenizer, body))
         (result,) = await generate(svc, name, target, [prompt], body.n, sample)
@@ -86,8 +100,10 @@ def build_openai_router(svc: Service) -> APIRouter:
     async def completions(body: CompletionRequest, name: str = Depends(ready)):
         target = models.resolve(name, body.model)
         tokenizer = target.engine.backend.tokenizer
+        bounds.prompt_chars("prompt", body.prompt_chars(), rt.config.caps)
         prompts = completion_prompts(tokenizer, body.prompt)
         sample = params(body, body.logprobs or 0, body.max_tokens)
+        cost(target, prompts, body.n, sample.max_tokens, "max_tokens")
         if body.stream:
             return await stream(svc, name, target, prompts, body.n, sample, responses.CompletionChunks(tokenizer, body))
         results = await generate(svc, name, target, prompts, body.n, sample)

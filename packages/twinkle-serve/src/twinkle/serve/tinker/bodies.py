@@ -1,7 +1,8 @@
 """The Tinker JSON request bodies as typed models, for the OpenAPI document (`/docs`, `/openapi.json`).
 
 The routes read the same fields by hand, checking each with a 400 that names it (the SDK's own
-`x-should-retry` rules treat a 422 differently); these models say what a client may send. Extra
+`x-should-retry` rules treat a 422 differently); these models say what a client may send, with the
+ranges the routes check (twinkle.client.schema.bounds). Extra
 fields are allowed: the SDK adds new optional ones between releases.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import AdamParams, LoraSpec
 
 
@@ -46,10 +48,10 @@ class OptimStepBody(_Body):
 
 class SaveWeightsBody(_Body):
     model_id: str
-    seq_id: int | None = None
+    seq_id: int | None = B.SEQ_ID.field(None)
     path: str | None = Field(None, description="checkpoint name (default: generated)")
     overwrite: bool = False
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = B.TTL_SECONDS.field(None)
     user_metadata: dict[str, str] | None = None
 
 
@@ -84,11 +86,11 @@ class ModelInputBody(_Body):
 
 
 class SamplingParamsBody(_Body):
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    seed: int | None = None
+    max_tokens: int | None = B.MAX_TOKENS.field(None, description="and prompt + max_tokens within the context")
+    temperature: float = B.TEMPERATURE.field(1.0)
+    top_k: int = B.TOP_K.field(-1)
+    top_p: float = B.TOP_P.field(1.0)
+    seed: B.Seed | None = None
     stop: str | list[str] | list[int] | None = None
 
 
@@ -96,7 +98,7 @@ class ASampleBody(_Body):
     sampling_session_id: str
     seq_id: int | None = None
     prompt: ModelInputBody
-    num_samples: int = Field(1, ge=1)
+    num_samples: int = B.NUM_SAMPLES.field(1)
     sampling_params: SamplingParamsBody = SamplingParamsBody()
     prompt_logprobs: bool = False
     topk_prompt_logprobs: int = 0
@@ -112,7 +114,7 @@ class WeightsInfoBody(_Body):
 
 
 class TtlBody(_Body):
-    ttl_seconds: int | None = Field(None, description="seconds from now; null keeps it forever")
+    ttl_seconds: int | None = B.TTL_SECONDS.field(None, description="seconds from now; null keeps it forever")
 
 
 SCHEMAS: dict[str, dict] = {}  # component schemas the app adds to its OpenAPI document

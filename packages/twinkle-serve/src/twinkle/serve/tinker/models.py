@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
+from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
@@ -28,6 +30,7 @@ class TinkerModels:
     def __init__(self, svc: Service):
         self.svc, self.rt = svc, svc.rt
         self.provenance = Provenance(svc)
+        self.caps = svc.rt.config.caps
 
     # ---- sessions ------------------------------------------------------------------------------
     def create_session(self, tenant: str, body: dict) -> dict:
@@ -66,6 +69,13 @@ class TinkerModels:
         if self.rt.store.runs.get(model_id) is not None:  # before reserving memory for it
             raise BadRequest(f"model {model_id!r} already exists")
         self.rt.adapter_memory.reserve(adapter_name(model_id), engine.backend, spec)
+        try:
+            return self._record_run(tenant, session_id, model_id, engine, spec, user_metadata), engine
+        except BaseException:
+            self.rt.adapter_memory.release(adapter_name(model_id))  # a refused run holds no memory
+            raise
+
+    def _record_run(self, tenant, session_id, model_id, engine, spec: LoraSpec, user_metadata) -> Run:
         lora = {
             "rank": spec.rank,
             "seed": spec.seed,
@@ -74,7 +84,16 @@ class TinkerModels:
             "train_unembed": spec.train_unembed,
         }
         metadata = {str(k): str(v) for k, v in (user_metadata or {}).items()}
-        return self.svc.create_run(tenant, session_id, model_id, engine, "tinker", lora, metadata), engine
+        return self.svc.create_run(tenant, session_id, model_id, engine, "tinker", lora, metadata)
+
+    def forget_run(self, run: Run, engine) -> None:
+        """A creation that failed midway leaves nothing: no adapter, no reservation, no live entry, no run."""
+        adapter = adapter_name(run.model_id)
+        if engine.backend.adapter_rank(adapter) is not None:
+            engine.backend.remove_adapter(adapter)
+        self.rt.adapter_memory.release(adapter)
+        self.rt.live.pop(run.model_id)
+        self.rt.store.runs.forget(run.model_id)
 
     def build_adapter(self, run: Run, engine, spec: LoraSpec) -> str:
         adapter = adapter_name(run.model_id)
@@ -84,9 +103,14 @@ class TinkerModels:
 
     def create_model(self, tenant: str, body: dict) -> dict:
         cfg = body.get("lora_config") or {}
+        if not isinstance(cfg, dict):
+            raise BadRequest(f"lora_config must be an object, got {type(cfg).__name__}")
+        backend = self.rt.engine(body.get("base_model")).backend
         spec = LoraSpec(
-            rank=int(cfg.get("rank", 32)),
-            seed=cfg.get("seed"),
+            rank=bounds.lora_rank(
+                "lora_config.rank", 32 if cfg.get("rank") is None else cfg["rank"], backend, self.caps
+            ),
+            seed=None if cfg.get("seed") is None else bounds.check(B.SEED, "lora_config.seed", cfg["seed"]),
             train_attn=bool(cfg.get("train_attn", True)),
             train_mlp=bool(cfg.get("train_mlp", True)),
             train_unembed=bool(cfg.get("train_unembed", True)),
@@ -105,7 +129,11 @@ class TinkerModels:
         )
 
         def work():
-            self.build_adapter(run, engine, spec)
+            try:
+                self.build_adapter(run, engine, spec)
+            except BaseException:
+                self.forget_run(run, engine)
+                raise
             return "json", {"type": "create_model", "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, 0, work), "model_id": run.model_id}
@@ -178,10 +206,9 @@ class TinkerModels:
         if body.get("optimizer_params") and (body["optimizer_params"].get("type") not in (None, "adam", "adamw")):
             raise BadRequest(f"optimizer {body['optimizer_params'].get('type')!r} is not supported; use AdamParams")
         raw = raw or {k: v for k, v in (body.get("optimizer_params") or {}).items() if k != "type"}
-        try:
-            params = AdamParams(**{k: float(v) for k, v in raw.items() if v is not None})
-        except TypeError as e:
-            raise BadRequest(f"bad adam_params: {e}") from None
+        if not isinstance(raw, dict):
+            raise BadRequest(f"adam_params must be an object, got {type(raw).__name__}")
+        params = AdamParams(**bounds.adam_params("adam_params", raw))
 
         def work():
             metrics = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)

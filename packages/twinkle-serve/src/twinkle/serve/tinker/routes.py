@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
+from twinkle.serve.core import bounds
 from twinkle.serve.core.futures import PROTO
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
@@ -40,12 +41,16 @@ CLIENT_CONFIG = {
 
 async def json_body(request: Request) -> dict:
     """The request's JSON object; a missing, malformed or non-object body is the client's error (400)."""
+    caps = request.app.state.runtime.config.caps
     try:
         body = await request.json()
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise BadRequest(f"request body must be a JSON object: {e}") from None
+    except RecursionError:  # the parser's own limit, far past caps.max_json_depth
+        raise BadRequest(f"request body nests deeper than {caps.max_json_depth} levels (caps.max_json_depth)") from None
     if not isinstance(body, dict):
         raise BadRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    bounds.json_depth("request body", body, caps)
     return body
 
 

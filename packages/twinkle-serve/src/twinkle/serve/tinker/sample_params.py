@@ -3,14 +3,17 @@ a bad one is a 400 naming it, never a server error mid-sample."""
 
 from __future__ import annotations
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import SampleParams, UserError
+from twinkle.serve.core import bounds
+from twinkle.serve.core.bounds import ServerCaps
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec
 
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
 MAX_TOPK_LOGPROBS = 256
 MAX_TOPK_PROMPT_CELLS = 1 << 22  # len(prompt) x topk_prompt_logprobs: 32 MB of response
-MAX_NUM_SAMPLES = 1024
+MAX_NUM_SAMPLES = B.NUM_SAMPLES.hi
 
 
 def prompt_tokens(model_input) -> list[int]:
@@ -21,10 +24,7 @@ def prompt_tokens(model_input) -> list[int]:
 
 
 def num_samples(body: dict) -> int:
-    n = _int(body, "num_samples", 1, lo=1)
-    if n > MAX_NUM_SAMPLES:
-        raise BadRequest(f"num_samples must be at most {MAX_NUM_SAMPLES}, got {n}")
-    return n
+    return bounds.check(B.NUM_SAMPLES, "num_samples", body.get("num_samples"), 1)
 
 
 def _chunk_tokens(chunk: dict) -> list[int]:
@@ -52,16 +52,12 @@ def _int(d: dict, name: str, default, *, lo: int | None = None, where: str = "")
     return v
 
 
-def _float(d: dict, name: str, default: float) -> float:
-    v = d.get(name, default)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v:
-        raise BadRequest(f"sampling_params.{name} must be a number, got {v!r}")
-    return float(v)
-
-
-def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleParams, tuple | None]:
+def sample_params(
+    body: dict, prompt_len: int, vocab_size: int, max_context: int | None = None, caps: ServerCaps | None = None
+) -> tuple[SampleParams, tuple | None]:
     """The asample body's sampling options, checked (a 400 naming the field) -> (SampleParams, the CSR layout
-    of a sparse target_prompt_logprobs, to answer in, or None)."""
+    of a sparse target_prompt_logprobs, to answer in, or None). With `max_context`, max_tokens must fit
+    beside the prompt, and num_samples x (prompt + max_tokens) under `caps.max_sample_tokens`."""
     if body.get("record_stability_info") not in (None, False, True):  # recorded by tinker/provenance.py
         raise BadRequest(f"record_stability_info must be a boolean, got {body['record_stability_info']!r}")
     sp = body.get("sampling_params") or {}
@@ -80,12 +76,18 @@ def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleP
                 f"token ids >= 0, got {stop!r}"
             )
         stop = items
-    top_k = _int(sp, "top_k", -1, lo=-1, where="sampling_params.")
-    temperature, top_p = _float(sp, "temperature", 1.0), _float(sp, "top_p", 1.0)
-    if temperature < 0:
-        raise BadRequest(f"sampling_params.temperature must be >= 0 (0 is greedy), got {temperature}")
-    if not 0 < top_p <= 1:
-        raise BadRequest(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+        bounds.stops("sampling_params.stop", stop)
+    top_k = bounds.check(B.TOP_K, "sampling_params.top_k", sp.get("top_k"), -1)
+    temperature = bounds.check(B.TEMPERATURE, "sampling_params.temperature", sp.get("temperature"), 1.0)
+    top_p = bounds.check(B.TOP_P, "sampling_params.top_p", sp.get("top_p"), 1.0)
+    max_tokens = (
+        None
+        if sp.get("max_tokens") is None
+        else bounds.check(B.MAX_TOKENS, "sampling_params.max_tokens", sp["max_tokens"])
+    )
+    seed = None if sp.get("seed") is None else bounds.check(B.SEED, "sampling_params.seed", sp["seed"])
+    if max_context is not None:
+        bounds.sample_cost([prompt_len], num_samples(body), max_tokens, max_context, caps or ServerCaps())
     topk_prompt = _int(body, "topk_prompt_logprobs", 0, lo=0)
     topk_sample = _int(body, "topk_sample_logprobs", 0, lo=0)
     for name, k in (("topk_prompt_logprobs", topk_prompt), ("topk_sample_logprobs", topk_sample)):
@@ -115,11 +117,11 @@ def sample_params(body: dict, prompt_len: int, vocab_size: int) -> tuple[SampleP
                 f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, got {last_n}"
             )
     return SampleParams(
-        max_tokens=_int(sp, "max_tokens", None, lo=1, where="sampling_params."),
+        max_tokens=max_tokens,
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        seed=_int(sp, "seed", None, where="sampling_params."),
+        seed=seed,
         stop=stop,
         topk_prompt=topk_prompt,
         topk_sample=topk_sample,

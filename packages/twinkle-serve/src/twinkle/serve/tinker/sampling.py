@@ -61,7 +61,10 @@ class TinkerSampling:
         engine = self.rt.engine(sampler.base_model)
         prompt, n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
         self.svc.admit_tokens(tenant, len(prompt))
-        params, target_layout = sample_params(body, len(prompt), engine.backend.vocab_size)
+        backend = engine.backend
+        params, target_layout = sample_params(
+            body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps
+        )
         want_prompt_lps = bool(body.get("prompt_logprobs"))
         sequence_ids = [uuid.uuid4().hex for _ in range(n)]
         # stable_reinforce: what each sequence's loss will need, recorded before the result is visible

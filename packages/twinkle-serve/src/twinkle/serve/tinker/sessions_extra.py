@@ -12,6 +12,8 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
+from twinkle.client.schema import bounds as B
+from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker.usage import session_metadata
@@ -200,8 +202,8 @@ def copy_weights(svc: Service, weights, tenant: str, body: dict) -> dict:
         raise BadRequest("weights_access_token is not supported by this server: publish the checkpoint instead")
     source = svc.checkpoints.readable(tenant, body.get("source_path"))
     ttl = body.get("ttl_seconds")
-    if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 1):
-        raise BadRequest(f"ttl_seconds must be a positive integer or null, got {ttl!r}")
+    if ttl is not None:
+        bounds.check(B.TTL_SECONDS, "ttl_seconds", ttl)  # a positive integer the calendar can hold
     session_id, seq = body.get("session_id"), body.get("model_seq_id")
     if session_id is not None:
         svc.session(tenant, session_id)

@@ -8,13 +8,22 @@ import os
 import uuid
 from pathlib import Path
 
+from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import LoraSpec
+from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import META_FILE, check_name
 from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
+
+
+def checked_fields(body: dict) -> None:
+    """A save's numbers, before it is queued: a TTL the calendar can hold, a 64-bit seq_id."""
+    for field, rng in (("ttl_seconds", B.TTL_SECONDS), ("seq_id", B.SEQ_ID)):
+        if body.get(field) is not None:
+            bounds.check(rng, field, body[field])
 
 
 class TinkerWeights:
@@ -39,6 +48,7 @@ class TinkerWeights:
         )
 
     def _queue(self, tenant, engine, run: Run, body: dict, work) -> dict:
+        checked_fields(body)
         return {
             "request_id": self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work),
             "model_id": run.model_id,
@@ -103,8 +113,12 @@ class TinkerWeights:
             if spec is None:
                 engine.backend.load_checkpoint(self.svc.live_adapter(run.model_id), folder, with_optimizer, True)
             else:  # the adapter is built from the folder's own LoraConfig (rank, alpha, targets)
-                engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
-                self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
+                try:
+                    engine.backend.load_checkpoint(adapter_name(run.model_id), folder, with_optimizer, True)
+                    self.svc.set_live(run.model_id, engine, adapter_name(run.model_id))
+                except BaseException:
+                    self.models.forget_run(run, engine)  # a model that never loaded is not listed
+                    raise
             return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
@@ -117,12 +131,7 @@ class TinkerWeights:
         self.svc.admit_save(tenant)
         engine = self.rt.engine(run.base_model)
         name = check_name(body.get("path"))
-        for field in ("ttl_seconds", "seq_id"):
-            value = body.get(field)
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < (1 if field == "ttl_seconds" else 0)
-            ):
-                raise BadRequest(f"{field} must be an integer >= {1 if field == 'ttl_seconds' else 0}, got {value!r}")
+        checked_fields(body)
 
         def work():
             ckpt = self._write(run, engine, "external", name, body, True)

@@ -119,6 +119,11 @@ class Runs:
     def count(self, tenant: str) -> int:
         return self.db.one("SELECT COUNT(*) AS n FROM models WHERE tenant=?", (tenant,))["n"]
 
+    def forget(self, model_id: str) -> None:
+        """Remove a run whose creation failed midway (it never trained: no curves, usage or checkpoints)."""
+        for table in ("run_curves", "run_usage", "models"):
+            self.db.execute(f"DELETE FROM {table} WHERE model_id=?", (model_id,))
+
 
 class Samplers:
     def __init__(self, db):

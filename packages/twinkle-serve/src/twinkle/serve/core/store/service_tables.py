@@ -111,6 +111,17 @@ class Idempotency:
     def purge(self, before: float) -> None:
         self.db.execute("DELETE FROM idempotency WHERE created_at < ?", (before,))
 
+    def trim(self, keep_rows: int) -> int:
+        """Keep only the newest `keep_rows` answers (rowids grow with every write); -> rows removed."""
+        return self.db.execute(
+            "DELETE FROM idempotency WHERE rowid <= (SELECT rowid FROM idempotency ORDER BY rowid DESC "
+            "LIMIT 1 OFFSET ?)",
+            (keep_rows,),
+        )
+
+    def count(self) -> int:
+        return self.db.one("SELECT COUNT(*) AS n FROM idempotency")["n"]
+
     def get(self, tenant: str, key: str) -> dict | None:
         return self.db.one(
             "SELECT fingerprint, status, content_type, body FROM idempotency WHERE tenant=? AND key=?", (tenant, key)
@@ -129,6 +140,8 @@ class Curves:
         self.db = db
         # (model_id, tenant, step, metrics) after each point is stored: the server's trackers listen here.
         self.on_add = None
+        # points per (run, name) past which the older half is thinned to every other point (caps.max_curve_points)
+        self.max_points = 100_000
 
     def add(self, model_id: str, tenant: str, step: int | None, metrics: dict[str, float]) -> None:
         now = time.time()
@@ -136,8 +149,23 @@ class Curves:
             "INSERT INTO run_curves (model_id, tenant, step, name, value, t) VALUES (?, ?, ?, ?, ?, ?)",
             [(model_id, tenant, step, name, float(v), now) for name, v in metrics.items() if v is not None],
         )
+        if isinstance(step, int) and step % 1000 == 0:  # a count every 1000 steps, not every point
+            for name in metrics:
+                self._thin(model_id, name)
         if self.on_add is not None:
             self.on_add(model_id, tenant, step, {k: float(v) for k, v in metrics.items() if v is not None})
+
+    def _thin(self, model_id: str, name: str) -> None:
+        """Past max_points, drop every other point of the older half: the curve keeps its shape and its
+        recent detail, and its rows stay bounded however long the run trains."""
+        if self.count(model_id, name) <= self.max_points:
+            return
+        self.db.execute(
+            "DELETE FROM run_curves WHERE rowid IN (SELECT rowid FROM (SELECT rowid, ROW_NUMBER() OVER "
+            "(ORDER BY step, t) AS i FROM run_curves WHERE model_id=? AND name=? ORDER BY step, t LIMIT ?) "
+            "WHERE i % 2 = 0)",
+            (model_id, name, self.max_points // 2),
+        )
 
     def of(self, model_id: str, since_step: int = -1) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
