@@ -72,6 +72,8 @@ class Template:
         if tokenizer is None:
             from twinkle.hub import resolve_model_path
 
+            if model_id is None:
+                raise ValueError("Template needs a model_id or a tokenizer")
             tokenizer = _load_tokenizer(model_id)
             self._model_path = resolve_model_path(model_id)  # verified once per process: cheap now
         self.model_id = model_id
@@ -152,8 +154,11 @@ class Template:
         sources = vision.image_sources(messages)
         if not sources:
             return text, spans, {}
-        pixels, grid, counts = self._image_encoder.encode(sources)
-        text, spans = vision.expand_placeholders(text, self._image_encoder.placeholder, counts, spans)
+        encoder = self._image_encoder
+        if encoder is None:  # _require_images refuses such rows before rendering: a bug if reached
+            raise DataError(f"row {index} holds images but no image processor was loaded for {self.model_id!r}")
+        pixels, grid, counts = encoder.encode(sources)
+        text, spans = vision.expand_placeholders(text, encoder.placeholder, counts, spans)
         # a list of patch rows, not one 2-D array: Arrow stores it as list<list<float>>
         return text, spans, {"pixel_values": list(pixels), "image_grid_thw": grid.tolist()}
 
@@ -222,7 +227,7 @@ class Template:
             trained = np.zeros(len(ids), dtype=bool)
             for lo, hi in spans[i]:
                 trained |= (starts >= lo) & (starts < hi)
-            if images[i]:  # image tokens are inputs, never targets (even inside a trained reply)
+            if images[i] and self._image_encoder is not None:  # image tokens are inputs, never targets
                 trained &= np.asarray(ids) != self._image_encoder.token_id
             labels = np.where(trained, np.asarray(ids, dtype=np.int64), IGNORE_INDEX).tolist()
             self._check_image_truncation(len(ids), images[i], first_index + i)

@@ -11,6 +11,7 @@ The step rule that acts on it (accumulate, skip non-finite, clip, step, schedule
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ class AdapterState:
     template: object = None
     processor: object = None
     # multi-LoRA engines: the adapter's spec (rank, scaling, targets) and the layers it adapts
-    spec: object = None
+    spec: Any = None  # a twinkle.model.multi_lora.AdapterSpec
     module_names: list[str] = field(default_factory=list)
     dropout_generator: torch.Generator | None = None
     micro_step: int = 0  # forward_backward calls since the last optimizer step

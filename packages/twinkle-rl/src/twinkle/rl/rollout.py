@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from twinkle.sampler import SampleResponse, SamplingParams
 
@@ -125,7 +125,7 @@ def sample_rollout(
 
 
 # One template per tokenizer, made on first use; bounded by the tokenizers a process loads (a handful).
-_TEMPLATES: dict[int, object] = {}
+_TEMPLATES: dict[int, Any] = {}
 
 
 def _template_of(sampler):

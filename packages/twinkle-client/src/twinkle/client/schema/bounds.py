@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Any, Annotated
 
 from pydantic import Field
 
@@ -64,7 +64,7 @@ class Range:
 
     def field(self, default=..., **kw):
         """A pydantic Field enforcing this range (finite floats only), for the typed schemas."""
-        bounds = {("gt" if self.lo_open else "ge"): self.lo} if self.lo is not None else {}
+        bounds: dict[str, Any] = {("gt" if self.lo_open else "ge"): self.lo} if self.lo is not None else {}
         if self.hi is not None:
             bounds["lt" if self.hi_open else "le"] = self.hi
         if not self.integer:
