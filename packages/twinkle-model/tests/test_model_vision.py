@@ -65,7 +65,7 @@ def test_image_batch_loss_and_grads_equal_hand_written_transformers_peft(rows):
     m.add_adapter_to_model("default", lora())
     m.set_optimizer("AdamW", lr=1e-3)
     ours = m.forward_backward(inputs=rows)["loss"]
-    ours_grads = {n.replace(".default", ""): p.grad for n, p in m.states["default"].params}
+    ours_grads = {n.replace(".default", ""): p.grad for n, p in m.states["default"].named_params()}
     expected, grads = _hand_loss(rows)
     assert ours == pytest.approx(expected, rel=1e-5)
     assert ours_grads.keys() == grads.keys() and len(grads) == 2 * 7 * 2  # 2 layers x 7 linears x (A, B)
