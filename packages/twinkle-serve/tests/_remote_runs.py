@@ -121,6 +121,9 @@ def run_native_loop(server, tenant: str = "native-remote") -> dict:
     }
 
 
+WALL_CLOCK = ("tokens_per_s", "mfu")
+
+
 def assert_native_runs_equal(got: dict, expected: dict, tol: float = 1e-5) -> None:
     """The numbers a native tenant sees on a remote group equal those of one process (fp32 tolerance)."""
     assert got["losses"][-1][0] < got["losses"][0][0]  # it trains
@@ -132,6 +135,9 @@ def assert_native_runs_equal(got: dict, expected: dict, tol: float = 1e-5) -> No
         np.testing.assert_allclose(g, e, atol=10 * tol)
     assert set(got["metrics"]) == set(expected["metrics"])
     for key, value in expected["metrics"].items():  # merged over the ranks: loss, token accuracy, grad norm, lr
+        if key in WALL_CLOCK:
+            assert got["metrics"][key] > 0, key  # measured, not computed: two runs never take the same seconds
+            continue
         assert got["metrics"][key] == pytest.approx(value, rel=tol, abs=1e-7), key
     after = got["after_resume"]
     assert after["resumed"] == after["original"]  # resumed on the ranks: the same next step, bit for bit

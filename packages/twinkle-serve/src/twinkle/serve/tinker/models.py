@@ -105,7 +105,7 @@ class TinkerModels:
         cfg = body.get("lora_config") or {}
         if not isinstance(cfg, dict):
             raise BadRequest(f"lora_config must be an object, got {type(cfg).__name__}")
-        backend = self.rt.engine(body.get("base_model")).backend
+        backend = model_names.engine(self.rt, body.get("base_model")).backend  # `<base>:peft:<n>` too
         spec = LoraSpec(
             rank=bounds.lora_rank(
                 "lora_config.rank", 32 if cfg.get("rank") is None else cfg["rank"], backend, self.caps

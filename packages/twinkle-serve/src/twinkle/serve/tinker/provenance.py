@@ -39,11 +39,7 @@ class Provenance:
     # ---- policy versions ------------------------------------------------------------------------
     def version_of(self, model_id: str, before: float | None = None) -> int:
         """A run's policy version: its optimizer steps so far (or before time `before`)."""
-        sql = "SELECT COUNT(*) AS n FROM run_curves WHERE model_id=? AND name='lr'"
-        args: tuple = (model_id,)
-        if before is not None:
-            sql, args = sql + " AND t <= ?", (model_id, before)
-        return self.store.db.one(sql, args)["n"]
+        return self.store.curves.count(model_id, "lr", before)
 
     def snapshot(self, sampler_id: str, model_id: str) -> None:
         """A sampler on the run's current weights (save_weights_and_get_sampling_client) serves this version."""

@@ -182,8 +182,14 @@ class Curves:
             (model_id, name),
         )
 
-    def count(self, model_id: str, name: str) -> int:
-        return self.db.one("SELECT COUNT(*) AS n FROM run_curves WHERE model_id=? AND name=?", (model_id, name))["n"]
+    def count(self, model_id: str, name: str, before: float | None = None) -> int:
+        """Points of one curve (recorded at or before time `before`, when given)."""
+        if before is None:
+            sql, args = "SELECT COUNT(*) AS n FROM run_curves WHERE model_id=? AND name=?", (model_id, name)
+        else:
+            sql = "SELECT COUNT(*) AS n FROM run_curves WHERE model_id=? AND name=? AND t <= ?"
+            args = (model_id, name, before)
+        return self.db.one(sql, args)["n"]
 
     def max_step(self, model_id: str) -> int:
         row = self.db.one("SELECT MAX(step) AS s FROM run_curves WHERE model_id=?", (model_id,))
