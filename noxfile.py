@@ -261,10 +261,14 @@ def numerics(session: nox.Session, cpu: str) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "ATEN_CPU_CAPABILITY": cpu,
     }
-    # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
-    # must not hold the CPUs (or the memory) another suite's cluster needs.
-    for paths in NUMERICS_SUITES.values():
-        with _cold_caches() as caches:
+    with _cold_caches() as caches:
+        # The embedded models are built first on this CPU's own kernels: their weights are a pinned artifact
+        # (as a downloaded checkpoint would be), and it is the computing on them that another CPU changes.
+        build = "from twinkle.hub import DEFAULT_MODEL, TEST_MODEL, resolve_model_path as r; r(TEST_MODEL); r(DEFAULT_MODEL)"
+        session.run("python", "-c", build, env={**caches, "OMP_NUM_THREADS": env["OMP_NUM_THREADS"]})
+        # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
+        # must not hold the CPUs (or the memory) another suite's cluster needs.
+        for paths in NUMERICS_SUITES.values():
             session.run("pytest", "-q", "--durations=5", *paths, *session.posargs, env={**env, **caches})
 
 
@@ -299,7 +303,7 @@ def bench(session: nox.Session) -> None:
 FAULTS = "test_reliability_faults_*.py"
 
 
-@nox.session(name="faults")
+@nox.session(name="faults", default=False)
 def faults(session: nox.Session) -> None:
     """The reliability suite's injected faults (12 minutes on two shared cores): a full disk during a
     checkpoint save (a tmpfs it mounts: needs root, skipped otherwise), slow and stalled clients, a

@@ -77,7 +77,9 @@ def _num(x: float) -> str:
 
 
 # ---- optimizer (Tinker AdamParams, native set_optimizer kwargs, clip_grad_and_step) ----------------
-LEARNING_RATE = Range(lo=0, lo_open=True, hi=1e3)  # past 1e3 every step diverges: a typo, not a schedule
+# 0 is where a decayed schedule ends (cosine, linear to zero): a step that moves nothing, not an error.
+# Past 1e3 every step diverges: a typo, not a schedule.
+LEARNING_RATE = Range(lo=0, hi=1e3)
 BETA = Range(lo=0, hi=1, hi_open=True)
 EPS = Range(lo=0, lo_open=True, hi=1.0)
 WEIGHT_DECAY = Range(lo=0, hi=1e3)
