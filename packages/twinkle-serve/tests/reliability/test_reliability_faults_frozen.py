@@ -44,6 +44,24 @@ def _train_group():
     return group
 
 
+def _cpu_ticks(pid: int) -> int:
+    """User + system CPU time of a process, in clock ticks (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _stop_once_computing(pid: int, ticks: int = 5, within_s: float = 60.0) -> None:
+    """SIGSTOP `pid` as soon as it has burnt `ticks` more CPU ticks than now (50 ms at the usual 100 Hz):
+    the pass has reached it. A fixed sleep instead stopped it before the pass arrived on a slow machine
+    and after the pass had finished on a fast one."""
+    start, deadline = _cpu_ticks(pid), time.monotonic() + within_s
+    while _cpu_ticks(pid) - start < ticks:
+        assert time.monotonic() < deadline, f"rank pid {pid} never started computing"
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGSTOP)
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -79,12 +97,11 @@ def test_sigstopped_actor_times_out_naming_it_and_tenants_resume(tmp_path, caplo
 
         group = _train_group()
         old_pids, old_nodes = group.remote_pids(), group.remote_node_ids()
-        heavy = [_datum([5 + (3 * i + k) % 60 for i in range(120)]) for k in range(48)]  # ~1 s: lands mid-pass
+        heavy = [_datum([5 + (3 * i + k) % 60 for i in range(120)]) for k in range(48)]  # ~1 s of compute
+        stopped = old_pids[1]
         in_flight = tc.forward_backward(heavy, "cross_entropy")
         queued = tc.optim_step(adam)
-        time.sleep(0.3)
-        stopped = old_pids[1]
-        os.kill(stopped, signal.SIGSTOP)
+        _stop_once_computing(stopped)
         t0 = time.monotonic()
         with pytest.raises(tinker.RequestFailedError) as frozen:
             in_flight.result(timeout=120)

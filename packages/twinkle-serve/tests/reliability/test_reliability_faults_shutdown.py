@@ -24,13 +24,18 @@ from harness import SUMMARY, Wire, fb_body, sft_pair
 ROWS = [[9 + (7 * i + 13 * r) % 800 for i in range(65)] for r in range(2)]
 TENANTS = [f"drain{i}" for i in range(4)]
 STEPS = 8  # queued per tenant (plus one save), so SIGTERM finds a queue to drain
+# Without drain time the queue must still hold work when SIGTERM lands on any machine: a few large
+# batches (seconds of compute) submitted in a few milliseconds, not many small ones a fast CPU clears
+# while the submissions are still arriving.
+HEAVY_ROWS = [[9 + (7 * i + 13 * r) % 800 for i in range(513)] for r in range(16)]
+HEAVY_STEPS = 4
 
 
 class Tenant:
     """Queues STEPS training steps and a save, then polls each future (until the server goes away)."""
 
-    def __init__(self, url: str, name: str, key: str, seed: int):
-        self.name, self.key = name, key
+    def __init__(self, url: str, name: str, key: str, seed: int, rows=ROWS, steps: int = STEPS):
+        self.name, self.key, self.rows, self.steps = name, key, rows, steps
         self.w = Wire(url, key, timeout=30)
         self.mid = self.w.create_model(self.w.session(), seed=seed)
         self.acked: list[tuple[str, str]] = []  # (kind, request_id), in submission order
@@ -39,16 +44,16 @@ class Tenant:
         self.readyz: list[httpx.Response] = []  # /readyz while draining
 
     def submit_all(self) -> None:
-        for step in range(STEPS):
+        for step in range(self.steps):
             seq = 1 + 2 * step
             fb = self.w.http.post(
                 "/api/v1/forward_backward",
-                content=fb_body(self.mid, seq, [sft_pair(r) for r in ROWS]),
+                content=fb_body(self.mid, seq, [sft_pair(r) for r in self.rows]),
                 headers={"content-type": "application/x-protobuf"},
             )
             opt = self.w.post("/optim_step", {"model_id": self.mid, "seq_id": seq + 1, "adam_params": {}})
             self.acked += [("fb", self.w.ok(fb)["request_id"]), ("opt", self.w.ok(opt)["request_id"])]
-        save = self.w.post("/save_weights", {"model_id": self.mid, "seq_id": 2 * STEPS + 1, "path": "final"})
+        save = self.w.post("/save_weights", {"model_id": self.mid, "seq_id": 2 * self.steps + 1, "path": "final"})
         self.acked.append(("save", self.w.ok(save)["request_id"]))
 
     def poll(self, stop_submitting: threading.Event) -> None:
@@ -83,8 +88,8 @@ def _sigterm_and_wait(srv) -> float:
     return time.monotonic() - t0
 
 
-def _load(srv, keys) -> list[Tenant]:
-    tenants = [Tenant(srv.url, name, key, i) for i, (name, key) in enumerate(keys.items())]
+def _load(srv, keys, **work) -> list[Tenant]:
+    tenants = [Tenant(srv.url, name, key, i, **work) for i, (name, key) in enumerate(keys.items())]
     for t in tenants:
         t.submit_all()
     return tenants
@@ -147,7 +152,7 @@ def test_sigterm_drains_accepted_work_and_loses_nothing(launch):
 
 def test_sigterm_without_drain_time_answers_the_restart_error(launch):
     srv, keys = launch(TENANTS[:2], drain_s=0, long_poll_s=2.0)
-    tenants = _load(srv, keys)
+    tenants = _load(srv, keys, rows=HEAVY_ROWS, steps=HEAVY_STEPS)
     acked = [a for t in tenants for a in t.acked]
     _sigterm_and_wait(srv)
     _restarted(srv)
