@@ -183,3 +183,36 @@ def test_asset_pointers_and_text_only_models_refused(vl, hf):
     bad = types.ImageChunk(data=png, format="jpeg", expected_tokens=n)
     with pytest.raises(tinker.BadRequestError, match="says format 'jpeg' but its bytes are PNG"):
         sc.sample(types.ModelInput(chunks=[bad]), 1, params).result()
+
+
+def _chat(png, answer="red"):
+    question = [{"type": "image", "image": png}, {"type": "text", "text": "What colour is the shape?"}]
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def test_native_client_trains_on_chats_with_images(vl, hf):
+    from twinkle.client import TwinkleClient
+    from twinkle.client.model import TransformersModel
+
+    srv, _ = vl
+    _, tok, encoder = hf
+    key = srv.create_key("vision-native")
+    model = TransformersModel(model_id=VL_TEST_MODEL, client=TwinkleClient(srv.url, key), name="vl-native")
+    # gate/up/down_proj name vision-tower layers too: the engine keeps adapters on the language model
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
+    model.add_adapter_to_model("default", {"r": 8, "lora_alpha": 32, "target_modules": targets})
+    model.set_optimizer("AdamW", lr=2e-2)
+    red, blue = _chat(_shape_png(0)), _chat(_shape_png(1))
+    first = float(model.forward_only(inputs=[red])["loss"])
+    assert first != pytest.approx(float(model.forward_only(inputs=[blue])["loss"]), rel=1e-4)  # the pixels are used
+    for _ in range(20):
+        model.forward_backward(inputs=[red])
+        model.clip_grad_and_step()
+    assert float(model.forward_only(inputs=[red])["loss"]) < 0.3 * first
+    with pytest.raises(ValueError, match="remote URL: the server fetches nothing"):
+        model.forward_only(inputs=[_chat("https://example.com/cat.png")])
+
+    text = TransformersModel(model_id=TEST_MODEL, client=TwinkleClient(srv.url, key), name="text-native")
+    text.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
+    with pytest.raises(Exception, match=rf"model '{TEST_MODEL}' is text-only"):
+        float(text.forward_only(inputs=[red])["loss"])

@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from twinkle.serve.backend import Datum
+from twinkle.serve.backend.images import image_encoder
 from twinkle.serve.errors import BadRequest
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}  # the SDK's format names -> PIL's
 ASSET_POINTER = "image_asset_pointer"
-_ENCODERS: dict[str, object] = {}  # a model folder -> its ImageEncoder (None: text-only)
 
 
 @dataclass(frozen=True)
@@ -62,16 +62,6 @@ def from_json(chunk: dict, at: int, where: str) -> ImagePiece:
     return ImagePiece(at, raw, str(chunk.get("format")), expected)
 
 
-def encoder(backend):
-    """The backend's image encoder (twinkle.template.vision.ImageEncoder), or None for a text-only model."""
-    path = backend.tokenizer_path
-    if path not in _ENCODERS:
-        from twinkle.template.vision import load_image_encoder
-
-        _ENCODERS[path] = load_image_encoder(path, backend.tokenizer)
-    return _ENCODERS[path]
-
-
 def _check_format(piece: ImagePiece, where: str) -> None:
     from PIL import Image, UnidentifiedImageError
 
@@ -87,7 +77,7 @@ def _check_format(piece: ImagePiece, where: str) -> None:
 
 def expand(tokens: list[int], pieces: list[ImagePiece], backend, model: str, where: str):
     """(tokens with each image's placeholder tokens inserted, {"pixel_values", "image_grid_thw"})."""
-    enc = encoder(backend)
+    enc = image_encoder(backend)
     if enc is None:
         raise BadRequest(f"{where}: model {model!r} is text-only: it takes no image chunks")
     for k, piece in enumerate(pieces):
