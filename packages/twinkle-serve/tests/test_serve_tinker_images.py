@@ -29,8 +29,8 @@ def vl(start, tmp_path_factory):
     import tinker
 
     srv = start(tmp_path_factory.mktemp("vl-data"), models=[{"name": VL_TEST_MODEL}, {"name": TEST_MODEL}])
-    client = tinker.ServiceClient(base_url=srv.url, api_key=srv.create_key(TENANT))
-    yield srv, client
+    key = srv.create_key(TENANT)
+    yield srv, tinker.ServiceClient(base_url=srv.url, api_key=key), key
     srv.stop()
 
 
@@ -85,7 +85,7 @@ def _hand_logprobs(model, encoder, full, png):
 
 
 def test_forward_and_compute_logprobs_equal_transformers(vl, hf):
-    _, client = vl
+    _, client, _ = vl
     model, tok, encoder = hf
     png = _shape_png(0)
     n = encoder.encode([png])[2][0]
@@ -110,21 +110,33 @@ def test_forward_and_compute_logprobs_equal_transformers(vl, hf):
     np.testing.assert_allclose(np.array(lps[1:], dtype=np.float32), want[:-1], rtol=1e-5, atol=1e-5)
 
 
-def test_training_on_image_chunks_then_sampling_answers(vl, hf):
+@pytest.fixture(scope="module")
+def trained(vl, hf):
+    """A LoRA trained through the SDK on one image question until it answers; (its sampler path, losses)."""
     from tinker import types
 
-    _, client = vl
-    model, tok, encoder = hf
+    _, client, _ = vl
+    _, tok, encoder = hf
     png = _shape_png(0)
-    n = encoder.encode([png])[2][0]
-    datum, full = _datum(tok, png, n)
+    datum, _ = _datum(tok, png, encoder.encode([png])[2][0])
     tc = client.create_lora_training_client(base_model=VL_TEST_MODEL, rank=8, seed=2).result()
     losses = []
     for _ in range(25):
         losses.append(tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"])
         tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+    return tc.save_weights_for_sampler("img").result().path, losses
+
+
+def test_training_on_image_chunks_then_sampling_answers(vl, hf, trained):
+    from tinker import types
+
+    _, client, _ = vl
+    model, tok, encoder = hf
+    png = _shape_png(0)
+    n = encoder.encode([png])[2][0]
+    path, losses = trained
     assert losses[-1] < 0.2 * losses[0]
-    sc = tc.save_weights_and_get_sampling_client().result()
+    sc = client.create_sampling_client(model_path=path).result()
     chunks, ans, _ = _pieces(tok, png, n)
     params = types.SamplingParams(max_tokens=len(ans), temperature=0.0)
     got = sc.sample(types.ModelInput(chunks=chunks), 1, params).result().sequences[0].tokens
@@ -149,7 +161,7 @@ def test_training_on_image_chunks_then_sampling_answers(vl, hf):
 def test_expected_tokens_mismatch_names_both_counts(vl, hf):
     import tinker
 
-    _, client = vl
+    _, client, _ = vl
     _, tok, encoder = hf
     png = _shape_png(0)
     n = encoder.encode([png])[2][0]
@@ -163,7 +175,7 @@ def test_asset_pointers_and_text_only_models_refused(vl, hf):
     import tinker
     from tinker import types
 
-    _, client = vl
+    _, client, _ = vl
     _, tok, encoder = hf
     png = _shape_png(0)
     n = encoder.encode([png])[2][0]
@@ -194,9 +206,8 @@ def test_native_client_trains_on_chats_with_images(vl, hf):
     from twinkle.client import TwinkleClient
     from twinkle.client.model import TransformersModel
 
-    srv, _ = vl
+    srv, _, key = vl
     _, tok, encoder = hf
-    key = srv.create_key("vision-native")
     model = TransformersModel(model_id=VL_TEST_MODEL, client=TwinkleClient(srv.url, key), name="vl-native")
     # gate/up/down_proj name vision-tower layers too: the engine keeps adapters on the language model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
@@ -216,3 +227,29 @@ def test_native_client_trains_on_chats_with_images(vl, hf):
     text.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
     with pytest.raises(Exception, match=rf"model '{TEST_MODEL}' is text-only"):
         float(text.forward_only(inputs=[red])["loss"])
+
+
+def test_openai_chat_answers_about_an_image_with_the_tenants_adapter(vl, trained):
+    import openai
+
+    srv, _, key = vl
+    path, _ = trained
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0)
+    url = "data:image/png;base64," + base64.b64encode(_shape_png(0)).decode()
+
+    def ask(model, image_url, **kw):
+        question = [
+            {"type": "image_url", "image_url": {"url": image_url}},
+            {"type": "text", "text": "What colour is the shape?"},
+        ]
+        return oai.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}], temperature=0, max_tokens=4, **kw
+        )
+
+    assert ask(path, url).choices[0].message.content == "red"  # what the adapter was trained to answer
+    streamed = "".join(c.choices[0].delta.content or "" for c in ask(path, url, stream=True) if c.choices)
+    assert streamed == "red"
+    with pytest.raises(openai.BadRequestError, match="remote URL; this server fetches nothing"):
+        ask(path, "https://example.com/cat.png")
+    with pytest.raises(openai.BadRequestError, match=rf"model '{TEST_MODEL}' is text-only"):
+        ask(TEST_MODEL, url)

@@ -142,10 +142,13 @@ class TorchSampling:
                 f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
                 f"in [0, {self.vocab_size}) or -1"
             )
+        pixels = {"images": [images]} if images is not None else {}
         try:
-            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens, images=[images])
-        except ValueError as e:  # the prompt's image tokens and its images disagree
-            raise UserError(str(e)) from None
+            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens, **pixels)
+        except ValueError as e:
+            if not pixels:
+                raise
+            raise UserError(str(e)) from None  # the prompt's image tokens and its images disagree
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
         result = SampleResult(
@@ -157,7 +160,7 @@ class TorchSampling:
             import torch
 
             # a second prefill: these need the whole distribution at every prompt position
-            (table_T_V,) = self.sampler.prompt_logprob_tables([prompt], adapter_name=sampler, images=[images])
+            (table_T_V,) = self.sampler.prompt_logprob_tables([prompt], adapter_name=sampler, **pixels)
             if targets is not None:
                 ids = torch.from_numpy(targets).clamp(min=0)
                 scores = table_T_V.gather(1, ids).masked_fill(torch.from_numpy(targets) < 0, 0.0)
