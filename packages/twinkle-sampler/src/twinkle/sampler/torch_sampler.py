@@ -34,7 +34,9 @@ class TorchSampler(Sampler):
         dtype: torch.dtype | None = None,
         max_batch_size: int = 64,
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from twinkle.model.vision import load_pretrained
 
         if (model_id is None) == (model is None):
             raise ValueError("TorchSampler needs exactly one of model_id= or model=")
@@ -43,7 +45,7 @@ class TorchSampler(Sampler):
             from twinkle.hub import resolve_model_path
 
             path = resolve_model_path(model_id)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+            model = load_pretrained(path, dtype=dtype or torch.float32)  # a causal LM or a vision-language model
             if tokenizer is None and template is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         if hasattr(model, "peft_config"):
