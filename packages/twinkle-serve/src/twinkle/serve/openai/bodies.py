@@ -87,9 +87,9 @@ class Message(BaseModel):
 
     def template_content(self):
         """The content as the chat template reads it: the string, or its parts (images as image_url)."""
-        if not self.has_images():
+        if isinstance(self.content, str) or not self.has_images():
             return self.text()
-        return [p.model_dump(exclude_none=True) for p in self.content]  # ty: ignore[not-iterable] - a list here
+        return [p.model_dump(exclude_none=True) for p in self.content]
 
 
 class ChatRequest(_Body):
