@@ -104,11 +104,11 @@ def test_a_text_only_model_refuses_pixel_values(rows):
         m.forward_only(inputs=bad)
 
 
-def test_multi_lora_refuses_image_rows_by_name(rows):
+def test_text_only_multi_lora_refuses_image_rows_by_name(rows):
     from twinkle.hub import TEST_MODEL
     from twinkle.model import MultiLoraModel
 
     m = MultiLoraModel(TEST_MODEL)
     m.add_adapter_to_model("a", LoraConfig(r=2, lora_alpha=4, target_modules="all-linear"))
-    with pytest.raises(ValueError, match="MultiLoraModel does not take image rows"):
+    with pytest.raises(ValueError, match=r"the batch holds images but the model \(Qwen3Config\) is text-only"):
         m.forward_backward(inputs=rows[:1], adapter_name="a")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from twinkle.client import images
 from twinkle.client.schema import EncodedRow, Inputs, Message, Trajectory
 
 log = logging.getLogger("twinkle.client")
-_SKIP = {"input_ids", "labels", "attention_mask", "position_ids", "messages", "tools"}
+_SKIP = {"input_ids", "labels", "attention_mask", "position_ids", "messages", "tools", "image_grid_thw"}
 
 
 def _plain(value):
@@ -80,7 +81,15 @@ def to_inputs(inputs, encoder: LocalEncoder | None = None) -> Inputs:
     if isinstance(inputs[0], Mapping) and "role" in inputs[0]:
         inputs = [inputs]  # one chat given as its message list
     encoded = [isinstance(r, Mapping) and "input_ids" in r for r in inputs]
-    template = encoder.template() if encoder is not None and not all(encoded) else None
+    if any(isinstance(r, Mapping) and r.get("pixel_values") is not None for r in inputs):
+        raise ValueError(
+            "encoded rows with pixel_values cannot be sent: send the chat with its images instead "
+            "(the server computes the pixels with its model's image processor)"
+        )
+    chats = [_messages(r) for r, done in zip(inputs, encoded) if not done]
+    with_images = any(images.has_images(m) for m in chats)
+    # a chat with images is encoded by the server: pixels never travel, the images' bytes do
+    template = encoder.template() if encoder is not None and not all(encoded) and not with_images else None
     if all(encoded) or template is not None:
         rows = []
         for row, is_encoded in zip(inputs, encoded):
@@ -102,7 +111,7 @@ def to_inputs(inputs, encoder: LocalEncoder | None = None) -> Inputs:
     return Inputs(
         trajectories=[
             Trajectory(
-                messages=[Message.model_validate(m) for m in _messages(r)],
+                messages=[Message.model_validate(m) for m in images.wire_messages(_messages(r))],
                 fields=_fields(r) if isinstance(r, Mapping) else {},
             )
             for r in inputs

@@ -13,7 +13,8 @@ import inspect
 import torch
 
 from twinkle.sampler.adapters import AdapterWeights
-from twinkle.sampler.base import Prompt, Sampler
+from twinkle.sampler import vision
+from twinkle.sampler.base import Prompt, Sampler, prompt_items
 from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
 from twinkle.sampler.routing import LoRARouter
@@ -33,7 +34,9 @@ class TorchSampler(Sampler):
         dtype: torch.dtype | None = None,
         max_batch_size: int = 64,
     ):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from twinkle.model.vision import load_pretrained
 
         if (model_id is None) == (model is None):
             raise ValueError("TorchSampler needs exactly one of model_id= or model=")
@@ -42,7 +45,7 @@ class TorchSampler(Sampler):
             from twinkle.hub import resolve_model_path
 
             path = resolve_model_path(model_id)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+            model = load_pretrained(path, dtype=dtype or torch.float32)  # a causal LM or a vision-language model
             if tokenizer is None and template is None:
                 tokenizer = AutoTokenizer.from_pretrained(path)
         if hasattr(model, "peft_config"):
@@ -112,36 +115,49 @@ class TorchSampler(Sampler):
                 )
         return lps, tops if top_k else None
 
-    def _prefill_chunks(self, inputs, adapter_name):
+    def _prefill_chunks(self, inputs, adapter_name, images=None):
         """(prompts of a chunk, their logits [B, T, V], ids, mask) per max_batch_size chunk: no cache."""
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
+        images = self._normalize_images(inputs, images, len(prompts))
         for lo in range(0, len(prompts), self.max_batch_size):
             chunk, chunk_adapters = prompts[lo : lo + self.max_batch_size], adapters[lo : lo + self.max_batch_size]
             ids_B_T, mask_B_T = self._left_pad(chunk)
+            vis = vision.prefill_inputs(self.model, ids_B_T, mask_B_T, images[lo : lo + self.max_batch_size])
+            pos = vis.pop("position_ids", None)
             with self.router.route(chunk_adapters, self.device):
                 logits = self.model(
                     input_ids=ids_B_T,
                     attention_mask=mask_B_T,
-                    position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0),
+                    position_ids=(mask_B_T.cumsum(-1) - 1).clamp(min=0) if pos is None else pos,
                     use_cache=False,
+                    **vis,
                 ).logits
             yield chunk, logits, ids_B_T, mask_B_T
 
+    @staticmethod
+    def _normalize_images(inputs, images, n: int) -> list[dict | None]:
+        """Per prompt its images: `images` as given (one per prompt), else what encoded rows carry."""
+        if images is None:
+            images = [vision.item_images(item) for item in prompt_items(inputs)]
+        if len(images) != n:
+            raise ValueError(f"images lists {len(images)} entries for {n} prompts")
+        return list(images)
+
     @torch.no_grad()
-    def compute_logprobs(self, inputs, adapter_name=None) -> list[list[float | None]]:
+    def compute_logprobs(self, inputs, adapter_name=None, images=None) -> list[list[float | None]]:
         result = []
-        for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name):
+        for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name, images):
             result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T)[0])
         return result
 
     @torch.no_grad()
-    def prompt_logprob_tables(self, inputs, adapter_name=None) -> list[torch.Tensor]:
+    def prompt_logprob_tables(self, inputs, adapter_name=None, images=None) -> list[torch.Tensor]:
         """Per prompt, the model's log-softmax over the vocabulary at every position that predicts a prompt
         token: row t-1 is log p(. | tokens_<t), a float32 [len(prompt) - 1, V] tensor on the CPU. For
         scoring chosen ids or drawing alternatives at every prompt position (a full table: V floats a row)."""
         tables = []
-        for chunk, logits, _, _ in self._prefill_chunks(inputs, adapter_name):
+        for chunk, logits, _, _ in self._prefill_chunks(inputs, adapter_name, images):
             width = logits.shape[1]
             for i, prompt in enumerate(chunk):  # left padding: a prompt's rows are the last len(prompt) ones
                 rows_T_V = logits[i, width - len(prompt) : -1].float()
@@ -151,13 +167,15 @@ class TorchSampler(Sampler):
     # ---- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
     def sample(
-        self, inputs, sampling_params=None, adapter_name=None, on_tokens: OnTokens | None = None
+        self, inputs, sampling_params=None, adapter_name=None, on_tokens: OnTokens | None = None, images=None
     ) -> list[SampleResponse]:
         """`on_tokens`: called after every decode step with that step's tokens (streaming); an exception it
-        raises ends the sampling there and propagates (how a stream whose reader left stops it)."""
+        raises ends the sampling there and propagates (how a stream whose reader left stops it).
+        `images`: per prompt its {pixel_values, image_grid_thw} or None (default: what encoded rows carry)."""
         params = SamplingParams.from_dict(sampling_params)
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
+        images = self._normalize_images(inputs, images, len(prompts))
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         # One row per (prompt, sample); rows of a prompt are adjacent.
         rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
@@ -173,6 +191,7 @@ class TorchSampler(Sampler):
                 [adapters[p] for p, _ in chunk],
                 [row_seed(seed, j) for _, j in chunk],
                 params,
+                images=[images[p] for p, _ in chunk],
                 group=n if n > 1 and step % n == 0 else 1,
                 on_tokens=on_tokens,
                 first_index=lo,
@@ -206,6 +225,7 @@ class TorchSampler(Sampler):
         group: int = 1,
         on_tokens: OnTokens | None = None,
         first_index: int = 0,
+        images: list[dict | None] | None = None,
     ) -> tuple[list[SampledSequence], tuple | None]:
         """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None)).
 
@@ -218,7 +238,10 @@ class TorchSampler(Sampler):
         stop = StopChecker(params, [] if params.ignore_eos else self.eos_token_ids, self.tokenizer)
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
         ids_B_T, mask_B_T = self._left_pad(prompts[::group])
-        pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
+        vis = vision.prefill_inputs(self.model, ids_B_T, mask_B_T, (images or [None] * n)[::group])
+        pos_B_T = vis.pop("position_ids", None)  # 3-D (time, height, width) with images
+        if pos_B_T is None:
+            pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         tokens = [[] for _ in range(n)]
         logps = [[] for _ in range(n)]
@@ -235,6 +258,7 @@ class TorchSampler(Sampler):
                 use_cache=True,
                 **{self._cache_kw: cache},
                 logits_to_keep=0 if params.prompt_logprobs else 1,
+                **vis,
             )
             if params.prompt_logprobs:
                 prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T, params.prompt_top_logprobs)
@@ -242,7 +266,7 @@ class TorchSampler(Sampler):
                     None if rows is None else [r for r in rows for _ in range(group)] for rows in prompt_lps
                 )
             logits_B_V = out.logits[:, -1].float()
-            next_pos_B = pos_B_T[:, -1] + 1
+            next_pos_B = vision.next_positions(pos_B_T)
             if group > 1:
                 cache.batch_repeat_interleave(group)
                 logits_B_V, mask_B_T, next_pos_B = (

@@ -35,7 +35,8 @@ class EncodedRow(_Strict):
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")  # tool_calls, name, ... pass through to the chat template
     role: str
-    content: str | None = None
+    # a string, or parts: {"type": "text", "text"} and {"type": "image_url", "image_url": {"url": "data:..."}}
+    content: str | list[dict[str, Any]] | None = None
 
 
 class Trajectory(_Strict):

@@ -3,7 +3,8 @@
 A row is a dict with `input_ids` (list of ints), optional `labels` (same length, -100 where no
 loss; default: the input ids, i.e. language modelling), and optional loss inputs: a number is a
 per-row field, a list of numbers as long as `input_ids` a per-token field aligned with `labels`
-(so it is shifted together with them). Anything else a row carries along is ignored.
+(so it is shifted together with them). Image rows carry `pixel_values` and `image_grid_thw`
+(twinkle.processor.images). Anything else a row carries along is ignored.
 A dict of tensors (`input_ids` [B, T], optional `attention_mask`, `labels`, fields) is accepted too.
 Padding is on the right, so every real token keeps positions 0..len-1 whatever the batch.
 """
@@ -14,8 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from twinkle.processor.images import collate_images
+
 IGNORE_INDEX = -100
-_RESERVED = {"input_ids", "labels", "attention_mask", "position_ids"}
+_RESERVED = {"input_ids", "labels", "attention_mask", "position_ids", "pixel_values", "image_grid_thw"}
 
 
 @dataclass
@@ -24,6 +27,7 @@ class Batch:
     attention_mask_B_T: torch.Tensor
     labels_B_T: torch.Tensor
     fields: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] per token or [B] per row
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values / image_grid_thw, rows' order
 
     @property
     def rows(self) -> int:
@@ -47,7 +51,11 @@ class Batch:
 
         fields = {k: pad(v, 0.0) if v.dim() == 2 else v for k, v in self.fields.items()}
         return Batch(
-            pad(self.input_ids_B_T, pad_id), pad(self.attention_mask_B_T, 0), pad(self.labels_B_T, IGNORE_INDEX), fields
+            pad(self.input_ids_B_T, pad_id),
+            pad(self.attention_mask_B_T, 0),
+            pad(self.labels_B_T, IGNORE_INDEX),
+            fields,
+            self.images,
         )
 
 
@@ -81,24 +89,12 @@ def _row_fields(rows: list[dict]) -> dict[str, torch.Tensor | list]:
     return out
 
 
-def _refuse_images(rows) -> None:
-    # The fused pass runs the language model on token ids only; images would be silently dropped.
-    if any(isinstance(r, dict) and r.get("pixel_values") is not None for r in rows):
-        raise ValueError(
-            "MultiLoraModel does not take image rows (pixel_values) yet: train vision-language "
-            "adapters with TransformersModel"
-        )
-
-
 def collate(inputs, pad_id: int) -> Batch:
     """One tenant's inputs (rows or a dict of tensors) as a right-padded Batch."""
     if isinstance(inputs, dict) and isinstance(inputs.get("input_ids"), torch.Tensor):
-        _refuse_images([inputs])
         return _from_tensors(inputs)
     if isinstance(inputs, dict):
         inputs = [inputs]
-    if isinstance(inputs, (list, tuple)):
-        _refuse_images(inputs)
     if not isinstance(inputs, (list, tuple)) or not inputs:
         raise ValueError("inputs must be a non-empty list of rows (dicts with 'input_ids') or a dict of tensors")
     for i, row in enumerate(inputs):
@@ -123,7 +119,8 @@ def collate(inputs, pad_id: int) -> Batch:
         for k in per_token:
             per_token[k][i, :n] = fields[k][i]
     # the per-token lists are now padded tensors
-    return Batch(ids, mask, labels, {**{k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}, **per_token})
+    fields = {**{k: v for k, v in fields.items() if isinstance(v, torch.Tensor)}, **per_token}
+    return Batch(ids, mask, labels, fields, collate_images(inputs))
 
 
 def _from_tensors(inputs: dict) -> Batch:
@@ -135,7 +132,8 @@ def _from_tensors(inputs: dict) -> Batch:
     labels = inputs.get("labels")
     labels = ids.masked_fill(mask == 0, IGNORE_INDEX) if labels is None else labels.long()
     fields = {k: v.float() for k, v in inputs.items() if k not in _RESERVED and isinstance(v, torch.Tensor)}
-    return Batch(ids, mask, labels, fields)
+    images = {k: inputs[k] for k in ("pixel_values", "image_grid_thw") if inputs.get(k) is not None}
+    return Batch(ids, mask, labels, fields, images)
 
 
 def fuse(batches: list[Batch], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,3 +143,15 @@ def fuse(batches: list[Batch], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]
     T = max(b.length for b in batches)
     padded = [b.padded_to(T, pad_id) for b in batches]
     return torch.cat([b.input_ids_B_T for b in padded]), torch.cat([b.attention_mask_B_T for b in padded])
+
+
+def fused_images(batches: list[Batch], ids_B_T: torch.Tensor, config, device) -> dict:
+    """The model's image kwargs for the fused rows (every batch's images in row order), or {}."""
+    with_images = [b.images for b in batches if b.images]
+    if not with_images:
+        return {}
+    from twinkle.model.inputs import image_kwargs
+
+    images = {k: torch.cat([im[k] for im in with_images]) for k in ("pixel_values", "image_grid_thw")}
+    kwargs = image_kwargs({"input_ids": ids_B_T, **images}, config)
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}

@@ -21,10 +21,10 @@ from peft import LoraConfig
 
 from twinkle.loss import LossContext
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
-from twinkle.model import checkpoint, step as step_rule
+from twinkle.model import checkpoint, step as step_rule, vision
 from twinkle.model.base import TwinkleModel
 
-from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse
+from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
 from twinkle.model.multi_lora.residency import LIVE, Residency
@@ -40,12 +40,10 @@ class MultiLoraModel(TwinkleModel):
         if model is None:
             if model_id is None:
                 raise ValueError("MultiLoraModel needs a model_id (e.g. twinkle.hub.DEFAULT_MODEL) or a model")
-            from transformers import AutoModelForCausalLM
-
             from twinkle.hub import resolve_model_path
 
             self.model_path = resolve_model_path(model_id)
-            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch_dtype)
+            model = vision.load_pretrained(self.model_path, dtype=torch_dtype)
         if device is not None:
             model = model.to(device)
         model.requires_grad_(False)  # the base is frozen for every tenant
@@ -152,7 +150,7 @@ class MultiLoraModel(TwinkleModel):
                 f"gradient_accumulation_steps must be a positive integer, got {gradient_accumulation_steps!r}"
             )
         spec = AdapterSpec.from_lora_config(config)
-        module_names = spec.select(self.base)
+        module_names = vision.language_modules(spec.select(self.base))  # rows are routed, not image patches
         self.residency.admit(adapter_name, set())
         init_gen, dropout_gen = self._generator(adapter_name, 0, seed), self._generator(adapter_name, 1, seed)
         params = []
@@ -277,9 +275,10 @@ class MultiLoraModel(TwinkleModel):
         if self.base.training != train:
             self.base.train(train)
         self.routing.set([(name, b.rows, b.length) for name, b in segments], training=train)
+        extra = fused_images([b for _, b in segments], ids_B_T, self.base.config, self.device)
         try:
             return self.base(
-                input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device), use_cache=False
+                input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device), use_cache=False, **extra
             ).logits
         finally:
             self.routing.clear()

@@ -59,6 +59,9 @@ class Datum:
 
     tokens: list[int]
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # images: before expansion the chunks as sent (tinker/images.py), after it the model's
+    # {"pixel_values", "image_grid_thw"} for the image tokens already in `tokens`
+    images: Any = None
 
 
 @dataclass

@@ -13,6 +13,7 @@ import math
 import random
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -50,13 +51,12 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         device: str | None = None,
         trust_remote_code: bool = False,
     ):
-        from transformers import AutoModelForCausalLM
-
+        from twinkle.model import vision
         from twinkle.model.multi_lora import MultiLoraModel
 
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
-        hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        hf = vision.load_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
         self.engine = MultiLoraModel(model=hf, device=device)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
         # base_model_name_or_path of saved adapters: the hub id for a hub model, else this local folder
@@ -64,7 +64,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         embeddings = hf.get_input_embeddings()
         assert isinstance(embeddings, torch.nn.Embedding), type(embeddings)
         self.vocab_size = embeddings.num_embeddings
-        self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
+        self.max_context = int(getattr(hf.config.get_text_config(), "max_position_embeddings", 4096))
         # one copy of the frozen base for training and sampling
         self._init_sampler(
             model_path,
@@ -162,7 +162,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         rows = []
         for d in data:
             targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1).tolist()
-            row = {"input_ids": list(d.tokens) + [targets[-1]], "labels": [-100] + targets}
+            row = {"input_ids": list(d.tokens) + [targets[-1]], "labels": [-100] + targets, **(d.images or {})}
             for key, arr in d.inputs.items():
                 if key != "target_tokens":
                     row[key] = [0.0] + arr.astype(np.float32).reshape(-1).tolist()
@@ -202,7 +202,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         state.loss = make_loss(item.loss_fn, item.loss_config)
         data = item.data
         if item.loss_fn != "cross_entropy":
-            data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
+            data = [replace(d, inputs={k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
         return self._rows(data)
 
     @classmethod

@@ -33,14 +33,15 @@ class TorchSampling:
     ) -> None:
         """The sampler on its own copy of the model; `share_frozen_with`: a training model in this
         process whose frozen base weights the sampler uses instead of holding them twice."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
+        from twinkle.model.vision import load_pretrained
         from twinkle.sampler import TorchSampler
 
         trust = {"trust_remote_code": trust_remote_code}  # the operator's opt-in (ModelEntry), never the client's
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, **trust)
         self.sampler = TorchSampler(
-            model=AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype, **trust),
+            model=load_pretrained(model_path, dtype=torch_dtype, **trust),
             tokenizer=self.tokenizer,
             max_batch_size=max_batch_size,
             device=device,
@@ -76,9 +77,10 @@ class TorchSampling:
         return len(self.__dict__.get("_sampler_use", {}))
 
     def sample(
-        self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None
+        self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None, images=None
     ) -> SampleResult:
-        """`on_tokens`: see TorchSampler.sample (StepToken.index is the sample's index in the result)."""
+        """`on_tokens`: see TorchSampler.sample (StepToken.index is the sample's index in the result).
+        `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`."""
         from twinkle.sampler import SamplingParams
 
         if not prompt:
@@ -140,7 +142,13 @@ class TorchSampling:
                 f"target_prompt_logprobs must be [len(prompt) - 1 = {len(prompt) - 1}, K] token ids "
                 f"in [0, {self.vocab_size}) or -1"
             )
-        (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens)
+        pixels = {"images": [images]} if images is not None else {}
+        try:
+            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens, **pixels)
+        except ValueError as e:
+            if not pixels:
+                raise
+            raise UserError(str(e)) from None  # the prompt's image tokens and its images disagree
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
         result = SampleResult(
@@ -152,7 +160,7 @@ class TorchSampling:
             import torch
 
             # a second prefill: these need the whole distribution at every prompt position
-            (table_T_V,) = self.sampler.prompt_logprob_tables([prompt], adapter_name=sampler)
+            (table_T_V,) = self.sampler.prompt_logprob_tables([prompt], adapter_name=sampler, **pixels)
             if targets is not None:
                 ids = torch.from_numpy(targets).clamp(min=0)
                 scores = table_T_V.gather(1, ids).masked_fill(torch.from_numpy(targets) < 0, 0.0)

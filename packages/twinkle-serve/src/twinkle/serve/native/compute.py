@@ -8,7 +8,10 @@ import threading
 
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
+from twinkle.serve.backend.images import check_images
 from twinkle.serve.native.models import NativeModels, user_errors
+
+IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # a row's images, from the server's own encoding
 
 
 def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
@@ -24,7 +27,7 @@ def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
         if bad:
             raise UserError(f"row {i}: token {bad[0]} is outside the vocabulary [0, {vocab_size})")
         for key, value in row.items():
-            if key == "input_ids":
+            if key in ("input_ids", *IMAGE_KEYS):  # image columns come from the server's own encoding
                 continue
             values = value if isinstance(value, list) else [value]
             if key != "labels" and not all(math.isfinite(v) for v in values):
@@ -62,10 +65,13 @@ class NativeCompute:
         template, rows = self.template(backend), []
         assert inputs.trajectories is not None  # exactly one of the two, checked above
         for i, traj in enumerate(inputs.trajectories):
-            encoded = template.encode({"messages": [m.model_dump(exclude_none=True) for m in traj.messages]})
+            messages = [m.model_dump(exclude_none=True) for m in traj.messages]
+            check_images(messages, backend, f"trajectory {i}")
+            encoded = template.encode({"messages": messages})
             if encoded is None:
                 raise UserError(f"trajectory {i} is longer than the template's max_length")
-            rows.append({"input_ids": encoded["input_ids"], "labels": encoded["labels"], **traj.fields})
+            images = {k: encoded[k] for k in IMAGE_KEYS if k in encoded}
+            rows.append({"input_ids": encoded["input_ids"], "labels": encoded["labels"], **images, **traj.fields})
         return rows
 
     def forward(self, tenant: str, model_id: str, seq, req: ForwardRequest, backward: bool) -> dict:

@@ -56,18 +56,40 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    url: str  # a data:image/...;base64 URL (openai/images.py: the server fetches nothing)
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[TextPart | ImagePart]
     name: str | None = None
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def texts(self) -> list[TextPart]:
+        return [] if isinstance(self.content, str) else [p for p in self.content if isinstance(p, TextPart)]
 
-    def chars(self) -> int:
-        return len(self.content) if isinstance(self.content, str) else sum(len(p.text) for p in self.content)
+    def has_images(self) -> bool:
+        return not isinstance(self.content, str) and any(isinstance(p, ImagePart) for p in self.content)
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.texts())
+
+    def chars(self) -> int:  # image bytes are bounded by the body limit
+        return len(self.content) if isinstance(self.content, str) else sum(len(p.text) for p in self.texts())
+
+    def template_content(self):
+        """The content as the chat template reads it: the string, or its parts (images as image_url)."""
+        if isinstance(self.content, str) or not self.has_images():
+            return self.text()
+        return [p.model_dump(exclude_none=True) for p in self.content]
 
 
 class ChatRequest(_Body):

@@ -36,8 +36,11 @@ class StreamClosed(Exception):
 class _Job:
     """One admitted request's prompts on its target's backend; counts what it samples."""
 
-    def __init__(self, svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params):
+    def __init__(
+        self, svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params, images=None
+    ):
         backend = target.engine.backend
+        self.images = images  # a one-prompt chat's image pixels (openai/images.py), or None
         bounds.sample_cost([len(p) for p in prompts], n, params.max_tokens, backend.max_context, svc.rt.config.caps)
         svc.admit_tokens(tenant, sum(len(p) for p in prompts))
         self.svc, self.tenant, self.target, self.prompts, self.n, self.params = svc, tenant, target, prompts, n, params
@@ -54,6 +57,8 @@ class _Job:
         backend = self.target.engine.backend
         # a backend that cannot hand out tokens per step (a remote one) streams its whole answer at the end
         more = {"on_tokens": on_tokens} if on_tokens is not None and backend.streams_tokens else {}
+        if self.images is not None:
+            more["images"] = self.images
         return backend.sample(self.target.adapter, prompt, self.n, self.params, False, **more)
 
     def count(self, prompt: list[int], sampled: int) -> None:
@@ -69,10 +74,10 @@ def _sampled(result: SampleResult) -> int:
 
 
 async def generate(
-    svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params: SampleParams
+    svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params: SampleParams, images=None
 ) -> list[SampleResult]:
     """One SampleResult (n sequences) per prompt, in order."""
-    job = _Job(svc, tenant, target, prompts, n, params)
+    job = _Job(svc, tenant, target, prompts, n, params, images)
     results: list[SampleResult] = []
 
     def run():
@@ -112,9 +117,10 @@ async def stream(
     n: int,
     params: SampleParams,
     chunks: responses.ChatChunks,
+    images=None,
 ) -> StreamingResponse:
     """Choice `p * n + j` is sample j of prompt p; its chunks go out as its tokens are decoded."""
-    job = _Job(svc, tenant, target, prompts, n, params)
+    job = _Job(svc, tenant, target, prompts, n, params, images)
     tokenizer = target.engine.backend.tokenizer
     choices = [ChoiceText(tokenizer, params.stop) for _ in range(len(prompts) * n)]
     loop = asyncio.get_running_loop()

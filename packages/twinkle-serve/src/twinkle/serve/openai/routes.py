@@ -19,6 +19,7 @@ from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
 from twinkle.serve.openai.generate import generate, stream
 from twinkle.serve.openai.models import ModelResolver
+from twinkle.serve.openai.images import image_prompt
 from twinkle.serve.openai.text import render
 
 BEARER = HTTPBearer(
@@ -86,13 +87,14 @@ def build_openai_router(svc: Service) -> APIRouter:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
         bounds.prompt_chars("messages", body.prompt_chars(), rt.config.caps)  # tokenized here, on the event loop
-        prompt = chat_prompt(tokenizer, body)
+        prompt, images = chat_prompt(tokenizer, body, target.engine.backend)
         sample = params(body, body.top_logprobs or 0, body.limit())
         limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         cost(target, [prompt], body.n, sample.max_tokens, limit_field)
         if body.stream:
-            return await stream(svc, name, target, [prompt], body.n, sample, responses.ChatChunks(tokenizer, body))
-        (result,) = await generate(svc, name, target, [prompt], body.n, sample)
+            chunks = responses.ChatChunks(tokenizer, body)
+            return await stream(svc, name, target, [prompt], body.n, sample, chunks, images=images)
+        (result,) = await generate(svc, name, target, [prompt], body.n, sample, images=images)
         rendered = [render(tokenizer, s, body.stop_list()) for s in result.sequences]
         return responses.chat_completion(tokenizer, body, rendered, responses.usage([prompt], [result]))
 
@@ -113,12 +115,20 @@ def build_openai_router(svc: Service) -> APIRouter:
     return router
 
 
-def chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
+def chat_prompt(tokenizer, body: ChatRequest, backend=None) -> tuple[list[int], dict | None]:
+    """(the prompt's ids, its images' pixels or None)."""
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, f"model {body.model!r} has no chat template; use /v1/completions", "messages")
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+    if backend is not None and any(m.has_images() for m in body.messages):
+        chat = [{"role": _role(m.role), "content": m.template_content()} for m in body.messages]
+        return image_prompt(backend, chat)
+    messages = [{"role": _role(m.role), "content": m.text()} for m in body.messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(text, add_special_tokens=False)["input_ids"], None
+
+
+def _role(role: str) -> str:
+    return "system" if role == "developer" else role
 
 
 def completion_prompts(tokenizer, prompt) -> list[list[int]]:

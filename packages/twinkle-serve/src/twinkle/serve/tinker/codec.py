@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
-from twinkle.serve.tinker import wire_proto as pb
+from twinkle.serve.tinker import images, wire_proto as pb
 
 TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
 MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has
@@ -40,13 +40,17 @@ def _tensor(msg, where: str) -> np.ndarray:
 
 def _datum(i: int, d) -> Datum:
     tokens: list[int] = []
+    pieces = []  # image chunks, expanded to tokens once the model is known (tinker/images.py)
     for chunk in d.model_input:
         kind = chunk.WhichOneof("chunk")
+        if kind == "image":
+            pieces.append(images.from_proto(chunk.image, len(tokens)))
+            continue
         if kind != "encoded_text":
-            raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text only)")
+            raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text and images)")
         tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
     inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
-    return Datum(tokens, inputs)
+    return Datum(tokens, inputs, pieces or None)
 
 
 @dataclass(frozen=True)

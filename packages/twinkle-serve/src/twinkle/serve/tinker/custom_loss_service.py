@@ -93,7 +93,11 @@ def submit(
     inputs = _loss_inputs(program, body, data)
     tokens = sum(len(d.tokens) for d in data)
     surrogate = [
-        Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": np.zeros(len(d.tokens), np.float32)})
+        Datum(
+            d.tokens,
+            {"target_tokens": d.inputs["target_tokens"], "weights": np.zeros(len(d.tokens), np.float32)},
+            d.images,
+        )
         for d in data
     ]
 
@@ -118,7 +122,8 @@ def submit(
             if lp.grad is None:
                 raise UserError(f"loss {program.name!r} does not depend on the logprobs of datum {i}: no gradient")
             # cross-entropy is L = -sum(w * logprobs): w = -dLoss/dlogprobs back-propagates the custom loss
-            linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": (-lp.grad).numpy()}))
+            weights = (-lp.grad).numpy()
+            linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": weights}, d.images))
         backward = engine.backend.forward_backward(adapter, linear, "cross_entropy", {}, False)
         svc.count_training(run, tokens)
         svc.record_step(run, {"loss": loss_sum})  # the run's curve, as for the built-in losses

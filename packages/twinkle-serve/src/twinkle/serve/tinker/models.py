@@ -14,7 +14,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec, custom_loss_service, model_names
+from twinkle.serve.tinker import codec, custom_loss_service, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
 
 
@@ -160,8 +160,9 @@ class TinkerModels:
         except UserError as e:
             raise BadRequest(str(e)) from None
         run = self.svc.run(tenant, model_id)
-        self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         engine = self.rt.engine(run.base_model)
+        data = images.expand_datums(data, engine.backend, run.base_model)
+        self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         self.rt.store.runs.touch(model_id)
         if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
             request_id = custom_loss_service.submit(

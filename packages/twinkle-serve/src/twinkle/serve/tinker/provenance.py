@@ -129,7 +129,7 @@ class Provenance:
                         if rec.model_id == run.model_id:
                             lags.append(rec.policy_version)
                     pos += span.length
-            out.append(Datum(d.tokens, {**d.inputs, "logprobs": logprobs, "sampled_mask": sampled}))
+            out.append(Datum(d.tokens, {**d.inputs, "logprobs": logprobs, "sampled_mask": sampled}, d.images))
         self.store.stability.touch(ids, now)  # each training request that uses a sequence restarts its day
         metrics = {}
         if lags:

@@ -8,7 +8,7 @@ from twinkle.serve.backend import SampleParams, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.bounds import ServerCaps
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, images
 
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
 MAX_TOPK_LOGPROBS = 256
@@ -16,11 +16,21 @@ MAX_TOPK_PROMPT_CELLS = 1 << 22  # len(prompt) x topk_prompt_logprobs: 32 MB of 
 MAX_NUM_SAMPLES = B.NUM_SAMPLES.hi
 
 
-def prompt_tokens(model_input) -> list[int]:
+def prompt_tokens(model_input) -> tuple[list[int], list]:
+    """(the prompt's text tokens, its image chunks at their token positions: tinker/images.py)."""
     chunks = model_input.get("chunks", []) if isinstance(model_input, dict) else None
     if not isinstance(chunks, list):
         raise BadRequest('prompt must be a ModelInput: {"chunks": [...]}')
-    return [t for c in chunks for t in _chunk_tokens(c)]
+    tokens, pieces = [], []
+    for k, c in enumerate(chunks):
+        kind = c.get("type") if isinstance(c, dict) else None
+        if kind == "image":
+            pieces.append(images.from_json(c, len(tokens), f"prompt chunk {k}"))
+        elif kind == images.ASSET_POINTER:
+            raise images.asset_pointer_refused(f"prompt chunk {k}")
+        else:
+            tokens += _chunk_tokens(c)
+    return tokens, pieces
 
 
 def num_samples(body: dict) -> int:
@@ -31,7 +41,7 @@ def _chunk_tokens(chunk: dict) -> list[int]:
     if not isinstance(chunk, dict):
         raise BadRequest(f"prompt chunks must be objects, got {chunk!r}")
     if chunk.get("type", "encoded_text") != "encoded_text":
-        raise BadRequest(f"{chunk.get('type')} prompt chunks are not supported by this server (text only)")
+        raise BadRequest(f"{chunk.get('type')} prompt chunks are not supported by this server (text and images)")
     tokens = chunk.get("tokens", [])
     if not isinstance(tokens, list) or not all(_is_int(t) for t in tokens):
         raise BadRequest("prompt chunk tokens must be a list of integer token ids")

@@ -10,7 +10,7 @@ from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
-from twinkle.serve.tinker import codec, model_names
+from twinkle.serve.tinker import codec, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
 
@@ -59,9 +59,12 @@ class TinkerSampling:
     def asample(self, tenant: str, body: dict) -> dict:
         sampler = self.sampler(tenant, body.get("sampling_session_id"))
         engine = self.rt.engine(sampler.base_model)
-        prompt, n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
-        self.svc.admit_tokens(tenant, len(prompt))
+        (prompt, pieces), n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
         backend = engine.backend
+        pixels = None
+        if pieces:  # image chunks: the model's placeholder tokens in the prompt, the pixels beside it
+            prompt, pixels = images.expand(prompt, pieces, backend, sampler.base_model, "prompt")
+        self.svc.admit_tokens(tenant, len(prompt))
         params, target_layout = sample_params(
             body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps
         )
@@ -80,7 +83,8 @@ class TinkerSampling:
         def run():
             if folder is not None and adapter is not None:  # set together, from a saved checkpoint
                 engine.backend.install_sampler_from_folder(adapter, folder)
-            result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps)
+            extra = {"images": pixels} if pixels is not None else {}  # a text prompt asks nothing new of a backend
+            result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps, **extra)
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             if policy is not None:
                 self.provenance.record(tenant, sampler, policy, sequence_ids, prompt, result.sequences)

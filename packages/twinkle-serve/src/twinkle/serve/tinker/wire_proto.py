@@ -67,6 +67,7 @@ def _build():
     m = fd.message_type.add(name="ImageChunk")
     _field(m, "data", 1, _F.TYPE_BYTES)
     _field(m, "format", 2, _F.TYPE_STRING)
+    _field(m, "expected_tokens", 3, _F.TYPE_INT32, oneof=_optional_oneof(m, "expected_tokens"), optional=True)
     m = fd.message_type.add(name="DmelChunk")
     _field(m, "dmel", 1, _F.TYPE_BYTES)
     m = fd.message_type.add(name="Chunk")

@@ -1,0 +1,108 @@
+"""Tinker image chunks: decoding them, checking them against the model, and expanding them to tokens.
+
+A Tinker `ModelInput` may hold `ImageChunk`s (PNG or JPEG bytes, optional `expected_tokens`) between
+its text chunks. The client writes the vision markers (`<|vision_start|>` ... `<|vision_end|>`) as
+text; an image chunk stands for the model's image placeholder token repeated once per merged patch,
+which the model's own image processor decides. So a chunk is kept as it was sent until the model is
+known (`ImagePiece`, at its token position), then `expand` inserts the placeholder tokens there and
+carries the pixels (`pixel_values`, `image_grid_thw`) with the datum.
+
+`ImageAssetPointerChunk` names an image by location in the hosted service's asset store; this server
+has none and fetches nothing, so it is refused by name.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from twinkle.serve.backend import Datum
+from twinkle.serve.backend.images import image_encoder
+from twinkle.serve.errors import BadRequest
+
+FORMATS = {"png": "PNG", "jpeg": "JPEG"}  # the SDK's format names -> PIL's
+ASSET_POINTER = "image_asset_pointer"
+
+
+@dataclass(frozen=True)
+class ImagePiece:
+    at: int  # the token position its placeholder tokens go to
+    data: bytes
+    format: str
+    expected_tokens: int | None
+
+
+def asset_pointer_refused(where: str) -> BadRequest:
+    return BadRequest(
+        f"{where}: image_asset_pointer chunks need the hosted service's asset store, which this server does "
+        "not have (it fetches nothing); send the image's bytes in an ImageChunk instead"
+    )
+
+
+def from_proto(msg, at: int) -> ImagePiece:
+    expected = msg.expected_tokens if msg.HasField("expected_tokens") else None
+    return ImagePiece(at, bytes(msg.data), msg.format, expected)
+
+
+def from_json(chunk: dict, at: int, where: str) -> ImagePiece:
+    """An SDK ImageChunk as JSON ({"type": "image", "data": base64, "format", "expected_tokens"})."""
+    data, expected = chunk.get("data"), chunk.get("expected_tokens")
+    if not isinstance(data, str):
+        raise BadRequest(f"{where}: an image chunk's data must be a base64 string")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise BadRequest(f"{where}: an image chunk's data is not valid base64: {e}") from None
+    if expected is not None and (not isinstance(expected, int) or isinstance(expected, bool)):
+        raise BadRequest(f"{where}: expected_tokens must be an integer, got {expected!r}")
+    return ImagePiece(at, raw, str(chunk.get("format")), expected)
+
+
+def _check_format(piece: ImagePiece, where: str) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    if piece.format not in FORMATS:
+        raise BadRequest(f"{where}: image format must be one of {sorted(FORMATS)}, got {piece.format!r}")
+    try:
+        actual = Image.open(io.BytesIO(piece.data)).format
+    except (UnidentifiedImageError, OSError) as e:
+        raise BadRequest(f"{where}: {len(piece.data)} bytes are not a PNG or JPEG image: {e}") from None
+    if actual != FORMATS[piece.format]:
+        raise BadRequest(f"{where}: the chunk says format {piece.format!r} but its bytes are {actual}")
+
+
+def expand(tokens: list[int], pieces: list[ImagePiece], backend, model: str, where: str):
+    """(tokens with each image's placeholder tokens inserted, {"pixel_values", "image_grid_thw"})."""
+    enc = image_encoder(backend)
+    if enc is None:
+        raise BadRequest(f"{where}: model {model!r} is text-only: it takes no image chunks")
+    for k, piece in enumerate(pieces):
+        _check_format(piece, f"{where} image {k}")
+    pixels, grid, counts = enc.encode([p.data for p in pieces])
+    out, last = [], 0
+    for k, (piece, n) in enumerate(zip(pieces, counts)):
+        if piece.expected_tokens is not None and piece.expected_tokens != n:
+            raise BadRequest(
+                f"{where} image {k}: expected_tokens is {piece.expected_tokens} but model {model!r} "
+                f"makes {n} tokens of this {piece.format} image"
+            )
+        out += tokens[last : piece.at] + [enc.token_id] * n
+        last = piece.at
+    out += tokens[last:]
+    return out, {"pixel_values": np.asarray(pixels, np.float32), "image_grid_thw": np.asarray(grid, np.int64)}
+
+
+def expand_datums(data: list[Datum], backend, model: str) -> list[Datum]:
+    """Each datum's image chunks expanded for `model` (datums without images unchanged)."""
+    out = []
+    for i, d in enumerate(data):
+        if not d.images:
+            out.append(d)
+            continue
+        tokens, images = expand(d.tokens, d.images, backend, model, f"datum {i}")
+        out.append(replace(d, tokens=tokens, images=images))
+    return out
