@@ -49,7 +49,9 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         max_batch_size: int = 64,
         device: str | None = None,
         trust_remote_code: bool = False,
+        sampler: bool = True,
     ):
+        """`sampler=False`: training only (a data-parallel rank; sampling is another group's)."""
         from transformers import AutoModelForCausalLM
 
         from twinkle.model.multi_lora import MultiLoraModel
@@ -65,15 +67,15 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         assert isinstance(embeddings, torch.nn.Embedding), type(embeddings)
         self.vocab_size = embeddings.num_embeddings
         self.max_context = int(getattr(hf.config, "max_position_embeddings", 4096))
-        # one copy of the frozen base for training and sampling
-        self._init_sampler(
-            model_path,
-            torch_dtype,
-            max_batch_size,
-            device=device,
-            trust_remote_code=trust_remote_code,
-            share_frozen_with=hf,
-        )
+        if sampler:  # one copy of the frozen base for training and sampling
+            self._init_sampler(
+                model_path,
+                torch_dtype,
+                max_batch_size,
+                device=device,
+                trust_remote_code=trust_remote_code,
+                share_frozen_with=hf,
+            )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
         self._engine_lock = threading.RLock()
 
@@ -170,9 +172,10 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         return rows
 
     @exclusive
-    def forward_backward_many(self, passes: list[Pass]) -> list:
+    def forward_backward_many(self, passes: list[Pass], loss_weights: dict[str, float] | None = None) -> list:
         """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
-        per kind (train / forward-only)."""
+        per kind (train / forward-only); `loss_weights`: an adapter's training loss scaled by its weight
+        (a data rank's share of the batch)."""
         results: list = [None] * len(passes)
         groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
         for i, item in enumerate(passes):
@@ -190,7 +193,9 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             if forward_only:
                 outcomes = self.engine.forward_fused(batches, raise_errors=False)
             else:
-                outcomes = self.engine.forward_backward_fused(batches, raise_errors=False, return_logprobs=True)
+                outcomes = self.engine.forward_backward_fused(
+                    batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights
+                )
             for name, (i, rows) in group.items():
                 results[i] = self._outcome(passes[i], outcomes[name], rows)
         return results
