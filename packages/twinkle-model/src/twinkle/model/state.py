@@ -87,6 +87,17 @@ class AdapterState:
         self.consumed_batches += 1
         self.nonfinite_pending |= not finite
 
+    def end_window(self) -> None:
+        """The accumulation window ends now, whatever its size, and counts as finite: the Tinker API's
+        `optim_step` steps every time, and a non-finite forward_backward there was an error that never
+        reached the gradients."""
+        self.micro_step = max(self.micro_step, self.gradient_accumulation_steps)
+        self.nonfinite_pending = False
+
+    def set_counters(self, micro_step: int, optimizer_steps: int, consumed_batches: int) -> None:
+        """The counters a checkpoint saved (resume)."""
+        self.micro_step, self.optimizer_steps, self.consumed_batches = micro_step, optimizer_steps, consumed_batches
+
     def snapshot(self) -> Snapshot:
         grads = [None if p.grad is None else p.grad.clone() for p in self.params]
         return Snapshot(grads, self.micro_step, self.consumed_batches, self.nonfinite_pending)

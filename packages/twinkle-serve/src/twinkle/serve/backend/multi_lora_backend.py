@@ -243,8 +243,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             )
         if not any(p.grad is not None for p in state.params):
             return {"grad_norm:mean": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
-        state.micro_step = max(state.micro_step, state.gradient_accumulation_steps)  # every optim_step steps
-        state.nonfinite_pending = False  # a non-finite forward_backward was answered as an error: it never happened
+        state.end_window()
         out = self.engine.clip_grad_and_step(adapter_name=name, max_grad_norm=params.grad_clip_norm or None)
         if not math.isfinite(out["grad_norm"]):
             raise UserError(f"gradient norm is {out['grad_norm']}: step skipped and gradients cleared")
