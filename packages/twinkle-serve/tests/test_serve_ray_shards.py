@@ -76,3 +76,12 @@ def test_rank_results_merge_in_datum_order_and_fail_together():
     assert ok.metrics == {"loss:sum": 7.0, "clip:mean": pytest.approx(0.375)}  # token-weighted mean
     assert isinstance(failed, UserError) and not isinstance(failed, PeerFailed) and "nan" in str(failed)
     assert tiny.metrics == r0.metrics  # a request smaller than the group: the empty rank adds nothing
+
+
+def test_remote_backends_come_from_the_one_registry():
+    from twinkle.serve.backend import BACKENDS, create_backend
+    from twinkle.serve.backend.remote import RemoteBackend
+
+    assert BACKENDS.get("multi_lora_remote") is RemoteBackend
+    with pytest.raises(ValueError, match="'other' does not run on Ray remote groups; multi_lora does"):
+        create_backend(TEST_MODEL, "unused", backend="other", remote_group="model")

@@ -56,8 +56,8 @@ def test_the_v3_tables_exist_and_work_after_the_upgrade(upgraded):
     session = upgraded.runs.get(TINKER).session_id
     assert upgraded.projects.of(session) == "default"  # an old session is in the default project
     upgraded.projects.set(session, "p1")
-    upgraded.usage.add("alice", session, "m", "training", 7)
-    upgraded.usage.add("alice", session, "m", "training", 5)
+    upgraded.usage.add("alice", session, "m", {"training": 7}, None)
+    upgraded.usage.add("alice", session, "m", {"training": 5}, None)
     assert [u["tokens"] for u in upgraded.usage.of_session(session)] == [12]
     assert [upgraded.sample_requests.join("s") for _ in range(2)] == [1, 2]
     details = {r["session_id"]: r for r in upgraded.projects.sessions_with_details("alice")}
@@ -90,8 +90,10 @@ def test_a_v3_database_upgrades_to_per_run_usage_and_quotas(tmp_path):
     assert store.quotas.get("alice") == {"tokens_per_day": None, "storage_bytes": None, "adapters": None}
     store.quotas.set("alice", tokens_per_day=5000, adapters=2)
     store.quotas.set("alice", adapters=None)  # one field changed, the others kept
-    store.usage.add_to_run(TINKER, "alice", "training", 10)
-    store.usage.add_to_run(TINKER, "alice", "training", 5)
+    writes = store.db.writes
+    store.usage.add("alice", None, "m", {"training": 10}, TINKER)
+    store.usage.add("alice", None, "m", {"training": 5}, TINKER)
+    assert store.db.writes == writes + 2  # the hour's bucket and the run's total in one transaction each
     runs = {r["model_id"]: r for r in store.usage.of_runs("alice")}
     assert runs[TINKER]["training"] == 15 and runs[NATIVE]["training"] == 0
     assert runs[TINKER]["checkpoint_bytes"] == sum(c.size_bytes for c in store.checkpoints.of_run(TINKER, "alice"))

@@ -70,3 +70,40 @@ def test_the_check_sees_each_kind_of_violation():
         "probes backend with hasattr: declare it instead",
         "probes self.engine with getattr: declare it instead",
     ]
+
+
+# An adapter's window counters and non-finite flag change only through AdapterState's own methods
+# (count_micro_batch, end_window, restore, set_counters) and the step rule, so no serving layer can
+# put one rank's or one tenant's window out of step by writing them from outside.
+COUNTERS = {"micro_step", "consumed_batches", "optimizer_steps", "nonfinite_pending"}
+OWNERS = ("packages/twinkle-model/src/twinkle/model/state.py", "packages/twinkle-model/src/twinkle/model/step.py")
+
+
+def counter_writes(path: Path, text: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(text, str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            continue
+        flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+        found += [
+            f"{path.relative_to(ROOT) if path.is_absolute() else path}:{node.lineno}: writes .{t.attr} of an adapter state"
+            for t in flat
+            if isinstance(t, ast.Attribute) and t.attr in COUNTERS
+        ]
+    return found
+
+
+def test_adapter_counters_change_only_through_the_state_and_the_step_rule():
+    owners = {ROOT / p for p in OWNERS}
+    problems = [v for path in sources() if path not in owners for v in counter_writes(path, path.read_text())]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_counter_check_sees_plain_tuple_and_augmented_writes():
+    code = "def f(state):\n    state.micro_step += 1\n    state.a, state.nonfinite_pending = 1, False\n    state.end_window()\n"
+    found = counter_writes(Path("x.py"), code)
+    assert [line.split(": ", 1)[1] for line in found] == [
+        "writes .micro_step of an adapter state",
+        "writes .nonfinite_pending of an adapter state",
+    ]

@@ -219,8 +219,7 @@ def save_adapter_state(path, state, data_position: int | None = None, write: boo
 def resume_adapter_state(path, state) -> dict:
     """Restore what `save_adapter_state` wrote; {'data_position', 'optimizer_steps', 'micro_step'}."""
     counters = load_training_state(path, state.optimizer, state.scheduler)
-    state.micro_step, state.optimizer_steps = counters["micro_step"], counters["optimizer_steps"]
-    state.consumed_batches = counters["data_position"]
+    state.set_counters(counters["micro_step"], counters["optimizer_steps"], counters["data_position"])
     return {k: counters[k] for k in ("data_position", "optimizer_steps", "micro_step")}
 
 

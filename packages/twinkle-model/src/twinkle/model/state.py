@@ -28,6 +28,17 @@ def default_metrics(peak_flops: float, is_training: bool = True) -> list[Metric]
 
 
 @dataclass
+class Snapshot:
+    """What a pass changes in an adapter's state (gradients, window counters, non-finite flag): taken
+    before a pass, it undoes one that must not count (a data-parallel peer failed)."""
+
+    grads: list[torch.Tensor | None]
+    micro_step: int
+    consumed_batches: int
+    nonfinite_pending: bool
+
+
+@dataclass
 class AdapterState:
     name: str
     params: list[torch.nn.Parameter]  # this adapter's trainable parameters
@@ -69,6 +80,40 @@ class AdapterState:
     @property
     def at_boundary(self) -> bool:
         return self.micro_step >= self.gradient_accumulation_steps  # the rule in twinkle.model.base
+
+    def count_micro_batch(self, finite: bool = True) -> None:
+        """One forward_backward of the accumulation window done (a non-finite one skips the step)."""
+        self.micro_step += 1
+        self.consumed_batches += 1
+        self.nonfinite_pending |= not finite
+
+    def end_window(self) -> None:
+        """The accumulation window ends now, whatever its size, and counts as finite: the Tinker API's
+        `optim_step` steps every time, and a non-finite forward_backward there was an error that never
+        reached the gradients."""
+        self.micro_step = max(self.micro_step, self.gradient_accumulation_steps)
+        self.nonfinite_pending = False
+
+    def set_counters(self, micro_step: int, optimizer_steps: int, consumed_batches: int) -> None:
+        """The counters a checkpoint saved (resume)."""
+        self.micro_step, self.optimizer_steps, self.consumed_batches = micro_step, optimizer_steps, consumed_batches
+
+    def snapshot(self) -> Snapshot:
+        grads = [None if p.grad is None else p.grad.clone() for p in self.params]
+        return Snapshot(grads, self.micro_step, self.consumed_batches, self.nonfinite_pending)
+
+    def restore(self, snapshot: Snapshot, counters: bool = True) -> None:
+        """Gradients as they were (and, with `counters`, the window too)."""
+        for p, grad in zip(self.params, snapshot.grads):
+            p.grad = grad
+        if counters:
+            self.micro_step, self.consumed_batches = snapshot.micro_step, snapshot.consumed_batches
+            self.nonfinite_pending = snapshot.nonfinite_pending
+
+    def discard_pass(self, snapshot: Snapshot) -> None:
+        """A pass whose loss was not finite somewhere: gradients as before it, the window's step skipped."""
+        self.restore(snapshot, counters=False)
+        self.nonfinite_pending = True
 
     def named_params(self) -> list[tuple[str, torch.nn.Parameter]]:
         return list(zip(self.param_names, self.params))

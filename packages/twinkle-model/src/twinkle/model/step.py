@@ -47,7 +47,6 @@ def clip_grad_and_step(state: AdapterState, max_grad_norm: float | None, clip: C
             optimizer.step()
         if state.scheduler is not None:
             state.scheduler.step()
-        state.optimizer_steps += 1
     if scaler is not None and grads and not state.nonfinite_pending:
         scaler.update()  # a skipped (overflowing) step lowers the scale
     for p in state.params:
@@ -61,6 +60,8 @@ def finish_step(
     """The bookkeeping after a boundary, for an engine whose optimizer clips and steps in one call
     (Megatron's): counters reset, the step recorded in the metrics, the result every engine returns."""
     state.micro_step, state.nonfinite_pending = 0, False
+    if not skipped:
+        state.optimizer_steps += 1
     lr = state.lr() if lr is None else lr
     record = StepRecord(None if skipped else grad_norm, lr, skipped, time.perf_counter() - t0)
     for metric in state.train_metrics:

@@ -187,6 +187,38 @@ def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
     return loss * (world * weight), reported
 
 
+def data_parallel_weights(units: Sequence[float], group=None) -> list[float]:
+    """Each pass's share of the data-parallel batch: this rank's loss units over all ranks' (one
+    all-reduce for every pass at once). A rank that scales its 'mean' loss by its share before
+    backward and has its gradients summed (`sum_gradients`) gets what `data_parallel_loss` plus
+    DDP's average give: the global batch's gradient. For engines whose ranks fan in as one call
+    (the server's multi-LoRA shards), which cannot all-reduce once per loss inside a fused pass."""
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
+    if world == 1 or not units:
+        return [1.0] * len(units)
+    mine = torch.tensor([float(u) for u in units], dtype=torch.float64)
+    total = mine.clone()
+    dist.all_reduce(total, group=group)
+    return [float(m) / float(t) if t > 0 else 1.0 / world for m, t in zip(mine.tolist(), total.tolist())]
+
+
+def sum_gradients(params: Sequence[torch.nn.Parameter], group=None) -> None:
+    """Sum the data ranks' gradients into every rank (flattened, one all-reduce): DDP's gradient sync,
+    taken at step time for an engine whose parameter set changes between steps (adapters added and
+    removed), which DDP cannot wrap once. Ranks without any gradient take part with zeros."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1 or not params:
+        return
+    device = params[0].device
+    has = torch.tensor([float(any(p.grad is not None for p in params))], device=device)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX, group=group)
+    if not has.item():
+        return
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    for p, chunk in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = chunk.view_as(p).clone()
+
+
 def no_sync(wrapped: torch.nn.Module, accumulate: bool):
     """Skip the gradient all-reduce on micro-batches that are not the last of an accumulation."""
     # DDP's no_sync / FSDP2's set_requires_gradient_sync: looked up, as nn.Module types neither

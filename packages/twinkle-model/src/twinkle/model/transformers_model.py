@@ -252,10 +252,9 @@ class TransformersModel(TwinkleModel):
         """Backpropagate loss / accumulation steps; a non-finite loss is not propagated and marks
         the coming step as skipped. Returns whether gradients were accumulated."""
         state = self._state(adapter_name)
-        state.micro_step += 1
-        state.consumed_batches += 1
-        if not torch.isfinite(loss.detach()).all():
-            state.nonfinite_pending = True
+        finite = bool(torch.isfinite(loss.detach()).all())
+        state.count_micro_batch(finite)
+        if not finite:
             logger.warning("non-finite loss %s for adapter %r: the next step is skipped", loss.item(), state.name)
             return False
         scaled = loss / state.gradient_accumulation_steps

@@ -304,11 +304,9 @@ class MegatronModel(TwinkleModel):
         self._check_adapter(adapter_name)
         t0 = time.perf_counter()
         batch, fields = self._batch(inputs)
-        self.state.micro_step += 1
-        self.state.consumed_batches += 1
-        result = self._run_schedule(batch, fields, forward_only=False, boundary=self.state.at_boundary)
-        if not self._record(result, batch, time.perf_counter() - t0, training=True):
-            self.state.nonfinite_pending = True
+        boundary = self.state.micro_step + 1 >= self.state.gradient_accumulation_steps  # this call closes the window
+        result = self._run_schedule(batch, fields, forward_only=False, boundary=boundary)
+        self.state.count_micro_batch(self._record(result, batch, time.perf_counter() - t0, training=True))
         return result
 
     @remote_method(dispatch="slice", collect="mean")
@@ -339,7 +337,6 @@ class MegatronModel(TwinkleModel):
             if not skipped:
                 for scheduler in self.schedulers:
                     scheduler.step()
-                self.state.optimizer_steps += 1
         self.module.zero_grad_buffer()
         self.optimizer.zero_grad()
         lr = self._torch_optimizers()[0].param_groups[0]["lr"]

@@ -215,10 +215,9 @@ class MultiLoraModel(TwinkleModel):
     def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
         """A custom loss from `forward`'s context, counted as one micro-batch of the window."""
         state = self._state(adapter_name)
-        state.micro_step += 1
-        state.consumed_batches += 1
-        if not torch.isfinite(loss.detach()).all():
-            state.nonfinite_pending = True
+        finite = bool(torch.isfinite(loss.detach()).all())
+        state.count_micro_batch(finite)
+        if not finite:
             return False
         (loss / state.gradient_accumulation_steps).backward()
         return True
@@ -239,19 +238,26 @@ class MultiLoraModel(TwinkleModel):
         with torch.no_grad():
             return self._logits([(name, collate(inputs, self.pad_id))], train=False)
 
-    def forward_backward_fused(self, batches: dict, raise_errors: bool = True, return_logprobs: bool = False) -> dict:
+    def forward_backward_fused(
+        self,
+        batches: dict,
+        raise_errors: bool = True,
+        return_logprobs: bool = False,
+        loss_weights: dict[str, float] | None = None,
+    ) -> dict:
         """One forward+backward over several tenants' batches; {tenant: result}. With
         raise_errors=False a tenant whose input or loss fails maps to its exception and the others
-        still train."""
-        return self._run(batches, train=True, raise_errors=raise_errors, return_logprobs=return_logprobs)
+        still train. `loss_weights`: a tenant's loss is scaled by its weight before backward (a data
+        rank's share of the global batch, `twinkle.model.strategy.data_parallel_weights`)."""
+        return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {})
 
     def forward_fused(self, batches: dict, raise_errors: bool = True) -> dict:
         """One no-grad forward over several tenants' batches: per-row target log-probs (and the
         loss if labels are given), {tenant: result}."""
         with torch.no_grad():
-            return self._run(batches, train=False, raise_errors=raise_errors, return_logprobs=True)
+            return self._run(batches, False, raise_errors, True, {})
 
-    def _run(self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool) -> dict:
+    def _run(self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool, weights: dict) -> dict:
         if not batches:
             raise ValueError("no batches given")
         outcomes, work = {}, []
@@ -262,7 +268,7 @@ class MultiLoraModel(TwinkleModel):
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[name] = error
         if work:
-            outcomes.update(self._pass(work, train, return_logprobs))
+            outcomes.update(self._pass(work, train, return_logprobs, weights))
             self._worked()
         errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
         if errors and raise_errors:
@@ -298,7 +304,7 @@ class MultiLoraModel(TwinkleModel):
             out[name], offset = head.logps_B_T.detach(), offset + b.rows
         return out
 
-    def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool) -> dict:
+    def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool, weights: dict) -> dict:
         start = time.perf_counter()
         # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
         work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
@@ -320,7 +326,7 @@ class MultiLoraModel(TwinkleModel):
             loss = float(out.loss.detach()) if out is not None else float("nan")
             finite = out is not None and torch.isfinite(out.loss).item()
             if train and finite:
-                scaled = out.loss / state.gradient_accumulation_steps
+                scaled = out.loss * weights.get(state.name, 1.0) / state.gradient_accumulation_steps
                 total = scaled if total is None else total + scaled
             with torch.no_grad():
                 mask_B_T = targets_B_T != IGNORE_INDEX
@@ -359,9 +365,7 @@ class MultiLoraModel(TwinkleModel):
                 for metric in state.metrics(train):
                     metric.on_forward(records[state.name])
                 if train:
-                    state.micro_step += 1
-                    state.consumed_batches += 1
-                    state.nonfinite_pending |= not records[state.name].finite
+                    state.count_micro_batch(records[state.name].finite)
         return outcomes
 
     def _flops(self, state: AdapterState, batch: Batch, train: bool) -> float:

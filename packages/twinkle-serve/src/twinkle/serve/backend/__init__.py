@@ -35,7 +35,8 @@ __all__ = [
 
 
 # Backends by the name a model entry gives (`backend: multi_lora`); a package adds its own through the
-# entry-point group `twinkle.serve_backend` (see twinkle-serve's pyproject for the built-in).
+# entry-point group `twinkle.serve_backend` (see twinkle-serve's pyproject for the built-ins). A
+# backend that runs on Ray remote groups is registered as `<name>_remote`.
 BACKENDS: Registry[Backend] = Registry("serve backend", "twinkle.serve_backend", Backend)
 
 
@@ -44,11 +45,10 @@ def create_backend(base_model: str, model_path: str, backend: str = "multi_lora"
     passes), sampling with TorchSampler; with `remote_group=` / `sampler_remote_group=` its training
     model / sampler run as twinkle.mesh remote groups (Ray actor groups after
     `twinkle.mesh.initialize(mode='ray', ...)`)."""
-    cls = BACKENDS.get(backend)
+    name = backend
     if options.get("remote_group") or options.get("sampler_remote_group"):
-        if backend != "multi_lora":
-            raise ValueError(f"backend {backend!r} does not run on Ray remote groups; multi_lora does")
-        from twinkle.serve.backend.remote import RemoteBackend
-
-        cls = RemoteBackend
-    return cls(base_model, model_path, **options)
+        name = f"{backend}_remote"
+        if name not in BACKENDS.names():
+            remote = [n.removesuffix("_remote") for n in BACKENDS.names() if n.endswith("_remote")]
+            raise ValueError(f"backend {backend!r} does not run on Ray remote groups; {', '.join(remote)} does")
+    return BACKENDS.get(name)(base_model, model_path, **options)

@@ -47,8 +47,7 @@ def resume_legacy(engine, name: str, folder) -> dict:
         optimizer.load_state_dict(blob["optimizer"])
         if blob["scheduler"] is not None and state.scheduler is not None:
             state.scheduler.load_state_dict(blob["scheduler"])
-        state.optimizer_steps, state.micro_step = blob["optimizer_steps"], blob["step_calls"]
-        state.consumed_batches = blob["fb_count"]
+        state.set_counters(blob["step_calls"], blob["optimizer_steps"], blob["fb_count"])
     else:
         from safetensors.torch import load_file
 

@@ -50,7 +50,9 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         max_batch_size: int = 64,
         device: str | None = None,
         trust_remote_code: bool = False,
+        sampler: bool = True,
     ):
+        """`sampler=False`: training only (a data-parallel rank; sampling is another group's)."""
         from twinkle.model import vision
         from twinkle.model.multi_lora import MultiLoraModel
 
@@ -65,15 +67,15 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         assert isinstance(embeddings, torch.nn.Embedding), type(embeddings)
         self.vocab_size = embeddings.num_embeddings
         self.max_context = int(getattr(hf.config.get_text_config(), "max_position_embeddings", 4096))
-        # one copy of the frozen base for training and sampling
-        self._init_sampler(
-            model_path,
-            torch_dtype,
-            max_batch_size,
-            device=device,
-            trust_remote_code=trust_remote_code,
-            share_frozen_with=hf,
-        )
+        if sampler:  # one copy of the frozen base for training and sampling
+            self._init_sampler(
+                model_path,
+                torch_dtype,
+                max_batch_size,
+                device=device,
+                trust_remote_code=trust_remote_code,
+                share_frozen_with=hf,
+            )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
         self._engine_lock = threading.RLock()
 
@@ -170,9 +172,10 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         return rows
 
     @exclusive
-    def forward_backward_many(self, passes: list[Pass]) -> list:
+    def forward_backward_many(self, passes: list[Pass], loss_weights: dict[str, float] | None = None) -> list:
         """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
-        per kind (train / forward-only)."""
+        per kind (train / forward-only); `loss_weights`: an adapter's training loss scaled by its weight
+        (a data rank's share of the batch)."""
         results: list = [None] * len(passes)
         groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
         for i, item in enumerate(passes):
@@ -190,7 +193,9 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             if forward_only:
                 outcomes = self.engine.forward_fused(batches, raise_errors=False)
             else:
-                outcomes = self.engine.forward_backward_fused(batches, raise_errors=False, return_logprobs=True)
+                outcomes = self.engine.forward_backward_fused(
+                    batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights
+                )
             for name, (i, rows) in group.items():
                 results[i] = self._outcome(passes[i], outcomes[name], rows)
         return results
@@ -238,8 +243,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             )
         if not any(p.grad is not None for p in state.params):
             return {"grad_norm:mean": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
-        state.micro_step = max(state.micro_step, state.gradient_accumulation_steps)  # every optim_step steps
-        state.nonfinite_pending = False  # a non-finite forward_backward was answered as an error: it never happened
+        state.end_window()
         out = self.engine.clip_grad_and_step(adapter_name=name, max_grad_norm=params.grad_clip_norm or None)
         if not math.isfinite(out["grad_norm"]):
             raise UserError(f"gradient norm is {out['grad_norm']}: step skipped and gradients cleared")

@@ -6,10 +6,11 @@ do so that a data-parallel group equals one process:
 
 - forward_backward: each data rank gets its contiguous slice of every request's datums (Tinker) or
   rows (native). Tinker losses are token sums, so the batch's gradient is the sum of the ranks'. A
-  native adapter's loss is normalised over its own loss tokens, so each rank's share of a pass's
-  gradient is weighted by its fraction of the pass's loss tokens (exact for token-mean losses, the
-  built-ins; what DDP does otherwise). A step all-reduces (sums) the gradients, then every rank
-  takes the same optimizer step and the replicas stay equal.
+  native adapter's loss is normalised over its own loss tokens, so each rank scales its loss by its
+  share of the pass's loss tokens before backward (`strategy.data_parallel_weights`: exact for
+  token-mean losses, the built-ins, as `data_parallel_loss` is for torchrun ranks). A step sums the
+  gradients over the process group (`strategy.sum_gradients`), then every rank takes the same
+  optimizer step and the replicas stay equal.
 - what a rank learns from its slice (loss, token counts, its metric record) is exchanged, so every
   rank feeds the same merged record to the adapter's metrics and answers with the same numbers.
 - a request fails on every rank or on none: a failure or a non-finite loss on any rank restores
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from twinkle.mesh import remote_class, remote_method
 from twinkle.mesh.device_mesh import split_bounds
 from twinkle.metric import ForwardRecord
+from twinkle.model.strategy import data_parallel_weights, sum_gradients
 from twinkle.serve.backend.base import AdamParams, DatumsPass, ForwardResult, UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
 from twinkle.serve.backend.sampling import TorchSampling
@@ -90,6 +92,15 @@ def _slice_items(args, kwargs, mesh, rank):
     return (cut,), kwargs
 
 
+def _loss_units(rows) -> int:
+    """The loss tokens of native rows (labels after the first position that are not -100); rows the
+    engine will refuse count none, the pass fails on every rank anyway."""
+    try:
+        return sum(sum(int(t) != -100 for t in list(r.get("labels", r["input_ids"]))[1:]) for r in rows)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return 0
+
+
 def merge_rank_results(per_rank: list[dict]) -> list:
     """Per request: the first real error; else, for Tinker, logprobs in datum order, `:sum` metrics
     summed and the rest averaged over tokens; for native, the ranks' agreed outcome with the rows'
@@ -114,22 +125,10 @@ def merge_rank_results(per_rank: list[dict]) -> list:
     return merged
 
 
-@dataclasses.dataclass
-class _Saved:
-    """An adapter's training state before a pass, to undo it."""
+class _Recorder:
+    """Stands in for an adapter's metrics during a pass: keeps the rank's record for merging."""
 
-    grads: list
-    pending: bool
-    micro_step: int
-    consumed_batches: int
-
-
-class _Recorder(list):
-    """Stands in for an adapter's metric list during a pass: keeps the rank's record for merging."""
-
-    def __init__(self):
-        super().__init__([self])
-        self.record: ForwardRecord | None = None
+    record: ForwardRecord | None = None
 
     def on_forward(self, record: ForwardRecord) -> None:
         self.record = record
@@ -172,11 +171,13 @@ class TrainShard(MultiLoraBackend):
 
             model_path = str(resolve_model_path(base_model))
         super().__init__(
-            base_model, model_path, dtype=dtype, device=_group_device(), trust_remote_code=trust_remote_code
+            base_model,
+            model_path,
+            dtype=dtype,
+            device=_group_device(),
+            trust_remote_code=trust_remote_code,
+            sampler=False,  # sampling is the SamplerShard's
         )
-
-    def _init_sampler(self, *args, **kwargs) -> None:
-        pass  # sampling is the SamplerShard's
 
     def describe(self) -> dict:
         return {"vocab_size": self.vocab_size, "max_context": self.max_context}
@@ -212,24 +213,18 @@ class TrainShard(MultiLoraBackend):
     def forward_backward_many(self, items) -> dict:
         states = {it.adapter: self.engine.adapters[it.adapter] for it in items if it.adapter in self.engine.adapters}
         saved = {
-            it.adapter: _Saved(
-                [None if p.grad is None else p.grad.clone() for p in states[it.adapter].params],
-                states[it.adapter].nonfinite_pending,
-                states[it.adapter].micro_step,
-                states[it.adapter].consumed_batches,
-            )
-            for it in items
-            if not it.forward_only and it.adapter in states
+            it.adapter: states[it.adapter].snapshot() for it in items if not it.forward_only and it.adapter in states
         }
         recorders = {(name, train): _Recorder() for name in states for train in (True, False)}
         kept = {name: (s.train_metrics, s.eval_metrics) for name, s in states.items()}
         for name, s in states.items():
-            s.train_metrics, s.eval_metrics = recorders[(name, True)], recorders[(name, False)]
+            s.train_metrics, s.eval_metrics = [recorders[(name, True)]], [recorders[(name, False)]]
         results: list = [None] * len(items)
         live = [i for i, item in enumerate(items) if getattr(item, _examples(item))]
+        weights = self._rank_weights(items)
         try:
             if live:
-                for i, r in zip(live, super().forward_backward_many([items[i] for i in live])):
+                for i, r in zip(live, super().forward_backward_many([items[i] for i in live], weights)):
                     results[i] = r
         except Exception as e:  # noqa: BLE001 - every rank must still reach the collective below
             for i in live:
@@ -256,7 +251,6 @@ class TrainShard(MultiLoraBackend):
                 item,
                 results,
                 [rank[i] for rank in everyone],
-                mine[i][1],
                 states.get(item.adapter),
                 saved.get(item.adapter),
             )
@@ -265,7 +259,7 @@ class TrainShard(MultiLoraBackend):
             "tokens": [sum(len(d.tokens) for d in item.data) if isinstance(item, DatumsPass) else 0 for item in items],
         }
 
-    def _agree(self, i, item, results, parts, own, state, saved) -> None:
+    def _agree(self, i, item, results, parts, state, saved) -> None:
         """Make request i's outcome and effects on this rank those of the whole request."""
         failed = any(f for f, _ in parts)
         records = [r for _, r in parts if r is not None]
@@ -285,49 +279,35 @@ class TrainShard(MultiLoraBackend):
         if state is None:
             return
         if saved is not None:
-            if failed or (merged is not None and not merged.finite):
-                for p, grad in zip(state.params, saved.grads):
-                    p.grad = grad  # as if the pass never ran (or, non-finite, never back-propagated), on every rank
-            elif not isinstance(item, DatumsPass) and merged is not None and merged.loss_tokens and _world() > 1:
-                weight = (own.loss_tokens if own is not None else 0) / merged.loss_tokens
-                for p, grad in zip(state.params, saved.grads):
-                    if p.grad is not None:
-                        p.grad = (p.grad if grad is None else p.grad - grad) * weight + (0 if grad is None else grad)
-            if failed:  # the ranks' counters stay equal, so they agree on the next accumulation boundary
-                state.micro_step, state.consumed_batches = saved.micro_step, saved.consumed_batches
-                state.nonfinite_pending = saved.pending
+            if failed:  # as if the pass never ran; the ranks' counters stay equal, so they agree on the next boundary
+                state.restore(saved)
             else:
-                state.nonfinite_pending = saved.pending or (merged is not None and not merged.finite)
                 if not getattr(item, _examples(item)):  # an empty slice still counts as the window's micro-batch
-                    state.micro_step += 1
-                    state.consumed_batches += 1
+                    state.count_micro_batch()
+                if merged is not None and not merged.finite:  # never back-propagated, on every rank
+                    state.discard_pass(saved)
         if merged is not None:
             for metric in state.metrics(not item.forward_only):
                 metric.on_forward(merged)
 
-    def _sum_gradients(self, state) -> None:
-        """Sum the ranks' gradients: the gradient of the whole batch's loss on every rank."""
-        if _world() == 1:
-            return
-        has = torch.tensor([float(any(p.grad is not None for p in state.params))], device=self.engine.device)
-        dist.all_reduce(has, op=dist.ReduceOp.MAX)
-        if has.item():
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in state.params]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat)
-            for p, chunk in zip(state.params, flat.split([p.numel() for p in state.params])):
-                p.grad = chunk.view_as(p).clone()
+    @staticmethod
+    def _rank_weights(items) -> dict[str, float]:
+        """Each native training pass's share of its loss tokens on this rank (every rank calls this with
+        the same requests, so the one all-reduce lines up); Tinker's summed losses need none."""
+        native = [it for it in items if not isinstance(it, DatumsPass) and not it.forward_only]
+        shares = data_parallel_weights([_loss_units(it.rows) for it in native])
+        return {it.adapter: w for it, w in zip(native, shares)}
 
     @returns_user_errors
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
-        self._sum_gradients(self._state(name))
+        sum_gradients(self._state(name).params)
         return super().optim_step(name, params)
 
     @returns_user_errors
     def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
         state = self._state(name)
         if state.micro_step >= state.gradient_accumulation_steps:  # every rank agrees: their counters are equal
-            self._sum_gradients(state)
+            sum_gradients(state.params)
         return super().clip_grad_and_step(name, max_grad_norm)
 
 

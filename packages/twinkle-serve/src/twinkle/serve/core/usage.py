@@ -58,15 +58,11 @@ class UsageLedger:
 
     # ---- counting ------------------------------------------------------------------------------
     def count_training(self, run: Run, tokens: int) -> None:
-        self.store.usage.add(run.tenant, run.session_id, run.base_model, "training", tokens)
-        self.store.usage.add_to_run(run.model_id, run.tenant, "training", tokens)
+        self.store.usage.add(run.tenant, run.session_id, run.base_model, {"training": tokens}, run.model_id)
 
     def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
-        run = _run_of(sampler)
-        for kind, n in (("sampling_prefill", prompt_tokens), ("sampling_sample", sampled_tokens)):
-            self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, kind, n)
-            if run is not None:
-                self.store.usage.add_to_run(run, sampler.tenant, kind, n)
+        counts = {"sampling_prefill": prompt_tokens, "sampling_sample": sampled_tokens}
+        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, counts, _run_of(sampler))
 
     # ---- quotas --------------------------------------------------------------------------------
     def check_tokens(self, tenant: str, tokens: int) -> None:

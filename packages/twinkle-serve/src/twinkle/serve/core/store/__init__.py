@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from twinkle.serve.core.store.account_tables import (
@@ -53,13 +54,24 @@ class Db:
 
     def execute_many(self, sql: str, rows: list[tuple]) -> None:
         """Several rows in one transaction: one write (one WAL commit), not one per row."""
-        if not rows:
-            return
+        if rows:
+            with self._transaction() as conn:
+                conn.executemany(sql, rows)
+
+    def execute_all(self, statements: list[tuple[str, tuple]]) -> None:
+        """Several statements in one transaction: one write, all or nothing."""
+        if statements:
+            with self._transaction() as conn:
+                for sql, args in statements:
+                    conn.execute(sql, args)
+
+    @contextmanager
+    def _transaction(self):
         with self._lock:
             self.writes += 1
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(sql, rows)
+                yield self._conn
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise

@@ -103,21 +103,30 @@ class Usage:
     def __init__(self, db):
         self.db = db
 
-    def add(self, tenant: str, session_id: str | None, base_model: str, kind: str, tokens: int) -> None:
-        """Count `tokens` of `kind` (training, sampling_prefill, sampling_sample) in this UTC hour's bucket."""
+    def add(
+        self, tenant: str, session_id: str | None, base_model: str, counts: dict[str, int], model_id: str | None
+    ) -> None:
+        """Count tokens by kind (training, sampling_prefill, sampling_sample) in this UTC hour's bucket
+        and, with `model_id`, in that run's totals: one write for all of it."""
         hour = int(time.time()) // 3600 * 3600
-        self.db.execute(
-            "INSERT INTO usage (tenant, hour, session_id, base_model, kind, tokens) VALUES (?, ?, ?, ?, ?, ?) "
-            "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
-            (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)),
-        )
-
-    def add_to_run(self, model_id: str, tenant: str, kind: str, tokens: int) -> None:
-        self.db.execute(
-            "INSERT INTO run_usage (model_id, tenant, kind, tokens) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(model_id, kind) DO UPDATE SET tokens = tokens + ?",
-            (model_id, tenant, kind, int(tokens), int(tokens)),
-        )
+        statements = []
+        for kind, tokens in counts.items():
+            statements.append(
+                (
+                    "INSERT INTO usage (tenant, hour, session_id, base_model, kind, tokens) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(tenant, hour, session_id, base_model, kind) DO UPDATE SET tokens = tokens + ?",
+                    (tenant, hour, session_id or "", base_model, kind, int(tokens), int(tokens)),
+                )
+            )
+            if model_id is not None:
+                statements.append(
+                    (
+                        "INSERT INTO run_usage (model_id, tenant, kind, tokens) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT(model_id, kind) DO UPDATE SET tokens = tokens + ?",
+                        (model_id, tenant, kind, int(tokens), int(tokens)),
+                    )
+                )
+        self.db.execute_all(statements)
 
     def since(self, tenant: str, start: float) -> int:
         """Tokens of every kind the tenant used in the hours from `start` on."""
