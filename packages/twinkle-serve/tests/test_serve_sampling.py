@@ -3,15 +3,18 @@ prompt_alt_tokens_k, stop (None vs []), max_tokens None, seeds, and 400s for bad
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
 import numpy as np
 import pytest
 import torch
-from twinkle.hub import TEST_MODEL
+from twinkle.hub import TEST_MODEL, resolve_model_path
 
 PROMPT = [5 + (7 * i) % 60 for i in range(10)]
+with open(f"{resolve_model_path(TEST_MODEL)}/config.json") as _f:
+    CONTEXT = json.load(_f)["max_position_embeddings"]
 ANSWER = [311, 312, 2]  # two tokens, then <|im_end|> (the tiny model's EOS ids are 2 and 0)
 
 
@@ -168,11 +171,12 @@ def test_max_tokens_none_fills_the_context(eos_trained):
     from tinker import types
 
     _, _, sampler = eos_trained
-    long_prompt = types.ModelInput.from_ints([7 + i % 50 for i in range(1020)])  # context 1024
+    n = CONTEXT  # the embedded model's own (Qwen3's 32,768)
+    long_prompt = types.ModelInput.from_ints([7 + i % 50 for i in range(n - 4)])
     seq = sampler.sample(long_prompt, 1, greedy(None, stop=[])).result().sequences[0]
     assert len(seq.tokens) == 4 and seq.stop_reason == "length"
-    full = types.ModelInput.from_ints([7 + i % 50 for i in range(1024)])
-    with pytest.raises(Exception, match="fills the context of 1024"):
+    full = types.ModelInput.from_ints([7 + i % 50 for i in range(n)])
+    with pytest.raises(Exception, match=f"fills the context of {n}"):
         sampler.sample(full, 1, greedy(None)).result()
 
 
