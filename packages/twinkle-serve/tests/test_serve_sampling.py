@@ -103,6 +103,20 @@ def test_topk_prompt_and_sample_logprobs_equal_a_peft_forward(eos_trained, refer
         )
 
 
+def test_topk_prompt_logprobs_beyond_20_up_to_the_advertised_cap(eos_trained, reference):
+    """The hosted service stops at 20; here k goes to capabilities' max_topk_logprobs (256, or the vocabulary)."""
+    import tinker
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    tops = sampler.sample(prompt, 1, greedy(1), topk_prompt_logprobs=64).result().topk_prompt_logprobs
+    assert all(len(r) == 64 for r in tops[1:])
+    assert_topk(tops[1:], reference(PROMPT)[:-1], 64)
+    with pytest.raises(tinker.BadRequestError, match="at most 256, got 257"):
+        sampler.sample(prompt, 1, greedy(1), topk_prompt_logprobs=257).result()
+
+
 def test_topk_alone_and_absent(eos_trained):
     from tinker import types
 
