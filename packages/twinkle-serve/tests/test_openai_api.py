@@ -226,7 +226,7 @@ def test_bad_keys_and_unsupported_parameters_are_openai_errors(server, ann):
         ask(ann, TEST_MODEL, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
     assert err.value.body["param"] == "tools" and "unsupported parameter" in err.value.body["message"]
     with pytest.raises(openai.BadRequestError) as err:
-        ask(ann, TEST_MODEL, max_tokens=5000)
+        ask(ann, TEST_MODEL, max_tokens=40000)  # over the 32,768 context
     assert "exceeds the context" in err.value.body["message"]
     # the raw wire: a missing bearer is 401 in OpenAI's shape; nulls (as many clients send) are defaults
     r = httpx.post(server.url + "/v1/chat/completions", json={"model": TEST_MODEL, "messages": []})

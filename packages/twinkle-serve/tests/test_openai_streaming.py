@@ -165,7 +165,7 @@ def test_failures_before_the_first_byte_are_statuses_and_after_it_an_error_event
     import openai
 
     with pytest.raises(openai.BadRequestError) as err:
-        chat(oai, max_tokens=5000, stream=True)
+        chat(oai, max_tokens=40000, stream=True)  # over the 32,768 context
     assert "exceeds the context" in err.value.body["message"]
     Decoding(server, monkeypatch, fail_at=3)
     received = []

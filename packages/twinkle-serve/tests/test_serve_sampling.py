@@ -3,15 +3,18 @@ prompt_alt_tokens_k, stop (None vs []), max_tokens None, seeds, and 400s for bad
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
 import numpy as np
 import pytest
 import torch
-from twinkle.hub import TEST_MODEL
+from twinkle.hub import TEST_MODEL, resolve_model_path
 
 PROMPT = [5 + (7 * i) % 60 for i in range(10)]
+with open(f"{resolve_model_path(TEST_MODEL)}/config.json") as _f:
+    CONTEXT = json.load(_f)["max_position_embeddings"]
 ANSWER = [311, 312, 2]  # two tokens, then <|im_end|> (the tiny model's EOS ids are 2 and 0)
 
 
@@ -100,6 +103,20 @@ def test_topk_prompt_and_sample_logprobs_equal_a_peft_forward(eos_trained, refer
         )
 
 
+def test_topk_prompt_logprobs_beyond_20_up_to_the_advertised_cap(eos_trained, reference):
+    """The hosted service stops at 20; here k goes to capabilities' max_topk_logprobs (256, or the vocabulary)."""
+    import tinker
+    from tinker import types
+
+    _, _, sampler = eos_trained
+    prompt = types.ModelInput.from_ints(PROMPT)
+    tops = sampler.sample(prompt, 1, greedy(1), topk_prompt_logprobs=64).result().topk_prompt_logprobs
+    assert all(len(r) == 64 for r in tops[1:])
+    assert_topk(tops[1:], reference(PROMPT)[:-1], 64)
+    with pytest.raises(tinker.BadRequestError, match="at most 256, got 257"):
+        sampler.sample(prompt, 1, greedy(1), topk_prompt_logprobs=257).result()
+
+
 def test_topk_alone_and_absent(eos_trained):
     from tinker import types
 
@@ -168,11 +185,12 @@ def test_max_tokens_none_fills_the_context(eos_trained):
     from tinker import types
 
     _, _, sampler = eos_trained
-    long_prompt = types.ModelInput.from_ints([7 + i % 50 for i in range(1020)])  # context 1024
+    n = CONTEXT  # the embedded model's own (Qwen3's 32,768)
+    long_prompt = types.ModelInput.from_ints([7 + i % 50 for i in range(n - 4)])
     seq = sampler.sample(long_prompt, 1, greedy(None, stop=[])).result().sequences[0]
     assert len(seq.tokens) == 4 and seq.stop_reason == "length"
-    full = types.ModelInput.from_ints([7 + i % 50 for i in range(1024)])
-    with pytest.raises(Exception, match="fills the context of 1024"):
+    full = types.ModelInput.from_ints([7 + i % 50 for i in range(n)])
+    with pytest.raises(Exception, match=f"fills the context of {n}"):
         sampler.sample(full, 1, greedy(None)).result()
 
 

@@ -25,7 +25,7 @@ from twinkle.client.schema import bounds as B
 EXAMPLES = int(os.environ.get("RELIABILITY_BOUNDS_EXAMPLES", "150"))  # per API
 REPLAYS = int(os.environ.get("RELIABILITY_BOUNDS_REPLAYS", "8000"))
 TINY_WIDTH = 96  # twinkle://qwen3-tiny: hidden 96, so no Linear's min(in, out) is larger
-CONTEXT = 1024
+CONTEXT = 32768  # twinkle://qwen3-tiny's max_position_embeddings (Qwen3's own)
 SENT: list[tuple[str, str, str, dict]] = []  # (api, method, path, body) the property tests sent: replayed below
 
 

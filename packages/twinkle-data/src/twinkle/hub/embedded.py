@@ -40,7 +40,7 @@ class EmbeddedPreset:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
-    max_position_embeddings: int = 1024
+    max_position_embeddings: int = 32768  # Qwen3's own (RoPE); the tiny weights need not be good that far
     seed: int = 0
 
 

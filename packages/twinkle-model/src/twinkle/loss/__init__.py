@@ -2,7 +2,7 @@
 
 from twinkle.loss.base import LOSSES, Loss, LossContext, LossOutput, create_loss, register_loss
 from twinkle.loss.distill import GKDLoss
-from twinkle.loss.head import IGNORE_INDEX, ChunkedHead, LogitsHead, TokenHead
+from twinkle.loss.head import IGNORE_INDEX, ChunkedHead, LogitsHead, ProjectedHead, TokenHead
 from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
@@ -25,6 +25,7 @@ __all__ = [
     "LossContext",
     "LossOutput",
     "PPOLoss",
+    "ProjectedHead",
     "SimPOLoss",
     "StableReinforceLoss",
     "TokenHead",

@@ -70,7 +70,27 @@ class LogitsHead(TokenHead):
         return self.logits_B_T_V.argmax(-1)
 
 
-class ChunkedHead(TokenHead):
+class _MappedHead(TokenHead):
+    """A head whose quantities come from `_map(fn, *per_position)`: fn applied to logits a chunk at a time."""
+
+    def _map(self, fn, *per_position: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def target_logps(self, targets_B_T):
+        return self._map(_target_logps, targets_B_T)
+
+    def entropy(self):
+        return self._map(_entropy)
+
+    def logps_at(self, index_B_T_K):
+        return self._map(_logps_at, index_B_T_K)
+
+    def argmax(self):
+        with torch.no_grad():
+            return self._map(lambda logits: logits.argmax(-1))
+
+
+class ChunkedHead(_MappedHead):
     """Logits = hidden @ weight.T (+ bias), computed `chunk_size` positions at a time."""
 
     def __init__(
@@ -104,15 +124,32 @@ class ChunkedHead(TokenHead):
         out = torch.cat(outs)
         return out.view(B, T, *out.shape[1:])
 
-    def target_logps(self, targets_B_T):
-        return self._map(_target_logps, targets_B_T)
 
-    def entropy(self):
-        return self._map(_entropy)
+class ProjectedHead(_MappedHead):
+    """Logits = project(hidden[:, t0:t1]) over time chunks of about `chunk_tokens` tokens (all rows
+    of a chunk together), each chunk's logits recomputed in backward. `project` may be any module
+    (a LoRA-wrapped unembedding routed by batch rows included): unlike `ChunkedHead` it keeps the
+    batch dimension, so row-routed layers see the rows they were routed for."""
 
-    def logps_at(self, index_B_T_K):
-        return self._map(_logps_at, index_B_T_K)
+    def __init__(self, hidden_B_T_H: torch.Tensor, project, chunk_tokens: int = 4096):
+        self.hidden_B_T_H, self.project = hidden_B_T_H, project
+        self.step = max(1, chunk_tokens // max(1, hidden_B_T_H.shape[0]))
 
-    def argmax(self):
-        with torch.no_grad():
-            return self._map(lambda logits: logits.argmax(-1))
+    def _map(self, fn, *per_position: torch.Tensor) -> torch.Tensor:
+        B, T, _ = self.hidden_B_T_H.shape
+
+        def chunk(h_B_t_H, *args):
+            logits_B_t_V = self.project(h_B_t_H)
+            t = h_B_t_H.shape[1]
+            out = fn(logits_B_t_V.reshape(B * t, -1), *(a.reshape(B * t, *a.shape[2:]) for a in args))
+            return out.view(B, t, *out.shape[1:])
+
+        outs = []
+        for t0 in range(0, T, self.step):
+            sl = slice(t0, t0 + self.step)
+            args = (self.hidden_B_T_H[:, sl], *(x[:, sl] for x in per_position))
+            if torch.is_grad_enabled():
+                outs.append(checkpoint(chunk, *args, use_reentrant=False))
+            else:
+                outs.append(chunk(*args))
+        return torch.cat(outs, dim=1)

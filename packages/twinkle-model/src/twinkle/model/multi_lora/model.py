@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import zlib
+from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig
@@ -24,6 +25,7 @@ from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure
 from twinkle.model import checkpoint, step as step_rule, vision
 from twinkle.model.base import TwinkleModel
 
+from twinkle.model.multi_lora import heads as head_rule
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
@@ -60,6 +62,8 @@ class MultiLoraModel(TwinkleModel):
         self.adapters: dict[str, AdapterState] = {}  # every adapter, wherever it lives (self.residency)
         self.residency = Residency(self)
         self._trimmer: IdleTrimmer | None = None
+        # a pass whose logits would be larger runs its unembedding in chunks (twinkle.model.multi_lora.heads)
+        self.logits_budget_bytes = head_rule.LOGITS_BUDGET_BYTES
 
     def release_memory_when_idle(self, idle_seconds: float = 1.0) -> None:
         """For a long-running server: give freed memory back to the OS once no pass, step or
@@ -208,9 +212,9 @@ class MultiLoraModel(TwinkleModel):
         """Training-mode pass with autograd on: the LossContext a custom loss reads."""
         state = self._state(adapter_name)
         batch = collate(inputs, self.pad_id)
-        logits = self._logits([(state.name, batch)], train=True)
+        (head,) = self._heads([(state.name, batch)], train=True)
         fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
-        return LossContext.from_logits(logits[:, :-1], batch.labels_B_T[:, 1:].to(self.device), **fields)
+        return LossContext(head, batch.labels_B_T[:, 1:].to(self.device), fields)
 
     def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
         """A custom loss from `forward`'s context, counted as one micro-batch of the window."""
@@ -276,32 +280,39 @@ class MultiLoraModel(TwinkleModel):
             raise type(error)(f"tenant {name!r}: {error}") from error
         return {name: outcomes[name] for name in batches}
 
-    def _logits(self, segments: list[tuple[str | None, Batch]], train: bool) -> torch.Tensor:
+    @contextmanager
+    def _routed(self, segments: list[tuple[str | None, Batch]], train: bool):
+        """The fused ids and mask of `segments` and their images' model inputs (pixel values, grids; empty
+        for text), with the model in the right mode and routed for them."""
         ids_B_T, mask_B_T = fuse([b for _, b in segments], self.pad_id)
         if self.base.training != train:
             self.base.train(train)
         self.routing.set([(name, b.rows, b.length) for name, b in segments], training=train)
         extra = fused_images([b for _, b in segments], ids_B_T, self.base.config, self.device)
         try:
-            return self.base(
-                input_ids=ids_B_T.to(self.device), attention_mask=mask_B_T.to(self.device), use_cache=False, **extra
-            ).logits
+            yield ids_B_T.to(self.device), mask_B_T.to(self.device), extra
         finally:
             self.routing.clear()
+
+    def _logits(self, segments: list[tuple[str | None, Batch]], train: bool) -> torch.Tensor:
+        with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
+            return self.base(input_ids=ids_B_T, attention_mask=mask_B_T, use_cache=False, **extra).logits
+
+    def _heads(self, segments: list[tuple[str | None, Batch]], train: bool):
+        """Each segment's shifted next-token head ([rows, length - 1]); long passes never hold whole logits."""
+        with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
+            return head_rule.heads(self, segments, train, ids_B_T, mask_B_T, extra)
 
     def _reference_logps(self, work: list[tuple[AdapterState, Batch]]) -> dict[str, torch.Tensor]:
         """log p(target) under the base model (adapter off), for tenants whose loss needs it."""
         needing = [(s.name, b) for s, b in work if s.loss.needs_reference(b.fields)]
         if not needing:
             return {}
+        out = {}
         with torch.no_grad():
-            logits = self._logits([(None, b) for _, b in needing], train=False)
-        out, offset = {}, 0
-        for name, b in needing:
-            head = LossContext.from_logits(
-                logits[offset : offset + b.rows, : b.length - 1], b.labels_B_T[:, 1:].to(self.device)
-            )
-            out[name], offset = head.logps_B_T.detach(), offset + b.rows
+            ref_heads = self._heads([(None, b) for _, b in needing], train=False)
+            for (name, b), head in zip(needing, ref_heads):
+                out[name] = head.target_logps(b.labels_B_T[:, 1:].to(self.device)).detach()
         return out
 
     def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool, weights: dict) -> dict:
@@ -309,15 +320,13 @@ class MultiLoraModel(TwinkleModel):
         # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
         work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
         refs = self._reference_logps(work) if train else {}
-        logits = self._logits([(s.name, b) for s, b in work], train)
-        outcomes, records, total, offset = {}, {}, None, 0
-        for state, batch in work:
-            n, T = batch.rows, batch.length
-            logits_B_T_V, offset = logits[offset : offset + n, : T - 1], offset + n
+        pass_heads = self._heads([(s.name, b) for s, b in work], train)
+        outcomes, records, total = {}, {}, None
+        for (state, batch), head in zip(work, pass_heads):
             targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
             fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
             try:
-                ctx = LossContext.from_logits(logits_B_T_V, targets_B_T, refs.get(state.name), **fields)
+                ctx = LossContext(head, targets_B_T, fields, refs.get(state.name))
                 has_targets = bool((targets_B_T != IGNORE_INDEX).any())
                 out = state.loss(ctx) if has_targets else None
             except (ValueError, KeyError, TypeError) as error:
@@ -330,7 +339,7 @@ class MultiLoraModel(TwinkleModel):
                 total = scaled if total is None else total + scaled
             with torch.no_grad():
                 mask_B_T = targets_B_T != IGNORE_INDEX
-                correct = int(((logits_B_T_V.argmax(-1) == targets_B_T) & mask_B_T).sum())
+                correct = int(((head.argmax() == targets_B_T) & mask_B_T).sum())
             records[state.name] = ForwardRecord(
                 loss=loss,
                 loss_tokens=int(mask_B_T.sum()),

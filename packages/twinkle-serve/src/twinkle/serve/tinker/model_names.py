@@ -15,6 +15,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from twinkle.serve.core import bounds
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.sample_params import MAX_TOPK_LOGPROBS
 
@@ -90,6 +91,7 @@ def capabilities(rt) -> list[dict]:
             "max_topk_logprobs": min(eng.backend.vocab_size, MAX_TOPK_LOGPROBS),
         }
         if caps is not None and getattr(caps, "max_lora_rank", None):
-            row["max_lora_rank"] = caps.max_lora_rank
+            width = bounds.model_width(eng.backend)  # no LoRA on this model can use a higher rank
+            row["max_lora_rank"] = caps.max_lora_rank if width is None else min(caps.max_lora_rank, width)
         rows.append(row)  # (any `name:peft:<n>` up to max_context_length is accepted; not listed twice)
     return rows

@@ -1,0 +1,142 @@
+"""Long-context LoRA training: TransformersModel against plain transformers + peft at 4K, 16K, 32K tokens.
+
+Same model (twinkle.hub.TEST_MODEL, whose context is Qwen3's 32,768), same single row of N tokens,
+same LoRA (r16, all-linear), same AdamW and gradient clipping. Twinkle runs as a user asks for long
+context: `apply_patch("GradientCheckpointing")` and `apply_patch("ChunkedCrossEntropy")` (SDPA is the
+model's attention either way). The plain loop is `model(input_ids, labels=...)`, `loss.backward()`.
+Each (engine, length) runs in a process of its own under the same memory cap (RLIMIT_DATA, so the
+shared machine never swaps), so peak RSS is that run's alone and a run over the cap shows as `oom`.
+Per run: tokens/s (below 16K the faster of two timed steps after a warm-up; from 16K the one
+step) and peak RSS. Final line: JSON with
+`ratio` = twinkle tokens/s / plain tokens/s at the longest length both finish, and every run.
+
+    uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+# Below 16K: one warm-up step, then the faster of two timed ones (this machine is shared: the less
+# disturbed one). From 16K a step takes tens of seconds of compute: its first step is the measure.
+def _steps(n: int) -> int:
+    return 3 if n < 16384 else 1
+
+
+def _timed(times: list[float]) -> float:
+    return min(times[1:]) if len(times) > 1 else times[0]
+
+
+def _lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+
+
+def _row(n: int, vocab: int) -> list[int]:
+    return [3 + (i * 7919) % (vocab - 3) for i in range(n)]
+
+
+def run_twinkle(n: int) -> float:
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    model = TransformersModel(TEST_MODEL)
+    model.add_adapter_to_model("long", _lora())
+    model.set_loss("CrossEntropyLoss")
+    model.set_optimizer("AdamW", lr=1e-4)
+    model.apply_patch("GradientCheckpointing")
+    model.apply_patch("ChunkedCrossEntropy", chunk_size=2048)
+    ids = _row(n, model.vocab_size)
+    times = []
+    for _ in range(_steps(n)):
+        t0 = time.perf_counter()
+        model.forward_backward([{"input_ids": ids, "labels": ids}])
+        model.clip_grad_and_step(1.0)
+        times.append(time.perf_counter() - t0)
+    return _timed(times)
+
+
+def run_plain(n: int) -> float:
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.hub import TEST_MODEL, resolve_model_path
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL)), _lora())
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4)
+    ids = torch.tensor([_row(n, model.get_input_embeddings().num_embeddings)])
+    times = []
+    for _ in range(_steps(n)):
+        t0 = time.perf_counter()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    return _timed(times)
+
+
+def worker(engine: str, n: int, cap_gib: float) -> None:
+    cap = int(cap_gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    import torch
+
+    torch.set_num_threads(2)
+    try:
+        seconds = (run_twinkle if engine == "twinkle" else run_plain)(n)
+        out = {"tokens_per_s": n / seconds, "step_s": seconds}
+    except (MemoryError, RuntimeError) as e:
+        if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
+            raise
+        out = {"oom": True}
+    out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(json.dumps(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
+    parser.add_argument("--cap-gib", type=float, default=8.0, help="memory cap of each run (RLIMIT_DATA)")
+    parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "TOKENS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]), args.cap_gib)
+        return
+    runs = {}
+    for n in args.lengths:
+        for engine in ("twinkle", "plain"):
+            cmd = [sys.executable, __file__, "--worker", engine, str(n), "--cap-gib", str(args.cap_gib)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            # killed outright (the allocator's failure not even reaching Python) also counts as out of memory
+            runs[f"{engine}_{n}"] = json.loads(lines[-1]) if lines else {"oom": True, "exit": proc.returncode}
+            print(f"{engine:8s} {n:6d} tokens: {runs[f'{engine}_{n}']}", flush=True)
+    both = [n for n in args.lengths if "tokens_per_s" in runs[f"twinkle_{n}"] and "tokens_per_s" in runs[f"plain_{n}"]]
+    ratio = runs[f"twinkle_{both[-1]}"]["tokens_per_s"] / runs[f"plain_{both[-1]}"]["tokens_per_s"] if both else None
+    longest = max(args.lengths)
+    rss = {e: runs[f"{e}_{longest}"]["peak_rss_gib"] for e in ("twinkle", "plain") if f"{e}_{longest}" in runs}
+    print(
+        json.dumps(
+            {
+                "ratio": ratio,
+                "ratio_at_tokens": both[-1] if both else None,
+                "peak_rss_ratio_longest": rss["twinkle"] / rss["plain"] if len(rss) == 2 and rss["plain"] else None,
+                "cap_gib": args.cap_gib,
+                "runs": runs,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

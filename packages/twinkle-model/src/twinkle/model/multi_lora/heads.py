@@ -1,0 +1,75 @@
+"""Per-tenant next-token heads of one fused pass, without `[rows x tokens x vocab]` logits for long ones.
+
+Short passes keep the model's own logits (`LogitsHead`): the exact kernels every earlier result came
+from. When a pass's logits would exceed `logits_budget_bytes` the base runs without its unembedding
+and each tenant gets a `ProjectedHead` over its rows' hidden states: the unembedding (with that
+tenant's LoRA on it, if it trains one: each head holds one tenant's rows, so no routing) is applied a few thousand tokens at a time and recomputed in
+backward, so a 32K-token row costs `chunk x vocab` floats of head memory instead of `32K x vocab`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from twinkle.loss.head import LogitsHead, ProjectedHead, TokenHead
+
+LOGITS_BUDGET_BYTES = 32 << 20  # ~8K tokens of the embedded 850-token vocabulary; ~55 of Qwen3's 151,936
+CHUNK_TOKENS = 4096
+
+
+def wants_chunks(model, segments, train: bool, budget: int) -> bool:
+    """Whether this pass's full logits would exceed `budget` and the unembedding can be chunked:
+    no logit soft-capping, and no tenant of a training pass draws dropout on it (a recompute would
+    draw another mask)."""
+    config = model.base.config
+    if getattr(config, "final_logit_softcapping", None):
+        return False
+    rows = sum(b.rows for _, b in segments)
+    length = max(b.length for _, b in segments)
+    vocab = model.base.get_output_embeddings().weight.shape[0]
+    if rows * length * vocab * 4 <= budget:
+        return False
+    head = model.base.get_output_embeddings()
+    dropout = getattr(head, "dropout", {})
+    return not (train and any(dropout.get(name) for name, _ in segments if name is not None))
+
+
+def _projection(model, name: str | None):
+    """The unembedding for one tenant's rows as plain autograd ops (base projection plus that tenant's
+    low-rank term, if it trains one there). Not the MultiLoraLinear itself: its hand-written backward
+    reads its saved tensors twice, which a non-reentrant checkpoint's recompute refuses."""
+    head = model.base.get_output_embeddings()
+    base = getattr(head, "base_layer", head)
+    lora_a = getattr(head, "lora_A", {})
+    if name is None or name not in lora_a:
+        return base
+    a_R_H, b_V_R = head.factors(name)
+    scaling = head.scaling[name]
+
+    def project(hidden_B_t_H: torch.Tensor) -> torch.Tensor:
+        low = F.linear(F.linear(hidden_B_t_H.to(a_R_H.dtype), a_R_H), b_V_R)
+        return base(hidden_B_t_H) + scaling * low.to(base.weight.dtype)
+
+    return project
+
+
+def heads(model, segments, train: bool, ids_B_T: torch.Tensor, mask_B_T: torch.Tensor, images: dict) -> list[TokenHead]:
+    """One head per segment (tenant name or None, Batch), already shifted: [rows, length - 1]. `images`:
+    the pass's image inputs; such a pass keeps whole logits (the decoder alone would not see the images)."""
+    chunked = not images and wants_chunks(model, segments, train, model.logits_budget_bytes)
+    kwargs = {"input_ids": ids_B_T, "attention_mask": mask_B_T, "use_cache": False, **images}
+    if chunked:
+        out = model.base.get_decoder()(**kwargs).last_hidden_state
+    else:
+        out = model.base(**kwargs).logits
+    result, offset = [], 0
+    for name, batch in segments:
+        n, T = batch.rows, batch.length
+        part = out[offset : offset + n, : T - 1]
+        offset += n
+        if chunked:
+            result.append(ProjectedHead(part, _projection(model, name), CHUNK_TOKENS))
+        else:
+            result.append(LogitsHead(part))
+    return result
