@@ -86,7 +86,7 @@ class TransformersModel(TwinkleModel):
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
         self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
-        check_tensor_parallel(self.device_mesh, self.hf_model.config)  # heads divisible by tp
+        check_tensor_parallel(self.device_mesh, self.hf_model)  # heads divisible by tp, every weight planned
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
