@@ -78,12 +78,17 @@ class Structure:
     def linear_targets(self, *roles: str) -> list[str]:
         """peft `target_modules` naming exactly the Linear parts of these roles: their leaf names when
         no module of another role shares one, else full module names."""
-        chosen = [p for p in self.of(*roles) if p.param is None]
-        leaves = {p.leaf for p in chosen}
-        others = {p.leaf for p in self.parts if p.param is None and p.role not in roles}
-        if leaves & others:
-            return sorted(p.module for p in chosen)
-        return sorted(leaves)
+        return self._names([p.module for p in self.of(*roles) if p.param is None])
+
+    def all_linear(self) -> list[str]:
+        """What peft's 'all-linear' means, without its holes: every attention and MLP Linear (dense,
+        shared-expert, fused, MLA) and any Linear no role was found for; not the router or the head."""
+        return self._names([p.module for p in self.of("attention", "mlp") if p.param is None] + self.unplaced)
+
+    def _names(self, chosen: list[str]) -> list[str]:
+        leaves = {m.rsplit(".", 1)[-1] for m in chosen}
+        others = {p.leaf for p in self.parts if p.param is None and p.module not in chosen}
+        return sorted(chosen) if leaves & others else sorted(leaves)
 
     def expert_parameters(self, *roles: str) -> list[str]:
         """peft `target_parameters` naming the 3-D expert weights of these roles (by full name)."""
@@ -166,3 +171,15 @@ def describe(model: nn.Module) -> Structure:
 
 def _inside_adapter(name: str) -> bool:
     return ".lora_" in name or name.endswith(".base_layer")
+
+
+def with_explicit_targets(model: nn.Module, config):
+    """A copy of a peft LoraConfig whose 'all-linear' is spelled out from the model's structure, so
+    peft wraps what `Structure.all_linear` names; any other config is returned as it is."""
+    import copy
+
+    if getattr(config, "target_modules", None) != "all-linear":
+        return config
+    config = copy.deepcopy(config)
+    config.target_modules = set(describe(model).all_linear())
+    return config

@@ -23,6 +23,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.state import FULL_MODEL, AdapterState
+from twinkle.model.structure import with_explicit_targets
 from twinkle.model.strategy import (
     barrier,
     check_tensor_parallel,
@@ -114,6 +115,7 @@ class TransformersModel(TwinkleModel):
     def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
         from peft import get_peft_model
 
+        config = with_explicit_targets(self.hf_model, config)  # 'all-linear' from the model's structure
         if not adapter_name or adapter_name in self.states:
             raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
         if self._wrapped is not None and shards_on_wrap(self.strategy, self.device_mesh):
