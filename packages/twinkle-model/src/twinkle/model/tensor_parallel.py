@@ -55,8 +55,10 @@ def check_shardable(model: torch.nn.Module) -> None:
             f"tp_size > 1 cannot shard {structure.head_params[0]} ({structure.model_type}): per-head attention "
             f"parameters (sinks) are not split with the heads; {_INSTEAD}"
         )
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    config = getattr(model, "config", None)
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // getattr(
+        config, "num_attention_heads", 1
+    )
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if name.rsplit(".", 1)[-1] in HEAD_NORMS and weight is not None and weight.shape[-1] != head_dim:

@@ -75,7 +75,11 @@ class LoraSpec:
         if not targets:
             raise UserError(
                 f"lora_config names no Linear layer of this {structure.model_type} model"
-                + (" (only its expert weights, which get no LoRA yet); add train_attn or train_unembed" if experts else "")
+                + (
+                    " (only its expert weights, which get no LoRA yet); add train_attn or train_unembed"
+                    if experts
+                    else ""
+                )
             )
         return targets
 
