@@ -66,11 +66,11 @@ def tensor_parallel_size(mesh) -> int:
     return 1 if mesh is None else mesh.get_size("tp")
 
 
-def check_tensor_parallel(mesh, config) -> None:
+def check_tensor_parallel(mesh, model) -> None:
     if tensor_parallel_size(mesh) > 1:
         from twinkle.model.tensor_parallel import check_divisible
 
-        check_divisible(config, tensor_parallel_size(mesh))
+        check_divisible(model.config, tensor_parallel_size(mesh), model)
 
 
 def shards_on_wrap(strategy: str, mesh) -> bool:

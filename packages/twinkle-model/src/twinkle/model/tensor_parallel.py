@@ -28,13 +28,55 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
-ROWWISE = ("o_proj", "down_proj")
+from twinkle.model.structure import TP_LAYOUT, describe
+
+COLWISE = tuple(leaf for leaf, how in TP_LAYOUT.items() if how == "col")
+ROWWISE = tuple(leaf for leaf, how in TP_LAYOUT.items() if how == "row")
 HEAD_NORMS = ("q_norm", "k_norm")
+_INSTEAD = "train it with tp_size=1 (fsdp_size shards its memory over the ranks instead)"
+_WHY = {
+    "fused": "a fused projection (its parts would have to be split separately)",
+    "low_rank": "an MLA low-rank projection (the latent and its norm are not planned)",
+    "unknown": "a projection whose tp layout is not known",
+    "experts": "3-D expert weights (expert parallelism is not planned on the torch backend)",
+}
 
 
-def check_divisible(config, tp: int) -> None:
-    """Heads and MLP width must split evenly over the tp ranks."""
+def check_shardable(model: torch.nn.Module) -> None:
+    """Refuse at construction, by module name, what the column/row plan cannot split."""
+    structure = describe(model)
+    for part in structure.parts:
+        if part.tp in _WHY:
+            raise ValueError(
+                f"tp_size > 1 cannot shard {part.name} ({structure.model_type}): it is {_WHY[part.tp]}; {_INSTEAD}"
+            )
+    if structure.head_params:
+        raise ValueError(
+            f"tp_size > 1 cannot shard {structure.head_params[0]} ({structure.model_type}): per-head attention "
+            f"parameters (sinks) are not split with the heads; {_INSTEAD}"
+        )
+    config = getattr(model, "config", None)
+    head_dim = getattr(config, "head_dim", None) or getattr(config, "hidden_size", 0) // getattr(
+        config, "num_attention_heads", 1
+    )
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if name.rsplit(".", 1)[-1] in HEAD_NORMS and weight is not None and weight.shape[-1] != head_dim:
+            raise ValueError(
+                f"tp_size > 1 cannot shard {name} ({structure.model_type}): it normalises across all heads "
+                f"(width {weight.shape[-1]}, head_dim {head_dim}), so its statistics span the tp ranks; {_INSTEAD}"
+            )
+    if structure.unplaced:
+        raise ValueError(
+            f"tp_size > 1 cannot shard {structure.unplaced[0]} ({structure.model_type}): a Linear with no known role; "
+            f"{_INSTEAD}"
+        )
+
+
+def check_divisible(config, tp: int, model: torch.nn.Module | None = None) -> None:
+    """Heads and MLP width must split evenly over the tp ranks, and every weight have a plan."""
+    if model is not None:
+        check_shardable(model)
     sizes = {
         "num_attention_heads": getattr(config, "num_attention_heads", None),
         "num_key_value_heads": getattr(config, "num_key_value_heads", None),

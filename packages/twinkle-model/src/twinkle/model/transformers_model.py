@@ -23,6 +23,7 @@ from twinkle.model import checkpoint, inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.state import FULL_MODEL, AdapterState
+from twinkle.model.structure import with_explicit_targets
 from twinkle.model.strategy import (
     barrier,
     check_tensor_parallel,
@@ -86,7 +87,7 @@ class TransformersModel(TwinkleModel):
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
         self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
-        check_tensor_parallel(self.device_mesh, self.hf_model.config)  # heads divisible by tp
+        check_tensor_parallel(self.device_mesh, self.hf_model)  # heads divisible by tp, every weight planned
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
@@ -114,6 +115,7 @@ class TransformersModel(TwinkleModel):
     def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
         from peft import get_peft_model
 
+        config = with_explicit_targets(self.hf_model, config)  # 'all-linear' from the model's structure
         if not adapter_name or adapter_name in self.states:
             raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
         if self._wrapped is not None and shards_on_wrap(self.strategy, self.device_mesh):

@@ -88,10 +88,11 @@ class AdapterSpec:
 
     def select(self, model: nn.Module) -> list[str]:
         """Names of the base model's Linear layers this adapter targets; an error if none."""
-        get_output = getattr(model, "get_output_embeddings", None)  # transformers models have it
-        output = get_output() if get_output is not None else None
-        # once another adapter (train_unembed) has wrapped the head, the head is its inner Linear
-        output = getattr(output, "base_layer", output)
+        every: set[str] = set()
+        if self.target_modules == "all-linear":  # read from the structure: no router, no output head
+            from twinkle.model.structure import describe
+
+            every = set(describe(model).all_linear())
         names = []
         for name, module in model.named_modules():
             # a layer another adapter already wrapped counts as its Linear; its inner copy does not
@@ -99,7 +100,7 @@ class AdapterSpec:
             if not isinstance(linear, nn.Linear) or name.endswith(".base_layer"):
                 continue
             if self.target_modules == "all-linear":
-                if linear is not output:  # peft's all-linear leaves the output head alone
+                if name in every or name.rsplit(".", 1)[-1] in every:
                     names.append(name)
             elif self.matches(name):
                 names.append(name)

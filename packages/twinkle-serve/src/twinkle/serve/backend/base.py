@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 import functools
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 
 class UserError(Exception):
@@ -40,16 +43,44 @@ class LoraSpec:
     train_mlp: bool = True
     train_unembed: bool = True
 
-    def target_modules(self) -> list[str]:
-        targets = []
+    def roles(self) -> tuple[str, ...]:
+        """The structure roles (twinkle.model.structure) Tinker's flags name; train_mlp includes experts."""
+        roles = ()
         if self.train_attn:
-            targets += ["q_proj", "k_proj", "v_proj", "o_proj"]
+            roles += ("attention",)
         if self.train_mlp:
-            targets += ["gate_proj", "up_proj", "down_proj"]
+            roles += ("mlp", "experts")
         if self.train_unembed:
-            targets += ["lm_head"]
-        if not targets:
+            roles += ("unembedding",)
+        if not roles:
             raise UserError("lora_config trains nothing: set at least one of train_attn, train_mlp, train_unembed")
+        return roles
+
+    def target_modules(self, model) -> list[str]:
+        """peft target_modules naming every Linear of the roles these flags name, read from the
+        model's structure (Phi-3's fused qkv_proj, DeepSeek's MLA projections, shared experts)."""
+        from twinkle.model.structure import describe
+
+        structure = describe(model)
+        targets = structure.linear_targets(*self.roles())
+        experts = structure.expert_parameters(*self.roles())
+        if experts:
+            # 3-D expert weights need expert LoRA, which the multi-LoRA engine does not have yet
+            logger.warning(
+                "train_mlp on %s: the %d expert weights (%s, ...) get no LoRA; only its Linear layers do",
+                structure.model_type,
+                len(experts),
+                experts[0],
+            )
+        if not targets:
+            raise UserError(
+                f"lora_config names no Linear layer of this {structure.model_type} model"
+                + (
+                    " (only its expert weights, which get no LoRA yet); add train_attn or train_unembed"
+                    if experts
+                    else ""
+                )
+            )
         return targets
 
 

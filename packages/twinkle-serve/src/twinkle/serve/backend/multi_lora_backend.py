@@ -87,7 +87,11 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         if spec.rank < 1:
             raise UserError(f"lora rank must be >= 1, got {spec.rank}")
         config = LoraConfig(
-            r=spec.rank, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=spec.target_modules(), bias="none"
+            r=spec.rank,
+            lora_alpha=LORA_ALPHA,
+            lora_dropout=0.0,
+            target_modules=spec.target_modules(self.base_module),
+            bias="none",
         )
         seed = spec.seed if spec.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
         self.engine.add_adapter_to_model(name, config, seed=seed)

@@ -20,7 +20,6 @@ import tempfile
 import threading
 import time
 import weakref
-from collections import defaultdict
 from pathlib import Path
 
 from twinkle.model.multi_lora.residency import LIVE, PARKED, SPILLED
@@ -45,14 +44,6 @@ def _linears(module):
             yield name, linear
 
 
-def linear_dims(module) -> dict[str, int]:
-    """{leaf name (q_proj, lm_head, ...): sum of in + out features over the base model's Linears}."""
-    dims: dict[str, int] = defaultdict(int)
-    for name, m in _linears(module):
-        dims[name.rsplit(".", 1)[-1]] += m.in_features + m.out_features
-    return dict(dims)
-
-
 class AdapterMemory:
     """One server-wide account: every route that builds an adapter (Tinker create_model, native
     add_adapter_to_model / load) reserves under its own key first and releases it when freed. The
@@ -74,7 +65,6 @@ class AdapterMemory:
         self.spill_dir = spill_dir
         self._held: dict[str, int] = {}  # every reserved adapter, wherever it lives
         self._live: set[str] = set()  # the reserved adapters counted against the cap: live on their model
-        self._dims: dict[int, dict[str, int]] = {}
         self._lock = threading.Lock()
         self._backends: weakref.WeakSet = weakref.WeakSet()
         self._sweeper: threading.Thread | None = None
@@ -96,10 +86,12 @@ class AdapterMemory:
         base = backend.base_module
         if base is None:  # a backend whose base model is not in this process: no estimate, no cap
             return None
-        if isinstance(spec, LoraSpec):
-            dims = self._dims.setdefault(id(backend), linear_dims(base))
-            return sum(dims.get(t, 0) for t in spec.target_modules()) * spec.rank * element_bytes * COPIES
+        from peft import LoraConfig
+
         from twinkle.model.multi_lora.spec import AdapterSpec
+
+        if isinstance(spec, LoraSpec):  # its flags name modules through the model's structure
+            spec = LoraConfig(r=spec.rank, target_modules=spec.target_modules(base))
 
         chosen = set(AdapterSpec.from_lora_config(spec).select(base))  # ValueError: the caller's config
         width = sum(m.in_features + m.out_features for name, m in _linears(base) if name in chosen)

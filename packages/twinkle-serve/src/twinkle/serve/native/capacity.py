@@ -45,7 +45,8 @@ def add_capacity_route(r, rt, tenant) -> None:
         engine = rt.engine(base_model)
         spec = LoraSpec(rank=rank, train_attn=train_attn, train_mlp=train_mlp, train_unembed=train_unembed)
         try:
-            targets = spec.target_modules()
+            base = engine.backend.base_module  # None where the model lives on remote ranks
+            targets = spec.target_modules(base) if base is not None else list(spec.roles())
         except UserError as e:
             raise BadRequest(str(e)) from None
         report = rt.adapter_memory.report(engine.backend, spec)

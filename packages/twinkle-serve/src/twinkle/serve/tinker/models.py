@@ -116,7 +116,7 @@ class TinkerModels:
             train_unembed=bool(cfg.get("train_unembed", True)),
         )
         try:
-            spec.target_modules()
+            spec.roles()
         except UserError as e:
             raise BadRequest(str(e)) from None
         run, engine = self.new_run(
