@@ -144,3 +144,32 @@ def test_bad_key_names_are_refused(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=ENV)
     assert result.returncode == 2 and result.stderr.count("key name") == 3
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/readyz").status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def test_model_flags_choose_the_served_models_without_a_config_file(tmp_path):
+    """`--model NAME`, repeatable (as `vllm serve MODEL`): those base models and no config file."""
+    from twinkle.hub import DEFAULT_MODEL
+
+    data, port = tmp_path / "data", _free_port()
+    key = _cli("keys", "create", "bob", "--data-dir", str(data)).stdout.strip()
+    log = (tmp_path / "server.log").open("w")
+    args = ["--port", str(port), "--data-dir", str(data), "--model", TEST_MODEL, "--model", DEFAULT_MODEL]
+    proc = subprocess.Popen([*CLI, *args], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 240
+    try:
+        while not _ready(url):  # listening, then both models loaded
+            assert proc.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+            time.sleep(0.3)
+        caps = httpx.get(url + "/api/v1/get_server_capabilities", headers={"X-API-Key": key}).json()
+        assert [m["model_name"] for m in caps["supported_models"]] == [TEST_MODEL, DEFAULT_MODEL]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+

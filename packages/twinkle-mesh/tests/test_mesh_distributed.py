@@ -185,12 +185,13 @@ def test_torchrun_initializes_gloo_with_global_and_per_rank_seeds(torchrun_resul
 def test_torchrun_data_parallel_matches_one_process(torchrun_result, reference, strategy):
     got = torchrun_result[strategy]
     assert got["losses"] == pytest.approx(reference["losses"], rel=LOSS_RTOL)
-    assert reference["losses"][2] < reference["losses"][0]  # it does train
     _assert_lora_close(got["lora"], reference["lora"], atol=1e-5)
     moved = max(
         (w - reference["lora"][n]).abs().max().item() for n, w in steps.lora_weights(steps.build_model()).items()
     )
-    assert moved > 1e-2  # 3 steps moved the weights far beyond the tolerance
+    # it does train: 3 steps moved the weights far beyond the tolerance (the losses are of 3 different
+    # batches of random tokens, so whether they fall says nothing)
+    assert moved > 1e-2
 
 
 def test_torchrun_tensor_parallel_matches_one_process(torchrun_result, reference):

@@ -1,6 +1,6 @@
 """`twinkle-server`: serve the Tinker-compatible and native APIs, or manage API keys.
 
-twinkle-server [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--config FILE] [--log-level info]
+twinkle-server [--host 127.0.0.1] [--port 8000] [--data-dir DIR] [--config FILE] [--model NAME]... [--log-level info]
 twinkle-server keys create NAME [--operator] [--data-dir DIR]  # prints a new tml- key (shown once)
 twinkle-server keys list [--data-dir DIR]
 twinkle-server keys revoke NAME [--data-dir DIR]
@@ -31,6 +31,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     p.add_argument("--config", default=None, help="TOML/JSON/YAML server config (base models, limits, ray)")
+    p.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a base model to serve (hub id, local folder or twinkle://...); repeat for several. "
+        "Replaces the config file's [[models]] (default: twinkle://qwen3-demo)",
+    )
     p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     commands = p.add_subparsers(dest="command", title="commands", metavar="{keys}")
     keys = commands.add_parser(
@@ -146,15 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "keys":
         return keys_main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from twinkle.serve import initialize
+    from twinkle.serve import ServeConfig, initialize, load_config
 
     try:
+        config = load_config(args.config)
+        if args.model:  # the command line wins over the file, as with every other flag
+            models = [{"name": name} for name in args.model]
+            config = ServeConfig.model_validate({**config.model_dump(exclude={"models"}), "models": models})
         initialize(
             mode="http",
             host=args.host,
             port=args.port,
             data_dir=args.data_dir,
-            config=args.config,
+            config=config,
             log_level=args.log_level,
         )
     except (ValueError, FileNotFoundError) as e:
