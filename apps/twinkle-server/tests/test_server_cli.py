@@ -172,4 +172,3 @@ def test_model_flags_choose_the_served_models_without_a_config_file(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-
