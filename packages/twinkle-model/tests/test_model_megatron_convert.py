@@ -62,7 +62,7 @@ def test_config_translation(hf):
     gpt = convert.gpt_model_kwargs(hf.config)
     assert gpt == {
         "vocab_size": 850,
-        "max_sequence_length": 1024,
+        "max_sequence_length": 32768,
         "share_embeddings_and_output_weights": True,
         "position_embedding_type": "rope",
         "rotary_base": 10000.0,
