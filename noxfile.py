@@ -263,9 +263,12 @@ def numerics(session: nox.Session, cpu: str) -> None:
         "TOKENIZERS_PARALLELISM": "false",
         "ATEN_CPU_CAPABILITY": cpu,
     }
-    # The embedded models build here too, under the forced kernels: their weights come out the same on
-    # any CPU (twinkle.hub.portable_init), so only the computing on them differs.
     with _cold_caches() as caches:
+        # The embedded models are built first on this CPU's own kernels: their weights are a pinned artifact
+        # (as a downloaded checkpoint would be), and it is the computing on them that another CPU changes.
+        # (torch's normal_ draws differ under ATEN_CPU_CAPABILITY=default, so a build there is refused.)
+        build = "from twinkle.hub import DEFAULT_MODEL, TEST_MODEL, resolve_model_path as r; r(TEST_MODEL); r(DEFAULT_MODEL)"
+        session.run("python", "-c", build, env={**caches, "OMP_NUM_THREADS": env["OMP_NUM_THREADS"]})
         # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
         # must not hold the CPUs (or the memory) another suite's cluster needs.
         for paths in NUMERICS_SUITES.values():

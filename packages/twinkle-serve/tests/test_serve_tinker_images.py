@@ -121,9 +121,9 @@ def trained(vl, hf):
     datum, _ = _datum(tok, png, encoder.encode([png])[2][0])
     tc = client.create_lora_training_client(base_model=VL_TEST_MODEL, rank=8, seed=2).result()
     losses = []
-    for _ in range(30):
+    for _ in range(25):
         losses.append(tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"])
-        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     return tc.save_weights_for_sampler("img").result().path, losses
 
 
