@@ -10,7 +10,11 @@ Per run: tokens/s (below 16K the faster of two timed steps after a warm-up; from
 step) and peak RSS. Final line: JSON with
 `ratio` = twinkle tokens/s / plain tokens/s at the longest length both finish, and every run.
 
-    uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8]
+    uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8] [--cp 2]
+
+`--cp 2` adds `twinkle_cp2`: the same Twinkle run under torchrun on 2 processes of 1 thread each,
+with a DeviceMesh of cp_size=2 (each rank runs half the row; twinkle.model.context_parallel), its
+peak RSS the larger rank's (the cap applies per process) and `peak_rss_total_gib` both ranks'.
 """
 
 from __future__ import annotations
@@ -43,11 +47,11 @@ def _row(n: int, vocab: int) -> list[int]:
     return [3 + (i * 7919) % (vocab - 3) for i in range(n)]
 
 
-def run_twinkle(n: int) -> float:
+def run_twinkle(n: int, mesh=None) -> float:
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
-    model = TransformersModel(TEST_MODEL)
+    model = TransformersModel(TEST_MODEL, device_mesh=mesh)
     model.add_adapter_to_model("long", _lora())
     model.set_loss("CrossEntropyLoss")
     model.set_optimizer("AdamW", lr=1e-4)
@@ -91,9 +95,17 @@ def worker(engine: str, n: int, cap_gib: float) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     import torch
 
-    torch.set_num_threads(2)
+    mesh = None
+    if engine.startswith("twinkle_cp"):  # a torchrun rank: the 2 cores split between the ranks
+        import twinkle.mesh as tm
+
+        torch.set_num_threads(1)
+        tm.initialize(mode="local", seed=0)
+        mesh = tm.DeviceMesh.from_sizes(dp_size=1, cp_size=int(engine.removeprefix("twinkle_cp")))
+    else:
+        torch.set_num_threads(2)
     try:
-        seconds = (run_twinkle if engine == "twinkle" else run_plain)(n)
+        seconds = run_plain(n) if engine == "plain" else run_twinkle(n, mesh)
         out = {"tokens_per_s": n / seconds, "step_s": seconds}
     except (MemoryError, RuntimeError) as e:
         if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
@@ -103,10 +115,21 @@ def worker(engine: str, n: int, cap_gib: float) -> None:
     print(json.dumps(out))
 
 
+def _combined(lines: list[dict]) -> dict:
+    """One run's numbers; a torchrun run prints one line per rank (they step together)."""
+    if len(lines) == 1:
+        return lines[0]
+    out = dict(lines[0])
+    out["peak_rss_gib"] = max(line["peak_rss_gib"] for line in lines)
+    out["peak_rss_total_gib"] = sum(line["peak_rss_gib"] for line in lines)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     parser.add_argument("--cap-gib", type=float, default=8.0, help="memory cap of each run (RLIMIT_DATA)")
+    parser.add_argument("--cp", type=int, default=1, help="also run Twinkle at this cp_size (torchrun)")
     parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -114,12 +137,14 @@ def main() -> None:
         return
     runs = {}
     for n in args.lengths:
-        for engine in ("twinkle", "plain"):
+        for engine in ("twinkle", "plain", *([f"twinkle_cp{args.cp}"] if args.cp > 1 else [])):
             cmd = [sys.executable, __file__, "--worker", engine, str(n), "--cap-gib", str(args.cap_gib)]
+            if engine.startswith("twinkle_cp"):
+                cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.cp}"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
-            lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+            lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
             # killed outright (the allocator's failure not even reaching Python) also counts as out of memory
-            runs[f"{engine}_{n}"] = json.loads(lines[-1]) if lines else {"oom": True, "exit": proc.returncode}
+            runs[f"{engine}_{n}"] = _combined(lines) if lines else {"oom": True, "exit": proc.returncode}
             print(f"{engine:8s} {n:6d} tokens: {runs[f'{engine}_{n}']}", flush=True)
     both = [n for n in args.lengths if "tokens_per_s" in runs[f"twinkle_{n}"] and "tokens_per_s" in runs[f"plain_{n}"]]
     ratio = runs[f"twinkle_{both[-1]}"]["tokens_per_s"] / runs[f"plain_{both[-1]}"]["tokens_per_s"] if both else None

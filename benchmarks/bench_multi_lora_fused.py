@@ -1,7 +1,9 @@
 """Small tenants' steps fused into one pass vs sequential adapter switching, side by side.
 
-Two configurations, each on twinkle.hub.DEFAULT_MODEL with LoRA tenants of ranks 8/16/32/8 (repeated),
-all-linear, AdamW, clip 1.0: 4 tenants x 2 sequences x 32 tokens, and 8 tenants x 1 sequence x 16
+Two configurations, each on twinkle.hub.DEFAULT_MODEL (or `--model`) with LoRA tenants of ranks
+8/16/32/8 (repeated), every attention and MLP Linear (twinkle.model.structure's all_linear: peft's
+"all-linear" without the MoE router, named explicitly on both sides) plus, on a MoE model, every
+expert weight (peft's target_parameters), AdamW, clip 1.0: 4 tenants x 2 sequences x 32 tokens, and 8 tenants x 1 sequence x 16
 tokens. Three loops, alternating step by step so machine load hits all alike, medians compared:
   fused       MultiLoraModel.forward_backward_fused (one pass over the base) + 4 optimizer steps
   peft        one peft PeftModel holding 4 adapters: set_adapter(t), forward, backward, step, per tenant
@@ -19,6 +21,7 @@ in one pass and over each tenant's rows in its own pass. Their ratio bounds what
 on the base's share of the step, since adapters and optimizer do the same FLOPs on both sides.
 
     uv run python benchmarks/bench_multi_lora_fused.py [--steps 12] [--threads 2] [--configs 4x2x32,8x1x16]
+    uv run python benchmarks/bench_multi_lora_fused.py --model twinkle://qwen3-moe-tiny
 """
 
 import argparse
@@ -30,17 +33,25 @@ import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from twinkle.hub import DEFAULT_MODEL, resolve_model_path
 from twinkle.model.multi_lora import MultiLoraModel
+from twinkle.model.structure import describe
 
 RANKS = (8, 16, 32, 8)
 LR = 1e-4
 
 
+# Read from the base model's structure in main: its Linear targets and 3-D expert weights (none if dense)
+LINEARS: list[str] = []
+EXPERTS: list[str] = []
+
+
 def lora(rank):
-    return LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear")
+    return LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=list(LINEARS), target_parameters=list(EXPERTS) or None
+    )
 
 
 def tenants(count: int) -> dict[str, int]:
@@ -160,8 +171,8 @@ def base_pass(engine, batch_ids):
         engine.routing.clear()
 
 
-def single_adapter(batches) -> tuple[MultiLoraModel, list[dict]]:
-    engine = make_engine(DEFAULT_MODEL, {"all": 16})
+def single_adapter(model_id, batches) -> tuple[MultiLoraModel, list[dict]]:
+    engine = make_engine(model_id, {"all": 16})
     return engine, [row for batch in batches.values() for row in batch]
 
 
@@ -215,12 +226,12 @@ def summary(times: list[tuple[float, float]], tokens: int) -> dict:
 
 def run_config(count: int, rows: int, seq: int, args) -> dict:
     ranks = tenants(count)
-    path = resolve_model_path(DEFAULT_MODEL)
-    engine = make_engine(DEFAULT_MODEL, ranks)
+    path = resolve_model_path(args.model)
+    engine = make_engine(args.model, ranks)
     batches = make_batches(ranks, rows, seq, engine.base.config.vocab_size)
     baseline = PeftSwitching(path, ranks, batches)
     tokens = sum(len(r["input_ids"]) for b in batches.values() for r in b)
-    single_engine, all_rows = single_adapter(batches)
+    single_engine, all_rows = single_adapter(args.model, batches)
     fused_phases, peft_phases = Phases(), Phases()
     times = measure(
         {
@@ -269,8 +280,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--configs", default="4x2x32,8x1x16", help="tenants x rows x tokens, comma-separated")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="a twinkle:// preset, hub id or folder")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    with torch.device("meta"):  # the structure only
+        structure = describe(
+            AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(args.model)))
+        )
+    LINEARS[:], EXPERTS[:] = structure.all_linear(), structure.expert_parameters("experts")
     configs = {}
     for config in args.configs.split(","):
         count, rows, seq = (int(v) for v in config.split("x"))
@@ -280,7 +297,8 @@ def main():
         json.dumps(
             {
                 "benchmark": "multi_lora_fused_small",
-                "model": DEFAULT_MODEL,
+                "model": args.model,
+                "expert_weights": len(EXPERTS),
                 "threads": args.threads,
                 "load_avg": os.getloadavg()[0],
                 **{f"speedup_{k}": v["speedup"] for k, v in configs.items()},

@@ -50,6 +50,7 @@ def ray_group():
 
 
 def pytest_terminal_summary(terminalreporter):
+    arch_matrix(terminalreporter)
     if not MATRIX:
         return
     text = markdown()
@@ -59,3 +60,19 @@ def pytest_terminal_summary(terminalreporter):
     if target:
         Path(target).parent.mkdir(parents=True, exist_ok=True)
         Path(target).write_text(text)
+
+
+def arch_matrix(terminalreporter):
+    """test_architecture_matrix's family x cell table, to $CONFORMANCE_ARCH_MATRIX or the terminal."""
+    import arch_cells
+
+    if not arch_cells.ARCH:
+        return
+    text = arch_cells.markdown()
+    target = os.environ.get("CONFORMANCE_ARCH_MATRIX")
+    if target:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(text)
+        return
+    terminalreporter.write_sep("=", "architecture matrix")
+    terminalreporter.write(text)

@@ -100,7 +100,7 @@ def test_keys_and_a_served_training_step(tmp_path):
             loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
         )
         first = tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"]
-        tc.optim_step(types.AdamParams(learning_rate=5e-2)).result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
         assert tc.forward([datum], "cross_entropy").result().metrics["loss:sum"] < first
         # usage per key and run, as counted by the running server; a quota set now refuses at once
         import json

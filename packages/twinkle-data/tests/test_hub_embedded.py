@@ -149,3 +149,39 @@ def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cache_root() == tmp_path / "twinkle"
     assert os.fspath(cache_root()).endswith("twinkle")
+
+
+def test_the_pinned_build_comes_out_the_same_on_the_scalar_kernels(tmp_path):
+    """torch's normal_ differs in the last bits between its AVX2 and scalar paths (an ARM laptop takes the
+    scalar one); the embedded weights are drawn without it, so a build forced onto the scalar kernels still
+    matches the pin instead of being refused."""
+    import subprocess
+    import sys
+
+    code = "from twinkle.hub import TEST_MODEL, embedded_path as e; print(e(TEST_MODEL))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default", "TWINKLE_CACHE": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = Path(out.stdout.strip().splitlines()[-1])
+    assert weights_digest(folder / "model.safetensors") == PINNED_WEIGHTS["qwen3-tiny"]
+
+
+def test_portable_init_draws_every_random_tensor_at_the_configs_scale():
+    from twinkle.hub.embedded import build_model, build_tokenizer
+
+    model = build_model("qwen3-tiny", build_tokenizer())
+    std = model.config.initializer_range
+    for name, p in model.named_parameters():
+        if p.ndim >= 2:
+            rows = (
+                p
+                if "embed_tokens" not in name
+                else torch.cat([p[: model.config.pad_token_id], p[model.config.pad_token_id + 1 :]])
+            )
+            assert abs(rows.std().item() - std) < 0.1 * std, name
+            assert rows.abs().max().item() <= std * 3**0.5, name  # uniform: bounded by sqrt(3) std
+        else:
+            assert torch.equal(p, torch.ones_like(p)), name  # the norms' ones are left as transformers sets them
+    assert torch.equal(
+        model.model.embed_tokens.weight[model.config.pad_token_id], torch.zeros(model.config.hidden_size)
+    )

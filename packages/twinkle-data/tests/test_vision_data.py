@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from twinkle.dataset import Dataset, DatasetMeta
@@ -162,7 +163,7 @@ def test_bad_images_are_refused_by_name(template):
         Template(VL_TEST_MODEL, max_length=8, truncation_strategy="left").encode(row(_png((1, 2, 3))))
 
 
-def test_encoded_image_rows_collate_and_packing_refuses(template):
+def test_encoded_image_rows_collate_padded_and_packed(template):
     ds = Dataset(DatasetMeta("twinkle://shapes", data_slice=range(3)))
     ds.set_template(template)
     ds.encode()  # through the Arrow encoder: pixel rows stored as list<list<float>>
@@ -172,8 +173,13 @@ def test_encoded_image_rows_collate_and_packing_refuses(template):
     np.testing.assert_allclose(
         batch["pixel_values"][:16].numpy(), np.asarray(rows[0]["pixel_values"], dtype=np.float32)
     )
-    with pytest.raises(ValueError, match="packing=True with image rows"):
-        InputProcessor(packing=True)(rows)
+    packed = InputProcessor(packing=True)(rows)
+    assert "attention_mask" not in packed and packed["input_ids"].shape == (1, sum(len(r["input_ids"]) for r in rows))
+    assert (
+        torch.equal(packed["pixel_values"], batch["pixel_values"])
+        and packed["image_grid_thw"].tolist() == [[1, 4, 4]] * 3
+    )
+    assert (packed["position_ids"][0] == 0).sum() == 3  # restarts at each sequence
 
 
 def test_the_image_processor_is_part_of_the_encode_cache_key(template):
@@ -186,3 +192,56 @@ def test_the_image_processor_is_part_of_the_encode_cache_key(template):
     assert same.signature() == template.signature() != larger.signature()
     text_only = Template(tokenizer=template.tokenizer)
     assert text_only.signature() not in (same.signature(), larger.signature())
+
+
+def _chat(image) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "colour?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "red"}]},
+        ]
+    }
+
+
+def test_parquet_bytes_columns_and_datasets_image_cells_encode_like_jsonl(tmp_path, template):
+    """Images stored as Arrow binary inside the message parts, and as a datasets ``Image`` cell
+    (``{bytes, path}``), read from parquet and encode to the same tokens and pixels as the bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    red, blue = _png((220, 30, 30)), _png((30, 60, 220), (84, 112))
+    encoded = []
+    for name, image in (("bytes", red), ("cells", {"bytes": blue, "path": None})):
+        pq.write_table(pa.Table.from_pylist([_chat(image)] * 2), tmp_path / f"{name}.parquet")
+        ds = Dataset(DatasetMeta(str(tmp_path / f"{name}.parquet")))
+        assert "binary" in str(ds.data.features["messages"])  # the bytes sit in an Arrow binary column
+        ds.set_template(template)
+        encoded.append(ds.encode(cache=False)[1])
+    for got, src in zip(encoded, (red, blue)):
+        want = template.encode(_chat(src))
+        assert got["input_ids"] == want["input_ids"] and got["image_grid_thw"] == want["image_grid_thw"]
+        np.testing.assert_array_equal(np.asarray(got["pixel_values"], np.float32), want["pixel_values"])
+    assert encoded[1]["image_grid_thw"] == [[1, 8, 6]]
+
+
+def test_streaming_image_rows_to_arrow_holds_one_chunk(tmp_path, template):
+    """encode_to_arrow over image rows: the rows held at once are one chunk whatever the row count,
+    and the file equals the in-memory encoding."""
+    from twinkle.dataset import encode_to_arrow
+
+    source = list(Dataset(DatasetMeta("twinkle://shapes", data_slice=range(8))))
+
+    def stream(n):
+        for i in range(n):
+            yield source[i % len(source)]
+
+    held = []
+    for n in (40, 160):
+        out, report = encode_to_arrow(stream(n), template, tmp_path / f"{n}.arrow", chunk_rows=20)
+        assert report.rows_written == n
+        held.append(report.max_rows_held)
+    assert held == [20, 20]
+    first = out[3]
+    want = template.encode(source[3])
+    assert first["input_ids"] == want["input_ids"]
+    np.testing.assert_array_equal(np.asarray(first["pixel_values"], np.float32), want["pixel_values"])

@@ -15,11 +15,10 @@ from twinkle.model import TransformersModel
     "sizes,what",
     [
         (dict(pp_size=2), "pipeline parallelism (pp_size=2"),
-        (dict(cp_size=2), "context parallelism (cp_size=2"),
         (dict(dp_size=2, ep_size=2), "expert parallelism (ep_size=2"),
         (dict(dp_size=2, tp_size=2, pp_size=2), "pipeline parallelism (pp_size=2"),
     ],
-    ids=["pp", "cp", "ep", "dp-tp-pp"],
+    ids=["pp", "ep", "dp-tp-pp"],
 )
 def test_unimplemented_dims_point_to_megatron(sizes, what):
     with pytest.raises(ValueError) as e:

@@ -65,3 +65,47 @@ def test_the_pixels_reach_the_model(rows):
     seen = engine.forward_only(rows[:2], adapter_name="a")["loss"]
     blank = [{**r, "pixel_values": [np.zeros_like(p) for p in r["pixel_values"]]} for r in rows[:2]]
     assert engine.forward_only(blank, adapter_name="a")["loss"] != pytest.approx(seen, rel=1e-4)
+
+
+def _vision_engine():
+    engine = MultiLoraModel(VL_TEST_MODEL)
+    torch.manual_seed(0)
+    engine.add_adapter_to_model("p", LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS), train_vision=("projector",))
+    engine.add_adapter_to_model("t", LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS), train_vision=("tower",))
+    engine.add_adapter_to_model("n", LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS))
+    return engine
+
+
+def test_train_vision_per_tenant_moves_only_its_own_copies(rows, tmp_path):
+    """Tenant p trains its projector, t its tower, n neither: after fused steps each tenant's vision
+    copies moved, the base (every weight) is bit-identical, a fused pass equals each tenant alone,
+    and a saved adapter with its vision copies loads back to the same loss."""
+    engine = _vision_engine()
+    base = {n: p.detach().clone() for n, p in engine.base.named_parameters() if "lora_" not in n}
+    names = {t: sorted({n.rsplit(".", 1)[0] for n in engine._vision_params[t]}) for t in ("p", "t", "n")}
+    assert names["n"] == [] and all(".merger" in n for n in names["p"])
+    assert names["t"] and not any("merger" in n for n in names["t"])
+    before = {t: [p.detach().clone() for p in engine._vision_params[t].values()] for t in ("p", "t")}
+    for t in ("p", "t", "n"):
+        engine.set_optimizer("AdamW", adapter_name=t, lr=1e-2)
+    batches = {"p": rows[:2], "t": rows[2:4], "n": rows[4:5]}
+    for _ in range(2):
+        engine.forward_backward_fused(batches)
+        for t in batches:
+            engine.clip_grad_and_step(adapter_name=t)
+    for t in ("p", "t"):
+        for old, new in zip(before[t], engine._vision_params[t].values()):
+            assert not torch.equal(old, new)
+    now = {n: p for n, p in engine.base.named_parameters() if "lora_" not in n}
+    assert now.keys() == base.keys() and all(torch.equal(now[n], w) for n, w in base.items())
+
+    fused = engine.forward_fused(batches)
+    for t, mine in batches.items():
+        assert fused[t]["loss"] == pytest.approx(engine.forward_only(mine, adapter_name=t)["loss"], rel=1e-5)
+    engine.save(tmp_path / "p", adapter_name="p")
+    again = MultiLoraModel(VL_TEST_MODEL)
+    again.load(tmp_path / "p", "p")
+    assert again._vision_train["p"] == ("projector",)
+    assert again.forward_only(rows[:2], adapter_name="p")["loss"] == pytest.approx(fused["p"]["loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="trains vision modules \\(train_vision\\): parking and spilling"):
+        engine.park_adapter("p")

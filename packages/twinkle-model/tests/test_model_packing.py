@@ -60,3 +60,19 @@ def test_sequence_spans_of_padded_and_packed_batches():
     assert sequence_spans(InputProcessor()(rows)) == [(b, 0, n) for b, n in enumerate(lengths)]
     starts = [0, lengths[0], lengths[0] + lengths[1]]
     assert sequence_spans(InputProcessor(packing=True)(rows)) == [(0, s, n) for s, n in zip(starts, lengths)]
+    T = max(lengths)  # left padding: each row's real tokens start after its pads
+    assert sequence_spans(InputProcessor(padding_side="left")(rows)) == [(b, T - n, n) for b, n in enumerate(lengths)]
+
+
+def test_forward_only_with_left_padding_returns_the_rows_log_probs():
+    """Left-padded rows give the right-padded log-probs (positions count real tokens from 0 either way);
+    the spans once started every row at column 0, so a short row came back as its pads' zeros."""
+    rows = variable_rows(4, seed=5)
+    right = lora_model(False).forward_only(inputs=rows)["logprobs"]
+    left_model = lora_model(False)
+    left_model.set_processor("InputProcessor", padding_side="left")
+    left = left_model.forward_only(inputs=rows)["logprobs"]
+    assert [len(r) for r in left] == [len(r["input_ids"]) for r in rows]
+    for got, want, row in zip(left, right, rows):
+        assert all(v < 0 for v, label in zip(got, row["labels"]) if label != -100)  # every target has one
+        assert max(abs(a - b) for a, b in zip(got, want)) <= 1e-5

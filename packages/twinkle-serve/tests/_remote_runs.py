@@ -22,7 +22,7 @@ def run_tinker_loop(server, sft):
     losses = []
     for _ in range(3):
         fb = tc.forward_backward([sft(s) for s in SEQS], "cross_entropy")
-        step = tc.optim_step(types.AdamParams(learning_rate=5e-2, weight_decay=0.01, grad_clip_norm=5.0))
+        step = tc.optim_step(types.AdamParams(learning_rate=1e-2, weight_decay=0.01, grad_clip_norm=5.0))
         losses.append(fb.result().metrics["loss:sum"])
         step.result()
     out = tc.forward([sft(s) for s in SEQS], "cross_entropy").result()

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from twinkle.hub import TEST_MODEL
+from twinkle.serve.core.work import Answer, Call
 
 SEQ = [4 + (7 * i) % 70 for i in range(20)]
 
@@ -46,9 +47,9 @@ def test_native_and_tinker_requests_share_one_pass(server, sft):
     def hold():
         held.set()
         gate.wait(60)
-        return "json", {}
+        return Answer.json({})
 
-    scheduler.submit("test-gate", None, server.runtime.hub.create("fuse-mix"), hold)
+    scheduler.submit(Call("test-gate", None, server.runtime.hub.create("fuse-mix"), hold))
     _until(held.is_set)
     native_out = native.forward_backward(inputs=rows)
     tinker_out = tc.forward_backward([sft(SEQ)], "cross_entropy")

@@ -25,15 +25,20 @@ def _named(model, flag: str) -> dict[str, int]:
     return {
         n: p.numel()
         for n, p in model.named_parameters(remove_duplicate=False)
-        if part in n and p.dim() >= 2 and n.rsplit(".", 1)[0] not in routers
+        # GPT-OSS's expert biases are [experts, out]: one vector per expert, not a matrix LoRA adapts
+        if part in n and p.dim() >= 2 and not n.endswith("bias") and n.rsplit(".", 1)[0] not in routers
     }
 
 
 def _coverage(model, flag: str) -> float:
     spec = LoraSpec(rank=2, train_attn=flag == "attn", train_mlp=flag == "mlp", train_unembed=flag == "unembed")
-    chosen = AdapterSpec.from_lora_config(LoraConfig(r=2, target_modules=spec.target_modules(model))).select(model)
+    config = LoraConfig(
+        r=2, target_modules=spec.target_modules(model), target_parameters=spec.target_parameters(model) or None
+    )
+    adapter = AdapterSpec.from_lora_config(config)
+    chosen = set(adapter.select(model)) | set(adapter.select_parameters(model))  # Linear layers, expert weights
     named = _named(model, flag)
-    covered = sum(numel for n, numel in named.items() if n.rsplit(".", 1)[0] in chosen)
+    covered = sum(numel for n, numel in named.items() if n.rsplit(".", 1)[0] in chosen or n in chosen)
     return covered / sum(named.values())
 
 
@@ -48,16 +53,15 @@ def test_attention_and_unembedding_flags_cover_everything_they_name(family, flag
 
 
 def test_mlp_flag_covers_every_mlp_matrix(family):
+    """Experts included: their 3-D weights get expert LoRA (twinkle.model.multi_lora.experts)."""
+    assert _coverage(family[1], "mlp") == 1.0
+
+
+def test_mlp_flag_names_the_expert_weights_of_moe_families(family):
     name, model = family
-    try:
-        share = _coverage(model, "mlp")
-    except UserError as e:  # an MoE whose MLP is experts only: refused, not silently empty
-        assert name in MOE and "expert weights" in str(e)
-        share = 0.0
-    if name in MOE and share < 1.0:
-        # the 3-D expert weights need expert LoRA, which the multi-LoRA engine does not have yet
-        pytest.xfail(f"{name}: train_mlp covers {share:.0%} of its MLP parameters (experts uncovered)")
-    assert share == 1.0
+    experts = LoraSpec(train_attn=False, train_unembed=False).target_parameters(model)
+    assert (len(experts) > 0) == (name in MOE)
+    assert all(e.endswith(("experts.gate_up_proj", "experts.down_proj")) for e in experts)
 
 
 def test_no_flag_is_a_user_error():

@@ -72,3 +72,32 @@ def test_server_gauges_read_the_runtime(trained):
     assert 0 < _value(samples, "twinkle_adapter_memory_bytes") < CAP_MB * 2**20
     assert _value(samples, "twinkle_adapter_memory_cap_bytes") == CAP_MB * 2**20
     assert _value(samples, "twinkle_ready") == 1
+
+
+def test_retained_entries_count_what_the_long_lived_structures_hold(trained):
+    """Each structure reports its own size: the fixture's tenant has one live adapter (and its memory
+    reservation), four finished futures plus its create_model, six loss/grad/lr points per step... and
+    nothing waiting."""
+    srv, _ = trained
+    _, samples = _scrape(srv.url)
+    retained = {
+        dict(labels)["structure"]: v for (name, labels), v in samples.items() if name == "twinkle_retained_entries"
+    }
+    assert retained["live adapters"] == 1 and retained["adapter reservations"] == 1
+    assert retained["future waiters"] == 0 and retained["scheduler queues"] == 0
+    assert retained["idempotency in flight"] == 0
+    assert retained["futures"] >= 5  # create_model, 2 x (forward_backward, optim_step)
+    assert retained["curve points"] >= 2  # at least one curve point per optim_step
+    assert retained["rate buckets"] >= 0 and retained["sampler adapters"] == 0
+    assert set(retained) == {
+        "futures",
+        "future waiters",
+        "idempotency answers",
+        "idempotency in flight",
+        "curve points",
+        "rate buckets",
+        "live adapters",
+        "adapter reservations",
+        "scheduler queues",
+        "sampler adapters",
+    }

@@ -29,9 +29,9 @@ def eos_trained(alice):
         loss_fn_inputs={"target_tokens": seq[1:], "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * len(ANSWER)},
     )
     tc = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=5).result()
-    for _ in range(40):
+    for _ in range(40):  # at 3e-3 greedy decoding answers ANSWER from step 10 on (1e-2 oscillates)
         tc.forward_backward([datum], "cross_entropy")
-        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        tc.optim_step(types.AdamParams(learning_rate=3e-3)).result()
     path = tc.save_weights_for_sampler("eos").result().path
     return tc, path, tc.create_sampling_client(path).result()
 

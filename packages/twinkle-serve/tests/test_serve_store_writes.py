@@ -1,7 +1,8 @@
 """What a steady-state Tinker training step (forward_backward + optim_step) costs the store, counted
-by its own `Db.writes`. Measured: 10 write transactions, per request a future's row created and
-finished, the idempotency answer, a curve point, and for forward_backward the usage (one transaction
-for the hour's bucket and the run's total) and the run's last_request_time. The goal (issue 30) is 2; this bound keeps it from growing meanwhile."""
+by its own `Db.writes`. Each request makes a future's row (created and finished), its idempotency
+answer and a curve point, forward_backward also its usage and the run's last_request_time; these
+are journaled (store/db.py) and committed once per scheduler pass, before the pass's results are
+visible: 2 write transactions a step (it was 10 when every row had its own)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from twinkle.hub import TEST_MODEL
 SEQS = [[3 + (7 * i + k) % 40 for i in range(9)] for k in range(3)]
 
 
-STEP_WRITES = 10  # lower it as writes are batched; the goal is 2
+STEP_WRITES = 2  # one commit per pass: forward_backward's and optim_step's
 
 
 def test_a_steady_training_step_writes_no_more_than_measured(server, alice, sft):

@@ -121,9 +121,9 @@ def trained(vl, hf):
     datum, _ = _datum(tok, png, encoder.encode([png])[2][0])
     tc = client.create_lora_training_client(base_model=VL_TEST_MODEL, rank=8, seed=2).result()
     losses = []
-    for _ in range(25):
+    for _ in range(30):
         losses.append(tc.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"])
-        tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     return tc.save_weights_for_sampler("img").result().path, losses
 
 
@@ -253,3 +253,47 @@ def test_openai_chat_answers_about_an_image_with_the_tenants_adapter(vl, trained
         ask(path, "https://example.com/cat.png")
     with pytest.raises(openai.BadRequestError, match=rf"model '{TEST_MODEL}' is text-only"):
         ask(TEST_MODEL, url)
+
+
+def test_native_image_chats_sample_and_check_expected_tokens(vl, hf):
+    """The native API's chats with images: sampling from one equals transformers' greedy generate on
+    the same prompt, and an image part's expected_tokens is checked like a Tinker ImageChunk's."""
+    from twinkle.client import TwinkleClient
+    from twinkle.client.model import TransformersModel
+    from twinkle.client.sampler import Sampler
+    from twinkle.template import Template
+
+    srv, _, key = vl
+    model, _, encoder = hf
+    png = _shape_png(0)
+    n = encoder.encode([png])[2][0]
+    chat = _chat(png)["messages"][:1]
+    sampler = Sampler(VL_TEST_MODEL, client=TwinkleClient(srv.url, key))
+    params = {"max_tokens": 5, "temperature": 0.0, "stop": []}
+    (out,) = sampler.sample([chat], params).result()
+    prompt = Template(VL_TEST_MODEL).encode_prompt({"messages": chat})
+    ids = torch.tensor([prompt["input_ids"]])
+    want = model.generate(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        pixel_values=torch.from_numpy(np.asarray(prompt["pixel_values"], np.float32)),
+        image_grid_thw=torch.tensor(prompt["image_grid_thw"]),
+        mm_token_type_ids=(ids == model.config.image_token_id).int(),
+        max_new_tokens=5,
+        do_sample=False,
+    )[0, ids.shape[1] :].tolist()
+    assert out.sequences[0].tokens == want
+
+    def with_expected(k):
+        c = _chat(png)
+        c["messages"][0]["content"][0]["expected_tokens"] = k
+        return c
+
+    mismatch = rf"image 0: expected_tokens is {n + 1} but model '{VL_TEST_MODEL}' makes {n} tokens of this image"
+    with pytest.raises(Exception, match="chat 0 " + mismatch):
+        sampler.sample([with_expected(n + 1)["messages"][:1]], params).result()
+    trainer = TransformersModel(model_id=VL_TEST_MODEL, client=TwinkleClient(srv.url, key), name="vl-expected")
+    trainer.add_adapter_to_model("default", {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]})
+    assert float(trainer.forward_only(inputs=[with_expected(n)])["loss"]) > 0  # the right count passes
+    with pytest.raises(Exception, match="trajectory 0 " + mismatch):
+        float(trainer.forward_only(inputs=[with_expected(n + 1)])["loss"])

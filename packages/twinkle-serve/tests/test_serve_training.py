@@ -114,6 +114,8 @@ def test_tenants_queued_together_share_one_fused_pass(server, alice, bob, sft):
     import threading
     import time
 
+    from twinkle.serve.core.work import Answer, Call
+
     a = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=1).result()
     b = bob.create_lora_training_client(base_model=TEST_MODEL, rank=16, seed=2).result()
     solo = [c.forward([sft(s)], "cross_entropy").result().metrics["loss:sum"] for c, s in ((a, SEQ_A), (b, SEQ_B))]
@@ -123,9 +125,9 @@ def test_tenants_queued_together_share_one_fused_pass(server, alice, bob, sft):
     def hold():  # occupies the worker so both requests are queued before it looks again
         held.set()
         gate.wait(30)
-        return "json", {}
+        return Answer.json({})
 
-    scheduler.submit("test-gate", None, server.runtime.hub.create("alice"), hold)
+    scheduler.submit(Call("test-gate", None, server.runtime.hub.create("alice"), hold))
     held.wait(30)
     before = scheduler.fused_passes
     futures = [a.forward([sft(SEQ_A)], "cross_entropy"), b.forward([sft(SEQ_B)], "cross_entropy")]

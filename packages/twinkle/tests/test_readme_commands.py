@@ -18,6 +18,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +43,7 @@ HOW = {
     "uv run torchrun --nproc_per_node=2 examples/sft.py": RUN,
     "uv run examples/sft_any_mode.py": RUN,
     "uv run examples/vlm_sft.py": HELP,
-    "uv run examples/vlm_sft.py --train-projector": HELP,
+    "uv run examples/vlm_sft.py --train-vision projector,tower": HELP,
     "uv run torchrun --nproc_per_node=2 examples/sft_any_mode.py": RUN,
     "TWINKLE_MODE=ray uv run examples/sft_any_mode.py": RUN,
     "uv run ray start --head --port=6379 --num-cpus=1": "needs two hosts: nox -s ray_cluster runs them on one machine",
@@ -51,6 +52,7 @@ HOW = {
     "uv run twinkle-server keys usage --data-dir ./twinkle-data": RUN,
     "uv run twinkle-server keys set-quota alice --tokens-per-day 1000000 --storage-bytes 500000000 --adapters 4 --data-dir ./twinkle-data": "needs key alice in that data dir: apps/twinkle-server/tests/test_server_cli.py sets quotas the same way",
     "uv run twinkle export --merge ./my-adapter ./my-model": "needs a trained checkpoint: packages/twinkle-serve/tests/test_openai_api.py runs the same CLI on a server checkpoint",
+    "uv run python benchmarks/bench_multi_lora_fused.py --model twinkle://qwen3-moe-tiny": HELP,
     "uv run python benchmarks/bench_client_native.py --steps 40 --rounds 4": HELP,
     "uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3": HELP,
     "uvx nox -s bench -- bench_peer_trl_sft bench_peer_trl_grpo bench_peer_skyrl_serve bench_cpu_bf16_peak": "builds the peers' venvs and measures for tens of minutes: each benchmark's docstring command is checked with --help",
@@ -118,9 +120,9 @@ def _shell(command: str, cwd: Path, env: dict, timeout: int) -> subprocess.Compl
 
 def _scratch(tmp_path: Path) -> Path:
     # Inside the checkout (so `uv run` finds the project), in a folder git ignores.
-    folder = ROOT / "out" / f"readme-{tmp_path.name}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    # Unique per call: under xdist two workers' tmp_path can share a name.
+    (ROOT / "out").mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"readme-{tmp_path.name}-", dir=ROOT / "out"))
 
 
 def _port_free(port: int) -> bool:

@@ -145,9 +145,10 @@ def test_config(**extra) -> dict:
     return {"models": [{"name": TEST_MODEL}], **extra}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    """launch(tenants, **config) -> (ServerProcess, {tenant: key}); every server is stopped at the end."""
+    """launch(tenants, **config) -> (ServerProcess, {tenant: key}); a module's servers are stopped when
+    it ends (each holds a model and its threads: later modules should not share the cores with them)."""
     started: list[ServerProcess] = []
 
     def _launch(tenants, **config):
@@ -160,6 +161,9 @@ def launch(tmp_path_factory):
         return srv.start(), keys
 
     yield _launch
+    for srv in started:  # all told at once, then waited for: each drains on its own
+        if srv.proc is not None and srv.proc.poll() is None:
+            os.killpg(srv.proc.pid, signal.SIGTERM)
     for srv in started:
         srv.stop()
 

@@ -74,6 +74,7 @@ ID_FREE = {
     ("GET", "/api/v1/training_runs"): "the caller's own list",
     ("GET", "/api/v1/checkpoints"): "the caller's own list",
     ("POST", "/twinkle/v1/models"): "creates; takes a base model name only",
+    ("POST", "/twinkle/v1/adapters/import"): "creates; takes a base model name and the files only",
     ("GET", "/twinkle/v1/runs"): "the caller's own list",
     ("GET", "/twinkle/v1/server"): "capacity and queue",
     ("GET", "/twinkle/v1/capacity"): "adapters that fit, per tier (server-wide counts, no tenant's data)",
@@ -168,6 +169,13 @@ def id_requests(ids: dict, own_session: str, own_native: str):
                     "sampling_params": {"max_tokens": 2},
                 }
             },
+        ),
+        (
+            "import an adapter into A's session",
+            "POST",
+            "/api/v1/import_adapter",
+            None,
+            {"json": {"session_id": ids["session"], "name": "stolen", "files": {}}},
         ),
         ("future retrieve", "POST", "/api/v1/retrieve_future", None, {"json": {"request_id": ids["future"]}}),
         (

@@ -124,6 +124,20 @@ class TwinkleClient:
         headers = {"X-Twinkle-Seq": str(seq)} if seq is not None else None
         return self.request("POST", path, json=body, headers=headers)
 
+    def import_adapter(self, folder, base_model: str, name: str | None = None) -> str:
+        """Upload a local PEFT LoRA folder (adapter_config.json + adapter_model.safetensors) as a
+        training checkpoint; -> its tinker:// path, to `load` into a model (or pass to the Tinker SDK's
+        `create_training_client_from_state`) and train on from those weights. The server checks rank
+        and target modules against `base_model` and answers a 400 naming what does not fit."""
+        import base64
+        from pathlib import Path
+
+        folder = Path(folder)
+        files = {p.name: base64.b64encode(p.read_bytes()).decode() for p in folder.iterdir() if p.is_file()}
+        files.pop("README.md", None)  # peft's save_pretrained writes a model card beside the adapter
+        body = {"base_model": base_model, "name": name or folder.name, "files": files}
+        return self.post("/adapters/import", body)["path"]
+
     # ---- async ---------------------------------------------------------------------------------
     async def arequest(self, method: str, path: str, json=None, params=None):
         if self._async is None:

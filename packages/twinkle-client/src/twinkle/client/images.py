@@ -57,7 +57,8 @@ def data_url(src) -> str:
 
 
 def wire_messages(messages) -> list[dict]:
-    """The messages with every image part as ``{"type": "image_url", "image_url": {"url": data URL}}``."""
+    """The messages with every image part as ``{"type": "image_url", "image_url": {"url": data URL}}``
+    (plus its ``expected_tokens``, if given: the image tokens the caller expects the model to make)."""
     out = []
     for m in messages:
         content = m.get("content")
@@ -67,7 +68,10 @@ def wire_messages(messages) -> list[dict]:
                 if is_image_part(p):
                     src = p.get("image", p.get("image_url"))
                     src = src.get("url") if isinstance(src, Mapping) and "url" in src else src
-                    parts.append({"type": "image_url", "image_url": {"url": data_url(src)}})
+                    part = {"type": "image_url", "image_url": {"url": data_url(src)}}
+                    if p.get("expected_tokens") is not None:  # the server checks it, as Tinker's does
+                        part["expected_tokens"] = p["expected_tokens"]
+                    parts.append(part)
                 else:
                     parts.append(dict(p) if isinstance(p, Mapping) else {"type": "text", "text": str(p)})
             m = {**m, "content": parts}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from twinkle.client import images
 from twinkle.client.future import Future
 from twinkle.client.http import TwinkleClient
 from twinkle.client.schema import Message, SampleOutput, SampleRequest, SampleResult, SamplingParamsModel
@@ -27,10 +28,10 @@ def _prompts(inputs) -> tuple[list[list[int]] | None, list[list[Message]] | None
     for item in inputs:
         if isinstance(item, Mapping) and "input_ids" in item:
             ids.append(list(item["input_ids"]))
-        elif isinstance(item, Mapping) and "messages" in item:
-            chats.append([Message.model_validate(m) for m in item["messages"]])
+        elif isinstance(item, Mapping) and "messages" in item:  # images travel as data URLs
+            chats.append([Message.model_validate(m) for m in images.wire_messages(item["messages"])])
         elif isinstance(item, Sequence) and item and isinstance(item[0], Mapping):
-            chats.append([Message.model_validate(m) for m in item])
+            chats.append([Message.model_validate(m) for m in images.wire_messages(item)])
         elif isinstance(item, Sequence) and all(isinstance(t, int) for t in item):
             ids.append(list(item))
         else:

@@ -16,10 +16,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from twinkle.hub.cache_folder import publish
+from twinkle.hub.checkpoint_files import write_checkpoint
+from twinkle.hub.portable_init import portable_init
 from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
 
 # Bump when the build itself changes (not the presets): it is part of every cache key.
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3  # 3: weights drawn by portable_init (bit-identical on any CPU)
 EXPECTED_FILES = (
     "config.json",
     "generation_config.json",
@@ -74,9 +76,9 @@ PRESETS: dict[str, EmbeddedPreset] = {
 # change here means the embedded weights change for everyone (a new init in torch/transformers, or
 # an edited preset).
 PINNED_WEIGHTS = {
-    "qwen3-tiny": "72666c4e610617bfbfb551fdf12306d2b1d54c416042e9c09771c99c6c7fc227",
-    "qwen3-demo": "7764d66af5b3bf906fe3bf2e9492839e1add35bebd98192e8d2fd57143b18242",
-    "qwen3-small": "99a04eb9e5741a5f757f697442d1d556789fcd8c63fdeacbd2f9c082cf4dad06",
+    "qwen3-tiny": "d546a76e9e39e7ee25ab90af7c5572eb6a82f73fcf9e07bc536b0eb93c9932ee",
+    "qwen3-demo": "dfca876f16bde7c19e0c23081907fd8c4d42086d871d91e8f5aa7ee60ec74952",
+    "qwen3-small": "e17a386121412aa491ebf8e7749ae95ff1a4f67e6db5e14dcf8f5706c8d626b8",
 }
 DEFAULT_MODEL = SCHEME + "qwen3-demo"
 TEST_MODEL = SCHEME + "qwen3-tiny"
@@ -123,6 +125,7 @@ def build_model(name: str, tokenizer):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(p.seed)
         model = Qwen3ForCausalLM(config).to(torch.float32)
+    portable_init(model, p.seed, config.initializer_range)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
     )
@@ -148,26 +151,14 @@ def write_folder(name: str, folder: Path) -> None:
     torch.distributed initialized, rank 1 writes no weights at all), so it is not used here: an
     embedded build must come out the same from any process.
     """
-    from safetensors.torch import save_file
     from tqdm import tqdm
 
     bar = tqdm(total=3, desc=f"build {SCHEME}{name}", unit="part", disable=None)  # quiet off a terminal
     tokenizer = build_tokenizer()
     model = build_model(name, tokenizer)
     bar.update()
-    model.config.architectures = [type(model).__name__]
-    model.config.to_json_file(folder / "config.json")
-    model.generation_config.to_json_file(folder / "generation_config.json")
-    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
-    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k not in tied}
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    bar.update()
-    tokenizer.save_pretrained(folder)
-    bar.update()
+    write_checkpoint(folder, name, model, tokenizer, asdict(PRESETS[name]), bar)
     bar.close()
-    (folder / "twinkle_embedded.json").write_text(
-        json.dumps({"model_id": SCHEME + name, "preset": asdict(PRESETS[name])}, indent=2)
-    )
 
 
 def check_folder(name: str, folder: Path, pinned: str | None = None, extra: tuple[str, ...] = ()) -> None:
@@ -183,16 +174,23 @@ def check_folder(name: str, folder: Path, pinned: str | None = None, extra: tupl
         raise RuntimeError(
             f"building {SCHEME}{name} gave weights {digest[:16]}..., not the pinned "
             f"{pinned[:16]}... (torch {torch.__version__}, transformers "
-            f"{transformers.__version__}): this torch/transformers initializes the model differently, "
-            f"so results here would not match other machines"
+            f"{transformers.__version__}): this torch/transformers lays the model out differently "
+            f"(parameter names or shapes), so results here would not match other machines"
         )
 
 
 def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
-    from twinkle.hub import embedded_vl as vl  # loaded only when asked (it imports the VL classes)
+    from twinkle.hub import embedded_moe as moe, embedded_vl as vl  # loaded only when asked
 
     name = model_id.removeprefix(SCHEME).strip("/")
+    if name in moe.MOE_PRESETS:
+        target = cache_root() / "models" / f"{name}-{_fingerprint(name, moe.MOE_PRESETS[name])}"
+        return publish(
+            target,
+            lambda folder: moe.write_moe_folder(name, folder),
+            lambda folder: check_folder(name, folder, moe.PINNED_MOE_WEIGHTS[name]),
+        )
     if name in vl.VL_PRESETS:
         target = cache_root() / "models" / f"{name}-{_fingerprint(name, vl.VL_PRESETS[name], vl.ASSET_FILES)}"
         return publish(
@@ -201,7 +199,7 @@ def embedded_path(model_id: str) -> Path:
             lambda folder: check_folder(name, folder, vl.PINNED_VL_WEIGHTS[name], vl.VL_FILES),
         )
     if name not in PRESETS:
-        known = [*PRESETS, *vl.VL_PRESETS]
+        known = [*PRESETS, *moe.MOE_PRESETS, *vl.VL_PRESETS]
         raise ValueError(f"unknown embedded model {model_id!r}; known: {', '.join(SCHEME + n for n in known)}")
     target = cache_root() / "models" / f"{name}-{_fingerprint(name, asdict(PRESETS[name]))}"
     return publish(target, lambda folder: write_folder(name, folder), lambda folder: check_folder(name, folder))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from twinkle.hub.portable_init import portable_init
 from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
 
 # Qwen's own names for the vision tokens: the HF processor and the model config look them up by name.
@@ -51,7 +52,7 @@ VL_PRESETS: dict[str, dict] = {
     },
 }
 PINNED_VL_WEIGHTS = {
-    "qwen2.5-vl-tiny": "ecb41f2a2727851a16a540f1a8fb9ef0a8ee3b62250f3004825f4f8860fd8e24",
+    "qwen2.5-vl-tiny": "308ed10c044c4cf004829f4b7000e24278375ca24e9e5b2b893e2c2a84499a0e",
 }
 VL_TEST_MODEL = SCHEME + "qwen2.5-vl-tiny"
 VL_FILES = ("preprocessor_config.json", "processor_config.json")
@@ -94,6 +95,7 @@ def build_vl_model(name: str, tokenizer):
     with torch.random.fork_rng(devices=[]):  # never disturb the caller's RNG stream
         torch.manual_seed(p["seed"])
         model = Qwen2_5_VLForConditionalGeneration(config).to(torch.float32)
+    portable_init(model, p["seed"], config.get_text_config().initializer_range)
     model.generation_config = GenerationConfig(
         eos_token_id=[eos, pad], pad_token_id=pad, bos_token_id=pad, do_sample=False
     )

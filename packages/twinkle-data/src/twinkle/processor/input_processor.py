@@ -2,7 +2,7 @@
 
 Padded (``packing=False``): ``[B, T]`` tensors, pads on the right or left, ``attention_mask`` marks
 real tokens, ``position_ids`` count real tokens from 0, pad labels are -100. Rows with images add
-``pixel_values`` and ``image_grid_thw`` (``twinkle.processor.images``).
+``pixel_values`` and ``image_grid_thw`` (``twinkle.processor.images``), in row order in both modes.
 
 Packed (``packing=True``, padding-free): all rows concatenated into one ``[1, sum(len)]`` row;
 ``position_ids`` restart at 0 for every sequence, which is how transformers (flash-attention and,
@@ -71,12 +71,9 @@ class InputProcessor:
 
     def __call__(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         ids, labels = self._columns(rows)
-        images = collate_images(rows)  # pixel_values / image_grid_thw of every image, in row order
-        if images and self.packing:
-            raise ValueError(
-                "packing=True with image rows is not supported yet (3-D rope positions of packed images "
-                "are not built): use packing=False for vision-language batches"
-            )
+        # pixel_values / image_grid_thw of every image, in row order (packed or padded alike; a packed
+        # batch's 3-D rope positions are the model's: twinkle.model.vision.packed_rope_positions)
+        images = collate_images(rows)
         batch = self.pack(ids, labels) if self.packing else self.pad(ids, labels)
         return {**batch, **images}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,6 +36,8 @@ class LossContext:
     ref_logps_B_T: torch.Tensor | None = None
     # the collated inputs this context was built from (an engine reads row lengths from it)
     batch: dict[str, torch.Tensor] = field(default_factory=dict)
+    # under context parallelism, the sequence shard these rows are (model.context_parallel.Shard)
+    shard: Any = None
 
     @classmethod
     def from_logits(

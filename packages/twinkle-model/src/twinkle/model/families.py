@@ -47,6 +47,8 @@ _EXTRA = {
         qk_rope_head_dim=8,
         qk_nope_head_dim=8,
         v_head_dim=16,
+        num_key_value_heads=4,  # MLA has no grouped kv heads (real DeepSeek-V3: 128 and 128)
+        head_dim=8,  # the rotary part's width (qk_rope_head_dim): transformers builds the rope tables from it
         first_k_dense_replace=1,  # layer 0 dense MLP, layer 1 experts + shared experts
     ),
 }
@@ -57,7 +59,7 @@ def tiny_config(family: str, vocab_size: int = 256):
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
-    return AutoConfig.for_model(family, vocab_size=vocab_size, **_COMMON, **_EXTRA.get(family, {}))
+    return AutoConfig.for_model(family, vocab_size=vocab_size, **{**_COMMON, **_EXTRA.get(family, {})})
 
 
 def tiny_model(family: str, vocab_size: int = 256, seed: int = 0):

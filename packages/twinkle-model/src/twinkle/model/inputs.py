@@ -158,15 +158,17 @@ def check_vocab(batch: dict[str, torch.Tensor], vocab_size: int) -> None:
 
 
 def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]:
-    """(batch row, start, length) of each input sequence: one per row when padded (right padding,
-    its real tokens from the attention mask), several per row when packed (padding-free: no attention
-    mask, and ``position_ids`` restart at 0 where each sequence begins)."""
+    """(batch row, start, length) of each input sequence: one per row when padded (its real tokens
+    from the attention mask: they start after the pads when padded on the left), several per row
+    when packed (padding-free: no attention mask, and ``position_ids`` restart at 0 where each
+    sequence begins)."""
     ids = batch["input_ids"]
-    if "attention_mask" in batch or "position_ids" not in batch:
-        lengths = (
-            batch["attention_mask"].sum(1).tolist() if "attention_mask" in batch else [ids.shape[1]] * ids.shape[0]
-        )
-        return [(b, 0, int(n)) for b, n in enumerate(lengths)]
+    if "attention_mask" in batch:
+        mask = batch["attention_mask"].bool()
+        starts = mask.int().argmax(1).tolist()  # the first real token (0 for right padding)
+        return [(b, int(s), int(n)) for b, (s, n) in enumerate(zip(starts, mask.sum(1).tolist()))]
+    if "position_ids" not in batch:
+        return [(b, 0, ids.shape[1]) for b in range(ids.shape[0])]
     spans = []
     for b, positions in enumerate(batch["position_ids"]):
         starts = (positions == 0).nonzero().flatten().tolist() + [positions.numel()]

@@ -8,7 +8,10 @@ Mesh dimensions (sizes from the DeviceMesh, ranks laid out (pp, dp, fsdp, cp, tp
   fsdp > 1 is refused (DDP cannot shard).
 - tp: tensor parallel with torch's DTensor `parallelize_module` plans (twinkle.model.tensor_parallel):
   tp peers see the same data and each holds 1/tp of every attention and MLP projection.
-- pp, cp, ep: not implemented by TransformersModel, refused at construction (the extra ranks would
+- cp: context parallelism (twinkle.model.context_parallel): cp peers see the same rows, each runs
+  a contiguous part of every sequence. Combines with dp (ranks then reduce over dp x cp, the
+  "gradient group"); with fsdp or tp it is refused.
+- pp, ep: not implemented by TransformersModel, refused at construction (the extra ranks would
   only repeat the work); MegatronModel implements them.
 `strategy=None` (the default) picks FSDP2 when fsdp > 1, else DDP.
 
@@ -37,7 +40,7 @@ import torch.distributed as dist
 _MaybeTensor = TypeVar("_MaybeTensor", torch.Tensor, None)
 
 STRATEGIES = ("ddp", "fsdp2")
-UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "cp": "context parallelism", "ep": "expert parallelism"}
+UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "ep": "expert parallelism"}
 
 
 def resolve_strategy(strategy: str | None, mesh) -> str:
@@ -46,6 +49,12 @@ def resolve_strategy(strategy: str | None, mesh) -> str:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES} (or None: from the mesh)")
     if mesh is None:
         return strategy or "ddp"
+    cp = mesh.get_size("cp")
+    if cp > 1 and (mesh.get_size("fsdp") > 1 or mesh.get_size("tp") > 1 or strategy == "fsdp2"):
+        raise ValueError(
+            f"TransformersModel implements context parallelism (cp_size={cp}) with dp (DDP) only; "
+            f"{mesh!r} also asks for fsdp/tp or strategy='fsdp2': give those ranks to dp, or use cp_size=1"
+        )
     for dim, what in UNIMPLEMENTED_DIMS.items():
         if mesh.get_size(dim) > 1:
             raise ValueError(
@@ -79,10 +88,16 @@ def shards_on_wrap(strategy: str, mesh) -> bool:
     return data_parallel_size(mesh) > 1 and (strategy == "fsdp2" or tensor_parallel_size(mesh) > 1)
 
 
+def gradient_dims(mesh) -> str | tuple[str, ...]:
+    """The ranks whose losses make one global batch and whose gradients are averaged: the data
+    ranks, and with context parallelism also the cp peers (each holds part of every sequence)."""
+    return "data" if mesh.get_size("cp") == 1 else ("dp", "fsdp", "cp")
+
+
 def data_parallel_size(mesh) -> int:
     if mesh is None or not (dist.is_available() and dist.is_initialized()):
         return 1
-    return mesh.data_world_size
+    return mesh.get_size(gradient_dims(mesh))
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -112,7 +127,7 @@ def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.cuda.current_device()] if mesh.resolved_device_type == "cuda" else None
-        return DistributedDataParallel(module, process_group=mesh.get_group("data"), device_ids=device_ids)
+        return DistributedDataParallel(module, process_group=mesh.get_group(gradient_dims(mesh)), device_ids=device_ids)
     from torch.distributed.fsdp import fully_shard
 
     torch_mesh = _fsdp_mesh(mesh)
@@ -174,7 +189,7 @@ def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
         packed = torch.stack([units, loss.detach().double().cpu() * units])
     comm_device = torch.device("cuda", torch.cuda.current_device()) if mesh.resolved_device_type == "cuda" else "cpu"
     packed = packed.to(comm_device)
-    dist.all_reduce(packed, group=mesh.get_group("data"))
+    dist.all_reduce(packed, group=mesh.get_group(gradient_dims(mesh)))
     total_units, total = packed.cpu().tolist()
     if loss_fn.reduction == "sum":
         weight, value = 1.0, total

@@ -132,7 +132,7 @@ def _walk(prefix: str, module: nn.Module, role: str, n_experts: int | None, out:
         if isinstance(lin, nn.Linear):
             out.parts.append(Part(name, role, TP_LAYOUT.get(leaf, "unknown")))
             continue
-        for pname, p in sub.named_parameters(recurse=False):
+        for pname, p in lin.named_parameters(recurse=False):  # a wrapped experts module: its base's
             if n_experts and p.dim() == 3 and p.shape[0] == n_experts:
                 out.parts.append(Part(name, "experts", "experts", pname, n_experts))
             elif role == "attention" and pname in _HEAD_PARAMS:

@@ -19,11 +19,12 @@ from twinkle.loss import ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.metric import METRICS
-from twinkle.model import checkpoint, inputs as model_inputs
+from twinkle.model import checkpoint, context_parallel, inputs as model_inputs, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.structure import with_explicit_targets
+from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.strategy import (
     barrier,
     check_tensor_parallel,
@@ -31,6 +32,7 @@ from twinkle.model.strategy import (
     data_parallel_loss,
     data_parallel_size,
     full_tensor,
+    gradient_dims,
     is_main_process,
     local_tensor,
     no_sync,
@@ -88,6 +90,9 @@ class TransformersModel(TwinkleModel):
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
         self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
         check_tensor_parallel(self.device_mesh, self.hf_model)  # heads divisible by tp, every weight planned
+        self.cp_size = self.device_mesh.get_size("cp") if self.device_mesh is not None else 1
+        if self.cp_size > 1:
+            context_parallel.enable(self.hf_model)  # attention that gathers K/V over the cp group
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
@@ -112,10 +117,16 @@ class TransformersModel(TwinkleModel):
         return [n for n in self.states if n != FULL_MODEL]
 
     @remote_method()
-    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
+    def add_adapter_to_model(
+        self, adapter_name: str, config, gradient_accumulation_steps: int = 1, *, train_vision=()
+    ) -> None:
+        """A peft adapter; ``train_vision`` (``"projector"``, ``"tower"``) also trains those vision
+        parts full-parameter, as a per-adapter copy (see ``twinkle.model.vision``)."""
         from peft import get_peft_model
 
         config = with_explicit_targets(self.hf_model, config)  # 'all-linear' from the model's structure
+        config = vision.with_vision_modules(self.hf_model, config, train_vision)
+        refuse_peft_holes(self.hf_model, config)  # peft's MoE rewrite would drop dense / shared-expert MLPs
         if not adapter_name or adapter_name in self.states:
             raise ValueError(f"adapter name {adapter_name!r} is empty or already used; existing: {self.adapter_names}")
         if self._wrapped is not None and shards_on_wrap(self.strategy, self.device_mesh):
@@ -215,36 +226,52 @@ class TransformersModel(TwinkleModel):
         dtype = PRECISIONS[self.mixed_precision]
         return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def _run(self, module, batch) -> "LogitsHead | ChunkedHead":
+    def _run(self, module, batch, drop_last: bool = True) -> "LogitsHead | ChunkedHead":
         model_kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
         if "pixel_values" in batch:
             model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
+            model_kwargs["position_ids"] = vision.packed_rope_positions(self.hf_model, batch)  # None unless packed
         with self._autocast():
             out = module(**model_kwargs, use_cache=False)
+        # the last position predicts nothing, except on a cp shard (whose targets are already shifted)
+        logits = out.logits[:, :-1] if drop_last else out.logits
         if self.head_chunk_size:  # the patched model returned hidden states
             proj = self.hf_model.get_output_embeddings()
-            return ChunkedHead(
-                out.logits[:, :-1], local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size
-            )
-        return LogitsHead(out.logits[:, :-1])
+            return ChunkedHead(logits, local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size)
+        return LogitsHead(logits)
 
     def _reference_logps(self, module, batch, targets_B_T):
         if self.peft_model is None:
             return None  # the loss explains that it needs `ref_logprobs`
         with torch.no_grad(), self.peft_model.disable_adapter():
-            return self._run(module, batch).target_logps(targets_B_T)
+            return self._run(module, batch, drop_last=self.cp_size == 1).target_logps(targets_B_T)
+
+    def _shard(self, batch, targets, fields, loss):
+        """(model inputs, targets, fields, Shard or None): this cp rank's part of the sequence."""
+        if self.cp_size == 1:
+            return batch, targets, fields, None
+        context_parallel.check_loss(loss)
+        mesh = self.device_mesh
+        return context_parallel.shard_batch(
+            batch, targets, fields, mesh.get_group("cp"), mesh.get_rank("cp"), self.cp_size
+        )
 
     def forward(self, inputs, adapter_name: str | None = None, *, _grad: bool = True) -> LossContext:
         """Run the network; returns the LossContext (per-token log-probs etc.) the loss will read."""
         state = self._state(adapter_name)
         batch, fields = self._prepare(inputs, state)
         module = self._activate(state)
-        targets = batch["labels"][:, 1:]
+        run_batch, targets, shifted, shard = self._shard(
+            batch, batch["labels"][:, 1:], model_inputs.shift_fields(fields), state.loss
+        )
+        if shard is not None:
+            shard.activate()  # what the cp attention gathers over, also when backward recomputes it
         with torch.set_grad_enabled(_grad):
-            head = self._run(module, batch)
-        ref = self._reference_logps(module, batch, targets) if state.loss.needs_reference(fields) else None
-        ctx = LossContext(head, targets, model_inputs.shift_fields(fields), ref)
-        ctx.batch = batch
+            head = self._run(module, run_batch, drop_last=shard is None)
+        ref = self._reference_logps(module, run_batch, targets) if state.loss.needs_reference(fields) else None
+        ctx = LossContext(head, targets, shifted, ref)
+        ctx.batch = batch  # the whole rows (forward_only reads their spans)
+        ctx.shard = shard
         return ctx
 
     def calculate_loss(self, ctx: LossContext, adapter_name: str | None = None):
@@ -273,6 +300,7 @@ class TransformersModel(TwinkleModel):
             correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask.bool()).sum())
         attention = ctx.batch.get("attention_mask")
         input_tokens = int(attention.sum()) if attention is not None else ctx.batch["input_ids"].numel()
+        input_tokens //= self.cp_size  # each cp rank computes its part of the rows
         n_trainable = sum(p.numel() for p in state.params) if training else 0
         flops = step_flops(
             input_tokens,
@@ -306,7 +334,7 @@ class TransformersModel(TwinkleModel):
             return counts
         device = torch.device("cuda", torch.cuda.current_device()) if self.device.type == "cuda" else "cpu"
         packed = torch.tensor(counts, dtype=torch.int64, device=device)
-        torch.distributed.all_reduce(packed, group=self.device_mesh.get_group("data"))
+        torch.distributed.all_reduce(packed, group=self.device_mesh.get_group(gradient_dims(self.device_mesh)))
         return tuple(int(c) for c in packed.tolist())
 
     def _n_matmul(self) -> int:
@@ -345,6 +373,8 @@ class TransformersModel(TwinkleModel):
             if out is not None:
                 _, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
             logps = ctx.logps_B_T.float()
+            if ctx.shard is not None:  # every cp rank returns the whole rows
+                logps = ctx.shard.gather(logps)[:, : ctx.batch["input_ids"].shape[1] - 1]
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
         rows = [[0.0] + logps[b, s : s + n - 1].tolist() for b, s, n in model_inputs.sequence_spans(ctx.batch)]
         return {"loss": float(out.loss) if out else None, "logprobs": rows}
@@ -406,9 +436,10 @@ class TransformersModel(TwinkleModel):
         else:
             peft_model = self.peft_model
             assert peft_model is not None  # a LoRA adapter exists, so the peft wrapper does
-            weights = {
-                k: full_tensor(v) for k, v in get_peft_model_state_dict(peft_model, adapter_name=state.name).items()
-            }
+            # save_embedding_layers=False: with lm_head among the targets peft would otherwise also
+            # write the frozen base head (vocab x hidden) into the adapter, which no sampler expects
+            lora = get_peft_model_state_dict(peft_model, adapter_name=state.name, save_embedding_layers=False)
+            weights = {k: full_tensor(v) for k, v in lora.items()}
             if is_main_process():
                 checkpoint.save_adapter(
                     path,

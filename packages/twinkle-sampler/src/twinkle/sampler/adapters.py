@@ -24,7 +24,11 @@ class AdapterWeights:
     """LoRA factors keyed by the *base model's* module path (e.g. `model.layers.0.self_attn.q_proj`).
 
     `lora_A[path]` is [r, in_features], `lora_B[path]` is [out_features, r]; the layer computes
-    `base(x) + scaling[path] * (x @ A.T) @ B.T`.
+    `base(x) + scaling[path] * (x @ A.T) @ B.T`. A MoE expert weight is keyed by the parameter's
+    path (`model.layers.0.mlp.experts.gate_up_proj`) with peft's ParamWrapper layout: A
+    [experts * r, in], B [out, r * experts] (the router splits them per expert). Read from a peft
+    folder, expert factors are keyed as peft nests them (`...experts.base_layer`) and
+    `meta["target_parameters"]` says which weights they are; the router resolves them on the model.
     """
 
     lora_A: dict[str, torch.Tensor]
@@ -102,6 +106,7 @@ def extract_adapter(model, adapter_name: str = "default", version: int = 0) -> A
     module = find_torch_module(model)
     lora_A, lora_B, scaling = {}, {}, {}
     known: set[str] = set()
+    experts: set[str] = set()  # 3-D expert weights (peft's ParamWrapper)
     for path, sub in module.named_modules():
         a_dict = getattr(sub, "lora_A", None)
         if not isinstance(a_dict, nn.ModuleDict):
@@ -112,6 +117,14 @@ def extract_adapter(model, adapter_name: str = "default", version: int = 0) -> A
         if getattr(sub, "use_dora", {}).get(adapter_name, False):
             raise NotImplementedError(f"adapter {adapter_name!r} uses DoRA at {path}: samplers serve plain LoRA only")
         base = sub.get_base_layer() if hasattr(sub, "get_base_layer") else getattr(sub, "base_layer", None)
+        weight_name = getattr(sub, "parameter_name", None)  # peft's ParamWrapper: LoRA on a 3-D expert weight
+        if weight_name is not None and not isinstance(base, nn.Linear):
+            key = f"{_strip_prefix(_strip_nesting(path))}.{weight_name}"
+            experts.add(key)
+            lora_A[key] = a_dict[adapter_name].weight.detach()
+            lora_B[key] = sub.lora_B[adapter_name].weight.detach()
+            scaling[key] = float(sub.scaling[adapter_name])
+            continue
         if not isinstance(base, nn.Linear):
             raise NotImplementedError(
                 f"adapter {adapter_name!r} targets {type(base).__name__} at {path}: "
@@ -123,7 +136,24 @@ def extract_adapter(model, adapter_name: str = "default", version: int = 0) -> A
         scaling[key] = float(sub.scaling[adapter_name])
     if not lora_A:
         raise KeyError(f"no LoRA adapter named {adapter_name!r} in the model; adapters present: {sorted(known)}")
-    return AdapterWeights(lora_A, lora_B, scaling, version=version, meta={"adapter_name": adapter_name})
+    meta = {"adapter_name": adapter_name, "target_parameters": sorted(experts)}
+    return AdapterWeights(lora_A, lora_B, scaling, version=version, meta=meta)
+
+
+def _strip_nesting(path: str) -> str:
+    """The module a chain of peft wrappers (`x.base_layer.base_layer`) stands for."""
+    while path.endswith(".base_layer"):
+        path = path[: -len(".base_layer")]
+    return path
+
+
+def _names_expert_weight(module: str, targets) -> bool:
+    """Whether some target_parameters entry names a weight of `module` (peft's suffix rule)."""
+    for target in targets:
+        full = f"{module}.{target.rsplit('.', 1)[-1]}"
+        if full == target or full.endswith("." + target):
+            return True
+    return False
 
 
 def _pattern_value(pattern: dict, path: str, default):
@@ -149,11 +179,14 @@ def load_adapter_folder(path: str | Path, version: int = 0) -> AdapterWeights:
             raise NotImplementedError(f"{folder}: unsupported tensor {key!r} (plain LoRA on Linear only)")
         module, which = _strip_prefix(m.group(1)), m.group(2)
         (lora_A if which == "A" else lora_B)[module] = tensor
+    targets = config.target_parameters or ()
     for module, a in lora_A.items():
-        r = a.shape[0]
+        # an expert weight's A is [experts * r, in]: its rank is the config's, not A's first dim
+        r = config.r if _names_expert_weight(_strip_nesting(module), targets) else a.shape[0]
         alpha = _pattern_value(config.alpha_pattern or {}, module, config.lora_alpha)
         scaling[module] = alpha / math.sqrt(r) if config.use_rslora else alpha / r
-    return AdapterWeights(lora_A, lora_B, scaling, version=version, meta={"source": str(folder)})
+    meta = {"source": str(folder), "target_parameters": sorted(config.target_parameters or ())}
+    return AdapterWeights(lora_A, lora_B, scaling, version=version, meta=meta)
 
 
 def save_adapter_folder(weights: AdapterWeights, path: str | Path, base_model_path: str | None = None) -> Path:

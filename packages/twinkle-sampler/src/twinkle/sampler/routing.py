@@ -5,7 +5,8 @@ MultiLoraModel trains with), holding every loaded adapter's factors as tensors t
 with what was synced in. One batched forward then routes each run of rows through its own adapter
 (or none): equally long runs of different adapters share one batched matmul per layer, so a
 sampled token gets the same arithmetic as the training pass that produced the adapter. The base
-model stays a transformers model; no peft wrapper and no `adapter_names=` argument.
+model stays a transformers model; no peft wrapper and no `adapter_names=` argument. MoE expert
+weights (3-D) are served the same way through `twinkle.model.multi_lora.experts.MultiLoraExperts`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from itertools import groupby
 
 from torch import nn
 
+from twinkle.model.multi_lora import experts as expert_lora
+from twinkle.model.structure import describe
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.sampler.adapters import AdapterWeights
 
@@ -27,15 +30,50 @@ class LoRARouter:
         self.adapters: dict[str, AdapterWeights] = {}
         self.routing = Routing()
         self._linears = {path: m for path, m in model.named_modules() if isinstance(m, nn.Linear)}
+        # {expert weight's full name: (its experts module, the weight's name there)}
+        self._experts = {p.name: (p.module, p.param) for p in describe(model).of("experts")}
+        self._expert_paths: dict[str, list[str]] = {}  # adapter -> expert weights it adapts
+
+    def _expert_keys(self, weights: AdapterWeights) -> AdapterWeights:
+        """Expert factors keyed as peft nests them (`...experts.base_layer`, read from a folder) renamed
+        to the weights they adapt: of a module's k targeted weights, in registration order, the first
+        is nested deepest (peft's rule, twinkle.model.multi_lora.experts)."""
+        targets = weights.meta.get("target_parameters") or ()
+        owners = {module for module, _ in self._experts.values()}
+        renamed = {}
+        for path in weights.modules:
+            module, depth = path, 0
+            while module.endswith(".base_layer"):
+                module, depth = module[: -len(".base_layer")], depth + 1
+            renamed[path] = path
+            if not targets or module not in owners:
+                continue
+            chosen = [
+                full
+                for full, (owner, _) in self._experts.items()  # describe() lists them in registration order
+                if owner == module and any(full == t or full.endswith("." + t) for t in targets)
+            ]
+            if depth < len(chosen):
+                renamed[path] = chosen[len(chosen) - 1 - depth]
+        return AdapterWeights(
+            {renamed[p]: t for p, t in weights.lora_A.items()},
+            {renamed[p]: t for p, t in weights.lora_B.items()},
+            {renamed[p]: v for p, v in weights.scaling.items()},
+            weights.version,
+            dict(weights.meta),
+        )
 
     def set_adapter(self, name: str, weights: AdapterWeights) -> None:
-        missing = [p for p in weights.modules if p not in self._linears]
+        weights = self._expert_keys(weights)
+        experts = [p for p in weights.modules if p in self._experts]
+        linear = [p for p in weights.modules if p not in self._experts]
+        missing = [p for p in linear if p not in self._linears]
         if missing:
             raise KeyError(
                 f"adapter {name!r} targets modules the sampler's model lacks: {missing[:3]}"
                 f"{' ...' if len(missing) > 3 else ''}"
             )
-        for path in weights.modules:
+        for path in linear:
             lin, a, b = self._linears[path], weights.lora_A[path], weights.lora_B[path]
             if a.shape[1] != lin.in_features or b.shape[0] != lin.out_features:
                 raise ValueError(
@@ -44,14 +82,37 @@ class LoRARouter:
                 )
         if name in self.adapters:  # a sync replaces the adapter's tensors
             self.remove_adapter(name)
-        for path, layer in zip(weights.modules, wrap_linear_layers(self.model, weights.modules, self.routing)):
+        for path, layer in zip(linear, wrap_linear_layers(self.model, linear, self.routing)):
             layer.load_adapter(name, weights.lora_A[path], weights.lora_B[path], weights.scaling[path])
-        self.adapters[name] = weights
+        self.adapters[name] = AdapterWeights(
+            {p: weights.lora_A[p] for p in linear},
+            {p: weights.lora_B[p] for p in linear},
+            {p: weights.scaling[p] for p in linear},
+            weights.version,
+            dict(weights.meta),
+        )
+        self._expert_paths[name] = []
+        try:
+            for path in experts:
+                module, param = self._experts[path]
+                assert param is not None  # _experts holds only 3-D expert weights
+                wrapper = expert_lora.wrap_experts(self.model, module, self.routing)
+                self._expert_paths[name].append(path)  # before loading: a misfit one is unwrapped again too
+                wrapper.load_adapter(name, param, weights.lora_A[path], weights.lora_B[path], weights.scaling[path])
+        except (KeyError, ValueError):
+            self.remove_adapter(name)  # nothing of a misfit adapter stays loaded
+            raise
 
     def remove_adapter(self, name: str) -> None:
         if name not in self.adapters:
             raise KeyError(f"no adapter named {name!r}; loaded: {sorted(self.adapters)}")
         modules = self.adapters.pop(name).modules
+        for path in self._expert_paths.pop(name, []):
+            module = self._experts[path][0]
+            wrapper = self.model.get_submodule(module)
+            if isinstance(wrapper, expert_lora.MultiLoraExperts):
+                wrapper.remove_adapter(name)
+                expert_lora.unwrap_empty(self.model, module)
         for path in modules:
             layer = self.model.get_submodule(path)
             assert isinstance(layer, MultiLoraLinear), path  # load_adapter wrapped every module it names

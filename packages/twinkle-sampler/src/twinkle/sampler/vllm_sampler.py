@@ -77,6 +77,11 @@ class VLLMSampler(Sampler):
     def _install_adapter(self, name: str, weights: AdapterWeights) -> None:
         from vllm.lora.request import LoRARequest
 
+        if weights.meta.get("target_parameters"):
+            raise NotImplementedError(
+                f"adapter {name!r} adapts MoE expert weights ({weights.meta['target_parameters'][0]}, ...): "
+                "the vLLM sampler serves LoRA on Linear layers only; serve it with TorchSampler"
+            )
         lora_id = next(self._lora_ids)
         folder = save_adapter_folder(weights, self._lora_dir / f"{name}-{lora_id}", self.model_path)
         old = self._lora_requests.get(name)

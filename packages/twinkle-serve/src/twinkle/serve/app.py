@@ -71,7 +71,7 @@ def create_app(rt: Runtime) -> FastAPI:
 
     # Starlette wraps middleware in reverse order: BodyLimit runs first, so Idempotency never buffers
     # an oversized body.
-    app.add_middleware(Idempotency, store=rt.store, keys=rt.keys, caps=rt.config.caps)
+    app.add_middleware(Idempotency, store=rt.store, keys=rt.keys, caps=rt.config.caps, metrics=rt.metrics)
     app.add_middleware(BodyLimit, max_bytes=rt.config.max_request_bytes)
     app.add_middleware(RequestMetrics, metrics=rt.metrics)  # outermost: sees every answer, 413s included
     app.include_router(build_probe_router(rt))

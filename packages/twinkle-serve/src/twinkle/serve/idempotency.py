@@ -6,10 +6,11 @@ A retry that arrives while the first is still being handled waits for it. Only 2
 stored: a refused request (4xx, 429) accepted nothing, so running its retry again is what the client
 wants. The same key on a different request (method, path or body) is a client bug: 409.
 
-Crashes: the answer is stored when the route returns. A server killed between a route queueing work
-and that write loses the queued work with its memory (the future is reported failed on restart), so
-the client's retry, which then runs afresh, does not run anything twice; only a side effect already
-on disk in those microseconds (a checkpoint written) could be written again. Answers are kept
+Crashes: the answer is journaled when the route returns and committed with the next write (normally
+the pass that runs the queued work, which commits its future in the same transaction; store/db.py).
+A server killed before that commit loses the queued work with its memory (the future is reported
+failed on restart), so the client's retry, which then runs afresh, does not run anything twice; only
+a side effect already on disk in that window (a checkpoint written) could be written again. Answers are kept
 `caps.idempotency_keep_hours` (24 h), and at most `caps.idempotency_max_rows` of them (the oldest go
 first): expired and surplus rows are dropped at start and every tenth of the cap's writes or 1/24 of
 the keep time, so the table never grows with the request count.
@@ -37,12 +38,14 @@ NOT_REPLAYED = ("/retrieve_future", "/session_heartbeat", "/telemetry", "/client
 class Idempotency:
     """Pure ASGI middleware (it must see the raw body to fingerprint it)."""
 
-    def __init__(self, app, store: Store, keys: KeyStore, caps: ServerCaps | None = None):
+    def __init__(self, app, store: Store, keys: KeyStore, caps: ServerCaps | None = None, metrics=None):
         self.app, self.answers, self.keys = app, store.idempotency, keys
         caps = caps or ServerCaps()
         self.keep_s, self.max_rows = caps.idempotency_keep_hours * 3600, caps.idempotency_max_rows
         # only requests being handled now: each entry is removed when its request finishes
         self._in_flight: dict[tuple[str, str], asyncio.Event] = {}
+        if metrics is not None:
+            metrics.retain("idempotency in flight", lambda: len(self._in_flight))
         self._writes = 0
         self.housekeep()
 

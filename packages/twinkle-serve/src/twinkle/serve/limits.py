@@ -57,6 +57,10 @@ class TenantLimits:
             limit = f"{capacity:g}" if capacity else f"{rate:g}"
             raise LimitExceeded(f"tenant {tenant!r} is over its limit of {limit} {what}", wait)
 
+    def buckets(self) -> int:
+        with self._lock:
+            return len(self._buckets)
+
     def of(self, tenant: str) -> Limits:
         return self.overrides.get(tenant, self.default)
 

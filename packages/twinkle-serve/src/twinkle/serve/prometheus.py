@@ -8,11 +8,17 @@ tenants and its cardinality stays fixed. Like `/livez`, it needs no key: scraper
 Request counts and latencies come from an ASGI middleware; pass times from the scheduler (through
 `ServerMetrics.observe_pass`); queue depth, fused passes, tokens/s and adapter memory are read from
 the runtime at scrape time, so the hot path carries no extra bookkeeping for them.
+
+`twinkle_retained_entries{structure=...}` counts what each long-lived structure holds (futures,
+idempotency answers, curve points, rate buckets, queues, adapters): every one is bounded by a cap or a
+retention window, so under steady load each is flat, and one that climbs with the request count is a
+leak an operator can see before memory does. Components register their own count (`retain`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from fastapi import APIRouter
 from fastapi.responses import Response
@@ -45,17 +51,22 @@ class ServerMetrics:
             buckets=BUCKETS,
             registry=self.registry,
         )
+        self.retained: dict[str, Callable[[], int]] = {}
+
+    def retain(self, structure: str, count: Callable[[], int]) -> None:
+        """Report `count()` as `twinkle_retained_entries{structure=...}` at every scrape."""
+        self.retained[structure] = count
 
     def observe_pass(self, base_model: str, seconds: float, n_requests: int) -> None:
         self.passes.labels(base_model, "true" if n_requests > 1 else "false").observe(seconds)
 
     def watch(self, rt) -> None:
-        self.registry.register(_RuntimeCollector(rt))
+        self.registry.register(_RuntimeCollector(rt, self.retained))
 
 
 class _RuntimeCollector:
-    def __init__(self, rt):
-        self.rt = rt
+    def __init__(self, rt, retained: dict[str, Callable[[], int]]):
+        self.rt, self.retained = rt, retained
 
     def collect(self):
         rt = self.rt
@@ -80,6 +91,12 @@ class _RuntimeCollector:
         )
         yield GaugeMetricFamily("twinkle_ready", "1 once the base models are loaded", value=int(rt.ready.is_set()))
         yield from _residency_metrics(rt.adapter_memory.report())
+        retained = GaugeMetricFamily(
+            "twinkle_retained_entries", "Entries a long-lived structure holds (bounded)", labels=["structure"]
+        )
+        for structure, count in sorted(self.retained.items()):
+            retained.add_metric([structure], count())
+        yield retained
 
 
 def _residency_metrics(report: dict):

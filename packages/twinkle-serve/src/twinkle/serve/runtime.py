@@ -64,9 +64,27 @@ class Runtime:
         self.throughput = Throughput()
         self.metrics = ServerMetrics()
         self.metrics.watch(self)
+        self._retain()
         self.load_error: str | None = None  # why load_models failed, for the routes that answer 503
         self._ray_started = self._owns_ray = False
         self.draining = False  # set by the first SIGTERM: submissions answer 503 (server.py)
+
+    def _retain(self) -> None:
+        """What every long-lived structure holds, on /metrics: each is bounded (a cap, a retention window,
+        or the keys and adapters that exist), so none may climb with the request count (the soak checks)."""
+        engines = self.engines.values
+        for structure, count in {
+            "futures": self.store.futures.count,
+            "future waiters": self.hub.waiting,
+            "idempotency answers": self.store.idempotency.count,
+            "curve points": self.store.curves.rows,
+            "rate buckets": self.limits.buckets,
+            "live adapters": lambda: len(self.live.run_ids()),
+            "adapter reservations": self.adapter_memory.reservations,
+            "scheduler queues": lambda: sum(e.scheduler.queues() for e in engines()),
+            "sampler adapters": lambda: sum(e.backend.sampler_adapters() for e in engines()),
+        }.items():
+            self.metrics.retain(structure, count)
 
     def load_models(self) -> None:
         """Load every configured base model (slow: done once, before /healthz says ok)."""

@@ -167,6 +167,14 @@ class CheckpointRef(_Strict):
     model_id: str
 
 
+class ImportAdapterRequest(_Strict):
+    """A PEFT LoRA adapter folder made elsewhere, to train on from (see TwinkleClient.import_adapter)."""
+
+    base_model: str
+    name: str = Field(description="the checkpoint's name: tinker://<holder run>/weights/<name>")
+    files: dict[str, str] = Field(description="adapter_config.json and adapter_model.safetensors, base64")
+
+
 # ---- sampling ------------------------------------------------------------------------------------------
 class SamplingParamsModel(_Strict):
     max_tokens: int = B.MAX_TOKENS.field(64)  # and within the model's context (the server checks)

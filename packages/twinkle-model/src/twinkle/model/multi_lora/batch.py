@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from twinkle.processor.images import collate_images
@@ -66,6 +67,8 @@ def _is_number(v) -> bool:
 def _is_number_sequence(v) -> bool:
     if isinstance(v, torch.Tensor):
         return v.dim() == 1 and v.numel() > 0
+    if isinstance(v, np.ndarray):  # a server's decoded arrays: made a tensor once, in collate
+        return v.ndim == 1 and v.size > 0 and v.dtype.kind in "iuf"
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(_is_number(x) for x in v)
 
 

@@ -23,9 +23,11 @@ from peft import LoraConfig
 from twinkle.loss import LossContext
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import checkpoint, step as step_rule, vision
+from twinkle.model.multi_lora import vision_tenants
 from twinkle.model.base import TwinkleModel
 
 from twinkle.model.multi_lora import heads as head_rule
+from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
@@ -64,6 +66,9 @@ class MultiLoraModel(TwinkleModel):
         self._trimmer: IdleTrimmer | None = None
         # a pass whose logits would be larger runs its unembedding in chunks (twinkle.model.multi_lora.heads)
         self.logits_budget_bytes = head_rule.LOGITS_BUDGET_BYTES
+        self._vision_params: dict[str, dict[str, torch.nn.Parameter]] = {}  # train_vision copies per tenant
+        self._vision_train: dict[str, tuple[str, ...]] = {}
+        self._expert_targets: dict[str, dict[str, list[str]]] = {}  # {tenant: {experts module: [weights]}}
 
     def release_memory_when_idle(self, idle_seconds: float = 1.0) -> None:
         """For a long-running server: give freed memory back to the OS once no pass, step or
@@ -114,12 +119,21 @@ class MultiLoraModel(TwinkleModel):
     def park_adapter(self, adapter_name: str) -> None:
         """Move the adapter, its gradients and optimizer state off the layers into host memory."""
         self._state(adapter_name)  # a clear error for an unknown name
+        self._resident_only(adapter_name)
         self.residency.park(adapter_name)
 
     def spill_adapter(self, adapter_name: str) -> None:
         """Move the adapter (live or parked) to the spill folder, freeing its host memory too."""
         self._known(adapter_name)
+        self._resident_only(adapter_name)
         self.residency.spill(adapter_name)
+
+    def _resident_only(self, adapter_name: str) -> None:
+        if self._vision_params.get(adapter_name):
+            raise ValueError(
+                f"adapter {adapter_name!r} trains vision modules (train_vision): parking and spilling move "
+                "LoRA factors only, so it stays live"
+            )
 
     def adapter_tier(self, adapter_name: str) -> str:
         """'live', 'parked' or 'spilled'; any call that uses the adapter brings it back live."""
@@ -144,9 +158,18 @@ class MultiLoraModel(TwinkleModel):
         return torch.Generator(device=self.device).manual_seed(base_seed + salt)
 
     def add_adapter_to_model(
-        self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1, *, seed: int | None = None
+        self,
+        adapter_name: str,
+        config: LoraConfig,
+        gradient_accumulation_steps: int = 1,
+        *,
+        seed: int | None = None,
+        train_vision=(),
     ) -> None:
+        """A LoRA on the language model; ``train_vision`` (``"projector"``, ``"tower"``) also trains
+        those vision parts full-parameter, as this tenant's own copy (multi_lora.vision_tenants)."""
         check_adapter_name(adapter_name)
+        vision.vision_parts(train_vision)  # unknown parts refused before anything is built
         if adapter_name in self.adapters:
             raise ValueError(f"adapter {adapter_name!r} already exists")
         if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
@@ -155,12 +178,22 @@ class MultiLoraModel(TwinkleModel):
             )
         spec = AdapterSpec.from_lora_config(config)
         module_names = vision.language_modules(spec.select(self.base))  # rows are routed, not image patches
+        expert_targets = expert_lora.by_module(spec.select_parameters(self.base))  # refused before anything is built
         self.residency.admit(adapter_name, set())
+        self._expert_targets[adapter_name] = expert_targets
         init_gen, dropout_gen = self._generator(adapter_name, 0, seed), self._generator(adapter_name, 1, seed)
         params = []
         for layer in wrap_linear_layers(self.base, module_names, self.routing):
             layer.add_adapter(adapter_name, spec.rank, spec.scaling, spec.dropout, dropout_gen, init_gen)
             params += [layer.lora_A[adapter_name].weight, layer.lora_B[adapter_name].weight]
+        for module_name, weights in expert_targets.items():
+            wrapper = expert_lora.wrap_experts(self.base, module_name, self.routing)
+            wrapper.add_adapter(adapter_name, weights, spec.rank, spec.scaling, init_gen)
+            params += list(wrapper.peft_tensors(adapter_name, module_name).values())
+        own_vision = vision_tenants.install(self.base, adapter_name, train_vision)
+        params += [p for _, p in own_vision]
+        self._vision_params[adapter_name] = dict(own_vision)
+        self._vision_train[adapter_name] = vision.vision_parts(train_vision)
         self.adapters[adapter_name] = AdapterState(
             adapter_name,
             params,
@@ -179,7 +212,15 @@ class MultiLoraModel(TwinkleModel):
             for module_name in state.module_names:
                 self.lora_layer(module_name).remove_adapter(adapter_name)
             unwrap_empty_layers(self.base, state.module_names)
+        for module_name in self._expert_targets.pop(adapter_name, {}):
+            experts = self.base.get_submodule(module_name)
+            if isinstance(experts, expert_lora.MultiLoraExperts):  # a parked adapter has left it already
+                experts.remove_adapter(adapter_name)
+                expert_lora.unwrap_empty(self.base, module_name)
         self.residency.forget(adapter_name)
+        vision_tenants.remove(self.base, adapter_name)
+        self._vision_params.pop(adapter_name, None)
+        self._vision_train.pop(adapter_name, None)
         del self.adapters[adapter_name]
         self._worked()
 
@@ -201,6 +242,24 @@ class MultiLoraModel(TwinkleModel):
             a, b = layer.factors(state.name)
             out[f"base_model.model.{module_name}.lora_A.weight"] = a
             out[f"base_model.model.{module_name}.lora_B.weight"] = b
+        for module_name in self._expert_targets.get(state.name, {}):  # peft's target_parameters layout
+            experts = self.base.get_submodule(module_name)
+            out.update(experts.peft_tensors(state.name, f"base_model.model.{module_name}"))
+        for name, p in self._vision_params.get(state.name, {}).items():  # peft's modules_to_save layout
+            out[f"base_model.model.{name}"] = p
+        return out
+
+    def expert_targets(self, adapter_name: str) -> dict[str, list[str]]:
+        """{experts module: the 3-D weights this adapter adapts there} (empty for a dense adapter)."""
+        return self._expert_targets.get(adapter_name, {})
+
+    def expert_factors(self, adapter_name: str | None = None) -> dict[str, expert_lora.ExpertFactors]:
+        """{expert weight's full name: the adapter's factors on it} (peft's ParamWrapper layout)."""
+        state = self._state(adapter_name)
+        out = {}
+        for module_name, weights in self._expert_targets.get(state.name, {}).items():
+            for weight in weights:
+                out[f"{module_name}.{weight}"] = self.base.get_submodule(module_name).factors(state.name, weight)
         return out
 
     # ---- passes ---------------------------------------------------------------------------------
@@ -289,10 +348,15 @@ class MultiLoraModel(TwinkleModel):
             self.base.train(train)
         self.routing.set([(name, b.rows, b.length) for name, b in segments], training=train)
         extra = fused_images([b for _, b in segments], ids_B_T, self.base.config, self.device)
+        tv = vision_tenants.tenant_vision(self.base)
+        if tv is not None:  # which tenant's images are which, for tenants with their own vision copies
+            tv.route([(name, len(b.images["image_grid_thw"]) if b.images else 0) for name, b in segments])
         try:
             yield ids_B_T.to(self.device), mask_B_T.to(self.device), extra
         finally:
             self.routing.clear()
+            if tv is not None:
+                tv.route(None)
 
     def _logits(self, segments: list[tuple[str | None, Batch]], train: bool) -> torch.Tensor:
         with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
@@ -402,7 +466,7 @@ class MultiLoraModel(TwinkleModel):
         state = self._state(adapter_name)
         checkpoint.save_adapter(
             path,
-            state.spec.config,
+            vision.with_vision_modules(self.base, state.spec.config, self._vision_train.get(state.name, ())),
             self.adapter_state_dict(state.name),
             checkpoint.base_model_id(self.model_id, self.model_path),
         )
@@ -418,7 +482,8 @@ class MultiLoraModel(TwinkleModel):
         name = adapter_name or (self._state(None).name if self.adapters else "default")
         created = name not in self.adapters
         if created:
-            self.add_adapter_to_model(name, config, gradient_accumulation_steps)
+            config, parts = vision.split_vision_modules(config)
+            self.add_adapter_to_model(name, config, gradient_accumulation_steps, train_vision=parts)
         try:
             saved = {k.replace(".default.", "."): v for k, v in tensors.items()}
             own = self.adapter_state_dict(name)

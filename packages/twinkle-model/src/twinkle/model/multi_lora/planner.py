@@ -25,6 +25,9 @@ class Request:
     inputs: Any = None  # rows (or a dict of tensors) for the two pass kinds
     options: dict = field(default_factory=dict)  # for 'step': max_grad_norm
     request_id: Any = None
+    # (rows, longest row, real tokens) from a caller that knows them without rows here to measure
+    # (the server's typed pass jobs); None: measured from `inputs`
+    size: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -35,6 +38,8 @@ class Request:
     @property
     def shape(self) -> tuple[int, int, int]:
         """(rows, longest row, real tokens) of this request's batch."""
+        if self.size is not None:
+            return self.size
         inputs = self.inputs
         if isinstance(inputs, dict) and hasattr(inputs.get("input_ids"), "shape"):
             rows, length = inputs["input_ids"].shape

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora.layer import unwrap_empty_layers, wrap_linear_layers
 
 LIVE, PARKED, SPILLED = "live", "parked", "spilled"
@@ -141,6 +142,9 @@ class Residency:
         for module_name in state.module_names:
             model.lora_layer(module_name).remove_adapter(name)
         unwrap_empty_layers(model.base, state.module_names)
+        for module_name in model.expert_targets(name):
+            model.base.get_submodule(module_name).remove_adapter(name)
+            expert_lora.unwrap_empty(model.base, module_name)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         self._away[name] = _Away(tensors, {"moved": moved, "opt_scalars": scalars, "opt_order": order}, size)
         self.stats.parked += 1
@@ -187,6 +191,10 @@ class Residency:
         for layer in wrap_linear_layers(model.base, state.module_names, model.routing):
             layer.add_adapter(name, spec.rank, spec.scaling, spec.dropout, state.dropout_generator, throwaway)
             new_params += list(layer.factors(name))
+        for module_name, weights in model.expert_targets(name).items():  # in add_adapter_to_model's order
+            experts = expert_lora.wrap_experts(model.base, module_name, model.routing)
+            experts.add_adapter(name, weights, spec.rank, spec.scaling, throwaway)
+            new_params += list(experts.peft_tensors(name, module_name).values())
         opt = state.optimizer
         renamed = {}
         with torch.no_grad():

@@ -27,7 +27,6 @@ _UNSUPPORTED = {
     "fan_in_fan_out": False,
     "lora_bias": False,
     "trainable_token_indices": None,
-    "target_parameters": None,
     "layer_replication": None,
     "exclude_modules": None,
 }
@@ -47,7 +46,10 @@ class AdapterSpec:
     dropout: float
     use_rslora: bool
     target_modules: str | tuple[str, ...]
-    config: LoraConfig  # kept to write adapter_config.json
+    config: LoraConfig
+    target_parameters: tuple[
+        str, ...
+    ] = ()  # 3-D expert weights (peft's target_parameters)  # kept to write adapter_config.json
 
     @property
     def scaling(self) -> float:
@@ -72,12 +74,21 @@ class AdapterSpec:
             raise ValueError(f"LoRA rank must be a positive integer, got {config.r!r}")
         if not 0.0 <= config.lora_dropout < 1.0:
             raise ValueError(f"lora_dropout must be in [0, 1), got {config.lora_dropout!r}")
+        params = tuple(sorted(config.target_parameters or ()))
+        if params and config.lora_dropout:  # as peft's ParamWrapper: x cannot be factored out of B(A(drop(x)))
+            raise ValueError("lora_dropout != 0 does not work with target_parameters (expert weights); use 0")
         targets = config.target_modules
-        if targets is None:
+        if targets is None and not params:
             raise ValueError("LoraConfig.target_modules is required (a list of module names, a regex, or 'all-linear')")
-        targets = targets if isinstance(targets, str) else tuple(sorted(targets))
+        targets = () if targets is None else targets if isinstance(targets, str) else tuple(sorted(targets))
         return cls(
-            config.r, float(config.lora_alpha), float(config.lora_dropout), bool(config.use_rslora), targets, config
+            config.r,
+            float(config.lora_alpha),
+            float(config.lora_dropout),
+            bool(config.use_rslora),
+            targets,
+            config,
+            params,
         )
 
     def matches(self, module_name: str) -> bool:
@@ -88,22 +99,50 @@ class AdapterSpec:
 
     def select(self, model: nn.Module) -> list[str]:
         """Names of the base model's Linear layers this adapter targets; an error if none."""
-        every: set[str] = set()
-        if self.target_modules == "all-linear":  # read from the structure: no router, no output head
-            from twinkle.model.structure import describe
+        from twinkle.model.structure import describe
 
-            every = set(describe(model).all_linear())
-        names = []
-        for name, module in model.named_modules():
-            # a layer another adapter already wrapped counts as its Linear; its inner copy does not
-            linear = getattr(module, "base_layer", module)
-            if not isinstance(linear, nn.Linear) or name.endswith(".base_layer"):
-                continue
-            if self.target_modules == "all-linear":
-                if name in every or name.rsplit(".", 1)[-1] in every:
-                    names.append(name)
-            elif self.matches(name):
-                names.append(name)
-        if not names:
+        structure = describe(model) if self.target_modules == "all-linear" else None
+        return self.select_from(linear_names(model), structure)
+
+    def select_from(self, names: list[str], structure=None) -> list[str]:
+        """`select` over a list of the base model's Linear names (`linear_names`); 'all-linear' reads
+        `structure` (twinkle.model.structure: no router, no output head)."""
+        if self.target_modules == "all-linear":
+            if structure is None:
+                raise TypeError("target_modules='all-linear' is read from the model's structure: pass it")
+            every = set(structure.all_linear())
+            chosen = [n for n in names if n in every or n.rsplit(".", 1)[-1] in every]
+        else:
+            chosen = [n for n in names if self.matches(n)]
+        if not chosen and not (self.target_parameters and not self.target_modules):
             raise ValueError(f"target_modules={self.target_modules!r} matches no Linear layer of the base model")
-        return names
+        return chosen
+
+    def select_parameters(self, model: nn.Module) -> list[str]:
+        """Full names of the 3-D expert weights `target_parameters` names (peft's rule: a name or a
+        dotted suffix); an error if one matches nothing or is not an expert weight."""
+        from twinkle.model.structure import describe
+
+        return self.select_parameters_from({p.name for p in describe(model).of("experts")})
+
+    def select_parameters_from(self, experts: set[str]) -> list[str]:
+        chosen = []
+        for target in self.target_parameters:
+            hits = [n for n in experts if n == target or n.endswith("." + target)]
+            if not hits:
+                raise ValueError(
+                    f"target_parameters entry {target!r} names no expert weight of the base model "
+                    f"(expert weights: {sorted(experts)[:4]}{' ...' if len(experts) > 4 else ''})"
+                )
+            chosen += hits
+        return sorted(set(chosen))
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The base model's Linear layers by name, in module order; a layer an adapter already wraps
+    counts as its Linear, its inner copy does not."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if isinstance(getattr(module, "base_layer", module), nn.Linear) and not name.endswith(".base_layer")
+    ]

@@ -58,37 +58,30 @@ class LoraSpec:
 
     def target_modules(self, model) -> list[str]:
         """peft target_modules naming every Linear of the roles these flags name, read from the
-        model's structure (Phi-3's fused qkv_proj, DeepSeek's MLA projections, shared experts)."""
-        from twinkle.model.structure import describe
-
-        structure = describe(model)
+        model's structure (Phi-3's fused qkv_proj, DeepSeek's MLA projections, shared experts).
+        `model`: the base model or its `describe()` Structure."""
+        structure = _structure(model)
         targets = structure.linear_targets(*self.roles())
-        experts = structure.expert_parameters(*self.roles())
-        if experts:
-            # 3-D expert weights need expert LoRA, which the multi-LoRA engine does not have yet
-            logger.warning(
-                "train_mlp on %s: the %d expert weights (%s, ...) get no LoRA; only its Linear layers do",
-                structure.model_type,
-                len(experts),
-                experts[0],
-            )
-        if not targets:
-            raise UserError(
-                f"lora_config names no Linear layer of this {structure.model_type} model"
-                + (
-                    " (only its expert weights, which get no LoRA yet); add train_attn or train_unembed"
-                    if experts
-                    else ""
-                )
-            )
+        if not targets and not structure.expert_parameters(*self.roles()):
+            raise UserError(f"lora_config names no weight of this {structure.model_type} model")
         return targets
+
+    def target_parameters(self, model) -> list[str]:
+        """peft target_parameters naming the 3-D expert weights train_mlp names (expert LoRA)."""
+        return _structure(model).expert_parameters(*self.roles())
+
+
+def _structure(model):
+    from twinkle.model.structure import Structure, describe
+
+    return model if isinstance(model, Structure) else describe(model)
 
 
 @dataclass
 class Datum:
     """One training example: `tokens` (model input) and per-position loss inputs of the same length."""
 
-    tokens: list[int]
+    tokens: np.ndarray | list[int]  # int64 [N] as the Tinker codec decodes it
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     # images: before expansion the chunks as sent (tinker/images.py), after it the model's
     # {"pixel_values", "image_grid_thw"} for the image tokens already in `tokens`
@@ -201,6 +194,10 @@ class Backend(ABC):
 
     def __init__(self, base_model: str, model_path: str, **options) -> None:
         """Every backend is built from a model entry: the name clients use, a local folder, the entry's options."""
+
+    def sampler_adapters(self) -> int:
+        """Adapters installed in a sampler in this process (the soak and /metrics watch it stay bounded)."""
+        return 0
 
     # ---- adapters (one per training model) ----
     @abstractmethod

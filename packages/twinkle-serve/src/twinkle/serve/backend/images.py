@@ -38,3 +38,31 @@ def check_images(messages: list[dict], backend, where: str) -> None:
             )
         if not (isinstance(src, str) and src.startswith("data:")):
             raise UserError(f"{where}: an image must be a data:image/...;base64 URL, got a {type(src).__name__}")
+
+
+def check_expected_tokens(messages: list[dict], grid_thw, backend, where: str) -> None:
+    """Each image part's ``expected_tokens`` (optional) against the tokens the model made of it, the
+    same 400 as a Tinker ImageChunk's mismatch, naming both counts."""
+    from twinkle.template.vision import is_image_part
+
+    from twinkle.serve.backend.base import UserError
+
+    expected = [
+        p.get("expected_tokens")
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if is_image_part(p)
+    ]
+    merge = getattr(image_encoder(backend), "merge", 1)
+    for k, (want, grid) in enumerate(zip(expected, grid_thw or ())):
+        if want is None:
+            continue
+        if not isinstance(want, int) or isinstance(want, bool):
+            raise UserError(f"{where} image {k}: expected_tokens must be an integer, got {want!r}")
+        made = (int(grid[0]) * int(grid[1]) * int(grid[2])) // merge**2
+        if want != made:
+            raise UserError(
+                f"{where} image {k}: expected_tokens is {want} but model {backend.base_model!r} makes {made} "
+                "tokens of this image"
+            )

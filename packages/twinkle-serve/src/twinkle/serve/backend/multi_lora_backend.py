@@ -91,6 +91,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             lora_alpha=LORA_ALPHA,
             lora_dropout=0.0,
             target_modules=spec.target_modules(self.base_module),
+            target_parameters=spec.target_parameters(self.base_module) or None,
             bias="none",
         )
         seed = spec.seed if spec.seed is not None else int(torch.randint(0, 2**31 - 1, (1,)))
@@ -165,13 +166,16 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     # ---- training ----------------------------------------------------------------------------------
     @staticmethod
     def _rows(data: list[Datum]) -> list[dict]:
+        """Tinker's shift as arrays (input ids, labels, per-token fields): the engine's collate makes
+        each a tensor once."""
         rows = []
         for d in data:
-            targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1).tolist()
-            row = {"input_ids": list(d.tokens) + [targets[-1]], "labels": [-100] + targets, **(d.images or {})}
+            targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1)
+            ids = np.concatenate([np.asarray(d.tokens, dtype=np.int64), targets[-1:]])
+            row = {"input_ids": ids, "labels": np.concatenate([[-100], targets]), **(d.images or {})}
             for key, arr in d.inputs.items():
                 if key != "target_tokens":
-                    row[key] = [0.0] + arr.astype(np.float32).reshape(-1).tolist()
+                    row[key] = np.concatenate([np.zeros(1, np.float32), arr.astype(np.float32).reshape(-1)])
             rows.append(row)
         return rows
 
@@ -264,7 +268,12 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             a, b = self.engine.lora_layer(module).factors(name)
             lora_A[module], lora_B[module] = a.detach(), b.detach()
             scaling[module] = state.spec.scaling
-        return AdapterWeights(lora_A, lora_B, scaling)
+        for weight, factors in self.engine.expert_factors(name).items():  # MoE experts, peft's layout
+            lora_A[weight], lora_B[weight] = factors.a.detach(), factors.b.detach()
+            scaling[weight] = factors.scaling
+        return AdapterWeights(
+            lora_A, lora_B, scaling, meta={"target_parameters": sorted(self.engine.expert_factors(name))}
+        )
 
     @exclusive
     def save_checkpoint(self, name: str, folder, training_state: bool) -> None:

@@ -217,11 +217,14 @@ class RemoteBackend(Backend):
             self._sample("remove_sampler", sampler)
             self._sampler_names.discard(sampler)
 
-    def sample(self, sampler, prompt, num_samples, params, prompt_logprobs):
+    def sample(self, sampler, prompt, num_samples, params, prompt_logprobs, images=None):
+        """`images`: the prompt's {pixel_values, image_grid_thw} (numpy arrays, which travel to a
+        remote sampler rank as they are), its image tokens already in `prompt`."""
         if sampler is not None and sampler not in self._sampler_names:
             raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
+        extra = {"images": images} if images is not None else {}
         return self._sample(
-            "sample_one", sampler, prompt, num_samples, params, prompt_logprobs, route=next(self._route)
+            "sample_one", sampler, prompt, num_samples, params, prompt_logprobs, route=next(self._route), **extra
         )
 
     def close(self) -> None:

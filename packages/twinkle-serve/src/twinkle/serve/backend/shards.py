@@ -337,7 +337,8 @@ class SamplerShard(TorchSampling):
             from twinkle.hub import resolve_model_path
 
             model_path = str(resolve_model_path(base_model))
-        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        # a vision-language config keeps the language model's sizes in its text config
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).get_text_config()
         self.vocab_size = config.vocab_size
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
         self._init_sampler(
@@ -352,7 +353,7 @@ class SamplerShard(TorchSampling):
         self.sampler.set_adapter(name, weights)
 
     @remote_method(dispatch=_one_rank, collect=lambda results: next(r for r in results if r is not None))
-    def sample_one(self, *args, route: int = 0):
+    def sample_one(self, *args, route: int = 0, images=None):
         if route < 0:
             return None
-        return returns_user_errors(self.sample)(*args)
+        return returns_user_errors(self.sample)(*args, images=images)

@@ -20,9 +20,12 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from twinkle.model.multi_lora.residency import LIVE, PARKED, SPILLED
+from twinkle.model.multi_lora.spec import linear_names
+from twinkle.model.structure import Structure, describe
 
 from twinkle.serve.backend import LoraSpec
 from twinkle.serve.errors import ApiError
@@ -34,14 +37,31 @@ class AdapterMemoryFull(ApiError):
     status = 409
 
 
-def _linears(module):
-    """(name, Linear) for the base model's Linears; a layer a LoRA already wraps counts as its inner Linear."""
-    import torch
+@dataclass(frozen=True)
+class _BaseShape:
+    """A base model's LoRA-relevant shape: its structure, each Linear's in + out, and each 3-D expert
+    weight's experts x (in + out) (its A is [experts * r, in], its B [out, r * experts])."""
 
-    for name, m in module.named_modules():
-        linear = getattr(m, "base_layer", m)
-        if isinstance(linear, torch.nn.Linear) and not name.endswith(".base_layer"):
-            yield name, linear
+    structure: Structure
+    linears: dict[str, int]
+    experts: dict[str, int]
+
+    @classmethod
+    def of(cls, base) -> _BaseShape:
+        structure = describe(base)
+        params = dict(base.named_parameters())
+        linears = {}
+        for name in linear_names(base):
+            linear = base.get_submodule(name)
+            linear = getattr(linear, "base_layer", linear)
+            linears[name] = linear.in_features + linear.out_features
+        experts = {}
+        for part in structure.of("experts"):
+            owner, _, param = part.name.rpartition(".")
+            name = part.name if part.name in params else f"{owner}.base_layer.{param}"  # wrapped: its base_layer
+            e, d1, d2 = params[name].shape
+            experts[part.name] = e * (d1 + d2)
+        return cls(structure, linears, experts)
 
 
 class AdapterMemory:
@@ -68,6 +88,7 @@ class AdapterMemory:
         self._lock = threading.Lock()
         self._backends: weakref.WeakSet = weakref.WeakSet()
         self._sweeper: threading.Thread | None = None
+        self._shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # base module -> _BaseShape
 
     @classmethod
     def from_config(cls, config, data_dir: Path) -> "AdapterMemory":
@@ -90,12 +111,29 @@ class AdapterMemory:
 
         from twinkle.model.multi_lora.spec import AdapterSpec
 
-        if isinstance(spec, LoraSpec):  # its flags name modules through the model's structure
-            spec = LoraConfig(r=spec.rank, target_modules=spec.target_modules(base))
-
-        chosen = set(AdapterSpec.from_lora_config(spec).select(base))  # ValueError: the caller's config
-        width = sum(m.in_features + m.out_features for name, m in _linears(base) if name in chosen)
+        shape = self._shape(base)
+        if isinstance(spec, LoraSpec):  # its flags name modules (and expert weights) through the structure
+            spec = LoraConfig(
+                r=spec.rank,
+                target_modules=spec.target_modules(shape.structure),
+                target_parameters=spec.target_parameters(shape.structure) or None,
+            )
+        adapter = AdapterSpec.from_lora_config(spec)
+        chosen = adapter.select_from(list(shape.linears), shape.structure)  # ValueError: the caller's config
+        width = sum(shape.linears[name] for name in chosen)
+        width += sum(shape.experts[name] for name in adapter.select_parameters_from(set(shape.experts)))
         return width * spec.r * element_bytes * COPIES
+
+    def _shape(self, base) -> _BaseShape:
+        """What estimates read of a base model, taken once (`manage` takes it at load, before any
+        adapter exists): request threads never walk the module tree the worker is wrapping."""
+        with self._lock:
+            shape = self._shapes.get(base)
+        if shape is None:
+            shape = _BaseShape.of(base)
+            with self._lock:
+                self._shapes[base] = shape
+        return shape
 
     def reserve(self, key: str, backend, spec) -> None:
         if self.cap is None:
@@ -128,6 +166,10 @@ class AdapterMemory:
         with self._lock:
             return sum(self._held[k] for k in self._live)
 
+    def reservations(self) -> int:
+        with self._lock:
+            return len(self._held)
+
     def release(self, key: str) -> None:
         with self._lock:
             self._held.pop(key, None)
@@ -139,6 +181,8 @@ class AdapterMemory:
         if not backend.holds_adapters_here:
             return
         self._backends.add(backend)  # reported on (tiers), and with offload kept under the cap
+        if backend.base_module is not None:
+            self._shape(backend.base_module)  # read here, on the worker, before any adapter wraps it
         if not self.offload:
             return
         spill_dir = self.spill_dir or Path(tempfile.mkdtemp(prefix="twinkle-adapter-spill-"))

@@ -5,10 +5,13 @@ run in the order the client numbered them. The worker serves the queues round-ro
 time, so one tenant's long queue does not starve another's. A task's exception fails only its own
 future: `UserError` as category "user", anything else as "server" (logged with its traceback).
 
-Fusion: a task submitted with `fuse=(item, finish)` may run together with the fusable tasks at the
-head of other models' queues, in one `fuse_runner([item, ...])` call (the multi-LoRA engine's fused
-pass); each task's `finish(result)` then completes its own future, so one tenant's bad input fails
-only that tenant's request.
+Work is typed (`work.py`): a `Call` ends in an `Answer` its facade encoded; the scheduler stores it
+with the future unread. Fusion: a Call carrying a `PassJob` may run together with the pass jobs at
+the head of other models' queues, in one `fuse_runner([item, ...])` call (the multi-LoRA engine's
+fused pass). Which ones join is the planner's cost model (`twinkle.model.multi_lora.planner`, the
+one its benchmark measures): a batch past `fuse_max_tokens` runs alone, and a pass holds at most
+`group_max_tokens` padded tokens of which at most `max_padding` is padding. Each job's `finish`
+then answers its own future, so one tenant's bad input fails only that tenant's request.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.futures import FutureHub
+from twinkle.serve.core.work import Answer, Call, PassJob
 
 log = logging.getLogger("twinkle.serve")
 
@@ -36,10 +41,12 @@ class Scheduler:
         fuse_runner: Callable | None = None,
         max_fuse: int = 8,
         on_pass: Callable[[float, int], None] | None = None,
+        planner: FusionPlanner | None = None,
     ):
         self.hub = hub
         self.on_pass = on_pass  # (seconds, requests served) after every pass: the server's metrics
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
+        self.planner = planner or FusionPlanner()
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
         self.fused_items: collections.Counter[str] = collections.Counter()  # item type -> requests fused
         # (monotonic end time, requests, rows) of recent passes: the operator page's passes/s and rows per pass
@@ -52,25 +59,23 @@ class Scheduler:
         self._thread = threading.Thread(target=self._run, name=f"twinkle-{name}", daemon=True)
         self._thread.start()
 
-    def submit(
-        self,
-        queue: str,
-        seq_id: int | None,
-        request_id: str,
-        fn: Callable[[], tuple[str, object]],
-        fuse: tuple | None = None,
-    ) -> None:
-        """`fn()` returns ("json", dict) or ("proto", bytes); it runs on the worker thread."""
+    def submit(self, call: Call) -> None:
+        """Queue `call`; it runs on the worker thread, in `seq_id` order among its queue's calls."""
         with self._cond:
-            heap = self._queues.setdefault(queue, [])
-            heapq.heappush(heap, (seq_id if seq_id is not None else 2**62, next(self._tiebreak), request_id, fn, fuse))
-            if queue not in self._ready:
-                self._ready.append(queue)
+            heap = self._queues.setdefault(call.queue, [])
+            heapq.heappush(heap, (call.order, next(self._tiebreak), call))
+            if call.queue not in self._ready:
+                self._ready.append(call.queue)
             self._cond.notify()
 
     def pending(self, queue: str) -> int:
         with self._cond:
             return len(self._queues.get(queue, ()))
+
+    def queues(self) -> int:
+        """Queues with work waiting (one per adapter or session): an empty queue is dropped at once."""
+        with self._cond:
+            return len(self._queues)
 
     def depth(self) -> int:
         """Requests waiting, over every queue."""
@@ -83,33 +88,44 @@ class Scheduler:
             self._cond.notify_all()
         self._thread.join(timeout=10)
 
-    def _next(self):
+    def _next(self) -> list[Call] | None:
         with self._cond:
             while not self._ready and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
             first = self._ready.popleft()
-            taken = [self._pop(first)]
-            if taken[0][2] is not None and self.fuse_runner is not None:
-                # other models whose next request is fusable join this pass (one request per model:
-                # `first` is back in the ready list when it has more queued)
-                for queue in list(self._ready):
-                    if len(taken) >= self.max_fuse:
-                        break
-                    if queue != first and self._queues[queue][0][4] is not None:
-                        self._ready.remove(queue)
-                        taken.append(self._pop(queue))
-            return taken
+            if self._head(first).job is None or self.fuse_runner is None:
+                return [self._pop(first)]
+            # other models whose next request is a pass job may join (one request per model: `first`
+            # is back in the ready list when it has more queued)
+            others = [q for q in self._ready if q != first and self._head(q).job is not None]
+            joined = self._compose(first, others)
+            for queue in joined:
+                self._ready.remove(queue)
+            return [self._pop(queue) for queue in [first, *joined]]
 
-    def _pop(self, queue: str):
+    def _head(self, queue: str) -> Call:
+        return self._queues[queue][0][2]
+
+    def _compose(self, first: str, others: list[str]) -> list[str]:
+        """The queues among `others` whose head shares `first`'s pass, by the planner's cost model.
+        Every job packs as one kind: the engine's fused pass runs forward-only members in the same
+        pass (they skip the backward), so only their sizes decide."""
+        if not others:
+            return []
+        requests = {q: Request(q, inputs=(), size=_job(self._head(q)).shape) for q in [first, *others]}
+        group = next(g for g in self.planner.plan(list(requests.values())) if requests[first] in g.requests)
+        return [r.tenant for r in group.requests if r.tenant != first][: self.max_fuse - 1]
+
+    def _pop(self, queue: str) -> Call:
         heap = self._queues[queue]
-        _, _, request_id, fn, fuse = heapq.heappop(heap)
+        call = heapq.heappop(heap)[2]
         if heap:
             self._ready.append(queue)
         else:
             del self._queues[queue]
-        return request_id, fn, fuse
+        return call
 
     def _run(self) -> None:
         import torch
@@ -117,30 +133,31 @@ class Scheduler:
         torch.set_num_threads(max(1, torch.get_num_threads()))
         while (taken := self._next()) is not None:
             started = time.perf_counter()
-            self._serve(taken)
-            self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(fuse) for _, _, fuse in taken)))
+            with self.hub.batch():  # the pass's rows commit together, before its results are visible
+                self._serve(taken)
+            self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(c) for c in taken)))
             if self.on_pass is not None:
                 self.on_pass(time.perf_counter() - started, len(taken))
 
-    def _serve(self, taken: list) -> None:
+    def _serve(self, taken: list[Call]) -> None:
         if len(taken) == 1:
-            request_id, fn, _ = taken[0]
-            self._finish(request_id, fn)
+            self._finish(taken[0].request_id, taken[0].run)
             return
         self.fused_passes += 1
-        self.fused_items.update(type(fuse[0]).__name__ for _, _, fuse in taken)
+        jobs = [_job(c) for c in taken]
+        self.fused_items.update(type(j.item).__name__ for j in jobs)
         assert self.fuse_runner is not None  # several are taken only when a fuse_runner exists
         try:
-            results = self.fuse_runner([fuse[0] for _, _, fuse in taken])
+            results = self.fuse_runner([j.item for j in jobs])
         except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving
             log.exception("fused pass failed")
             results = [e] * len(taken)
-        for (request_id, _, fuse), result in zip(taken, results):
-            self._finish(request_id, lambda: fuse[1](result))
+        for call, job, result in zip(taken, jobs, results):
+            self._finish(call.request_id, lambda finish=job.finish, result=result: finish(result))
 
-    def _finish(self, request_id: str, fn) -> None:
+    def _finish(self, request_id: str, fn: Callable[[], Answer]) -> None:
         try:
-            kind, result = fn()
+            answer = fn()
         except UserError as e:
             self.hub.fail(request_id, str(e), "user")
         except Exception as e:  # noqa: BLE001 - a server bug fails this request, never the server
@@ -149,17 +166,14 @@ class Scheduler:
             message = getattr(e, "client_message", None) or f"internal error: {type(e).__name__}: {e}"
             self.hub.fail(request_id, message, "server")
         else:
-            if kind == "proto":
-                self.hub.complete_proto(request_id, result)
-            else:
-                self.hub.complete_json(request_id, result)
+            self.hub.complete(request_id, answer)
 
     def cancel(self, request_id: str) -> bool:
         """Drop a queued task that has not started (Tinker `cancel_future`); False if it is running, done,
         or not queued here."""
         with self._cond:
             for queue, heap in self._queues.items():
-                kept = [entry for entry in heap if entry[2] != request_id]
+                kept = [entry for entry in heap if entry[2].request_id != request_id]
                 if len(kept) == len(heap):
                     continue
                 if kept:
@@ -173,7 +187,11 @@ class Scheduler:
         return False
 
 
-def _rows(fuse: tuple | None) -> int:
-    """Rows a fusable pass item carries (native rows or Tinker datums); 0 for other work (steps, saves)."""
-    item = fuse[0] if fuse else None
-    return len(getattr(item, "rows", None) or getattr(item, "data", None) or ())
+def _rows(call: Call) -> int:
+    """Rows a pass carries (native rows or Tinker datums); 0 for other work (steps, saves)."""
+    return call.job.shape[0] if call.job is not None else 0
+
+
+def _job(call: Call) -> PassJob:
+    assert call.job is not None  # only calls carrying a pass job are composed into a fused pass
+    return call.job

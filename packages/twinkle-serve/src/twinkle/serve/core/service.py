@@ -19,6 +19,7 @@ from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
 from twinkle.serve.core.usage import UsageLedger
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Engine, Runtime
+from twinkle.serve.core.work import Answer, Call, PassJob
 
 
 class Service:
@@ -127,14 +128,14 @@ class Service:
         engine: Engine,
         queue: str,
         seq_id: int | None,
-        fn: Callable[[], tuple[str, object]],
-        fuse: tuple | None = None,
+        fn: Callable[[], Answer],
+        job: PassJob | None = None,
     ) -> str:
-        """Queue `fn` (or its fusable `fuse=(item, finish)`) on the base model's scheduler; the future's id."""
+        """Queue `fn` (or its fusable pass `job`) on the base model's scheduler; the future's id."""
         if seq_id is not None:  # ordered by the scheduler and stored in SQLite: a signed 64-bit integer
             bounds.check(B.SEQ_ID, "seq_id", seq_id)
         request_id = self.rt.hub.create(tenant)
-        engine.scheduler.submit(queue, seq_id, request_id, fn, fuse=fuse)
+        engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job))
         return request_id
 
     def unload(self, tenant: str, run: Run, adapters: list[str], finish: Callable[[], dict]) -> str | None:
@@ -148,6 +149,6 @@ class Service:
                 engine.backend.remove_adapter(adapter)
                 self.rt.adapter_memory.release(adapter)
             self.rt.live.pop(run.model_id)
-            return "json", finish()
+            return Answer.json(finish())
 
         return self.submit(tenant, engine, run.model_id, None, work)

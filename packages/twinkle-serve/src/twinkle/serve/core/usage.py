@@ -58,11 +58,13 @@ class UsageLedger:
 
     # ---- counting ------------------------------------------------------------------------------
     def count_training(self, run: Run, tokens: int) -> None:
-        self.store.usage.add(run.tenant, run.session_id, run.base_model, {"training": tokens}, run.model_id)
+        self.store.usage.add(run.tenant, run.session_id, run.base_model, {"training": tokens}, run.model_id, soon=True)
 
     def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
         counts = {"sampling_prefill": prompt_tokens, "sampling_sample": sampled_tokens}
-        self.store.usage.add(sampler.tenant, sampler.session_id, sampler.base_model, counts, _run_of(sampler))
+        self.store.usage.add(
+            sampler.tenant, sampler.session_id, sampler.base_model, counts, _run_of(sampler), soon=True
+        )
 
     # ---- quotas --------------------------------------------------------------------------------
     def check_tokens(self, tenant: str, tokens: int) -> None:

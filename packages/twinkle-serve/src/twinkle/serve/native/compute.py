@@ -8,8 +8,9 @@ import threading
 
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
-from twinkle.serve.backend.images import check_images
+from twinkle.serve.backend.images import check_expected_tokens, check_images
 from twinkle.serve.native.models import NativeModels, user_errors
+from twinkle.serve.core.work import Answer, PassJob
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # a row's images, from the server's own encoding
 
@@ -53,6 +54,22 @@ class NativeCompute:
                 )
             return self._templates[backend.base_model]
 
+    def chat_prompt(self, backend, chat, where: str) -> tuple[list[int], dict | None]:
+        """A chat's prompt ids (ending with the assistant's header) and its images' pixels, or None."""
+        import numpy as np
+
+        messages = [m.model_dump(exclude_none=True) for m in chat]
+        check_images(messages, backend, where)
+        encoded = self.template(backend).encode_prompt({"messages": messages})
+        if "pixel_values" not in encoded:
+            return encoded["input_ids"], None
+        check_expected_tokens(messages, encoded["image_grid_thw"], backend, where)
+        images = {
+            "pixel_values": np.asarray(encoded["pixel_values"], np.float32),
+            "image_grid_thw": np.asarray(encoded["image_grid_thw"], np.int64),
+        }
+        return encoded["input_ids"], images
+
     def rows(self, backend, req: ForwardRequest) -> list[dict]:
         inputs = req.inputs
         if (inputs.rows is None) == (inputs.trajectories is None):
@@ -70,6 +87,7 @@ class NativeCompute:
             encoded = template.encode({"messages": messages})
             if encoded is None:
                 raise UserError(f"trajectory {i} is longer than the template's max_length")
+            check_expected_tokens(messages, encoded.get("image_grid_thw"), backend, f"trajectory {i}")
             images = {k: encoded[k] for k in IMAGE_KEYS if k in encoded}
             rows.append({"input_ids": encoded["input_ids"], "labels": encoded["labels"], **images, **traj.fields})
         return rows
@@ -110,11 +128,11 @@ class NativeCompute:
             (out,) = backend.forward_backward_many([RowsPass(internal, rows, not backward)])
             return finish(internal, out)
 
-        fuse = None
+        job = None
         internal = self.models.peek_adapter(model_id, req.adapter_name)
         if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
-            fuse = (RowsPass(internal, rows, not backward), lambda out: ("json", finish(internal, out)))
-        return self.models.submit(tenant, model_id, seq, work, fuse, run=run)
+            job = PassJob(RowsPass(internal, rows, not backward), lambda out: Answer.json(finish(internal, out)))
+        return self.models.submit(tenant, model_id, seq, work, job, run=run)
 
     def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:
         from twinkle.client.schema import StepResult

@@ -20,6 +20,7 @@ from twinkle.serve.backend.base import library_errors
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import Answer, PassJob
 
 
 def internal_name(model_id: str, adapter: str) -> str:
@@ -45,7 +46,7 @@ class NativeModels:
         return self.rt.engine(run.base_model)
 
     def submit(
-        self, tenant: str, model_id: str, seq: int | None, fn, fuse: tuple | None = None, run: Run | None = None
+        self, tenant: str, model_id: str, seq: int | None, fn, job: PassJob | None = None, run: Run | None = None
     ) -> dict:
         """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a
         FutureRef. `run`: the tenant's run when the caller has already looked it up."""
@@ -54,7 +55,7 @@ class NativeModels:
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
             seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
-        request_id = self.svc.submit(tenant, engine, model_id, seq, lambda: ("json", fn(engine.backend, run)), fuse)
+        request_id = self.svc.submit(tenant, engine, model_id, seq, lambda: Answer.json(fn(engine.backend, run)), job)
         return {"request_id": request_id, "model_id": model_id}
 
     def adapter(self, model_id: str, name: str | None) -> str:

@@ -16,10 +16,12 @@ from twinkle.client.schema import (
     AddAdapterRequest,
     AddMetricRequest,
     CheckpointList,
+    CheckpointRef,
     CreateModelRequest,
     ForwardRequest,
     FutureRef,
     FutureResult,
+    ImportAdapterRequest,
     LoadRequest,
     LogRequest,
     MetricRequest,
@@ -35,6 +37,7 @@ from twinkle.client.schema import (
 )
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
+from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
 from twinkle.serve.native.capacity import add_capacity_route
@@ -146,6 +149,20 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     )
     def load(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
         return saving.load(t, model_id, seq, body)
+
+    imports = AdapterImports(core)
+
+    @r.post(
+        "/adapters/import",
+        response_model=CheckpointRef,
+        summary="Import a PEFT LoRA adapter folder as a training checkpoint (load it into a model to train on)",
+    )
+    async def import_adapter(body: ImportAdapterRequest, t: str = Depends(ready)):
+        def work():
+            ckpt = imports.import_adapter(t, rt.engine(body.base_model), body.name, body.files, api="native")
+            return CheckpointRef(path=ckpt.tinker_path, model_id=ckpt.model_id)
+
+        return await run_in_threadpool(work)
 
     @r.post("/models/{model_id}/resume_from_checkpoint", response_model=FutureRef, summary="load with resume=true")
     def resume(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):

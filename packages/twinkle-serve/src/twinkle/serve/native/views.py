@@ -25,6 +25,7 @@ from twinkle.serve.backend import DatumsPass, RowsPass, SampleParams, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
+from twinkle.serve.core.work import Answer
 
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json")
 FUSED_KINDS = (("native", RowsPass.__name__), ("tinker", DatumsPass.__name__))  # which API queues which pass
@@ -69,14 +70,11 @@ class NativeViews:
         def run():
             backend = engine.backend
             if req.chats is not None:
-                template = self.compute.template(backend)
-                prompts = [
-                    template.encode_prompt({"messages": [m.model_dump(exclude_none=True) for m in chat]})["input_ids"]
-                    for chat in req.chats
-                ]
+                encoded = [self.compute.chat_prompt(backend, chat, f"chat {i}") for i, chat in enumerate(req.chats)]
+                prompts, prompt_images = [ids for ids, _ in encoded], [images for _, images in encoded]
             else:
                 assert req.prompts is not None  # exactly one of prompts / chats, checked above
-                prompts = req.prompts
+                prompts, prompt_images = req.prompts, [None] * len(req.prompts)
             sampler = None
             if req.model_id is not None:  # a fresh snapshot of the adapter as trained so far
                 sampler = "snap" + uuid.uuid4().hex[:12]
@@ -86,8 +84,9 @@ class NativeViews:
                 backend.install_sampler_from_folder(sampler, str(self.svc.checkpoints.folder(ckpt)))
             try:
                 outputs = []
-                for prompt in prompts:
-                    result = backend.sample(sampler, list(prompt), sp.num_samples, params, False)
+                for prompt, images in zip(prompts, prompt_images):
+                    extra = {"images": images} if images else {}  # a text prompt asks nothing new of a backend
+                    result = backend.sample(sampler, list(prompt), sp.num_samples, params, False, **extra)
                     outputs.append(
                         SampleOutput(
                             sequences=[
@@ -104,7 +103,7 @@ class NativeViews:
             finally:
                 if req.model_id is not None and sampler is not None:
                     backend.remove_sampler(sampler)
-            return "json", SampleResult(outputs=outputs).model_dump()
+            return Answer.json(SampleResult(outputs=outputs).model_dump())
 
         def guarded():
             try:

@@ -25,6 +25,7 @@ import twinkle.serve.openai.responses as responses
 from twinkle.serve.openai.errors import OpenAIError, error_body
 from twinkle.serve.openai.models import Target
 from twinkle.serve.openai.streaming import ChoiceText
+from twinkle.serve.core.work import Answer
 
 POLL_S = 30.0
 
@@ -86,7 +87,7 @@ async def generate(
             result = job.sample(prompt)
             job.count(prompt, _sampled(result))
             results.append(result)
-        return "json", {}
+        return Answer.json({})
 
     request_id = job.submit(run)
     rt = svc.rt
@@ -153,7 +154,7 @@ async def stream(
                 send("chunks", out)
 
         if closed.is_set():  # the caller went away while this waited in the queue
-            return "json", {"closed": True}
+            return Answer.json({"closed": True})
         try:
             job.install()
             for p, prompt in enumerate(prompts):
@@ -162,7 +163,7 @@ async def stream(
                     result = job.sample(prompt, on_tokens)
                 except StreamClosed:
                     job.count(prompt, decoded)
-                    return "json", {"closed": True}
+                    return Answer.json({"closed": True})
                 job.count(prompt, _sampled(result))
                 results.append(result)
                 out = []
@@ -175,7 +176,7 @@ async def stream(
             send("error", e)
             raise
         send("done", chunks.usage(responses.usage(prompts, results)))
-        return "json", {}
+        return Answer.json({})
 
     job.submit(run)
     try:

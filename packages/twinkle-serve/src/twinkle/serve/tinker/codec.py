@@ -39,16 +39,18 @@ def _tensor(msg, where: str) -> np.ndarray:
 
 
 def _datum(i: int, d) -> Datum:
-    tokens: list[int] = []
+    parts: list[np.ndarray] = []  # the text chunks' int32 tokens, read in place from the body
     pieces = []  # image chunks, expanded to tokens once the model is known (tinker/images.py)
     for chunk in d.model_input:
         kind = chunk.WhichOneof("chunk")
         if kind == "image":
-            pieces.append(images.from_proto(chunk.image, len(tokens)))
+            pieces.append(images.from_proto(chunk.image, sum(p.size for p in parts)))
             continue
         if kind != "encoded_text":
             raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text and images)")
-        tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
+        parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
+    # one int64 array (the dtype of the model's input ids): it becomes a tensor without another copy
+    tokens = np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
     inputs = {name: _tensor(t, f"datum {i} loss_fn_inputs[{name!r}]") for name, t in d.loss_fn_inputs.items()}
     return Datum(tokens, inputs, pieces or None)
 
@@ -108,10 +110,12 @@ def decode_forward_backward(body: bytes):
 def encode_forward_result(result: ForwardResult) -> bytes:
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
     record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(result.logprobs))
-    arrays = [np.asarray(a, dtype=np.float32) for a in result.logprobs]
-    offsets = np.cumsum([0] + [a.nbytes for a in arrays]).astype(np.int64)
+    # the datums' log-probs as one float32 array and its byte offsets (the SDK splits it per datum)
+    arrays = [np.asarray(a, dtype=np.float32).reshape(-1) for a in result.logprobs]
+    flat = np.concatenate(arrays) if arrays else np.zeros(0, np.float32)
+    offsets = np.concatenate([[0], np.cumsum([a.size for a in arrays], dtype=np.int64)]).astype(np.int64) * 4
     field = record.fields["logprobs"]
-    field.data = b"".join(a.tobytes() for a in arrays)
+    field.data = flat.tobytes()
     field.offsets = offsets.tobytes()
     field.dtype = pb.DTYPE_FLOAT32
     for k, v in result.metrics.items():

@@ -19,6 +19,7 @@ from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker import codec
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram, run_per_datum
+from twinkle.serve.core.work import Answer
 
 
 def create(svc: Service, tenant: str, body: dict) -> dict:
@@ -111,8 +112,8 @@ def submit(
                 loss_sum = float(loss.detach().sum())
                 if forward_only:
                     svc.count_training(run, tokens)
-                    return "proto", codec.encode_forward_result(
-                        ForwardResult(forward.logprobs, {**metrics, "loss:sum": loss_sum})
+                    return Answer.proto(
+                        codec.encode_forward_result(ForwardResult(forward.logprobs, {**metrics, "loss:sum": loss_sum}))
                     )
                 loss.backward()
         except LossGraphError as e:
@@ -129,6 +130,6 @@ def submit(
         svc.record_step(run, {"loss": loss_sum})  # the run's curve, as for the built-in losses
         surrogate_sum = backward.metrics.pop("loss:sum")
         out = {**backward.metrics, **metrics, "loss:sum": loss_sum, "surrogate_loss:sum": surrogate_sum}
-        return "proto", codec.encode_forward_result(ForwardResult(backward.logprobs, out))
+        return Answer.proto(codec.encode_forward_result(ForwardResult(backward.logprobs, out)))
 
     return svc.submit(tenant, engine, run.model_id, seq_id, work)

@@ -75,7 +75,7 @@ def _check_format(piece: ImagePiece, where: str) -> None:
         raise BadRequest(f"{where}: the chunk says format {piece.format!r} but its bytes are {actual}")
 
 
-def expand(tokens: list[int], pieces: list[ImagePiece], backend, model: str, where: str):
+def expand(tokens: list[int] | np.ndarray, pieces: list[ImagePiece], backend, model: str, where: str):
     """(tokens with each image's placeholder tokens inserted, {"pixel_values", "image_grid_thw"})."""
     enc = image_encoder(backend)
     if enc is None:
@@ -83,6 +83,7 @@ def expand(tokens: list[int], pieces: list[ImagePiece], backend, model: str, whe
     for k, piece in enumerate(pieces):
         _check_format(piece, f"{where} image {k}")
     pixels, grid, counts = enc.encode([p.data for p in pieces])
+    tokens = np.asarray(tokens, dtype=np.int64).tolist()  # a datum's array or a prompt's list, spliced as a list
     out, last = [], 0
     for k, (piece, n) in enumerate(zip(pieces, counts)):
         if piece.expected_tokens is not None and piece.expected_tokens != n:
@@ -93,7 +94,10 @@ def expand(tokens: list[int], pieces: list[ImagePiece], backend, model: str, whe
         out += tokens[last : piece.at] + [enc.token_id] * n
         last = piece.at
     out += tokens[last:]
-    return out, {"pixel_values": np.asarray(pixels, np.float32), "image_grid_thw": np.asarray(grid, np.int64)}
+    return out, {
+        "pixel_values": np.asarray(pixels, np.float32),
+        "image_grid_thw": np.asarray(grid, np.int64),
+    }
 
 
 def expand_datums(data: list[Datum], backend, model: str) -> list[Datum]:
@@ -104,5 +108,5 @@ def expand_datums(data: list[Datum], backend, model: str) -> list[Datum]:
             out.append(d)
             continue
         tokens, images = expand(d.tokens, d.images, backend, model, f"datum {i}")
-        out.append(replace(d, tokens=tokens, images=images))
+        out.append(replace(d, tokens=np.asarray(tokens, dtype=np.int64), images=images))  # an array, as decoded
     return out

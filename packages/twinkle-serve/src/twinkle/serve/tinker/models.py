@@ -16,6 +16,7 @@ from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, custom_loss_service, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
+from twinkle.serve.core.work import Answer, PassJob
 
 
 def adapter_name(model_id: str) -> str:
@@ -134,7 +135,7 @@ class TinkerModels:
             except BaseException:
                 self.forget_run(run, engine)
                 raise
-            return "json", {"type": "create_model", "model_id": run.model_id}
+            return Answer.json({"type": "create_model", "model_id": run.model_id})
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, 0, work), "model_id": run.model_id}
 
@@ -188,17 +189,17 @@ class TinkerModels:
                 )
                 point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted, "mfu": result.mfu}
                 self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
-            return "proto", codec.encode_forward_result(result)
+            return Answer.proto(codec.encode_forward_result(result))
 
         def work():
             item = DatumsPass(self.svc.live_adapter(model_id), data, loss_fn, config, forward_only)
             return finish(engine.backend.forward_backward_many([item])[0])
 
         live = self.rt.live.get(model_id)
-        fuse = None
+        job = None
         if live is not None:  # fusable once the adapter exists (create_model already ran)
-            fuse = (DatumsPass(live.adapter, data, loss_fn, config, forward_only), finish)
-        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, fuse), "model_id": model_id}
+            job = PassJob(DatumsPass(live.adapter, data, loss_fn, config, forward_only), finish)
+        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, job), "model_id": model_id}
 
     def optim_step(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))
@@ -216,7 +217,7 @@ class TinkerModels:
             self.svc.record_step(
                 run, {"grad_norm": metrics.get("grad_norm:mean"), "lr": params.learning_rate}, same_step=True
             )
-            return "json", {"type": "optim_step", "metrics": metrics}
+            return Answer.json({"type": "optim_step", "metrics": metrics})
 
         request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)
         return {"request_id": request_id, "model_id": run.model_id}

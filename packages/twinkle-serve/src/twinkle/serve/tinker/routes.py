@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core import bounds
-from twinkle.serve.core.futures import PROTO
+from twinkle.serve.core.work import PROTO
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker import bodies as b

@@ -16,7 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.service import Service
-from twinkle.serve.tinker import custom_loss_service, sampling_queue, sessions_extra, usage
+from twinkle.serve.core.adapter_import import AdapterImports
+from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions_extra, usage
 from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.models import TinkerModels
 from twinkle.serve.tinker.routes import json_body
@@ -48,6 +49,20 @@ def build_extra_router(svc: Service) -> PrefixRouter:
     @r.post("/join_sampling_session")
     async def join_sampling_session(request: Request, t: str = Depends(caller)):
         return await run_in_threadpool(sampling_queue.join_sampling_session, sampling, t, await json_body(request))
+
+    # ---- a PEFT adapter made elsewhere, as a training checkpoint (twinkle.serve.core.adapter_import) ----
+    imports = AdapterImports(svc)
+
+    def import_adapter(t: str, body: dict) -> dict:
+        if body.get("session_id") is not None:  # another tenant's session: a 404 before the body is read
+            svc.session(t, body["session_id"])
+        engine = model_names.engine(rt, body.get("base_model"))  # `<base>:peft:<n>` too
+        ckpt = imports.import_adapter(t, engine, body.get("name"), body.get("files"), body.get("session_id"))
+        return {"type": "import_adapter", "path": ckpt.tinker_path, "model_id": ckpt.model_id}
+
+    @r.post("/import_adapter")
+    async def import_adapter_route(request: Request, t: str = Depends(auth.ready)):
+        return await run_in_threadpool(import_adapter, t, await json_body(request))
 
     # ---- external weights: export, signed URLs, the files themselves ----
     signer = UrlSigner()

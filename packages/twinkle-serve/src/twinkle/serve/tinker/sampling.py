@@ -13,6 +13,7 @@ from twinkle.serve.errors import NotFound
 from twinkle.serve.tinker import codec, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
+from twinkle.serve.core.work import Answer
 
 
 def sampler_name(key: str) -> str:
@@ -88,7 +89,9 @@ class TinkerSampling:
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             if policy is not None:
                 self.provenance.record(tenant, sampler, policy, sequence_ids, prompt, result.sequences)
-            return "proto", codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
+            return Answer.proto(
+                codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
+            )
 
         seq = body.get("seq_id")
         request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run)

@@ -17,6 +17,7 @@ from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
+from twinkle.serve.core.work import Answer
 
 
 def checked_fields(body: dict) -> None:
@@ -62,7 +63,7 @@ class TinkerWeights:
 
         def work():
             path = self._write(run, engine, "training", name, body, bool(body.get("overwrite", False))).tinker_path
-            return "json", {"type": "save_weights", "path": path}
+            return Answer.json({"type": "save_weights", "path": path})
 
         return self._queue(tenant, engine, run, body, work)
 
@@ -74,17 +75,19 @@ class TinkerWeights:
             self.svc.admit_save(tenant)
 
             def work():
-                return "json", {
-                    "type": "save_weights_for_sampler",
-                    "path": self._write(run, engine, "sampler", name, body, True).tinker_path,
-                }
+                return Answer.json(
+                    {
+                        "type": "save_weights_for_sampler",
+                        "path": self._write(run, engine, "sampler", name, body, True).tinker_path,
+                    }
+                )
         else:
             seq = body.get("sampling_session_seq_id")
             if not isinstance(seq, int):
                 raise BadRequest("save_weights_for_sampler needs a path (named) or sampling_session_seq_id (ephemeral)")
 
             def work():
-                return "json", self.sampling.install_snapshot(tenant, engine, run.session_id, seq, run.model_id)
+                return Answer.json(self.sampling.install_snapshot(tenant, engine, run.session_id, seq, run.model_id))
 
         return self._queue(tenant, engine, run, body, work)
 
@@ -119,7 +122,7 @@ class TinkerWeights:
                 except BaseException:
                     self.models.forget_run(run, engine)  # a model that never loaded is not listed
                     raise
-            return "json", {"type": "load_weights", "path": path, "model_id": run.model_id}
+            return Answer.json({"type": "load_weights", "path": path, "model_id": run.model_id})
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
 
@@ -135,7 +138,9 @@ class TinkerWeights:
 
         def work():
             ckpt = self._write(run, engine, "external", name, body, True)
-            return "json", {"type": "save_weights_external", "path": ckpt.tinker_path, "size_bytes": ckpt.size_bytes}
+            return Answer.json(
+                {"type": "save_weights_external", "path": ckpt.tinker_path, "size_bytes": ckpt.size_bytes}
+            )
 
         return self._queue(tenant, engine, run, body, work)
 

@@ -4,14 +4,12 @@ Sessions, training runs, samplers, checkpoint metadata, futures, API keys, the a
 submissions, the runs' curves, token usage, per-key quotas and the samples a run shows on the dashboard. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
 this file says which exist. Everything a client was told (a future's result, a checkpoint path) is
 committed here before the client can see it, so a restart on the same data dir loses nothing that
-was acknowledged. The schema is versioned (`schema.py`); opening an older database upgrades it.
+was acknowledged. The bookkeeping rows of a step are journaled and committed together (`db.py`).
+The schema is versioned (`schema.py`); opening an older database upgrades it.
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from twinkle.serve.core.store.account_tables import (
@@ -22,73 +20,13 @@ from twinkle.serve.core.store.account_tables import (
     SampleRequests,
     Usage,
 )
+from twinkle.serve.core.store.db import Db
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
-from twinkle.serve.core.store.schema import VERSION, migrate
+from twinkle.serve.core.store.schema import VERSION
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
 from twinkle.serve.core.store.stability_tables import StabilityRecords
 
-__all__ = ["Store", "VERSION"]
-
-
-class Db:
-    """One connection shared by threads, serialised by a lock; rows come back as dicts."""
-
-    def __init__(self, path: Path):
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
-        self._lock = threading.Lock()
-        self.writes = 0  # write transactions committed: what a step costs the store (tests read it)
-        with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # With WAL, NORMAL syncs at checkpoints, not on every commit: a killed server process
-            # loses nothing it committed (the WAL is in the OS's cache); only a power cut could.
-            # FULL cost an fsync per request row, several per training step.
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self.version = migrate(self._conn)
-
-    def execute(self, sql: str, args=()) -> int:
-        with self._lock:
-            self.writes += not sql.lstrip().upper().startswith("SELECT")
-            return self._conn.execute(sql, args).rowcount
-
-    def execute_many(self, sql: str, rows: list[tuple]) -> None:
-        """Several rows in one transaction: one write (one WAL commit), not one per row."""
-        if rows:
-            with self._transaction() as conn:
-                conn.executemany(sql, rows)
-
-    def execute_all(self, statements: list[tuple[str, tuple]]) -> None:
-        """Several statements in one transaction: one write, all or nothing."""
-        if statements:
-            with self._transaction() as conn:
-                for sql, args in statements:
-                    conn.execute(sql, args)
-
-    @contextmanager
-    def _transaction(self):
-        with self._lock:
-            self.writes += 1
-            self._conn.execute("BEGIN")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-
-    def one(self, sql: str, args=()) -> dict | None:
-        with self._lock:
-            row = self._conn.execute(sql, args).fetchone()
-        return dict(row) if row else None
-
-    def all(self, sql: str, args=()) -> list[dict]:
-        with self._lock:
-            return [dict(r) for r in self._conn.execute(sql, args).fetchall()]
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+__all__ = ["VERSION", "Db", "Store"]
 
 
 class Store:

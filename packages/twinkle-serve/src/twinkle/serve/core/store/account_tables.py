@@ -62,6 +62,7 @@ class SampleRequests:
     def completions(self, tenant: str, sampler_id: str, clone: int, after: int) -> tuple[list, list]:
         """-> (finished requests numbered after `after`, in completion order, with status and payload size;
         request ids still pending). A request is numbered once, the first time it is seen finished."""
+        self.db.flush()  # a just-queued request's future may still be journaled: join the committed table
         rows = self.db.all(
             "SELECT s.request_id, s.completion, f.status, LENGTH(f.payload) AS size FROM sample_requests s "
             "JOIN futures f ON f.request_id = s.request_id WHERE s.tenant=? AND s.sampler_id=? "
@@ -104,10 +105,17 @@ class Usage:
         self.db = db
 
     def add(
-        self, tenant: str, session_id: str | None, base_model: str, counts: dict[str, int], model_id: str | None
+        self,
+        tenant: str,
+        session_id: str | None,
+        base_model: str,
+        counts: dict[str, int],
+        model_id: str | None,
+        soon: bool = False,
     ) -> None:
         """Count tokens by kind (training, sampling_prefill, sampling_sample) in this UTC hour's bucket
-        and, with `model_id`, in that run's totals: one write for all of it."""
+        and, with `model_id`, in that run's totals: one write for all of it (`soon`: journaled, committed
+        with the pass that did the work)."""
         hour = int(time.time()) // 3600 * 3600
         statements = []
         for kind, tokens in counts.items():
@@ -126,16 +134,21 @@ class Usage:
                         (model_id, tenant, kind, int(tokens), int(tokens)),
                     )
                 )
-        self.db.execute_all(statements)
+        if soon:
+            self.db.soon(statements)
+        else:
+            self.db.execute_all(statements)
 
     def since(self, tenant: str, start: float) -> int:
         """Tokens of every kind the tenant used in the hours from `start` on."""
+        self.db.flush()  # journaled counts (the passes') are part of every report
         return self.db.one(
             "SELECT COALESCE(SUM(tokens), 0) AS n FROM usage WHERE tenant=? AND hour >= ?", (tenant, start)
         )["n"]
 
     def totals(self, tenant: str) -> dict[str, int]:
         """All-time tokens of the tenant by kind."""
+        self.db.flush()  # journaled counts (the passes') are part of every report
         return {
             r["kind"]: r["tokens"]
             for r in self.db.all(
@@ -145,6 +158,7 @@ class Usage:
 
     def of_runs(self, tenant: str) -> list[dict]:
         """Per run of the tenant: tokens by kind and checkpoint bytes stored, runs with either."""
+        self.db.flush()  # journaled counts (the passes') are part of every report
         return self.db.all(
             "SELECT m.model_id, m.api, m.created_at, "
             "(SELECT COALESCE(SUM(tokens), 0) FROM run_usage u WHERE u.model_id = m.model_id AND u.kind = 'training') "
@@ -157,6 +171,7 @@ class Usage:
         )
 
     def buckets(self, tenant: str, start: float, end: float) -> list[dict]:
+        self.db.flush()  # journaled counts (the passes') are part of every report
         return self.db.all(
             "SELECT hour, session_id, base_model, kind, tokens FROM usage WHERE tenant=? AND hour >= ? "
             "AND hour < ? ORDER BY hour, tokens DESC",
@@ -164,6 +179,7 @@ class Usage:
         )
 
     def of_session(self, session_id: str) -> list[dict]:
+        self.db.flush()  # journaled counts (the passes') are part of every report
         return self.db.all("SELECT hour, kind, tokens FROM usage WHERE session_id=? ORDER BY hour", (session_id,))
 
 

@@ -99,7 +99,8 @@ class Runs:
         self.db.execute("UPDATE models SET lora=? WHERE model_id=?", (json.dumps(lora), model_id))
 
     def touch(self, model_id: str) -> None:
-        self.db.execute("UPDATE models SET last_request_time=? WHERE model_id=?", (time.time(), model_id))
+        """Journaled: committed with the request's future (a dashboard field, not worth a write)."""
+        self.db.soon([("UPDATE models SET last_request_time=? WHERE model_id=?", (time.time(), model_id))])
 
     def of_session(self, session_id: str) -> builtins.list[Run]:
         return [

@@ -89,7 +89,13 @@ CREATE TABLE IF NOT EXISTS stability_policies (sampler_id TEXT PRIMARY KEY, mode
     policy_version INTEGER NOT NULL);
 """
 
-MIGRATIONS = [V1, V2, V3, V4, V5, V6]
+# 7: one row per server start. A future's id begins with its boot's id, so a future whose row a kill -9
+# lost (rows are journaled, db.py) is recognised after the restart and answered with the restart error.
+V7 = """
+CREATE TABLE IF NOT EXISTS boots (boot_id TEXT PRIMARY KEY, started_at REAL NOT NULL);
+"""
+
+MIGRATIONS = [V1, V2, V3, V4, V5, V6, V7]
 VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,72 @@
+"""The scheduler's typed work: a queued `Call`, the fusable `PassJob` it may carry, and the `Answer`
+it ends with.
+
+A facade (Tinker, native, OpenAI) turns its request into a Call and its result into an Answer (a
+content type and the bytes it chose); the core queues, fuses, runs and stores these without reading
+a wire format. A PassJob's `shape` is what the planner's cost model (`twinkle.model.multi_lora.
+planner`) weighs when it decides which runs' passes share one pass over the base weights.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from twinkle.serve.backend import DatumsPass, Pass
+
+JSON = "application/json"
+PROTO = "application/x-protobuf"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a finished call tells its client: stored with its future, sent back as it is."""
+
+    content_type: str
+    body: bytes
+
+    @classmethod
+    def json(cls, value) -> Answer:
+        return cls(JSON, json.dumps(value).encode())
+
+    @classmethod
+    def proto(cls, body: bytes) -> Answer:
+        return cls(PROTO, body)
+
+
+@dataclass(frozen=True)
+class PassJob:
+    """A forward(_backward) the engine may run fused with other runs' (at most one per run a pass).
+    `finish` gets the engine's outcome for this pass (its result, or the exception that failed it)."""
+
+    item: Pass
+    finish: Callable[[object], Answer]
+
+    @property
+    def kind(self) -> str:
+        return "forward" if self.item.forward_only else "forward_backward"
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(rows, longest row, real tokens) of the pass's batch: the planner's cost model."""
+        if isinstance(self.item, DatumsPass):
+            lengths = [len(d.tokens) for d in self.item.data]
+        else:
+            lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in self.item.rows]
+        return len(lengths), max(lengths, default=0), sum(lengths)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One queued request: `run()` on the worker answers it, unless its `job` runs in a fused pass."""
+
+    queue: str  # the run (or sampler) whose requests run in seq_id order
+    seq_id: int | None
+    request_id: str
+    run: Callable[[], Answer]
+    job: PassJob | None = None
+
+    @property
+    def order(self) -> int:
+        return self.seq_id if self.seq_id is not None else 2**62
