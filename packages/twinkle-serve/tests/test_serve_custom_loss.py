@@ -51,6 +51,7 @@ def _data():
 
 
 def _futures(server, tenant) -> int:
+    server.runtime.store.db.flush()  # a created future may still be journaled (store/db.py)
     return server.runtime.store.db.one("SELECT COUNT(*) AS n FROM futures WHERE tenant=?", (tenant,))["n"]
 
 

@@ -12,6 +12,7 @@ def _post(url, key, path, body, idem=None):
 
 
 def _futures(server, tenant):
+    server.runtime.store.db.flush()  # a created future may still be journaled (store/db.py)
     return server.runtime.store.db.one("SELECT COUNT(*) AS n FROM futures WHERE tenant=?", (tenant,))["n"]
 
 
