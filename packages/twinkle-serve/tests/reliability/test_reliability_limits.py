@@ -1,5 +1,5 @@
-"""Limits on a real `twinkle-server`: per-tenant request and input-token rates answer 429 with
-Retry-After; a server-wide cap on adapter memory refuses a new adapter with a clear error, on both
+"""Limits on a real `twinkle-server`: the per-tenant request rate answers 429 with Retry-After; work
+over the input-token rate queues, and only past its max_queue_wait_s answers 429 with Retry-After; a server-wide cap on adapter memory refuses a new adapter with a clear error, on both
 APIs and across them (and frees room when a session finishes or a native model closes); request
 bodies over `max_request_bytes` answer 413 on both APIs, declared or streamed (chunked)."""
 
@@ -37,7 +37,7 @@ def limited(launch):
         max_request_bytes=BODY_LIMIT,
         max_adapter_memory_mb=cap_mb,
         adapter_offload=False,  # the cap refuses instead of parking (parking: test_reliability_offload)
-        tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0}},
+        tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0, "max_queue_wait_s": 1.0}},
     )
     return srv, keys, per_adapter, cap_mb
 
@@ -54,23 +54,28 @@ def test_request_rate_answers_429_with_retry_after(limited):
     assert w.post("/create_session", {}).status_code == 200  # Retry-After was honest
 
 
-def test_token_rate_answers_429_with_retry_after(limited):
+def test_token_rate_queues_work_and_answers_429_only_past_the_longest_wait(limited):
     srv, keys, *_ = limited
     w = Wire(srv.url, keys["tokeny"])
     mid = w.create_model(w.session(), seed=1)
-    tokens = list(range(10, 26))  # 15 input tokens: one fits the 20/s bucket, two back to back do not
-    first = w.http.post(
-        "/api/v1/forward_backward",
-        content=fb_body(mid, 1, [sft_pair(tokens)]),
-        headers={"content-type": "application/x-protobuf"},
-    )
-    second = w.http.post(
-        "/api/v1/forward_backward",
-        content=fb_body(mid, 2, [sft_pair(tokens)]),
-        headers={"content-type": "application/x-protobuf"},
-    )
-    assert first.status_code == 200 and second.status_code == 429, (first.text, second.text)
-    assert int(second.headers["retry-after"]) >= 1 and "input tokens/s" in second.json()["error"]
+    tokens = list(range(10, 26))  # 15 input tokens: the 2nd waits 0.5 s for the 20/s rate, the 3rd 1.25 s
+
+    def send(seq):
+        return w.http.post(
+            "/api/v1/forward_backward",
+            content=fb_body(mid, seq, [sft_pair(tokens)]),
+            headers={"content-type": "application/x-protobuf"},
+        )
+
+    first, second, third = send(1), send(2), send(3)
+    assert first.status_code == second.status_code == 200, (first.text, second.text)  # the 2nd is queued
+    assert third.status_code == 429, third.text  # its turn is past max_queue_wait_s: nothing accepted
+    error = third.json()["error"]
+    assert "input tokens/s" in error and "max_queue_wait_s (1 s)" in error, error
+    assert int(third.headers["retry-after"]) >= 1
+    w.done(first), w.done(second)
+    time.sleep(int(third.headers["retry-after"]))
+    assert send(3).status_code == 200  # Retry-After was honest
 
 
 def test_adapter_memory_cap_refuses_a_new_adapter_clearly(limited):

@@ -7,6 +7,7 @@ calls whose result is never looked at stay pipelined.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from twinkle.client.schema import FutureRef, FutureResult
 
 _UNSET = object()
 POLL_S = 25.0
+log = logging.getLogger("twinkle.client")
 
 
 class Future:
@@ -24,10 +26,16 @@ class Future:
         self.client, self.request_id, self.model_id = client, ref.request_id, ref.model_id
         self._parse = parse or (lambda x: x)
         self._value = _UNSET
+        # while pending: where the server says it waits (FutureResult.queue_state / queue_reason)
+        self.queue_state: str | None = None
+        self.queue_reason: str | None = None
 
     def _settle(self, answer: dict) -> bool:
         res = FutureResult.model_validate(answer)
         if res.status == "pending":
+            if res.queue_state == "paused_rate_limit" and self.queue_state != res.queue_state:
+                log.warning("request %s is queued, not refused: %s", self.request_id, res.queue_reason)
+            self.queue_state, self.queue_reason = res.queue_state, res.queue_reason
             return False
         if res.status == "failed":
             raise TwinkleRequestFailed(

@@ -69,12 +69,16 @@ class RayConfig(_Strict):
 
 
 class Limits(_Strict):
-    """Per tenant. None = unlimited. Exceeding one answers 429 with Retry-After."""
+    """Per tenant. None = unlimited. Exceeding one answers 429 with Retry-After, except the input-token
+    rate, whose excess work queues (up to max_queue_wait_s)."""
 
     max_models: int | None = Field(32, ge=1)
     requests_per_s: float | None = Field(None, gt=0)
     input_tokens_per_s: float | None = Field(None, gt=0)
     max_input_tokens: int | None = Field(None, ge=1)
+    # work over input_tokens_per_s is queued (Tinker queue_state "paused_rate_limit"), not refused,
+    # while its turn comes within this many seconds; past it, 429 with Retry-After
+    max_queue_wait_s: float = Field(120.0, gt=0, le=86400)
     # creations per key per minute (a burst of this many, refilled over the minute): sessions (Tinker
     # create_session, native models) and adapters (Tinker create_model, native add_adapter_to_model)
     sessions_per_minute: float | None = Field(600, gt=0)

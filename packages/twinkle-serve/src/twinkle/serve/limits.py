@@ -1,6 +1,9 @@
 """Per-tenant rate limits: token buckets for requests/s and input tokens/s, caps on models and request size.
 
-A refusal carries how long to wait, which the routes return as `429` with `Retry-After`.
+A refusal carries how long to wait, which the routes return as `429` with `Retry-After`. Work over
+the input-token rate is not refused but queued: it takes its tokens ahead of time and is held until
+its turn (a `Hold`, which the scheduler honours and `retrieve_future` reports as `paused_rate_limit`
+with the wait and the limit), unless that turn is more than `max_queue_wait_s` away.
 """
 
 from __future__ import annotations
@@ -8,6 +11,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 from twinkle.serve.config import Limits
 
@@ -16,6 +20,14 @@ class LimitExceeded(Exception):
     def __init__(self, message: str, retry_after: float):
         super().__init__(message)
         self.retry_after = max(1, math.ceil(retry_after))
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Queued work that may not start before `until` (time.monotonic()): the tenant's rate says so."""
+
+    until: float
+    limit: str  # the limit holding it, as the client is told: "tenant 'x''s limit of 20 input tokens/s"
 
 
 class _Bucket:
@@ -34,6 +46,19 @@ class _Bucket:
             self.level -= amount
             return 0.0
         return (amount - self.level) / self.rate
+
+    def reserve(self, amount: float, max_wait: float) -> float:
+        """Take `amount` now, into debt if need be: -> seconds until the debt is repaid (0: none), the
+        time the work must wait. Past `max_wait` nothing is taken and the wait is returned negated."""
+        now = time.monotonic()
+        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
+        self.stamp = now
+        amount = min(amount, self.capacity)
+        wait = max(0.0, (amount - self.level) / self.rate)
+        if wait > max_wait:
+            return -wait
+        self.level -= amount  # below zero: later work waits behind this one (first come, first served)
+        return wait
 
 
 class TenantLimits:
@@ -67,13 +92,30 @@ class TenantLimits:
     def request(self, tenant: str) -> None:
         self._take(tenant, "req", self.of(tenant).requests_per_s, 1, "requests/s")
 
-    def input_tokens(self, tenant: str, n: int) -> None:
-        cap = self.of(tenant).max_input_tokens
+    def input_tokens(self, tenant: str, n: int) -> Hold | None:
+        """Admit work of `n` input tokens: None to run in turn, a Hold to start later, LimitExceeded
+        if it exceeds the per-request cap or its start would be more than max_queue_wait_s away."""
+        limits = self.of(tenant)
+        cap, rate = limits.max_input_tokens, limits.input_tokens_per_s
         if cap is not None and n > cap:
             raise LimitExceeded(
                 f"request has {n} input tokens; tenant {tenant!r} may send at most {cap} per request", 60
             )
-        self._take(tenant, "tok", self.of(tenant).input_tokens_per_s, n, "input tokens/s")
+        if rate is None:
+            return None
+        with self._lock:
+            bucket = self._buckets.get((tenant, "tok"))
+            if bucket is None:
+                bucket = self._buckets[(tenant, "tok")] = _Bucket(rate)
+            wait = bucket.reserve(n, limits.max_queue_wait_s)
+        limit = f"tenant {tenant!r}'s limit of {rate:g} input tokens/s"
+        if wait < 0:
+            raise LimitExceeded(
+                f"{limit} would hold this request {-wait:.0f} s, more than max_queue_wait_s "
+                f"({limits.max_queue_wait_s:g} s): the queue is full",
+                -wait - limits.max_queue_wait_s,
+            )
+        return Hold(time.monotonic() + wait, limit) if wait > 0 else None
 
     def models(self, tenant: str, live: int) -> None:
         cap = self.of(tenant).max_models

@@ -147,6 +147,10 @@ class FutureResult(_Strict):
     result: JsonValue = None
     error: str | None = None
     category: Literal["user", "server"] | None = None
+    # pending only: where it waits ("active": running or queued in turn; "paused_rate_limit": held by
+    # the tenant's input-token rate) and, for a person, behind what
+    queue_state: Literal["active", "paused_rate_limit"] | None = None
+    queue_reason: str | None = None
 
 
 class ForwardResult(_Strict):

@@ -12,6 +12,10 @@ fused pass). Which ones join is the planner's cost model (`twinkle.model.multi_l
 one its benchmark measures): a batch past `fuse_max_tokens` runs alone, and a pass holds at most
 `group_max_tokens` padded tokens of which at most `max_padding` is padding. Each job's `finish`
 then answers its own future, so one tenant's bad input fails only that tenant's request.
+
+Work over its tenant's input-token rate waits in its queue, held (`Call.hold`), instead of being
+refused; `where` tells a poll where a pending request is: running, queued behind how many, or held
+by which limit for how long (Tinker's `queue_state` / `queue_state_reason`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
@@ -55,6 +60,8 @@ class Scheduler:
         self._ready: deque[str] = deque()  # queue keys with work, in round-robin order
         self._cond = threading.Condition()
         self._tiebreak = itertools.count()
+        self._running: set[str] = set()  # request ids of the pass on the worker now
+        self.name = name
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"twinkle-{name}", daemon=True)
         self._thread.start()
@@ -90,20 +97,33 @@ class Scheduler:
 
     def _next(self) -> list[Call] | None:
         with self._cond:
-            while not self._ready and not self._stopping:
-                self._cond.wait()
+            while not (due := self._due()):
+                if self._stopping:
+                    return None
+                held = [h.until for q in self._ready if (h := self._head(q).hold) is not None]
+                # every queue's head is held by its tenant's rate (or none has work): sleep until one is due
+                self._cond.wait(timeout=max(0.0, min(held) - time.monotonic()) if held else None)
             if self._stopping:
                 return None
-            first = self._ready.popleft()
+            first = due[0]
+            self._ready.remove(first)
             if self._head(first).job is None or self.fuse_runner is None:
-                return [self._pop(first)]
-            # other models whose next request is a pass job may join (one request per model: `first`
-            # is back in the ready list when it has more queued)
-            others = [q for q in self._ready if q != first and self._head(q).job is not None]
-            joined = self._compose(first, others)
-            for queue in joined:
-                self._ready.remove(queue)
-            return [self._pop(queue) for queue in [first, *joined]]
+                taken = [self._pop(first)]
+            else:
+                # other models whose next request is a due pass job may join (one request per model:
+                # `first` is back in the ready list when it has more queued)
+                others = [q for q in due[1:] if self._head(q).job is not None]
+                joined = self._compose(first, others)
+                for queue in joined:
+                    self._ready.remove(queue)
+                taken = [self._pop(queue) for queue in [first, *joined]]
+            self._running = {c.request_id for c in taken}
+            return taken
+
+    def _due(self) -> list[str]:
+        """Queues whose head may start now, in round-robin order (a held head holds only its queue)."""
+        now = time.monotonic()
+        return [q for q in self._ready if self._head(q).due(now)]
 
     def _head(self, queue: str) -> Call:
         return self._queues[queue][0][2]
@@ -135,6 +155,8 @@ class Scheduler:
             started = time.perf_counter()
             with self.hub.batch():  # the pass's rows commit together, before its results are visible
                 self._serve(taken)
+            with self._cond:
+                self._running = set()
             self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(c) for c in taken)))
             if self.on_pass is not None:
                 self.on_pass(time.perf_counter() - started, len(taken))
@@ -168,6 +190,34 @@ class Scheduler:
         else:
             self.hub.complete(request_id, answer)
 
+    def where(self, request_id: str) -> Place | None:
+        """Where a pending request of this worker is (Tinker's queue_state and its reason); None if
+        it is not here."""
+        with self._cond:
+            if request_id in self._running:
+                return Place("active", f"running on {self.name}", 0, 0.0)
+            for queue, heap in self._queues.items():
+                mine = next((entry for entry in heap if entry[2].request_id == request_id), None)
+                if mine is None:
+                    continue
+                ahead = [entry[2] for entry in heap if entry[:2] < mine[:2]]
+                holds = [c.hold for c in [*ahead, mine[2]] if c.hold is not None]
+                hold = max(holds, key=lambda h: h.until, default=None)
+                starts_in = max(0.0, hold.until - time.monotonic()) if hold is not None else 0.0
+                where = (
+                    f"{len(ahead)} of its queue's requests before it, {len(self._queues) - 1} other "
+                    f"queues taking turns on {self.name}"
+                )
+                if starts_in > 0 and hold is not None:
+                    return Place(
+                        "paused_rate_limit",
+                        f"held by {hold.limit}: starts in {starts_in:.1f} s; {where}",
+                        len(ahead),
+                        starts_in,
+                    )
+                return Place("active", f"queued: {where}", len(ahead), 0.0)
+        return None
+
     def cancel(self, request_id: str) -> bool:
         """Drop a queued task that has not started (Tinker `cancel_future`); False if it is running, done,
         or not queued here."""
@@ -185,6 +235,16 @@ class Scheduler:
                         self._ready.remove(queue)
                 return True
         return False
+
+
+@dataclass(frozen=True)
+class Place:
+    """A pending request's place: `state` as Tinker's TryAgainResponse.queue_state names it."""
+
+    state: str  # "active" (running, or queued in turn) or "paused_rate_limit" (held by its tenant's rate)
+    reason: str  # for a person: what it waits for
+    ahead: int  # its queue's requests that run before it
+    starts_in_s: float  # how long its tenant's rate still holds it
 
 
 def _rows(call: Call) -> int:

@@ -19,7 +19,9 @@ from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
 from twinkle.serve.core.usage import UsageLedger
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.runtime import Engine, Runtime
+from twinkle.serve.core.scheduler import Place
 from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.limits import Hold
 
 
 class Service:
@@ -102,10 +104,11 @@ class Service:
     def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
         self.usage.count_sampling(sampler, prompt_tokens, sampled_tokens)
 
-    def admit_tokens(self, tenant: str, tokens: int) -> None:
-        """429 past the key's rate limit of input tokens/s, or its tokens_per_day quota."""
-        self.rt.limits.input_tokens(tenant, tokens)
+    def admit_tokens(self, tenant: str, tokens: int) -> Hold | None:
+        """429 past the key's tokens_per_day quota or its per-request cap; over its rate of input
+        tokens/s, the Hold its work waits for in the queue (429 only past max_queue_wait_s)."""
         self.usage.check_tokens(tenant, tokens)
+        return self.rt.limits.input_tokens(tenant, tokens)
 
     def admit_adapter(self, tenant: str) -> None:
         """409 when the key already holds its quota of live adapters (a native run may hold several)."""
@@ -130,13 +133,22 @@ class Service:
         seq_id: int | None,
         fn: Callable[[], Answer],
         job: PassJob | None = None,
+        hold: Hold | None = None,
     ) -> str:
-        """Queue `fn` (or its fusable pass `job`) on the base model's scheduler; the future's id."""
+        """Queue `fn` (or its fusable pass `job`) on the base model's scheduler, not to start before
+        `hold` (admit_tokens'); the future's id."""
         if seq_id is not None:  # ordered by the scheduler and stored in SQLite: a signed 64-bit integer
             bounds.check(B.SEQ_ID, "seq_id", seq_id)
         request_id = self.rt.hub.create(tenant)
-        engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job))
+        engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job, hold))
         return request_id
+
+    def where(self, request_id: str) -> Place | None:
+        """Where a pending request is on the workers (None: on none of them, e.g. finishing)."""
+        for engine in self.rt.engines.values():
+            if (place := engine.scheduler.where(request_id)) is not None:
+                return place
+        return None
 
     def unload(self, tenant: str, run: Run, adapters: list[str], finish: Callable[[], dict]) -> str | None:
         """Free a run's adapters (and their memory reservations) once its queued work has run."""

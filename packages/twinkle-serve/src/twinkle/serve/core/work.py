@@ -3,7 +3,8 @@ it ends with.
 
 A facade (Tinker, native, OpenAI) turns its request into a Call and its result into an Answer (a
 content type and the bytes it chose); the core queues, fuses, runs and stores these without reading
-a wire format. A PassJob's `shape` is what the planner's cost model (`twinkle.model.multi_lora.
+a wire format. A Call over its tenant's rate carries a `Hold` (`twinkle.serve.limits`): it waits in
+its queue until then, and only it and what its queue holds behind it wait. A PassJob's `shape` is what the planner's cost model (`twinkle.model.multi_lora.
 planner`) weighs when it decides which runs' passes share one pass over the base weights.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from twinkle.serve.backend import DatumsPass, Pass
+from twinkle.serve.limits import Hold
 
 JSON = "application/json"
 PROTO = "application/x-protobuf"
@@ -66,6 +68,10 @@ class Call:
     request_id: str
     run: Callable[[], Answer]
     job: PassJob | None = None
+    hold: Hold | None = None  # over the tenant's rate: not before hold.until
+
+    def due(self, now: float) -> bool:
+        return self.hold is None or self.hold.until <= now
 
     @property
     def order(self) -> int:

@@ -101,7 +101,7 @@ class NativeCompute:
         except UserError as e:
             rows, refused = [], e
         tokens = sum(len(r["input_ids"]) for r in rows)
-        self.svc.admit_tokens(tenant, tokens)
+        hold = self.svc.admit_tokens(tenant, tokens)
 
         def finish(internal: str, out) -> dict:
             if isinstance(out, Exception):
@@ -132,7 +132,7 @@ class NativeCompute:
         internal = self.models.peek_adapter(model_id, req.adapter_name)
         if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
             job = PassJob(RowsPass(internal, rows, not backward), lambda out: Answer.json(finish(internal, out)))
-        return self.models.submit(tenant, model_id, seq, work, job, run=run)
+        return self.models.submit(tenant, model_id, seq, work, job, run=run, hold=hold)
 
     def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:
         from twinkle.client.schema import StepResult

@@ -21,6 +21,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.limits import Hold
 
 
 def internal_name(model_id: str, adapter: str) -> str:
@@ -46,16 +47,26 @@ class NativeModels:
         return self.rt.engine(run.base_model)
 
     def submit(
-        self, tenant: str, model_id: str, seq: int | None, fn, job: PassJob | None = None, run: Run | None = None
+        self,
+        tenant: str,
+        model_id: str,
+        seq: int | None,
+        fn,
+        job: PassJob | None = None,
+        run: Run | None = None,
+        hold: Hold | None = None,
     ) -> dict:
         """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a
-        FutureRef. `run`: the tenant's run when the caller has already looked it up."""
+        FutureRef. `run`: the tenant's run when the caller has already looked it up; `hold`: its
+        tenant's rate holds it until then (Service.admit_tokens)."""
         run = run or self.model(tenant, model_id)
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
         if seq is None:  # no client numbering: arrival order
             seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
-        request_id = self.svc.submit(tenant, engine, model_id, seq, lambda: Answer.json(fn(engine.backend, run)), job)
+        request_id = self.svc.submit(
+            tenant, engine, model_id, seq, lambda: Answer.json(fn(engine.backend, run)), job, hold
+        )
         return {"request_id": request_id, "model_id": model_id}
 
     def adapter(self, model_id: str, name: str | None) -> str:

@@ -190,7 +190,13 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
         if row.status == "pending":
-            return FutureResult(request_id=request_id, status="pending")
+            place = core.where(request_id)
+            return FutureResult(
+                request_id=request_id,
+                status="pending",
+                queue_state=place.state if place else "active",
+                queue_reason=place.reason if place else "finishing",
+            )
         payload = json.loads(row.payload) if row.content_type == "application/json" and row.payload else None
         if row.status == "failed":
             failure = payload if isinstance(payload, dict) else {}

@@ -43,7 +43,7 @@ class _Job:
         backend = target.engine.backend
         self.images = images  # a one-prompt chat's image pixels (openai/images.py), or None
         bounds.sample_cost([len(p) for p in prompts], n, params.max_tokens, backend.max_context, svc.rt.config.caps)
-        svc.admit_tokens(tenant, sum(len(p) for p in prompts))
+        self.hold = svc.admit_tokens(tenant, sum(len(p) for p in prompts))  # over the rate: starts later
         self.svc, self.tenant, self.target, self.prompts, self.n, self.params = svc, tenant, target, prompts, n, params
         ckpt = target.checkpoint
         self.folder = str(svc.checkpoints.folder(ckpt)) if ckpt else None
@@ -67,7 +67,7 @@ class _Job:
 
     def submit(self, run) -> str:
         """Queue `run` on the worker thread, like every other backend call; the future's id."""
-        return self.svc.submit(self.tenant, self.target.engine, f"openai:{self.tenant}", None, run)
+        return self.svc.submit(self.tenant, self.target.engine, f"openai:{self.tenant}", None, run, hold=self.hold)
 
 
 def _sampled(result: SampleResult) -> int:

@@ -20,6 +20,7 @@ from twinkle.serve.tinker import codec
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram, run_per_datum
 from twinkle.serve.core.work import Answer
+from twinkle.serve.limits import Hold
 
 
 def create(svc: Service, tenant: str, body: dict) -> dict:
@@ -88,6 +89,7 @@ def submit(
     config: dict,
     forward_only: bool,
     body: bytes,
+    hold: Hold | None = None,
 ) -> str:
     """Queue one custom-loss forward(/backward) for `run`; the id of its future (a ForwardBackwardOutput)."""
     program = _program(svc, tenant, run.session_id, config.get("loss_id"))
@@ -132,4 +134,4 @@ def submit(
         out = {**backward.metrics, **metrics, "loss:sum": loss_sum, "surrogate_loss:sum": surrogate_sum}
         return Answer.proto(codec.encode_forward_result(ForwardResult(backward.logprobs, out)))
 
-    return svc.submit(tenant, engine, run.model_id, seq_id, work)
+    return svc.submit(tenant, engine, run.model_id, seq_id, work, hold=hold)

@@ -163,11 +163,11 @@ class TinkerModels:
         run = self.svc.run(tenant, model_id)
         engine = self.rt.engine(run.base_model)
         data = images.expand_datums(data, engine.backend, run.base_model)
-        self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
+        hold = self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         self.rt.store.runs.touch(model_id)
         if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
             request_id = custom_loss_service.submit(
-                self.svc, tenant, engine, run, seq_id, data, config, forward_only, body
+                self.svc, tenant, engine, run, seq_id, data, config, forward_only, body, hold
             )
             return {"request_id": request_id, "model_id": model_id}
         extra: dict = {}
@@ -199,7 +199,7 @@ class TinkerModels:
         job = None
         if live is not None:  # fusable once the adapter exists (create_model already ran)
             job = PassJob(DatumsPass(live.adapter, data, loss_fn, config, forward_only), finish)
-        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, job), "model_id": model_id}
+        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, job, hold), "model_id": model_id}
 
     def optim_step(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))

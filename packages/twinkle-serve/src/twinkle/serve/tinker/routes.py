@@ -167,8 +167,14 @@ def build_router(svc: Service) -> PrefixRouter:
         row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
-        if row.status == "pending":
-            return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
+        if row.status == "pending":  # where it waits, as the SDK's TryAgainResponse carries it
+            place = svc.where(request_id)
+            return {
+                "type": "try_again",
+                "request_id": request_id,
+                "queue_state": place.state if place else "active",
+                "queue_state_reason": place.reason if place else "finishing",
+            }
         return Response(row.payload, media_type=PROTO if row.content_type == PROTO else "application/json")
 
     # ---- REST: runs, checkpoints ----

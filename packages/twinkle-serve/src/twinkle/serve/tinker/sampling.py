@@ -65,7 +65,7 @@ class TinkerSampling:
         pixels = None
         if pieces:  # image chunks: the model's placeholder tokens in the prompt, the pixels beside it
             prompt, pixels = images.expand(prompt, pieces, backend, sampler.base_model, "prompt")
-        self.svc.admit_tokens(tenant, len(prompt))
+        hold = self.svc.admit_tokens(tenant, len(prompt))
         params, target_layout = sample_params(
             body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps
         )
@@ -94,7 +94,7 @@ class TinkerSampling:
             )
 
         seq = body.get("seq_id")
-        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run)
+        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run, hold=hold)
         # a clone's seq_ids start at clone * 1e9: the retrieve_futures queue it reads (tinker/sampling_queue.py)
         clone = seq // 10**9 if isinstance(seq, int) and not isinstance(seq, bool) else 0
         self.rt.store.sample_requests.record(request_id, tenant, sampler.sampler_id, clone)
