@@ -57,6 +57,13 @@ def find_python(minor: str) -> str:
     return minor
 
 
+def uv_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a `uv` command on a peer's project: without the variables that
+    name this process's own venv (nox sets them), which would make uv sync the peer into it."""
+    own = ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT")
+    return {**{k: v for k, v in os.environ.items() if k not in own}, **extra}
+
+
 def peer_project(name: str, pyproject: str, python: str) -> Path:
     """A uv project folder for a peer that must run under `uv run --project` (SkyRL starts its engine
     with the `uv run` flags it was started with), synced once per pyproject text."""
@@ -68,7 +75,7 @@ def peer_project(name: str, pyproject: str, python: str) -> Path:
     (folder / "pyproject.toml").write_text(pyproject)
     print(f"[peer] syncing {folder.relative_to(ROOT)}", file=sys.stderr, flush=True)
     uv = shutil.which("uv") or "uv"
-    subprocess.run([uv, "sync", "-q", "--project", str(folder)], check=True, env={**os.environ, "UV_PYTHON": python})
+    subprocess.run([uv, "sync", "-q", "--project", str(folder)], check=True, env=uv_env(UV_PYTHON=python))
     marker.write_text(pyproject)
     return folder
 

@@ -9,6 +9,7 @@ benchmark asks for the next one, so only the trainer's own work falls inside a s
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
@@ -59,7 +60,7 @@ class Paced(TrainerCallback):
 def main():
     cfg = json.loads(sys.argv[1])
     torch.set_num_threads(cfg["threads"])
-    rows = [json.loads(line) for line in open(cfg["rows_file"])]
+    rows = [json.loads(line) for line in Path(cfg["rows_file"]).read_text().splitlines()]
     dataset = Dataset.from_list([{"input_ids": r["input_ids"], "labels": r["labels"]} for r in rows])
     base = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=torch.float32)
     # Twinkle's initial adapter, so both sides start from the same LoRA A matrices (B starts at zero)

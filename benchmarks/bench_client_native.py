@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import time
+from pathlib import Path
 
 import torch
 from _server import start_server
@@ -57,7 +58,7 @@ def prepare(model, rows):
 
 def process_cpu(pid: int) -> float:
     """CPU seconds (user + system) another process has used so far."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -20,14 +20,14 @@ import random
 import statistics
 import time
 
-import datasets  # noqa: E402
-import torch  # noqa: E402
+import datasets
+import torch
 
-from twinkle.dataset import Dataset, DatasetMeta  # noqa: E402
-from twinkle.hub import TEST_MODEL  # noqa: E402
-from twinkle.preprocessor import ArithmeticProcessor, SelfCognitionProcessor  # noqa: E402
-from twinkle.processor import InputProcessor  # noqa: E402
-from twinkle.template import Template  # noqa: E402
+from twinkle.dataset import Dataset, DatasetMeta
+from twinkle.hub import TEST_MODEL
+from twinkle.preprocessor import ArithmeticProcessor, SelfCognitionProcessor
+from twinkle.processor import InputProcessor
+from twinkle.template import Template
 
 torch.set_num_threads(2)
 datasets.disable_progress_bars()

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import httpx
-from _peer import find_python, peer_project
+from _peer import find_python, peer_project, uv_env
 from _server import start_server
 from bench_serve_tinker import SdkTenant, make_batch
 
@@ -71,8 +71,8 @@ def start_skyrl(model_dir: str, python: str) -> tuple[subprocess.Popen, str]:
     cmd = ["uv", "run", "--frozen", "--project", str(project), "-m", "skyrl.tinker.api", "--base-model", model_dir]
     cmd += ["--backend", "jax", "--backend-config", json.dumps(backend), "--checkpoints-base", str(data / "ckpt")]
     cmd += ["--database-url", f"sqlite:///{data / 'tinker.db'}", "--host", "127.0.0.1", "--port", str(port)]
-    log = open(data / "server.log", "w")
-    proc = subprocess.Popen(cmd, cwd=project, env={**os.environ, "UV_PYTHON": python}, stdout=log, stderr=log)
+    log = open(data / "server.log", "w")  # noqa: SIM115 - the child process writes to it after this returns
+    proc = subprocess.Popen(cmd, cwd=project, env=uv_env(UV_PYTHON=python), stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:

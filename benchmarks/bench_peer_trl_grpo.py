@@ -48,6 +48,19 @@ STEP = re.compile(
 SETTINGS = {"prompts": 16, "group": 8, "max_tokens": 3, "lr": 5e-4, "lora_rank": 32, "entropy_coef": 0.01}
 
 
+def check_same_start(twinkle: dict, trl: dict, questions: int) -> None:
+    """Both sides start from one warm start and score one held-out split, so their step-0 accuracies
+    must agree (to a question, for greedy decoding's padding effects); if they do not, the sides
+    score differently and a time to a target compares nothing."""
+    a, b = twinkle["curve"][0][1], trl["curve"][0][1]
+    if abs(a - b) > 1.5 / questions:
+        raise SystemExit(
+            f"the two sides score the same warm start differently (held-out accuracy at step 0: Twinkle "
+            f"{a:.3f}, TRL {b:.3f}): their decoding or answer parsing differs, so their times to a "
+            f"target accuracy are not comparable; make the scoring the same before quoting this benchmark"
+        )
+
+
 def run_twinkle(seed: int, args) -> dict:
     """examples/grpo.py as written, stopped at the first held-out accuracy >= target."""
     cmd = [sys.executable, str(ROOT / "examples" / "grpo.py"), "--seed", str(seed), "--steps", str(args.max_steps)]
@@ -128,6 +141,7 @@ def main():
             else:
                 runs[side].append(run_trl(seed, args, python, model_path, train, held_out))
             print(f"seed {seed} {side}: {json.dumps({k: v for k, v in runs[side][-1].items() if k != 'prompt_text'})}")
+        check_same_start(runs["twinkle"][-1], runs["trl"][-1], len(held_out))
     both = [i for i in range(args.seeds) if all(runs[s][i]["steps_to_target"] for s in runs)]
     mean_s = {s: statistics.mean(runs[s][i]["train_s_to_target"] for i in both) if both else None for s in runs}
     result = {

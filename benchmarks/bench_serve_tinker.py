@@ -120,7 +120,7 @@ def main():
             seconds["local_4"] += local_seconds(backend, [f"local{i}" for i in range(4)], rows, per_round)
             barrier, spans = threading.Barrier(4), [0.0] * 4
 
-            def run(i):
+            def run(i, spans=spans, barrier=barrier):
                 spans[i] = tenants[i].seconds(per_round, barrier)
 
             threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]

@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
             now = model.forward_only(inputs=rows, adapter_name=ADAPTER)["logprobs"]
             mask = [[float(label != -100) for label in r["labels"]] for r in rows]
             width = max(len(m) for m in mask)
-            pad = lambda seqs: torch.tensor([s + [0.0] * (width - len(s)) for s in seqs])  # noqa: E731
+            pad = lambda seqs, width=width: torch.tensor([s + [0.0] * (width - len(s)) for s in seqs])  # noqa: E731
             metrics.update(importance_ratio_stats(pad(now), pad([r["logprobs"] for r in rows]), pad(mask)))
         history.append(metrics)
         tracker.log(metrics, step=step)

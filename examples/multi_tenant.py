@@ -239,7 +239,7 @@ def main() -> int:
                     results[name] = tenant_c(client, rl_model, args.rl_steps or args.steps)
                 else:
                     results[name] = TENANTS[name](client, args.model, args.steps)
-        except Exception as e:  # noqa: BLE001 - report every tenant, then fail
+        except Exception as e:
             results[name] = (False, f"failed: {type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=run, args=(t,)) for t in TENANTS]

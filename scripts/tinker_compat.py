@@ -22,7 +22,7 @@ import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ class Context:
         self.service = tinker.ServiceClient(base_url=url, api_key=key)
         self.rest = self.service.create_rest_client()
         self.tc = self.service.create_lora_training_client(base_model=base_model, rank=4, seed=0).result()
-        seq = PROMPT + [47, 54]
+        seq = [*PROMPT, 47, 54]
         self.datum = types.Datum(
             model_input=types.ModelInput.from_ints(seq[:-1]),
             loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},
@@ -106,7 +106,7 @@ def _custom_loss(logprobs, weights):
 
 
 def _now(hours: int) -> datetime:
-    return datetime.now(timezone.utc) + timedelta(hours=hours)
+    return datetime.now(UTC) + timedelta(hours=hours)
 
 
 # name -> call(ctx, bound method) (target object: the class's ctx attribute, or `target(ctx)`)
@@ -262,7 +262,7 @@ def call_method(c: Context, name: str) -> Row:
                 else:
                     _resolve(call(c, getattr(obj, method)))
             statuses.append(("works", ""))
-        except Exception as e:  # noqa: BLE001 - the table records what each call did
+        except Exception as e:
             status = getattr(e, "status_code", None)
             statuses.append(("refused" if status and 400 <= status < 500 else "fails", _reason(e)))
     worst = next((s for s in statuses if s[0] != "works"), statuses[0])

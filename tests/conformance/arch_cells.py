@@ -46,7 +46,7 @@ def rows(seed: int, n: int = 3, length: int = 11) -> list[dict]:
     """Equal lengths (no padding to reason about); the first two labels masked like a prompt."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, 256, (n, length), generator=g).tolist()
-    return [{"input_ids": r, "labels": [-100, -100] + r[2:]} for r in ids]
+    return [{"input_ids": r, "labels": [-100, -100, *r[2:]]} for r in ids]
 
 
 def lora_config(model, rank: int = 4, alpha: int = 8) -> LoraConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-import arch_cells  # noqa: E402
+import arch_cells
 
 
 def train(family: str, mesh) -> dict:

@@ -15,8 +15,8 @@ answer Futures; `done` resolves them, so one script serves every engine.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 MICRO_BATCHES, GAS, GLOBAL_ROWS, STEPS_BEFORE_SAVE = 8, 2, 4, 2
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

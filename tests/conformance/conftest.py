@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-import conformance_sequence as sequence  # noqa: E402
-from conformance_matrix import MATRIX, local_mode, markdown  # noqa: E402
+import conformance_sequence as sequence
+from conformance_matrix import MATRIX, local_mode, markdown
 
 
 @pytest.fixture(scope="session")

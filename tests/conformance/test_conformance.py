@@ -14,10 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conformance_sequence as sequence
 import pytest
 import torch
-
-import conformance_sequence as sequence
 from conformance_matrix import compare, local_mode, refuse
 
 HERE = Path(__file__).parent
@@ -29,7 +28,7 @@ def torchrun_launch(init_folder, tmp_path_factory):
     """Started first and left running (~1 min): it overlaps the in-process pairs."""
     out = tmp_path_factory.mktemp("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(out / "log.txt", "w")
+    log = open(out / "log.txt", "w")  # noqa: SIM115 - the child process writes to it after this returns
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -126,7 +125,7 @@ def test_megatron(reference, init_folder, tmp_path):
     pair = "MegatronModel · " + ("CUDA" if torch.cuda.is_available() else "local CPU")
     try:
         record = sequence.run(local_mode(lambda: MegatronModel(TEST_MODEL), init_folder, tmp_path))
-    except Exception as error:  # noqa: BLE001 - judged just below
+    except Exception as error:
         if not _is_refusal(error):
             raise
         refuse(pair, f"{type(error).__name__}: {error}")

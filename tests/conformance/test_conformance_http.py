@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 import conformance_sequence as sequence
+import pytest
 from conformance_matrix import compare
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")

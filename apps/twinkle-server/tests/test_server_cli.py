@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from twinkle.hub import TEST_MODEL
 
 CLI = [sys.executable, "-m", "twinkle_server.cli"]

@@ -1,3 +1,5 @@
+"""Fixtures shared by twinkle-data's tests."""
+
 import sys
 from pathlib import Path
 
@@ -5,7 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tokenizers_offline: a test helper module
 
-from twinkle.hub import TEST_MODEL, cache_root  # noqa: E402
+from twinkle.hub import TEST_MODEL, cache_root
 
 
 @pytest.fixture(autouse=True)

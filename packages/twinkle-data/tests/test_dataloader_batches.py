@@ -1,6 +1,8 @@
 """DataLoader: exact resume, data-rank slices, seeded shuffle, bad samples skipped with reasons."""
 
+import functools
 import logging
+import operator
 
 import pytest
 
@@ -70,7 +72,7 @@ def test_shuffle_is_seeded(encoded):
     assert a != [ids(b) for b in DataLoader(encoded, batch_size=10, seed=4)]
     plain = [ids(b) for b in DataLoader(encoded, batch_size=10, shuffle=False)]
     assert plain[0] == [encoded[i]["messages"][-2]["content"] for i in range(10)]
-    assert sorted(sum(a, [])) == sorted(sum(plain, []))
+    assert sorted(functools.reduce(operator.iadd, a, [])) == sorted(functools.reduce(operator.iadd, plain, []))
 
 
 def test_bad_samples_skipped_with_reason_bounded(caplog):
@@ -109,7 +111,12 @@ def test_streaming_resume(tmp_path):
         )
 
     full = [[r["question"] for r in b] for b in make()]
-    assert sorted(sum(full, [])) == sorted(f"q{i}" for i in range(30)) and full[0] != ["q0", "q1", "q2", "q3"]
+    assert sorted(functools.reduce(operator.iadd, full, [])) == sorted(f"q{i}" for i in range(30)) and full[0] != [
+        "q0",
+        "q1",
+        "q2",
+        "q3",
+    ]
     first = make()
     it = iter(first)
     head = [[r["question"] for r in next(it)] for _ in range(3)]

@@ -26,7 +26,7 @@ def test_right_and_left_padding():
 
 
 def test_packing_restarts_positions():
-    packed = InputProcessor(packing=True)(ROWS + [{"input_ids": [4]}])
+    packed = InputProcessor(packing=True)([*ROWS, {"input_ids": [4]}])
     assert packed["input_ids"].tolist() == [[5, 6, 7, 8, 9, 4]]
     assert packed["position_ids"].tolist() == [[0, 1, 2, 0, 1, 0]]
     assert packed["labels"].tolist() == [[-100, 6, 7, -100, 9, -100]]

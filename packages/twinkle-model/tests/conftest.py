@@ -1,3 +1,5 @@
+"""Fixtures shared by twinkle-model's tests."""
+
 import random
 
 import pytest

@@ -56,9 +56,9 @@ def refusals(mesh) -> dict[str, str]:
     model.add_adapter_to_model("default", w.lora_config())
     rows = w.make_rows(2)
     padded_left = {
-        "input_ids": torch.tensor([[0, 0] + rows[0]["input_ids"][:6], rows[1]["input_ids"][:8]]),
+        "input_ids": torch.tensor([[0, 0, *rows[0]["input_ids"][:6]], rows[1]["input_ids"][:8]]),
         "attention_mask": torch.tensor([[0, 0] + [1] * 6, [1] * 8]),
-        "labels": torch.tensor([[-100, -100] + rows[0]["input_ids"][:6], rows[1]["input_ids"][:8]]),
+        "labels": torch.tensor([[-100, -100, *rows[0]["input_ids"][:6]], rows[1]["input_ids"][:8]]),
     }
     packed = {k: v for k, v in padded_left.items() if k != "attention_mask"}
     packed["position_ids"] = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4], list(range(8))])

@@ -2,6 +2,7 @@
 identical logits, and which the engine loads back as a new tenant."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,7 +45,7 @@ PROBE = [{"input_ids": list(range(5, 19))}, {"input_ids": list(range(40, 49))}]
 def test_saved_folder_is_plain_peft_of_its_own_rank(trained):
     model, paths = trained
     for name, config in CONFIGS.items():
-        saved = json.loads(open(f"{paths[name]}/adapter_config.json").read())
+        saved = json.loads(Path(paths[name], "adapter_config.json").read_text())
         assert saved["r"] == config.r and saved["lora_alpha"] == config.lora_alpha
         assert saved["peft_type"] == "LORA" and saved["base_model_name_or_path"] == resolve_model_path(TEST_MODEL)
         tensors = load_file(f"{paths[name]}/adapter_model.safetensors")

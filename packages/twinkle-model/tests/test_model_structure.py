@@ -60,7 +60,7 @@ def test_unknown_architecture_falls_back_to_linear_discovery():
 
 
 def test_lora_selection_reads_fused_and_mla_projections(family):
-    name, model = family
+    _name, model = family
     s = describe(model)
     spec = AdapterSpec.from_lora_config(LoraConfig(r=2, target_modules=s.linear_targets("attention", "mlp")))
     chosen = set(spec.select(model))

@@ -70,7 +70,7 @@ def test_out_of_vocab_id_raises_before_the_model_runs(rows):
     calls = []
     m.hf_model.register_forward_pre_hook(lambda *a: calls.append(1))
     bad = [dict(rows[0]), rows[1]]
-    bad[0]["input_ids"] = bad[0]["input_ids"][:3] + [m.vocab_size + 7] + bad[0]["input_ids"][4:]
+    bad[0]["input_ids"] = [*bad[0]["input_ids"][:3], m.vocab_size + 7, *bad[0]["input_ids"][4:]]
     with pytest.raises(ValueError, match=rf"token id {m.vocab_size + 7} .*vocabulary of size {m.vocab_size}"):
         m.forward_backward(inputs=bad)
     with pytest.raises(ValueError, match="token id -3"):
@@ -233,10 +233,14 @@ def test_scheduler_names_are_transformers_get_scheduler_family():
         ("constant_with_warmup", "constant_with_warmup", {}),
         ("CosineWarmupScheduler", "cosine_with_min_lr", {"min_lr_ratio": 0.1}),
     ]:
-        mine = lrs(lambda o: resolve_scheduler(ours)(o, num_warmup_steps=3, num_training_steps=7, **extra))
+        mine = lrs(
+            lambda o, ours=ours, extra=extra: resolve_scheduler(ours)(
+                o, num_warmup_steps=3, num_training_steps=7, **extra
+            )
+        )
         kwargs = {"min_lr_rate": 0.1} if extra else None
         reference = lrs(
-            lambda o: get_scheduler(
+            lambda o, theirs=theirs, kwargs=kwargs: get_scheduler(
                 theirs, o, num_warmup_steps=3, num_training_steps=7, scheduler_specific_kwargs=kwargs
             )
         )

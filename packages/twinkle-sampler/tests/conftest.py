@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # helper modules beside the tests (importlib mode)
-from contract_model import build_contract_model, make_trainer  # noqa: E402,F401
+from contract_model import build_contract_model, make_trainer
 
 torch.set_num_threads(2)
 

@@ -27,7 +27,7 @@ def run(rank: int, world: int, port: int, model_path: str, out_dir: str) -> None
             versions = [engine.sync(trainer, None, "policy")]
             params = [p for n, p in trainer.named_parameters() if "lora_" in n]
             optimizer = torch.optim.SGD(params, lr=0.5)
-            ids = torch.tensor([PROMPT + [66, 77, 88]])
+            ids = torch.tensor([[*PROMPT, 66, 77, 88]])
             trainer.train()
             trainer(input_ids=ids, labels=ids).loss.backward()
             optimizer.step()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 # Four datums of different lengths: the two data ranks get different slices and paddings.

@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("TINKER_TELEMETRY", "0")
 
-from twinkle.hub import TEST_MODEL  # noqa: E402
+from twinkle.hub import TEST_MODEL
 
 
 def start_server(data_dir, **config):

@@ -56,7 +56,7 @@ def first_server(start, tmp_path_factory):
         .create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=1)
         .result()
     )
-    seq = PROMPT + [11, 12, 13]
+    seq = [*PROMPT, 11, 12, 13]
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(seq[:-1]),
         loss_fn_inputs={"target_tokens": seq[1:], "weights": [1.0] * (len(seq) - 1)},

@@ -195,7 +195,7 @@ def stream_text(tokenizer, text: str, stop: list[str] | None, eos: bool = False)
     choice = ChoiceText(tokenizer, stop)
     deltas = [choice.add(StepToken(0, t, -0.5, None))[0] for t in ids]
     rest, lo, hi, final = choice.finish(SampledSeq(ids, [-0.5] * len(ids), "stop" if eos else "length", None))
-    return deltas + [rest], final, (lo, hi)
+    return [*deltas, rest], final, (lo, hi)
 
 
 def test_a_character_split_over_tokens_waits_until_it_decodes(tokenizer):

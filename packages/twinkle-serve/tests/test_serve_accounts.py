@@ -4,10 +4,11 @@ own record, and usage counted in real tokens (prices and the audit log: explicit
 from __future__ import annotations
 
 import warnings
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 SEQ = [5 + (7 * i) % 60 for i in range(17)]  # 16 training tokens per datum
@@ -41,8 +42,8 @@ def _get(server, key, path, **params):
 def test_usage_counts_real_tokens(server, gina, tenant_key, keys):
     from tinker import AdminClient
 
-    client, tc, _, _, sampled_tokens = gina
-    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0)
+    client, _tc, _, _, sampled_tokens = gina
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     admin = AdminClient(base_url=server.url, api_key=tenant_key)
     usage = admin.get_billing_usage(now - timedelta(hours=1), now + timedelta(hours=1)).result()
     session_id = client.holder.get_session_id()
@@ -84,7 +85,7 @@ def test_usage_counts_real_tokens(server, gina, tenant_key, keys):
 def test_copy_weights(server, gina, tenant_key, keys):
     from safetensors.torch import load_file
 
-    client, tc, state, rest, _ = gina
+    client, _tc, state, rest, _ = gina
     copied = rest.copy_weights(state, "archive").result()
     assert copied.endswith("/weights/s1") and copied != state
     run_id = copied.removeprefix("tinker://").split("/")[0]
@@ -129,7 +130,7 @@ def test_copy_weights(server, gina, tenant_key, keys):
 def test_session_search_project_and_trace(server, gina, tenant_key, keys, tmp_path):
     from tinker import types
 
-    client, tc, _, rest, _ = gina
+    client, _tc, _, rest, _ = gina
     session_id = client.holder.get_session_id()
     rest.assign_session_project(session_id, "proj-a").result()
     with warnings.catch_warnings():

@@ -86,7 +86,7 @@ def test_native_import_loads_into_a_model_equal_to_peft(server, tenant_key, adap
     assert path.endswith("/weights/native-import")
     model = Remote(model_id=TEST_MODEL, client=client)
     model.load(path).result()
-    rows = [{"input_ids": TOKENS, "labels": [-100] + TOKENS[1:]}]
+    rows = [{"input_ids": TOKENS, "labels": [-100, *TOKENS[1:]]}]
     got = model.forward_only(inputs=rows).result()["logprobs"][0][1:]
     assert max(abs(a - b) for a, b in zip(got, want)) <= ATOL
 

@@ -95,7 +95,7 @@ def assert_bit_equal(got: dict, expected: dict):
 
 def tinker_row(tokens):
     """A Tinker SFT datum as the backend feeds MultiLoraModel (serve/backend/multi_lora_backend.py)."""
-    return {"input_ids": tokens, "labels": [-100] + tokens[1:], "weights": [0.0] + [1.0] * (len(tokens) - 1)}
+    return {"input_ids": tokens, "labels": [-100, *tokens[1:]], "weights": [0.0] + [1.0] * (len(tokens) - 1)}
 
 
 @pytest.fixture(scope="module")

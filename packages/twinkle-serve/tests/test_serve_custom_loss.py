@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+
 from twinkle.hub import TEST_MODEL
 
 SEQS = [[5 + (7 * i) % 60 for i in range(20)], [100 + (3 * i) % 50 for i in range(14)]]

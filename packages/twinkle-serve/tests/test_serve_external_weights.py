@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import pytest
 from safetensors.torch import load_file
+
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tinker_cli import HubStandIn, run_cli, run_cli_json  # noqa: E402
+from _tinker_cli import HubStandIn, run_cli, run_cli_json
 
 SEQ = [5 + (7 * i) % 60 for i in range(20)]
 TENANT = "frank-external"
@@ -95,7 +96,7 @@ def test_export_and_signed_urls(server, trained, tenant_key, keys):
 
 
 def test_cli_download_of_a_training_checkpoint(server, trained, tenant_key, tmp_path):
-    _, tc, state = trained
+    _, _tc, state = trained
     out = run_cli_json(server.url, tenant_key, "checkpoint", "download", state, "--output", str(tmp_path))
     target = tmp_path / state.replace("tinker://", "").replace("/", "_")
     assert out["destination"] == str(target)
@@ -115,7 +116,7 @@ def test_cli_download_of_a_training_checkpoint(server, trained, tenant_key, tmp_
 
 def test_cli_push_hf_up_to_the_upload(server, trained, tenant_key):
     """Against a stand-in of the Hub's upload API on 127.0.0.1: the real Hub needs a network."""
-    _, tc, state = trained
+    _, _tc, state = trained
     hub = HubStandIn()
     try:
         out = run_cli_json(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 SEQ = [4 + (13 * i) % 90 for i in range(14)]

@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+
 from twinkle.hub import TEST_MODEL, resolve_model_path
 
 TENANT = "nomi"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC
 
 import httpx
 import pytest
@@ -114,7 +115,7 @@ def test_train_save_download_resume(native, rows, tmp_path):
     path = model.save("ckpt-1", save_training_state=True).result()
     assert path == f"tinker://{model.model_id}/weights/ckpt-1"
     args = ["--base-url", a.base_url, "--api-key", a.api_key]
-    assert cli(args + ["download", path, "-o", str(tmp_path / "peft")]) == 0
+    assert cli([*args, "download", path, "-o", str(tmp_path / "peft")]) == 0
     config = LoraConfig.from_pretrained(str(tmp_path / "peft"))
     assert config.r == 4 and set(config.target_modules) == {"q_proj", "v_proj"}
     assert any(k.endswith("q_proj.lora_B.weight") for k in load_file(tmp_path / "peft" / "adapter_model.safetensors"))
@@ -136,12 +137,12 @@ def test_runs_checkpoints_status_cli(native, capsys):
 
     a = native["nat-a"]
     args = ["--base-url", a.base_url, "--api-key", a.api_key]
-    assert cli(args + ["runs", "--json"]) == 0
+    assert cli([*args, "runs", "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)
     assert any(r["name"] == "roundtrip" and r["api"] == "native" and r["steps"] >= 1 for r in runs)
-    assert cli(args + ["checkpoints"]) == 0
+    assert cli([*args, "checkpoints"]) == 0
     assert "weights/ckpt-1" in capsys.readouterr().out
-    assert cli(args + ["status"]) == 0
+    assert cli([*args, "status"]) == 0
     out = capsys.readouterr().out
     assert TEST_MODEL in out and "queue:" in out
     b = native["nat-b"]
@@ -215,7 +216,7 @@ def test_finishing_a_native_models_session_over_tinker_leaves_it_to_the_native_a
 def test_native_training_tokens_show_in_the_usage_report(server, rows):
     """Usage is counted by the service core: a native run's forward_backward and forward_only tokens are
     in the same billing report the Tinker SDK reads (`/api/v1/billing/usage/events`)."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from twinkle.client import TwinkleClient
 
@@ -223,7 +224,7 @@ def test_native_training_tokens_show_in_the_usage_report(server, rows):
     model = new_model(client)
     model.forward_backward(inputs=rows).result()
     model.forward_only(inputs=rows[:1]).result()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     usage = httpx.get(
         f"{server.url}/api/v1/billing/usage/events",
         headers={"X-API-Key": client.api_key},

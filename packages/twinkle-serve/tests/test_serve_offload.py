@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _offload_tenants import (  # noqa: E402
+from _offload_tenants import (
     LORA,
     RANK,
     TENANT,
@@ -29,9 +29,9 @@ from _offload_tenants import (  # noqa: E402
     tenant_keys,
     tokens,
 )
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families
 
-from twinkle.hub import TEST_MODEL  # noqa: E402
+from twinkle.hub import TEST_MODEL
 
 TENANTS, STEPS = 8, 2  # 64 on a cap of 16: reliability/test_reliability_offload.py
 LIVE_FIT = 2  # the cap holds this many of the tenants' adapters live
@@ -52,7 +52,7 @@ def reference(start, tmp_path_factory, sft):
 
 @pytest.fixture(scope="module")
 def crowded(start, tmp_path_factory, reference, sft):
-    alone, per = reference
+    _alone, per = reference
     srv, cap = crowded_server(start, tmp_path_factory.mktemp("offload"), per, LIVE_FIT)
     keys = tenant_keys(srv, TENANTS)
     workloads = [i % WORKLOADS for i in range(TENANTS)]

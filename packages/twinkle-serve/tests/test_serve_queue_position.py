@@ -44,9 +44,11 @@ def test_the_sdk_gets_queued_work_done_and_is_told_where_it_waits(limited, sft):
     import tinker
 
     srv, key = limited
-    training = tinker.ServiceClient(base_url=srv.url, api_key=key).create_lora_training_client(
-        base_model=srv.runtime.config.models[0].name, rank=2
-    ).result()
+    training = (
+        tinker.ServiceClient(base_url=srv.url, api_key=key)
+        .create_lora_training_client(base_model=srv.runtime.config.models[0].name, rank=2)
+        .result()
+    )
     seen: list[tuple[str, str | None]] = []
     observer = training._queue_state_logger  # the SDK's own observer of try_again answers, wrapped
     forward = observer.on_queue_state_change

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 pytest.importorskip("ray")
 sys.path.insert(0, str(Path(__file__).parent))
-from _remote_runs import SEQS, assert_native_runs_equal, run_native_loop, run_tinker_loop  # noqa: E402
+from _remote_runs import SEQS, assert_native_runs_equal, run_native_loop, run_tinker_loop
 
 RAY_CONFIG = {
     "ray": {"groups": [{"name": "model", "ranks": 2, "device_type": "cpu"}]},

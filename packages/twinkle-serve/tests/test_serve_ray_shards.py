@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from twinkle.hub import TEST_MODEL, resolve_model_path
 
+from twinkle.hub import TEST_MODEL, resolve_model_path
 from twinkle.serve.backend import AdamParams, Datum, ForwardResult, LoraSpec, SampleParams, UserError
 
 

@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+
 from twinkle.hub import TEST_MODEL, resolve_model_path
 
 PROMPT = [5 + (7 * i) % 60 for i in range(10)]
@@ -393,7 +394,7 @@ def test_a_sampler_checkpoint_saved_again_under_its_name_samples_the_new_weights
     before = tc.create_sampling_client(first).result()
     prompt = types.ModelInput.from_ints(PROMPT)
     lps_old = before.compute_logprobs(prompt).result()
-    seq = PROMPT + [400, 401, 402]
+    seq = [*PROMPT, 400, 401, 402]
     datum = types.Datum(
         model_input=types.ModelInput.from_ints(seq[:-1]),
         loss_fn_inputs={"target_tokens": seq[1:], "weights": [0.0] * (len(PROMPT) - 1) + [1.0] * 3},

@@ -9,6 +9,7 @@ import threading
 
 import httpx
 import pytest
+
 from twinkle.hub import TEST_MODEL
 from twinkle.serve.core.work import Answer, Call
 

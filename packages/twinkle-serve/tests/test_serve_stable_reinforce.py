@@ -8,6 +8,7 @@ import dataclasses
 import math
 
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 TENANT = "stella"
@@ -74,7 +75,7 @@ def trained(client, sft):
     sampler = tc.save_weights_and_get_sampling_client(record_stability_info=True).result()
     seqs = sampler.sample(types.ModelInput.from_ints(PROMPT), 4, params(1)).result().sequences
     assert all(s.sequence_id and len(s.tokens) == 6 and len(s.logprobs) == 6 for s in seqs)
-    tc.forward_backward([sft(PROMPT + [9, 10, 11])], "cross_entropy").result()
+    tc.forward_backward([sft([*PROMPT, 9, 10, 11])], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=2e-2)).result()
     return tc, seqs
 

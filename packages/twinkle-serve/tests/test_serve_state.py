@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 SEQ = [7 + (5 * i) % 70 for i in range(20)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 SEQ = [9 + (11 * i) % 80 for i in range(16)]

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _tinker_cli import run_cli, run_cli_json  # noqa: E402
+from _tinker_cli import run_cli, run_cli_json
 
 TENANT = "ivan-cli"
 SEQ = [5 + (7 * i) % 60 for i in range(12)]
@@ -95,7 +96,7 @@ def test_checkpoint_list_info_publish_ttl_delete(server, ivan, tenant_key):
     run_cli(server.url, tenant_key, "checkpoint", "unpublish", paths["c1"])
     assert row()["public"] == 0
     run_cli(server.url, tenant_key, "checkpoint", "set-ttl", paths["c1"], "--ttl", "7200")
-    assert 7000 < row()["expires_at"] - datetime.now(timezone.utc).timestamp() <= 7200
+    assert 7000 < row()["expires_at"] - datetime.now(UTC).timestamp() <= 7200
     run_cli(server.url, tenant_key, "checkpoint", "set-ttl", paths["c1"], "--remove")
     assert row()["expires_at"] is None
 
@@ -124,9 +125,9 @@ def test_session_export_trace(server, ivan, tenant_key, keys, tmp_path):
 def test_model_list_and_billing(server, ivan, tenant_key):
     models = cli(server, tenant_key, "model", "list")["models"]
     assert [m["model_name"] for m in models] == [TEST_MODEL] and models[0]["trainable"] is True
-    now = datetime.now(timezone.utc).replace(minute=0, second=0, microsecond=0).timestamp()
-    start = datetime.fromtimestamp(now - 3600, timezone.utc).isoformat().replace("+00:00", "Z")
-    end = datetime.fromtimestamp(now + 3600, timezone.utc).isoformat().replace("+00:00", "Z")
+    now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0).timestamp()
+    start = datetime.fromtimestamp(now - 3600, UTC).isoformat().replace("+00:00", "Z")
+    end = datetime.fromtimestamp(now + 3600, UTC).isoformat().replace("+00:00", "Z")
     usage = cli(server, tenant_key, "billing", "usage", start, end)
     training = [row for row in usage["data"] if row["event_info"]["type"] == "training"]
     assert sum(row["event_info"]["token_count"] for row in training) == len(SEQ) - 1

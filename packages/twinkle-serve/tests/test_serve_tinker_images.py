@@ -66,7 +66,7 @@ def _datum(tok, png, n):
 
     chunks, ans, prompt_ids = _pieces(tok, png, n)
     full = prompt_ids + ans
-    model_input = types.ModelInput(chunks=chunks + [types.EncodedTextChunk(tokens=ans[:-1])])
+    model_input = types.ModelInput(chunks=[*chunks, types.EncodedTextChunk(tokens=ans[:-1])])
     weights = [0.0] * (len(prompt_ids) - 1) + [1.0] * len(ans)
     return types.Datum(model_input=model_input, loss_fn_inputs={"target_tokens": full[1:], "weights": weights}), full
 
@@ -103,7 +103,7 @@ def test_forward_and_compute_logprobs_equal_transformers(vl, hf):
 
     sc = client.create_sampling_client(base_model=VL_TEST_MODEL).result()
     chunks, ans, _ = _pieces(tok, png, n)
-    model_input = types.ModelInput(chunks=chunks + [types.EncodedTextChunk(tokens=ans[:-1])])
+    model_input = types.ModelInput(chunks=[*chunks, types.EncodedTextChunk(tokens=ans[:-1])])
     lps = sc.compute_logprobs(model_input).result()
     # the prompt is full[:-1]: its positions after the first scored exactly as forward scored them
     assert lps[0] is None and len(lps) == len(full) - 1
@@ -207,7 +207,7 @@ def test_native_client_trains_on_chats_with_images(vl, hf):
     from twinkle.client.model import TransformersModel
 
     srv, _, key = vl
-    _, tok, encoder = hf
+    _, _tok, _encoder = hf
     model = TransformersModel(model_id=VL_TEST_MODEL, client=TwinkleClient(srv.url, key), name="vl-native")
     # gate/up/down_proj name vision-tower layers too: the engine keeps adapters on the language model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]

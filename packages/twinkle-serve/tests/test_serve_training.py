@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 SEQ_A = [5 + (7 * i) % 60 for i in range(24)]

@@ -4,6 +4,7 @@ every process of this cluster (and only of this one) is killed at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -49,15 +50,11 @@ def _kill_cluster(temp: Path) -> None:
     mine = [p for p in psutil.process_iter(["cmdline"]) if any(str(temp) in c for c in (p.info["cmdline"] or ()))]
     victims = {p.pid: p for p in mine}
     for p in mine:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             victims.update({c.pid: c for c in p.children(recursive=True)})
-        except psutil.NoSuchProcess:
-            pass
     for p in victims.values():
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(list(victims.values()), timeout=10)
 
 

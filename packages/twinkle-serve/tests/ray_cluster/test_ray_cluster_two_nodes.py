@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from twinkle.hub import TEST_MODEL
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -22,7 +23,7 @@ from _remote_runs import (
     assert_native_runs_equal,
     native_model,
     native_steps,
-    run_native_loop,  # noqa: E402
+    run_native_loop,
     run_tinker_loop,
 )
 

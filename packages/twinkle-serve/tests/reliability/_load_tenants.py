@@ -316,7 +316,7 @@ def train_all(
         try:
             run.open()
             run.run()
-        except Exception as e:  # noqa: BLE001 - reported below with the tenant's name
+        except Exception as e:
             errors.append((run.name, repr(e)))
         finally:
             run.api.close()

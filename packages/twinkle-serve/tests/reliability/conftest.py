@@ -9,4 +9,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import launch, pytest_terminal_summary  # noqa: E402,F401 - a fixture and a hook, used by pytest
+from harness import launch, pytest_terminal_summary  # noqa: F401 - a fixture and a hook, used by pytest

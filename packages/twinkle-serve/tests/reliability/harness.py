@@ -41,8 +41,8 @@ def create_key(data_dir: Path, name: str) -> str:
 
 
 def _keys_in_process(data_dir: Path, names) -> dict[str, str]:
-    from twinkle.serve.keys import KeyStore
     from twinkle.serve.core.store import Store
+    from twinkle.serve.keys import KeyStore
 
     store = Store(data_dir)
     try:
@@ -86,9 +86,9 @@ class ServerProcess:
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-server.log"
         self.starts = 0
 
-    def start(self, timeout: float = 180) -> "ServerProcess":
+    def start(self, timeout: float = 180) -> ServerProcess:
         env = server_env()
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child process writes to it after this returns
         self.proc = subprocess.Popen(
             [
                 *_cli(),
@@ -250,7 +250,7 @@ def fb_body(
         for name, values in inputs.items():
             arr = np.asarray(values)
             dtypes = dtypes or {}
-            dtype = dtypes[name] if name in dtypes else (pb.DTYPE_INT64 if arr.dtype.kind in "iu" else pb.DTYPE_FLOAT32)
+            dtype = dtypes.get(name, pb.DTYPE_INT64 if arr.dtype.kind in "iu" else pb.DTYPE_FLOAT32)
             np_dtype = {pb.DTYPE_INT64: np.int64, pb.DTYPE_FLOAT32: np.float32}.get(dtype, np.float32)
             t = d.loss_fn_inputs[name]
             t.dtype = dtype

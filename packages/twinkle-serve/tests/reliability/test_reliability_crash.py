@@ -122,12 +122,12 @@ class Survivor:
                     self.run.run()
                     self.finished = True
                     return
-                except Exception as e:  # noqa: BLE001 - sorted below: only a lost server or a clear error is fine
+                except Exception as e:
                     if self.gen.kills == kills or not (went_away(e) or says_restarted(e) or lost_model_error(e)):
                         raise  # no kill since this model was opened, or an error that hides what happened
                 gen = self.gen.wait_past(gen)
                 self.poll_in_flight()
-        except Exception as e:  # noqa: BLE001 - reported by the test
+        except Exception as e:
             self.error = f"{self.run.name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"
         finally:
             self.run.progress.set()
@@ -147,7 +147,7 @@ class Survivor:
             item = run.pending.popleft()
             try:
                 value = run.api.result(item.kind, item.future)
-            except Exception as e:  # noqa: BLE001 - sorted below
+            except Exception as e:
                 if went_away(e):  # the SDK could not send it at all: the caller was told so
                     self.in_flight["never sent"] += 1
                     continue

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import socket
 import statistics
@@ -93,10 +94,8 @@ class Attacks:
         s.settimeout(30)
         s.connect((HOST, self.port))
         one = f"GET /openapi.json HTTP/1.1\r\nHost: x\r\nX-API-Key: {self.key}\r\n\r\n".encode()
-        try:
+        with contextlib.suppress(OSError):
             s.sendall(one * requests)
-        except OSError:
-            pass
         time.sleep(DEADLINES["write_stall_s"] + 3)
         with s:
             return len(_read_all(s)), requests * self.schema_bytes

@@ -19,8 +19,8 @@ def rank8_bytes() -> int:
     from transformers import AutoModelForCausalLM
 
     from twinkle.hub import TEST_MODEL, resolve_model_path
-    from twinkle.serve.core.adapter_memory import AdapterMemory
     from twinkle.serve.backend import LoraSpec
+    from twinkle.serve.core.adapter_memory import AdapterMemory
 
     class _Base:  # what the estimate reads from a backend
         base_module = AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL))
@@ -37,7 +37,10 @@ def limited(launch):
         max_request_bytes=BODY_LIMIT,
         max_adapter_memory_mb=cap_mb,
         adapter_offload=False,  # the cap refuses instead of parking (parking: test_reliability_offload)
-        tenant_limits={"ratey": {"requests_per_s": 1.0}, "tokeny": {"input_tokens_per_s": 20.0, "max_queue_wait_s": 1.0}},
+        tenant_limits={
+            "ratey": {"requests_per_s": 1.0},
+            "tokeny": {"input_tokens_per_s": 20.0, "max_queue_wait_s": 1.0},
+        },
     )
     return srv, keys, per_adapter, cap_mb
 
@@ -118,7 +121,7 @@ def _wait_until_admitted(send, deadline_s: float = 60):
 
 
 def test_native_adapters_count_against_the_same_cap(limited):
-    srv, keys, per_adapter, cap_mb = limited
+    srv, keys, _per_adapter, cap_mb = limited
     n, w = NativeWire(srv.url, keys["native"]), Wire(srv.url, keys["native"])
     mid = n.model(seed=1)
     n.done(n.add_adapter(mid, "a0", r=8))

@@ -28,7 +28,7 @@ def test_eight_tenants_lose_and_reorder_nothing(launch):
     # native tenants fuse like Tinker ones: both APIs' requests rode in shared passes under this load
     assert status["fused_passes"] > 0 and fused["native"] > 0 and fused["tinker"] > 0, status
     worst_loss, worst_weight = 0.0, 0.0
-    for name, kind in TENANTS:
+    for name, _kind in TENANTS:
         got, ref = runs[name], alone[name]
         assert sorted(got.losses) == list(range(STEPS)) and len(got.latencies) == STEPS, name  # nothing lost
         assert got.samples == [2], name

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from _offload_tenants import (  # noqa: E402
+from _offload_tenants import (
     TENANT,
     WORKLOADS,
     alone_results,
@@ -23,7 +23,7 @@ from _offload_tenants import (  # noqa: E402
     run_tenants,
     tenant_keys,
 )
-from harness import SUMMARY  # noqa: E402
+from harness import SUMMARY
 
 TENANTS, LIVE_FIT, STEPS = 64, 16, 2
 

@@ -94,7 +94,7 @@ def evil_model_folder(root: Path) -> tuple[Path, Path]:
 
 def _spawn(srv: ServerProcess) -> None:
     """Start the server without waiting for /healthz (a server that cannot load never says ok)."""
-    log = open(srv.log_path, "ab")
+    log = open(srv.log_path, "ab")  # noqa: SIM115 - the child process writes to it after this returns
     srv.proc = subprocess.Popen(
         [
             *_cli(),

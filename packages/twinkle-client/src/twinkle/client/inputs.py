@@ -65,7 +65,7 @@ class LocalEncoder:
                 from twinkle.template import Template
 
                 self._template = Template(model_id=self.base_model)
-            except Exception as e:  # noqa: BLE001 - no twinkle-data or no tokenizer here: the server encodes
+            except Exception as e:
                 if self.mode == "local":
                     raise RuntimeError(f"cannot encode locally for {self.base_model!r}: {e}") from e
                 log.info("encoding chats on the server (%s: %s)", type(e).__name__, e)

@@ -99,7 +99,7 @@ class TransformersModel:
         self._lock = threading.Lock()
 
     @classmethod
-    def attach(cls, model_id: str, client: TwinkleClient | None = None) -> "TransformersModel":
+    def attach(cls, model_id: str, client: TwinkleClient | None = None) -> TransformersModel:
         """A proxy for an existing model of this tenant (e.g. after the client process restarted)."""
         self = cls.__new__(cls)
         self.client = client or get_client()

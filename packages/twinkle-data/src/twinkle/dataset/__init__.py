@@ -4,10 +4,10 @@ from twinkle.dataset.arrow_encode import EncodeReport, encode_to_arrow
 from twinkle.dataset.dataset import ERROR_KEY, Dataset
 from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.dataset.meta import DatasetMeta
-from twinkle.registry import Registry
 from twinkle.dataset.sources import BUNDLED, resolve_dataset_path
 from twinkle.dataset.stream import RowStream
 from twinkle.hub import OfflineError
+from twinkle.registry import Registry
 
 __all__ = [
     "BUNDLED",

@@ -45,7 +45,7 @@ def _probe(url: str, hub: str) -> None:
         raise OfflineError(
             f"the {hub} hub at {url} is unreachable ({e.__class__.__name__}: {e}) and the "
             f"dataset is not in the local cache; download it elsewhere or pass a local folder"
-        )
+        ) from e
 
 
 def hf_snapshot(repo_id: str) -> Path:

@@ -17,7 +17,7 @@ class RowStream:
         self.batch_size = batch_size
 
     def with_op(self, op: BatchOp) -> RowStream:
-        return RowStream(self.source, self.ops + (op,), self.batch_size)
+        return RowStream(self.source, (*self.ops, op), self.batch_size)
 
     def select(self, start: int, stop: int | None) -> RowStream:
         return RowStream(lambda: itertools.islice(self.source(), start, stop), self.ops, self.batch_size)

@@ -181,7 +181,8 @@ def check_folder(name: str, folder: Path, pinned: str | None = None, extra: tupl
 
 def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
-    from twinkle.hub import embedded_moe as moe, embedded_vl as vl  # loaded only when asked
+    from twinkle.hub import embedded_moe as moe  # loaded only when asked
+    from twinkle.hub import embedded_vl as vl
 
     name = model_id.removeprefix(SCHEME).strip("/")
     if name in moe.MOE_PRESETS:

@@ -28,7 +28,7 @@ class PreferenceProcessor(Preprocessor):
     def process(self, row):
         prompt = _as_messages(row["prompt"], "user") if row.get("prompt") else []
         if self.system and (not prompt or prompt[0]["role"] != "system"):
-            prompt = [{"role": "system", "content": self.system}] + prompt
+            prompt = [{"role": "system", "content": self.system}, *prompt]
         chosen = prompt + _as_messages(row["chosen"], "assistant")
         rejected = prompt + _as_messages(row["rejected"], "assistant")
         if chosen[-1]["role"] != "assistant" or rejected[-1]["role"] != "assistant":

@@ -104,7 +104,7 @@ class InputProcessor:
         lengths = [len(x) for x in ids]
         flat_labels = []
         for row_labels in labels:
-            flat_labels.extend([IGNORE_INDEX] + row_labels[1:])
+            flat_labels.extend([IGNORE_INDEX, *row_labels[1:]])
         input_ids_1_T = torch.tensor([t for row in ids for t in row], dtype=torch.long)[None]
         position_ids_1_T = torch.cat([torch.arange(n) for n in lengths])[None]
         return {

@@ -21,7 +21,7 @@ START, END = "\ue000", "\ue001"  # Unicode private use: never produced by a toke
 
 
 class _GenerationTag(Extension):
-    tags = {"generation"}
+    tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares it a plain class attribute
 
     def parse(self, parser):
         lineno = next(parser.stream).lineno

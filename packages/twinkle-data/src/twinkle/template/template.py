@@ -16,9 +16,9 @@ import numpy as np
 
 from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.registry import Registry
+from twinkle.template import vision
 from twinkle.template.render import END, START, has_generation_markers, render
 from twinkle.template.spans import marked_spans, per_round_spans, select_trained
-from twinkle.template import vision
 
 logger = logging.getLogger(__name__)
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
@@ -178,12 +178,12 @@ class Template:
             )
 
     def _check_image_truncation(self, n_tokens: int, images: dict, index) -> None:
-        if images and self.max_length is not None and n_tokens > self.max_length:
-            if self.truncation_strategy in ("left", "right"):
-                raise SequenceTooLongError(
-                    f"row {index}: {n_tokens} tokens with images is longer than max_length={self.max_length}; "
-                    f"cutting it would cut image tokens from their pixels (use 'delete' or raise max_length)"
-                )
+        too_long = images and self.max_length is not None and n_tokens > self.max_length
+        if too_long and self.truncation_strategy in ("left", "right"):
+            raise SequenceTooLongError(
+                f"row {index}: {n_tokens} tokens with images is longer than max_length={self.max_length}; "
+                f"cutting it would cut image tokens from their pixels (use 'delete' or raise max_length)"
+            )
 
     # ---- encoding ------------------------------------------------------------------------------
     def _tokenize(self, texts: list[str]):

@@ -26,6 +26,7 @@ __all__ = [
     "DeviceMesh",
     "RemoteError",
     "Runtime",
+    "WorkerDied",
     "get_device_placement",
     "get_global_mesh",
     "get_runtime",
@@ -36,5 +37,4 @@ __all__ = [
     "remote_method",
     "seed_everything",
     "shutdown",
-    "WorkerDied",
 ]

@@ -47,7 +47,7 @@ class _GroupWorker:
     def _guard(self, fn, *args, **kwargs):
         try:
             return ("ok", fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - everything goes back to the driver
+        except BaseException as e:
             return ("err", type(e).__qualname__, str(e), traceback.format_exc())
 
     def node_info(self) -> dict:
@@ -156,7 +156,7 @@ def _process_state(info: dict) -> str:
 def _this_node_ip() -> str | None:
     try:
         return ray.util.get_node_ip_address()
-    except Exception:  # noqa: BLE001 - no Ray here: nothing is on "this node"
+    except Exception:
         return None
 
 

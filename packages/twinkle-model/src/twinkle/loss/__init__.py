@@ -9,10 +9,10 @@ from twinkle.loss.sft import CrossEntropyLoss
 from twinkle.loss.stable import StableReinforceLoss
 
 __all__ = [
-    "LOSSES",
     "IGNORE_INDEX",
-    "ChunkedHead",
+    "LOSSES",
     "CISPOLoss",
+    "ChunkedHead",
     "CrossEntropyLoss",
     "DPOLoss",
     "DROLoss",

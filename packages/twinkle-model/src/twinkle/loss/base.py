@@ -42,7 +42,7 @@ class LossContext:
     @classmethod
     def from_logits(
         cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None, **fields: torch.Tensor
-    ) -> "LossContext":
+    ) -> LossContext:
         """A context over already-shifted logits (position t predicts targets_B_T[:, t])."""
         return cls(LogitsHead(logits_B_T_V), targets_B_T, dict(fields), ref_logps_B_T)
 

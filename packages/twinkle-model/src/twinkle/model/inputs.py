@@ -10,6 +10,7 @@ belongs to the target labels[t]).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -131,7 +132,7 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
             continue
         t = _field_tensor(name, values, T)
         if t is not None:
-            if B != len(rows):
+            if len(rows) != B:
                 raise ValueError(
                     f"the input processor packed {len(rows)} rows into {B}; per-row loss input "
                     f"{name!r} cannot follow (use padding, not packing, for such losses)"
@@ -171,8 +172,8 @@ def sequence_spans(batch: dict[str, torch.Tensor]) -> list[tuple[int, int, int]]
         return [(b, 0, ids.shape[1]) for b in range(ids.shape[0])]
     spans = []
     for b, positions in enumerate(batch["position_ids"]):
-        starts = (positions == 0).nonzero().flatten().tolist() + [positions.numel()]
-        spans.extend((b, s, e - s) for s, e in zip(starts, starts[1:]))
+        starts = [*(positions == 0).nonzero().flatten().tolist(), positions.numel()]
+        spans.extend((b, s, e - s) for s, e in itertools.pairwise(starts))
     return spans
 
 

@@ -17,14 +17,13 @@ import torch
 
 from twinkle.loss import ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
-from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
-from twinkle.metric import METRICS
-from twinkle.model import checkpoint, context_parallel, inputs as model_inputs, vision
+from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.model import checkpoint, context_parallel, vision
+from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
-from twinkle.model.state import FULL_MODEL, AdapterState
-from twinkle.model.structure import with_explicit_targets
 from twinkle.model.peft_holes import refuse_peft_holes
+from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
     barrier,
     check_tensor_parallel,
@@ -41,6 +40,7 @@ from twinkle.model.strategy import (
     shards_on_wrap,
     wrap,
 )
+from twinkle.model.structure import with_explicit_targets
 from twinkle.patch import PATCHES, AppliedPatch
 
 logger = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class TransformersModel(TwinkleModel):
         dtype = PRECISIONS[self.mixed_precision]
         return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def _run(self, module, batch, drop_last: bool = True) -> "LogitsHead | ChunkedHead":
+    def _run(self, module, batch, drop_last: bool = True) -> LogitsHead | ChunkedHead:
         model_kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
         if "pixel_values" in batch:
             model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
@@ -376,7 +376,7 @@ class TransformersModel(TwinkleModel):
             if ctx.shard is not None:  # every cp rank returns the whole rows
                 logps = ctx.shard.gather(logps)[:, : ctx.batch["input_ids"].shape[1] - 1]
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
-        rows = [[0.0] + logps[b, s : s + n - 1].tolist() for b, s, n in model_inputs.sequence_spans(ctx.batch)]
+        rows = [[0.0, *logps[b, s : s + n - 1].tolist()] for b, s, n in model_inputs.sequence_spans(ctx.batch)]
         return {"loss": float(out.loss) if out else None, "logprobs": rows}
 
     @remote_method()

@@ -98,7 +98,7 @@ class Reward:
         for i, c in enumerate(completions):
             try:
                 texts.append(completion_text(c))
-            except Exception as exc:  # noqa: BLE001 - a bad sample must not sink the batch
+            except Exception as exc:
                 texts.append(None)
                 errors[i] = f"{self.name}: {type(exc).__name__}: {exc}"
         ok = {i: t for i, t in enumerate(texts) if t is not None}
@@ -110,11 +110,11 @@ class Reward:
                 )
             for i, v in zip(ok, batch):
                 values[i] = _as_float(v)
-        except Exception:  # noqa: BLE001 - isolate the failing sample(s) by scoring one at a time
+        except Exception:
             for i in ok:
                 try:
                     values[i] = _as_float(self.score_batch([ok[i]], [rows[i]])[0])
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     values[i] = self.failure_value
                     errors[i] = f"{self.name}: {type(exc).__name__}: {exc}"
         return RewardResult(values, {self.name: list(values)}, errors)

@@ -34,7 +34,7 @@ class FormatReward(Reward):
         self.match, self.reward, self.penalty = match, reward, penalty
 
     @classmethod
-    def think_answer(cls, **kw) -> "FormatReward":
+    def think_answer(cls, **kw) -> FormatReward:
         """`<think>...</think>` followed by `<answer>...</answer>` and nothing else."""
         return cls(r"<think>.*?</think>\s*<answer>.*?</answer>", match="full", **kw)
 

@@ -17,8 +17,8 @@ from itertools import groupby
 from torch import nn
 
 from twinkle.model.multi_lora import experts as expert_lora
-from twinkle.model.structure import describe
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
+from twinkle.model.structure import describe
 from twinkle.sampler.adapters import AdapterWeights
 
 

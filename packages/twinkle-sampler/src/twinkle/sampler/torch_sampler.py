@@ -12,8 +12,8 @@ import inspect
 
 import torch
 
-from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler import vision
+from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler, prompt_items
 from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
@@ -104,7 +104,7 @@ class TorchSampler(Sampler):
         lps, tops = [], []
         for i in range(ids_B_T.shape[0]):
             start = int((mask_B_T[i] == 0).sum())  # left padding
-            lps.append([None] + logp_B_T[i, start:].tolist())
+            lps.append([None, *logp_B_T[i, start:].tolist()])
             if top is not None:
                 tops.append(
                     [None]

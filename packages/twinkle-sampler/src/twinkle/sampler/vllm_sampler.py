@@ -9,6 +9,7 @@ starts worker processes).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -95,10 +96,8 @@ class VLLMSampler(Sampler):
         self._drop(self._lora_requests.pop(name))
 
     def _drop(self, request) -> None:
-        try:
+        with contextlib.suppress(Exception):  # not loaded into the engine yet: nothing to evict
             self.llm.llm_engine.remove_lora(request.lora_int_id)
-        except Exception:  # not loaded into the engine yet: nothing to evict
-            pass
         shutil.rmtree(request.lora_path, ignore_errors=True)
 
     # ---- sampling --------------------------------------------------------------------------------

@@ -25,9 +25,9 @@ from typing import Any
 
 from twinkle.serve.auth import TENANT
 from twinkle.serve.core.bounds import ServerCaps
+from twinkle.serve.core.store import Store
 from twinkle.serve.errors import send_asgi, send_asgi_error
 from twinkle.serve.keys import KeyStore
-from twinkle.serve.core.store import Store
 
 HEADER = b"x-idempotency-key"
 MAX_KEY_LEN = 200

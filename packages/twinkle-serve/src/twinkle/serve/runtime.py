@@ -11,17 +11,17 @@ from pathlib import Path
 
 from twinkle.serve.backend import Backend, create_backend
 from twinkle.serve.config import ModelEntry, ServeConfig
-from twinkle.serve.errors import BadRequest, ServiceUnavailable
 from twinkle.serve.core.adapter_memory import AdapterMemory
-from twinkle.serve.prometheus import ServerMetrics
-from twinkle.serve.run_trackers import RunTrackers
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.live import LiveAdapters
 from twinkle.serve.core.scheduler import Scheduler
 from twinkle.serve.core.store import Store
 from twinkle.serve.core.throughput import Throughput
+from twinkle.serve.errors import BadRequest, ServiceUnavailable
 from twinkle.serve.keys import KeyStore
 from twinkle.serve.limits import TenantLimits
+from twinkle.serve.prometheus import ServerMetrics
+from twinkle.serve.run_trackers import RunTrackers
 
 log = logging.getLogger("twinkle.serve")
 

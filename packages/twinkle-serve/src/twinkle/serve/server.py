@@ -41,7 +41,7 @@ class Server:
     _uvicorn: uvicorn.Server
     _thread: threading.Thread
 
-    def wait_ready(self, timeout: float = 300) -> "Server":
+    def wait_ready(self, timeout: float = 300) -> Server:
         if not self.runtime.ready.wait(timeout):
             raise TimeoutError(f"server at {self.url} did not load its models within {timeout} s")
         return self
@@ -61,7 +61,7 @@ class Server:
         self.stop()
 
 
-def _draining_server(config: "uvicorn.Config", runtime: Runtime) -> "uvicorn.Server":
+def _draining_server(config: uvicorn.Config, runtime: Runtime) -> uvicorn.Server:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -100,7 +100,7 @@ def _connection_limit(config: ServeConfig) -> int:
     return max(64, soft - 256)
 
 
-def _uvicorn_config(app, host: str, port: int, log_level: str, config: ServeConfig) -> "uvicorn.Config":
+def _uvicorn_config(app, host: str, port: int, log_level: str, config: ServeConfig) -> uvicorn.Config:
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -58,7 +58,7 @@ class Range:
             raise OutOfRange(field, v, str(self))
         return v if self.integer else float(v)
 
-    def below(self, hi: float) -> "Range":
+    def below(self, hi: float) -> Range:
         """This range with its upper end lowered to `hi` (a server cap or a model dimension)."""
         return Range(self.lo, hi if self.hi is None else min(self.hi, hi), self.lo_open, False, self.integer)
 

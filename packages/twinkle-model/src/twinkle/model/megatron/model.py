@@ -21,12 +21,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import twinkle.model.megatron.convert as convert
 from twinkle.loss import LogitsHead, LossContext, create_loss
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import ForwardRecord
-from twinkle.model import inputs as model_inputs, step as step_rule
+from twinkle.model import inputs as model_inputs
+from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel, refuse
-import twinkle.model.megatron.convert as convert
 from twinkle.model.optim import resolve_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import barrier, is_main_process

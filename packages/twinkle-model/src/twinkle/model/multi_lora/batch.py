@@ -42,7 +42,7 @@ class Batch:
     def tokens(self) -> int:
         return int(self.attention_mask_B_T.sum())
 
-    def padded_to(self, length: int, pad_id: int) -> "Batch":
+    def padded_to(self, length: int, pad_id: int) -> Batch:
         extra = length - self.length
         if extra == 0:
             return self

@@ -59,10 +59,7 @@ def heads(model, segments, train: bool, ids_B_T: torch.Tensor, mask_B_T: torch.T
     the pass's image inputs; such a pass keeps whole logits (the decoder alone would not see the images)."""
     chunked = not images and wants_chunks(model, segments, train, model.logits_budget_bytes)
     kwargs = {"input_ids": ids_B_T, "attention_mask": mask_B_T, "use_cache": False, **images}
-    if chunked:
-        out = model.base.get_decoder()(**kwargs).last_hidden_state
-    else:
-        out = model.base(**kwargs).logits
+    out = model.base.get_decoder()(**kwargs).last_hidden_state if chunked else model.base(**kwargs).logits
     result, offset = [], 0
     for name, batch in segments:
         n, T = batch.rows, batch.length

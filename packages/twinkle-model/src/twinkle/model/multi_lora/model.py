@@ -22,12 +22,12 @@ from peft import LoraConfig
 
 from twinkle.loss import LossContext
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
-from twinkle.model import checkpoint, step as step_rule, vision
-from twinkle.model.multi_lora import vision_tenants
+from twinkle.model import checkpoint, vision
+from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
-
-from twinkle.model.multi_lora import heads as head_rule
 from twinkle.model.multi_lora import experts as expert_lora
+from twinkle.model.multi_lora import heads as head_rule
+from twinkle.model.multi_lora import vision_tenants
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
@@ -292,7 +292,7 @@ class MultiLoraModel(TwinkleModel):
         return {
             "loss": out["loss"] if out["loss_tokens"] else None,
             **out["metrics"],
-            "logprobs": [[0.0] + row for row in out["logprobs"]],
+            "logprobs": [[0.0, *row] for row in out["logprobs"]],
         }
 
     def logits(self, inputs, adapter_name: str | None = None, base_only: bool = False) -> torch.Tensor:

@@ -12,8 +12,9 @@ as its pass is done, small fused passes first so short requests are not held beh
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 KINDS = ("forward_backward", "forward", "step")
 
@@ -88,7 +89,7 @@ class FusionPlanner:
         self.fuse_max_tokens, self.group_max_tokens, self.max_padding = fuse_max_tokens, group_max_tokens, max_padding
 
     def _fits(self, group: list[Request], candidate: Request) -> bool:
-        members = group + [candidate]
+        members = [*group, candidate]
         length = max(r.shape[1] for r in members)
         padded = sum(r.shape[0] for r in members) * length
         real = sum(r.shape[2] for r in members)
@@ -139,14 +140,14 @@ def execute(
             request = group.requests[0]
             try:
                 outcomes = {request.tenant: model.clip_grad_and_step(adapter_name=request.tenant, **request.options)}
-            except Exception as error:  # noqa: BLE001 - reported to that tenant, the engine carries on
+            except Exception as error:
                 outcomes = {request.tenant: error}
         else:
             run = model.forward_backward_fused if group.kind == "forward_backward" else model.forward_fused
             batches = {r.tenant: r.inputs for r in group.requests}
             try:
                 outcomes = run(batches, raise_errors=False)
-            except Exception as error:  # noqa: BLE001 - the shared pass itself failed: every member learns why
+            except Exception as error:
                 outcomes = {t: error for t in tenants}
         for request in group.requests:
             outcome = outcomes[request.tenant]

@@ -56,7 +56,7 @@ class AdapterSpec:
         return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
 
     @classmethod
-    def from_lora_config(cls, config: LoraConfig) -> "AdapterSpec":
+    def from_lora_config(cls, config: LoraConfig) -> AdapterSpec:
         if not isinstance(config, LoraConfig):
             raise TypeError(f"expected a peft.LoraConfig, got {type(config).__name__}")
         for field, default in _UNSUPPORTED.items():

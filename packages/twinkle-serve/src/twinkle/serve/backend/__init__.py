@@ -17,6 +17,7 @@ from twinkle.serve.backend.base import (
 )
 
 __all__ = [
+    "BACKENDS",
     "AdamParams",
     "Backend",
     "Datum",
@@ -29,7 +30,6 @@ __all__ = [
     "SampleResult",
     "SampledSeq",
     "UserError",
-    "BACKENDS",
     "create_backend",
 ]
 

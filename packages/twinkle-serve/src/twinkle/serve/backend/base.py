@@ -7,11 +7,11 @@ called from the scheduler's worker thread, one at a time, so a backend needs no 
 
 from __future__ import annotations
 
-from typing import Any
 import functools
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -192,7 +192,7 @@ class Backend(ABC):
     holds_adapters_here: bool = False  # adapters live in this process: the server's residency policy
     #                                    parks and spills them (enable_residency and the tier reports)
 
-    def __init__(self, base_model: str, model_path: str, **options) -> None:
+    def __init__(self, base_model: str, model_path: str, **options) -> None:  # noqa: B027 - optional to override
         """Every backend is built from a model entry: the name clients use, a local folder, the entry's options."""
 
     def sampler_adapters(self) -> int:
@@ -272,5 +272,5 @@ class Backend(ABC):
         self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams, prompt_logprobs: bool
     ) -> SampleResult: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional to override
         """Release what the backend started (remote actors); an in-process backend holds nothing to stop."""

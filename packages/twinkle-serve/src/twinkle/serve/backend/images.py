@@ -22,9 +22,8 @@ def image_encoder(backend):
 def check_images(messages: list[dict], backend, where: str) -> None:
     """Refuse, naming the model, images in the messages of a text-only model; and remote image URLs
     (the server fetches nothing)."""
-    from twinkle.template.vision import image_sources
-
     from twinkle.serve.backend.base import UserError
+    from twinkle.template.vision import image_sources
 
     sources = image_sources(messages)
     if not sources:
@@ -43,9 +42,8 @@ def check_images(messages: list[dict], backend, where: str) -> None:
 def check_expected_tokens(messages: list[dict], grid_thw, backend, where: str) -> None:
     """Each image part's ``expected_tokens`` (optional) against the tokens the model made of it, the
     same 400 as a Tinker ImageChunk's mismatch, naming both counts."""
-    from twinkle.template.vision import is_image_part
-
     from twinkle.serve.backend.base import UserError
+    from twinkle.template.vision import is_image_part
 
     expected = [
         p.get("expected_tokens")

@@ -291,8 +291,8 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         current format, or one a server wrote before it). `implicit_adam`: the adapter trains with the
         Tinker API's Adam, whose lr arrives with every step: it is made when missing, and a saved lr
         schedule has nothing to drive. -> the resumed counters ({} without)."""
-        from twinkle.model import checkpoint
         import twinkle.serve.backend.legacy_checkpoint as legacy_checkpoint
+        from twinkle.model import checkpoint
 
         created = name not in self.engine.adapters
         try:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from twinkle.serve.backend.base import SampledSeq, SampleParams, SampleResult, UserError
 
-
 MAX_SAMPLER_ADAPTERS = 64
 
 

@@ -226,7 +226,7 @@ class TrainShard(MultiLoraBackend):
             if live:
                 for i, r in zip(live, super().forward_backward_many([items[i] for i in live], weights)):
                     results[i] = r
-        except Exception as e:  # noqa: BLE001 - every rank must still reach the collective below
+        except Exception as e:
             for i in live:
                 results[i] = e
         finally:

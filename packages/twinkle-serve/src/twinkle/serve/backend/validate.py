@@ -34,7 +34,7 @@ def make_loss(loss_fn: str, config: dict):
 def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: int) -> None:
     if not data:
         raise UserError("forward_backward needs at least one datum")
-    needed = ("target_tokens",) + TINKER_LOSSES.get(loss_fn, ())
+    needed = ("target_tokens", *TINKER_LOSSES.get(loss_fn, ()))
     for i, d in enumerate(data):
         n = len(d.tokens)
         if n == 0:

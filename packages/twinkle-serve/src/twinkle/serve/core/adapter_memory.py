@@ -26,7 +26,6 @@ from pathlib import Path
 from twinkle.model.multi_lora.residency import LIVE, PARKED, SPILLED
 from twinkle.model.multi_lora.spec import linear_names
 from twinkle.model.structure import Structure, describe
-
 from twinkle.serve.backend import LoraSpec
 from twinkle.serve.errors import ApiError
 
@@ -91,7 +90,7 @@ class AdapterMemory:
         self._shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # base module -> _BaseShape
 
     @classmethod
-    def from_config(cls, config, data_dir: Path) -> "AdapterMemory":
+    def from_config(cls, config, data_dir: Path) -> AdapterMemory:
         return cls(
             config.max_adapter_memory_mb,
             offload=config.adapter_offload,

@@ -19,7 +19,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from twinkle.serve.core.records import FutureRow
 from twinkle.serve.core.store import Store
@@ -120,10 +120,8 @@ class FutureHub:
             row = self.futures.get(request_id, tenant)
             if row is None or row.status != "pending":
                 return row or self._lost(request_id)
-            try:
+            with suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
             return self.futures.get(request_id, tenant)
         finally:
             with self._lock:

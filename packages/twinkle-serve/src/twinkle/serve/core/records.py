@@ -34,7 +34,7 @@ class Session:
     user_metadata: dict = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict) -> "Session":
+    def from_row(cls, row: dict) -> Session:
         return cls(**{**row, "tags": _json(row["tags"], []), "user_metadata": _json(row["user_metadata"], {})})
 
 
@@ -53,7 +53,7 @@ class Run:
     user_metadata: dict = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict) -> "Run":
+    def from_row(cls, row: dict) -> Run:
         return cls(**{**row, "lora": _json(row["lora"], {}), "user_metadata": _json(row["user_metadata"], {})})
 
     @property
@@ -72,7 +72,7 @@ class Sampler:
     ephemeral: bool = False
 
     @classmethod
-    def from_row(cls, row: dict) -> "Sampler":
+    def from_row(cls, row: dict) -> Sampler:
         return replace(cls(**row), ephemeral=bool(row["ephemeral"]))  # SQLite stores booleans as 0/1
 
 
@@ -91,7 +91,7 @@ class Checkpoint:
     user_metadata: dict = field(default_factory=dict)
 
     @classmethod
-    def from_row(cls, row: dict) -> "Checkpoint":
+    def from_row(cls, row: dict) -> Checkpoint:
         return replace(cls(**row), public=bool(row["public"]), user_metadata=_json(row["user_metadata"], {}))
 
     @property

@@ -29,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
@@ -171,7 +172,7 @@ class Scheduler:
         assert self.fuse_runner is not None  # several are taken only when a fuse_runner exists
         try:
             results = self.fuse_runner([j.item for j in jobs])
-        except Exception as e:  # noqa: BLE001 - the whole pass failed: fail each request, keep serving
+        except Exception as e:
             log.exception("fused pass failed")
             results = [e] * len(taken)
         for call, job, result in zip(taken, jobs, results):
@@ -182,7 +183,7 @@ class Scheduler:
             answer = fn()
         except UserError as e:
             self.hub.fail(request_id, str(e), "user")
-        except Exception as e:  # noqa: BLE001 - a server bug fails this request, never the server
+        except Exception as e:
             log.exception("request %s failed", request_id)
             # a fault the server names for the client (a full disk) says so, not "internal error"
             message = getattr(e, "client_message", None) or f"internal error: {type(e).__name__}: {e}"
@@ -196,7 +197,7 @@ class Scheduler:
         with self._cond:
             if request_id in self._running:
                 return Place("active", f"running on {self.name}", 0, 0.0)
-            for queue, heap in self._queues.items():
+            for heap in self._queues.values():
                 mine = next((entry for entry in heap if entry[2].request_id == request_id), None)
                 if mine is None:
                     continue
@@ -241,7 +242,7 @@ class Scheduler:
 class Place:
     """A pending request's place: `state` as Tinker's TryAgainResponse.queue_state names it."""
 
-    state: str  # "active" (running, or queued in turn) or "paused_rate_limit" (held by its tenant's rate)
+    state: Literal["active", "paused_rate_limit"]  # running or queued in turn, or held by its tenant's rate
     reason: str  # for a person: what it waits for
     ahead: int  # its queue's requests that run before it
     starts_in_s: float  # how long its tenant's rate still holds it

@@ -16,12 +16,12 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import CheckpointOps
 from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
-from twinkle.serve.core.usage import UsageLedger
-from twinkle.serve.errors import BadRequest, NotFound
-from twinkle.serve.runtime import Engine, Runtime
 from twinkle.serve.core.scheduler import Place
+from twinkle.serve.core.usage import UsageLedger
 from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.limits import Hold
+from twinkle.serve.runtime import Engine, Runtime
 
 
 class Service:

@@ -11,6 +11,7 @@ Derived here, never stored: per-token loss, and step time / tokens/s from the po
 
 from __future__ import annotations
 
+import itertools
 import time
 from urllib.parse import quote
 
@@ -89,7 +90,7 @@ def derive(curves: dict[str, list[dict]], api: str) -> tuple[dict[str, list[dict
     tokens = _by_step(curves.get("tokens", []))
     step_time, tokens_per_s = [], []
     steps = sorted(loss)
-    for prev, step in zip(steps, steps[1:]):
+    for prev, step in itertools.pairwise(steps):
         dt = loss[step]["t"] - loss[prev]["t"]
         if dt > 0:
             step_time.append({"step": step, "value": dt, "t": loss[step]["t"]})

@@ -9,8 +9,8 @@ import threading
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import check_expected_tokens, check_images
-from twinkle.serve.native.models import NativeModels, user_errors
 from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.native.models import NativeModels, user_errors
 
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # a row's images, from the server's own encoding
 
@@ -112,7 +112,7 @@ class NativeCompute:
                 return ForwardResult(
                     loss=out["loss"] if out.get("finite") else None,
                     metrics=out.get("metrics", {}),
-                    logprobs=[[0.0] + lps for lps in out["logprobs"]],
+                    logprobs=[[0.0, *lps] for lps in out["logprobs"]],
                 ).model_dump()
             key = (model_id, internal)
             self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1

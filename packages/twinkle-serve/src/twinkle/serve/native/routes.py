@@ -35,7 +35,6 @@ from twinkle.client.schema import (
     ServerStatus,
     StepRequest,
 )
-from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
@@ -45,6 +44,7 @@ from twinkle.serve.native.checkpoints import NativeCheckpoints
 from twinkle.serve.native.compute import NativeCompute
 from twinkle.serve.native.models import NativeModels
 from twinkle.serve.native.views import NativeViews
+from twinkle.serve.routing import PrefixRouter
 
 
 def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:

@@ -23,9 +23,9 @@ from twinkle.client.schema import (
 )
 from twinkle.serve.backend import DatumsPass, RowsPass, SampleParams, UserError
 from twinkle.serve.core import bounds
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
-from twinkle.serve.core.work import Answer
 
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json")
 FUSED_KINDS = (("native", RowsPass.__name__), ("tinker", DatumsPass.__name__))  # which API queues which pass

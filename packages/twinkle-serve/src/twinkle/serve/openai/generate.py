@@ -17,15 +17,15 @@ import time
 
 from fastapi.responses import StreamingResponse
 
+import twinkle.serve.openai.responses as responses
 from twinkle.serve.backend import SampleParams, SampleResult, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
-import twinkle.serve.openai.responses as responses
+from twinkle.serve.core.work import Answer
 from twinkle.serve.openai.errors import OpenAIError, error_body
 from twinkle.serve.openai.models import Target
 from twinkle.serve.openai.streaming import ChoiceText
-from twinkle.serve.core.work import Answer
 
 POLL_S = 30.0
 
@@ -170,7 +170,7 @@ async def stream(
                 for j, seq in enumerate(result.sequences):
                     i = p * n + j
                     text, lo, hi, final = choices[i].finish(seq)
-                    out += pieces(i, text, lo, hi, final) + [chunks.finish(i, final.finish_reason)]
+                    out += [*pieces(i, text, lo, hi, final), chunks.finish(i, final.finish_reason)]
                 send("chunks", out)
         except Exception as e:
             send("error", e)

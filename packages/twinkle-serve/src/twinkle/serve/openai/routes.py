@@ -9,17 +9,17 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+import twinkle.serve.openai.responses as responses
 from twinkle.serve.auth import API_KEY
 from twinkle.serve.backend import SampleParams
 from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
-import twinkle.serve.openai.responses as responses
 from twinkle.serve.openai.bodies import ChatRequest, CompletionRequest
 from twinkle.serve.openai.errors import OpenAIError, OpenAIRoute
 from twinkle.serve.openai.generate import generate, stream
-from twinkle.serve.openai.models import ModelResolver
 from twinkle.serve.openai.images import image_prompt
+from twinkle.serve.openai.models import ModelResolver
 from twinkle.serve.openai.text import render
 
 BEARER = HTTPBearer(

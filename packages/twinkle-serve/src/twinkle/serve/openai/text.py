@@ -28,7 +28,7 @@ def render(tokenizer, seq: SampledSeq, stop: list[str] | None) -> Rendered:
         ends.append(end)
     cut = min([i for i in (text.find(s) for s in stop or []) if i >= 0], default=len(text))
     text = text[:cut]
-    starts = [0] + ends[:-1]
+    starts = [0, *ends[:-1]]
     kept = [j for j in range(len(seq.tokens)) if starts[j] < cut]  # EOS (no text) and stop-string tokens drop out
     return Rendered(
         text,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
-from twinkle.serve.tinker import images, wire_proto as pb
+from twinkle.serve.tinker import images
+from twinkle.serve.tinker import wire_proto as pb
 
 TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
 MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has
@@ -93,7 +95,7 @@ def decode_forward_backward(body: bytes):
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
-    except Exception as e:  # noqa: BLE001 - protobuf raises DecodeError and friends
+    except Exception as e:
         raise UserError(f"forward_backward body is not a valid ForwardBackwardRequest protobuf: {e}") from None
     data = []
     for i, d in enumerate(msg.data):
@@ -170,7 +172,7 @@ def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
             and all(_is_int(c) for c in crow + col)
             and crow[0] == 0
             and crow[-1] == len(data)
-            and all(a <= b for a, b in zip(crow, crow[1:]))
+            and all(a <= b for a, b in itertools.pairwise(crow))
             and all(0 <= c < shape[1] for c in col)
         )
         if not ok:

@@ -12,11 +12,11 @@ out on purpose: every value a loss computes stays bounded by the datum's own ten
 
 from __future__ import annotations
 
-from typing import Any
 import math
 import operator
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -222,7 +222,7 @@ class LossProgram:
                     env[node.name] = node.call(*args, **kwargs)
             except LossGraphError:
                 raise
-            except Exception as e:  # noqa: BLE001 - a shape or dtype mistake in the user's loss
+            except Exception as e:
                 raise LossGraphError(
                     f"loss {self.name!r} failed at node {node.name!r}: {type(e).__name__}: {e}"
                 ) from None

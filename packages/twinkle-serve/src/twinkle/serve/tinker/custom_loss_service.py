@@ -15,12 +15,12 @@ import torch
 from twinkle.serve.backend import Datum, ForwardResult, UserError
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.limits import Hold
 from twinkle.serve.tinker import codec
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram, run_per_datum
-from twinkle.serve.core.work import Answer
-from twinkle.serve.limits import Hold
 
 
 def create(svc: Service, tenant: str, body: dict) -> dict:

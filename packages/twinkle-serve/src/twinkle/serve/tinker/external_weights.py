@@ -14,7 +14,7 @@ import hmac
 import json
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from twinkle.serve.errors import ApiError, BadRequest, NotFound
@@ -75,7 +75,7 @@ class ExternalWeights:
         for name in self._files(ckpt):
             token = self.signer.token(path, expires, name)
             urls[name] = f"{base_url.rstrip('/')}/api/v1/checkpoint_files/{token}"
-        return {"urls": urls, "expires": datetime.fromtimestamp(expires, timezone.utc).isoformat()}
+        return {"urls": urls, "expires": datetime.fromtimestamp(expires, UTC).isoformat()}
 
     def file(self, token: str) -> tuple[Path, str]:
         """The file a signed URL names; 403 for a bad or expired signature, 404 once the checkpoint is gone."""

@@ -13,10 +13,10 @@ from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, custom_loss_service, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
-from twinkle.serve.core.work import Answer, PassJob
 
 
 def adapter_name(model_id: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from twinkle.serve.core.records import Checkpoint, Run
 from twinkle.serve.core.service import Service
@@ -10,7 +10,7 @@ from twinkle.serve.errors import NotFound
 
 
 def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def checkpoint_json(c: Checkpoint) -> dict:

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import sqlite3
 
-from pydantic import BaseModel
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
 from twinkle.serve.core import bounds
-from twinkle.serve.core.work import PROTO
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import PROTO
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import model_names
 from twinkle.serve.tinker.models import TinkerModels

@@ -13,10 +13,10 @@ from fastapi import Depends, Request
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.auth import Auth
-from twinkle.serve.core.service import Service
 from twinkle.serve.core.adapter_import import AdapterImports
+from twinkle.serve.core.service import Service
+from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions_extra, usage
 from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.models import TinkerModels

@@ -78,7 +78,7 @@ def sample_params(
         items = [stop] if isinstance(stop, str) else stop
         if (
             not isinstance(items, list)
-            or not all(isinstance(s, str) and s or _is_int(s) and s >= 0 for s in items)
+            or not all((isinstance(s, str) and s) or (_is_int(s) and s >= 0) for s in items)
             or not (all(isinstance(s, str) for s in items) or all(_is_int(s) for s in items))
         ):
             raise BadRequest(

@@ -9,11 +9,11 @@ import uuid
 from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import NotFound
 from twinkle.serve.tinker import codec, images, model_names
 from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
-from twinkle.serve.core.work import Answer
 
 
 def sampler_name(key: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from twinkle.client.schema import bounds as B
 from twinkle.serve.core import bounds
@@ -27,7 +27,7 @@ def owner_urn(tenant: str) -> str:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def _status(row: dict) -> dict | None:

@@ -10,7 +10,7 @@ with invented figures.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from twinkle.serve.errors import ApiError, BadRequest
 
@@ -36,11 +36,11 @@ def _time(name: str, value: str | None) -> datetime:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise BadRequest(f"{name} must be an RFC 3339 timestamp, got {value!r}") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
+    return datetime.fromtimestamp(ts, UTC).isoformat()
 
 
 def usage_events(store, tenant: str, starting_on: str | None, ending_before: str | None) -> dict:

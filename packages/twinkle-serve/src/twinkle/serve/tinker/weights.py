@@ -14,10 +14,10 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import META_FILE, check_name
 from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
-from twinkle.serve.core.work import Answer
 
 
 def checked_fields(body: dict) -> None:

@@ -28,7 +28,7 @@ class StabilityRecord:
     last_used: float
 
     @classmethod
-    def from_row(cls, row: dict) -> "StabilityRecord":
+    def from_row(cls, row: dict) -> StabilityRecord:
         row = dict(row)
         row.pop("n_tokens", None)
         for name, dtype in (("prompt", np.int32), ("tokens", np.int32), ("logprobs", np.float32)):
