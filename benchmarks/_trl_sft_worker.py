@@ -79,9 +79,10 @@ def main():
         max_grad_norm=1.0,
         max_length=cfg["max_length"],
         train_sampling_strategy="sequential",  # the rows are already in Twinkle's order
-        # TRL's defaults that hurt on CPU, set as a CPU user would: bf16 autocast and gradient
-        # checkpointing (recomputing a 5M model's activations buys nothing and costs a forward)
-        bf16=False,
+        # TRL's defaults that hurt on CPU, set as a CPU user would: bf16 autocast (unless the benchmark
+        # compares both sides in bf16) and gradient checkpointing (recomputing a 5M model's
+        # activations buys nothing and costs a forward)
+        bf16=cfg["bf16"],
         activation_checkpointing=False,  # TRL says gradient_checkpointing; transformers 5 renamed it
         logging_steps=10**9,
         save_strategy="no",

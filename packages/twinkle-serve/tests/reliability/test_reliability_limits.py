@@ -211,6 +211,6 @@ def test_bodies_over_the_limit_answer_413(limited):
     assert n.wait(n.ok(small)["request_id"])["status"] == "complete"
     assert w.post("/create_session", {}).status_code == 200
     SUMMARY["limits"] = (
-        "429 + Retry-After (requests/s, tokens/s), adapter-memory cap 409 (Tinker and native, one "
+        "429 + Retry-After (requests/s; tokens/s only past max_queue_wait_s, queued before), adapter-memory cap 409 (Tinker and native, one "
         "account), 413 over max_request_bytes (declared or chunked, both APIs)"
     )
