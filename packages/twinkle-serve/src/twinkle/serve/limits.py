@@ -35,11 +35,14 @@ class _Bucket:
         self.rate, self.capacity = rate, capacity or max(rate, 1.0)
         self.level, self.stamp = self.capacity, time.monotonic()
 
-    def take(self, amount: float) -> float:
-        """0 if taken, else seconds until `amount` would be available."""
+    def _refill(self) -> None:
         now = time.monotonic()
         self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
         self.stamp = now
+
+    def take(self, amount: float) -> float:
+        """0 if taken, else seconds until `amount` would be available."""
+        self._refill()
         if amount > self.capacity:  # a request larger than a whole second's budget waits for a full bucket
             amount = self.capacity
         if self.level >= amount:
@@ -50,9 +53,7 @@ class _Bucket:
     def reserve(self, amount: float, max_wait: float) -> float:
         """Take `amount` now, into debt if need be: -> seconds until the debt is repaid (0: none), the
         time the work must wait. Past `max_wait` nothing is taken and the wait is returned negated."""
-        now = time.monotonic()
-        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
+        self._refill()
         amount = min(amount, self.capacity)
         wait = max(0.0, (amount - self.level) / self.rate)
         if wait > max_wait:
@@ -72,15 +73,19 @@ class TenantLimits:
     ) -> None:
         if rate is None:
             return
-        # one bucket per (key, kind): bounded by the keys the operator made, never by requests
         with self._lock:
-            bucket = self._buckets.get((tenant, kind))
-            if bucket is None:
-                bucket = self._buckets[(tenant, kind)] = _Bucket(rate, capacity)
-            wait = bucket.take(amount)
+            wait = self._bucket(tenant, kind, rate, capacity).take(amount)
         if wait > 0:
             limit = f"{capacity:g}" if capacity else f"{rate:g}"
             raise LimitExceeded(f"tenant {tenant!r} is over its limit of {limit} {what}", wait)
+
+    def _bucket(self, tenant: str, kind: str, rate: float, capacity: float | None = None) -> _Bucket:
+        """The (key, kind) bucket, made on first use (call with the lock held): bounded by the keys
+        the operator made, never by requests."""
+        bucket = self._buckets.get((tenant, kind))
+        if bucket is None:
+            bucket = self._buckets[(tenant, kind)] = _Bucket(rate, capacity)
+        return bucket
 
     def buckets(self) -> int:
         with self._lock:
@@ -104,10 +109,7 @@ class TenantLimits:
         if rate is None:
             return None
         with self._lock:
-            bucket = self._buckets.get((tenant, "tok"))
-            if bucket is None:
-                bucket = self._buckets[(tenant, "tok")] = _Bucket(rate)
-            wait = bucket.reserve(n, limits.max_queue_wait_s)
+            wait = self._bucket(tenant, "tok", rate).reserve(n, limits.max_queue_wait_s)
         limit = f"tenant {tenant!r}'s limit of {rate:g} input tokens/s"
         if wait < 0:
             raise LimitExceeded(

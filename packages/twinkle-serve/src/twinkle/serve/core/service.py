@@ -143,12 +143,13 @@ class Service:
         engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job, hold))
         return request_id
 
-    def where(self, request_id: str) -> Place | None:
-        """Where a pending request is on the workers (None: on none of them, e.g. finishing)."""
+    def where(self, request_id: str) -> Place:
+        """Where a pending request is on the workers; on none of them it is finishing (its pass has
+        run and its result is being stored)."""
         for engine in self.rt.engines.values():
             if (place := engine.scheduler.where(request_id)) is not None:
                 return place
-        return None
+        return Place("active", "finishing", 0, 0.0)
 
     def unload(self, tenant: str, run: Run, adapters: list[str], finish: Callable[[], dict]) -> str | None:
         """Free a run's adapters (and their memory reservations) once its queued work has run."""

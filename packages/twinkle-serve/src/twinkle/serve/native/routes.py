@@ -194,8 +194,8 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
             return FutureResult(
                 request_id=request_id,
                 status="pending",
-                queue_state=place.state if place else "active",
-                queue_reason=place.reason if place else "finishing",
+                queue_state=place.state,
+                queue_reason=place.reason,
             )
         payload = json.loads(row.payload) if row.content_type == "application/json" and row.payload else None
         if row.status == "failed":

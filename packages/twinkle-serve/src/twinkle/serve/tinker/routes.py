@@ -172,8 +172,8 @@ def build_router(svc: Service) -> PrefixRouter:
             return {
                 "type": "try_again",
                 "request_id": request_id,
-                "queue_state": place.state if place else "active",
-                "queue_state_reason": place.reason if place else "finishing",
+                "queue_state": place.state,
+                "queue_state_reason": place.reason,
             }
         return Response(row.payload, media_type=PROTO if row.content_type == PROTO else "application/json")
 
