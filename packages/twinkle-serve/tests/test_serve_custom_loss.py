@@ -103,14 +103,21 @@ def test_server_side_loss_equals_client_fallback_in_one_round_trip(server, dave,
         }
         return sum(loss for loss, _ in losses), metrics
 
-    results, submitted = [], []
-    for tc, loss_fn in ((on_server, handle), (on_client, client_side)):
-        before = _futures(server, "dave-customloss")
-        out = tc.forward_backward_custom(_data(), loss_fn).result()
-        submitted.append(_futures(server, "dave-customloss") - before)
-        tc.optim_step(adam).result()
-        results.append(out)
+    passes = []  # the base model's forward calls: one per model pass
+    hook = server.runtime.engine(TEST_MODEL).backend.engine.base.register_forward_hook(lambda *_: passes.append(1))
+    results, submitted, model_passes = [], [], []
+    try:
+        for tc, loss_fn in ((on_server, handle), (on_client, client_side)):
+            before, passes_before = _futures(server, "dave-customloss"), len(passes)
+            out = tc.forward_backward_custom(_data(), loss_fn).result()
+            submitted.append(_futures(server, "dave-customloss") - before)
+            model_passes.append(len(passes) - passes_before)
+            tc.optim_step(adam).result()
+            results.append(out)
+    finally:
+        hook.remove()
     assert submitted == [1, 2]  # one forward_backward on the server path; forward + backward client-side
+    assert model_passes == [1, 2]  # the loss runs inside the server's one pass
     server_out, client_out = results
     assert server_out.metrics["loss:sum"] == pytest.approx(client_out.metrics["loss:sum"], rel=1e-6)
     for key in ("custom/ratio:mean", "custom/tokens:sum", "surrogate_loss:sum"):
@@ -217,3 +224,54 @@ def test_missing_input_is_a_400_naming_it(dave, ratio_handle):
     # the SDK checks inputs itself; sent anyway (as a raw loss_fn="custom" call), the server names the field
     with pytest.raises(Exception, match="advantages"):
         tc.forward_backward([datum], "custom", {"loss_id": handle.loss_id}).result()
+
+
+def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(server, dave, ratio_handle, sft):
+    """Queued behind a held worker, a custom-loss forward_backward and another run's cross-entropy one run as
+    one fused pass; each equals the same request run alone on an identical adapter (a fused batch has other
+    shapes than a solo one: fp32 agreement relative to magnitude, not bit-exact)."""
+    import threading
+    import time
+
+    from twinkle.serve.core.work import Answer, Call
+
+    def pair(seed):
+        return [dave.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=seed).result() for _ in "ab"]
+
+    (custom_solo, custom_fused), (ce_solo, ce_fused) = pair(11), pair(12)
+    ce_data = [sft(SEQS[0]), sft(SEQS[1])]
+    solo = (custom_solo.forward_backward_custom(_data(), ratio_handle).result(),)
+    solo += (ce_solo.forward_backward(ce_data, "cross_entropy").result(),)
+
+    scheduler = server.runtime.engines[TEST_MODEL].scheduler
+    gate, held = threading.Event(), threading.Event()
+
+    def hold():
+        held.set()
+        gate.wait(60)
+        return Answer.json({})
+
+    passes, items = scheduler.fused_passes, scheduler.fused_items["DatumsPass"]
+    scheduler.submit(Call("test-gate-custom", None, server.runtime.hub.create("dave-customloss"), hold))
+    deadline = time.monotonic() + 60
+    while not held.is_set():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    futures = (
+        custom_fused.forward_backward_custom(_data(), ratio_handle),
+        ce_fused.forward_backward(ce_data, "cross_entropy"),
+    )
+    while not (scheduler.pending(custom_fused.model_id) == 1 and scheduler.pending(ce_fused.model_id) == 1):
+        assert time.monotonic() < deadline, "both requests should be queued"
+        time.sleep(0.01)
+    gate.set()
+    fused = tuple(f.result() for f in futures)
+    assert scheduler.fused_passes == passes + 1 and scheduler.fused_items["DatumsPass"] == items + 2
+
+    for alone, together in zip(solo, fused, strict=True):
+        assert together.metrics.keys() == alone.metrics.keys()
+        for key, value in alone.metrics.items():
+            assert together.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        for a, b in zip(alone.loss_fn_outputs, together.loss_fn_outputs, strict=True):
+            np.testing.assert_allclose(b["logprobs"].to_numpy(), a["logprobs"].to_numpy(), rtol=1e-5, atol=1e-5)
+    assert "surrogate_loss:sum" in fused[0].metrics and "custom/ratio:mean" in fused[0].metrics

@@ -145,3 +145,46 @@ def test_state_saved_from_the_ranks_resumes_on_them(runs, sft):
         c.optim_step(types.AdamParams(learning_rate=5e-2)).result()
         steps.append((fb.metrics["loss:sum"], c.forward(batch, "cross_entropy").result().metrics["loss:sum"]))
     assert steps[1] == pytest.approx(steps[0], rel=1e-6)
+
+
+def _ratio_loss(logprobs, advantages):
+    import torch
+
+    ratio = torch.exp(logprobs - logprobs.detach())
+    return -(ratio * advantages).sum(), {"custom/adv:mean": advantages.mean(), "custom/n:sum": advantages.sum() * 0 + 1}
+
+
+def _custom_loss_step(server) -> dict:
+    """One server-side custom-loss forward_backward and an optim_step; the loss and metrics, then a forward's
+    log-probs on the stepped weights. Four datums of different lengths and advantages: the two ranks' slices
+    are uneven and each datum's inputs must travel with its slice."""
+    import tinker
+    from tinker import types
+
+    client = tinker.ServiceClient(base_url=server.url, api_key=server.create_key("custom-dp"))
+    handle = client.create_custom_loss(_ratio_loss, {"logprobs": 1, "advantages": 1}).result()
+    tc = client.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=21).result()
+    data = [
+        types.Datum(
+            model_input=types.ModelInput.from_ints(s[:-1]),
+            loss_fn_inputs={
+                "target_tokens": s[1:],
+                "advantages": types.TensorData(data=[0.5 - k] * (len(s) - 1), dtype="float32", shape=[len(s) - 1]),
+            },
+        )
+        for k, s in enumerate(SEQS)
+    ]
+    out = tc.forward_backward_custom(data, handle).result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    after = tc.forward(data, "cross_entropy").result()
+    return {"metrics": out.metrics, "logprobs": [o["logprobs"].to_numpy() for o in after.loss_fn_outputs]}
+
+
+def test_a_custom_loss_on_data_parallel_ranks_equals_one_process(ray_server, local_server):
+    expected, got = _custom_loss_step(local_server), _custom_loss_step(ray_server)
+    assert got["metrics"].keys() == expected["metrics"].keys()
+    assert got["metrics"]["custom/n:sum"] == len(SEQS)  # summed over the ranks' datums, as the SDK sums it
+    for key, value in expected["metrics"].items():
+        assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for g, e in zip(got["logprobs"], expected["logprobs"], strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)

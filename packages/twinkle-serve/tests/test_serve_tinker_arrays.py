@@ -31,8 +31,10 @@ def _request(chunks: list[list[int]], targets: list[int], weights: list[float]) 
 
 def test_the_codec_yields_arrays_that_become_the_same_tensors_as_lists():
     body = _request([[5, 9, 11], [13, 2]], [9, 11, 13, 2, 7], [0.0, 1.0, 1.0, 0.5, 1.0])
-    model_id, seq_id, (datum,), loss_fn, _, forward_only = codec.decode_forward_backward(body)
-    assert (model_id, seq_id, loss_fn, forward_only) == ("s:train:0", 3, "cross_entropy", False)
+    req = codec.decode_forward_backward(body)
+    assert (req.model_id, req.seq_id, req.loss_fn, req.forward_only) == ("s:train:0", 3, "cross_entropy", False)
+    assert req.provenance == [None]
+    (datum,) = req.data
     assert isinstance(datum.tokens, np.ndarray) and datum.tokens.dtype == np.int64
     assert datum.tokens.tolist() == [5, 9, 11, 13, 2]
 

@@ -152,13 +152,16 @@ class SampleResult:
 
 @dataclass(frozen=True)
 class DatumsPass:
-    """A Tinker forward(_backward): datums scored by a named Tinker loss (set on the adapter for this pass)."""
+    """A Tinker forward(_backward): datums scored by a named Tinker loss (set on the adapter for this pass),
+    or by `loss`, an engine `twinkle.loss.Loss` already built for these datums (a custom loss: it holds
+    per-datum inputs, so it has `sliced(start, stop)` for a data rank's share)."""
 
     adapter: str
     data: list[Datum]
     loss_fn: str
     loss_config: dict
     forward_only: bool
+    loss: Any = None
 
 
 @dataclass(frozen=True)

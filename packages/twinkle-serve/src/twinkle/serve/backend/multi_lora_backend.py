@@ -212,7 +212,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         if not isinstance(item, DatumsPass):
             return item.rows  # native rows, checked by the native layer, scored by the adapter's own loss
         check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
-        state.loss = make_loss(item.loss_fn, item.loss_config)
+        state.loss = item.loss if item.loss is not None else make_loss(item.loss_fn, item.loss_config)
         data = item.data
         if item.loss_fn != "cross_entropy":
             data = [replace(d, inputs={k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
@@ -235,7 +235,13 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             return UserError(f"loss is {outcome['loss']} (not finite): no gradient was applied")
         logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
         metrics = {"loss:sum": float(outcome["loss"])}
-        metrics.update({f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()})
+        # a loss's own metrics are token means, unless it names its reduction (a custom loss's `:sum` / `:mean`)
+        metrics.update(
+            {
+                k if k.endswith((":sum", ":mean")) else f"{k}:mean": float(v)
+                for k, v in outcome.get("metrics", {}).items()
+            }
+        )
         return ForwardResult(logprobs, metrics, outcome.get("mfu"))
 
     @exclusive

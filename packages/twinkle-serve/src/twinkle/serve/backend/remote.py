@@ -168,7 +168,8 @@ class RemoteBackend(Backend):
                 self._check(item.adapter)
                 if isinstance(item, DatumsPass):
                     check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
-                    make_loss(item.loss_fn, item.loss_config)
+                    if item.loss is None:  # a built loss (a custom one) was checked where it was built
+                        make_loss(item.loss_fn, item.loss_config)
                 valid.append(i)
             except UserError as e:
                 results[i] = e

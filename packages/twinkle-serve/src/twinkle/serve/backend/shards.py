@@ -88,7 +88,12 @@ def _slice_items(args, kwargs, mesh, rank):
     for item in items:
         examples = getattr(item, _examples(item))
         start, stop = split_bounds(len(examples), parts, data_rank)
-        cut.append(dataclasses.replace(item, **{_examples(item): examples[start:stop]}))
+        sliced = {_examples(item): examples[start:stop]}
+        if (
+            isinstance(item, DatumsPass) and item.loss is not None
+        ):  # a custom loss holds per-datum inputs: the same slice
+            sliced["loss"] = item.loss.sliced(start, stop)
+        cut.append(dataclasses.replace(item, **sliced))
     return (cut,), kwargs
 
 
@@ -116,13 +121,19 @@ def merge_rank_results(per_rank: list[dict]) -> list:
         if isinstance(done[0][0], dict):  # a native outcome: every rank holds the same merged numbers
             merged.append({**done[0][0], "logprobs": [lp for x, _ in done for lp in x.get("logprobs", [])]})
             continue
-        total = sum(n for _, n in done)
-        metrics = {}
-        for key in done[0][0].metrics:
-            values = [(x.metrics[key], n) for x, n in done]
-            metrics[key] = sum(v for v, _ in values) if key.endswith(":sum") else sum(v * n for v, n in values) / total
+        metrics = {key: _merged_metric(key, [(x.metrics[key], x, n) for x, n in done]) for key in done[0][0].metrics}
         merged.append(ForwardResult([lp for x, _ in done for lp in x.logprobs], metrics))
     return merged
+
+
+def _merged_metric(key: str, parts: list[tuple[float, ForwardResult, int]]) -> float:
+    """One metric of a request from its ranks' (value, result, tokens): `:sum` adds up; a custom loss's
+    `custom/…:mean` is a mean over datums (as the SDK reduces it), the rest are means over tokens."""
+    if key.endswith(":sum"):
+        return sum(v for v, _, _ in parts)
+    if key.startswith("custom/"):
+        return sum(v * len(x.logprobs) for v, x, _ in parts) / sum(len(x.logprobs) for _, x, _ in parts)
+    return sum(v * n for v, _, n in parts) / sum(n for _, _, n in parts)
 
 
 class _Recorder:

@@ -33,11 +33,13 @@ def _tensor(msg, where: str) -> np.ndarray:
         dense = np.zeros(shape, dtype=dtype)
         for r in range(shape[0]):
             dense[r, col[crow[r] : crow[r + 1]]] = values[crow[r] : crow[r + 1]]
-        return dense.reshape(-1)
+        return dense
     arr = np.frombuffer(msg.dense, dtype=dtype)
-    if msg.shape and math.prod(msg.shape) != arr.size:  # exact ints: a huge shape must not overflow to a match
+    if not msg.shape:
+        return arr
+    if math.prod(msg.shape) != arr.size:  # exact ints: a huge shape must not overflow to a match
         raise UserError(f"{where}: shape {list(msg.shape)} does not match {arr.size} values")
-    return arr
+    return arr.reshape(msg.shape)  # the sent shape (a custom loss declares its inputs' ranks); a view
 
 
 def _datum(i: int, d) -> Datum:
@@ -83,15 +85,20 @@ def _spans(d) -> tuple[list[Span], list[Span]] | None:
     return out[0], out[1]
 
 
-def decode_provenance(body: bytes) -> list[tuple[list[Span], list[Span]] | None]:
-    """Each datum's provenance spans (stable_reinforce), from a body decode_forward_backward accepted."""
-    msg = pb.ForwardBackwardRequest()
-    msg.ParseFromString(body)
-    return [_spans(d) for d in msg.data]
+@dataclass(frozen=True)
+class ForwardBackwardInput:
+    """A decoded forward(_backward) request: everything the routes read from its one protobuf parse."""
+
+    model_id: str
+    seq_id: int
+    data: list[Datum]  # each loss_fn_inputs array in its sent shape
+    loss_fn: str
+    loss_config: dict
+    forward_only: bool
+    provenance: list[tuple[list[Span], list[Span]] | None]  # per datum (stable_reinforce), None without
 
 
-def decode_forward_backward(body: bytes):
-    """-> (model_id, seq_id, datums, loss_fn, loss_config, forward_only)."""
+def decode_forward_backward(body: bytes) -> ForwardBackwardInput:
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
@@ -106,7 +113,8 @@ def decode_forward_backward(body: bytes):
     config: dict = {k: v for k, v in msg.loss_fn_config.items()}
     for k, v in msg.loss_fn_config_v2.items():
         config[k] = v.number if v.WhichOneof("value") == "number" else v.text
-    return msg.model_id, msg.seq_id, data, msg.loss_fn, config, msg.forward_only
+    provenance = [_spans(d) for d in msg.data]
+    return ForwardBackwardInput(msg.model_id, msg.seq_id, data, msg.loss_fn, config, msg.forward_only, provenance)
 
 
 def encode_forward_result(result: ForwardResult) -> bytes:

@@ -1,26 +1,19 @@
 """Server-side custom losses: `create_custom_loss` stores a traced loss; `forward_backward` with
-`loss_fn="custom"` runs it, in the one request the SDK sends.
-
-The computation is the SDK's client-side fallback, moved here: a forward pass for the target
-logprobs, the interpreted loss on them, its gradient `g = dLoss/dlogprobs`, then a cross-entropy
-backward with weights `-g` (whose gradient is exactly `dLoss/dθ`). Same numbers as the fallback,
-one HTTP round trip instead of two.
+`loss_fn="custom"` runs it, in the one request the SDK sends, as an engine `Loss` inside the pass
+(tinker/program_loss.py): one model pass and one HTTP round trip instead of the fallback's two each.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from collections import OrderedDict
+
 import torch
 
-from twinkle.serve.backend import Datum, ForwardResult, UserError
-from twinkle.serve.core.records import Run
+from twinkle.serve.backend import Datum
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest, NotFound
-from twinkle.serve.limits import Hold
-from twinkle.serve.tinker import codec
-from twinkle.serve.tinker import wire_proto as pb
-from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram, run_per_datum
+from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram
+from twinkle.serve.tinker.program_loss import ProgramLoss
 
 
 def create(svc: Service, tenant: str, body: dict) -> dict:
@@ -41,19 +34,36 @@ def create(svc: Service, tenant: str, body: dict) -> dict:
     return {"request_id": request_id}
 
 
-def _program(svc: Service, tenant: str, session_id: str, loss_id) -> LossProgram:
-    row = svc.store.custom_losses.owned(loss_id, tenant)
-    if row is None or row["session_id"] != session_id:  # a handle works only in the session that made it
-        raise NotFound(f"custom loss {loss_id!r} not found in session {session_id!r}")
-    return LossProgram.parse(row["name"], row["inputs"], row["graph"])
+class Programs:
+    """Parsed custom losses, so a training request does not parse its loss's graph again: a bounded
+    memo over the store's rows (which stay the truth, and survive a restart)."""
+
+    def __init__(self, svc: Service, capacity: int = 256):
+        self.svc, self.capacity = svc, capacity
+        self._parsed: OrderedDict[tuple, LossProgram] = OrderedDict()
+
+    def get(self, tenant: str, session_id: str, loss_id) -> LossProgram:
+        table = self.svc.store.custom_losses
+        stamp = table.stamp(loss_id, tenant)
+        if stamp is None or stamp[0] != session_id:  # a handle works only in the session that made it
+            raise NotFound(f"custom loss {loss_id!r} not found in session {session_id!r}")
+        key = (tenant, loss_id, stamp[1])  # created_at: a loss stored again under its id is parsed again
+        program = self._parsed.pop(key, None)
+        if program is None:
+            row = table.owned(loss_id, tenant)
+            assert row is not None  # stamped just above
+            program = LossProgram.parse(row["name"], row["inputs"], row["graph"])
+        self._parsed[key] = program
+        while len(self._parsed) > self.capacity:
+            self._parsed.popitem(last=False)
+        return program
 
 
-def _loss_inputs(program: LossProgram, body: bytes, data: list[Datum]) -> list[list[torch.Tensor]]:
-    """Each datum's loss inputs as tensors of their declared rank (the wire shape, which codec flattens)."""
-    msg = pb.ForwardBackwardRequest()
-    msg.ParseFromString(body)  # already parsed once by codec: valid
-    out = []
-    for i, (d, wire) in enumerate(zip(data, msg.data)):
+def prepare(program: LossProgram, data: list[Datum]) -> tuple[list[Datum], ProgramLoss]:
+    """(the datums the pass scores: tokens and targets only, the engine `Loss` that runs `program` on
+    them with each datum's own inputs as tensors of their declared rank)."""
+    inputs, scored = [], []
+    for i, d in enumerate(data):
         if "target_tokens" not in d.inputs:
             raise BadRequest(
                 f"datum {i} has no loss_fn_inputs['target_tokens'], which loss {program.name!r} needs for its logprobs"
@@ -62,76 +72,17 @@ def _loss_inputs(program: LossProgram, body: bytes, data: list[Datum]) -> list[l
         for name, rank in program.inputs[1:]:
             if name not in d.inputs:
                 raise BadRequest(f"datum {i} has no loss_fn_inputs[{name!r}], which loss {program.name!r} takes")
-            arr, shape = d.inputs[name], list(wire.loss_fn_inputs[name].shape)
-            if rank == 0 and arr.size == 1 and len(shape) <= 1:
+            arr = d.inputs[name]
+            if rank == 0 and arr.size == 1 and arr.ndim <= 1:
                 arr = arr.reshape(())
-            elif rank == 1 and len(shape) <= 1:
+            elif rank == 1 and arr.ndim <= 1:
                 arr = arr.reshape(-1)
-            elif rank == 2 and len(shape) == 2:
-                arr = arr.reshape(shape)
-            else:
+            elif not (rank == 2 and arr.ndim == 2):
                 raise BadRequest(
-                    f"datum {i} loss_fn_inputs[{name!r}] has shape {shape or [arr.size]}, but loss "
+                    f"datum {i} loss_fn_inputs[{name!r}] has shape {list(arr.shape)}, but loss "
                     f"{program.name!r} declared {name} with rank {rank}"
                 )
-            row.append(torch.from_numpy(arr.copy()))
-        out.append(row)
-    return out
-
-
-def submit(
-    svc: Service,
-    tenant: str,
-    engine,
-    run: Run,
-    seq_id,
-    data: list[Datum],
-    config: dict,
-    forward_only: bool,
-    body: bytes,
-    hold: Hold | None = None,
-) -> str:
-    """Queue one custom-loss forward(/backward) for `run`; the id of its future (a ForwardBackwardOutput)."""
-    program = _program(svc, tenant, run.session_id, config.get("loss_id"))
-    inputs = _loss_inputs(program, body, data)
-    tokens = sum(len(d.tokens) for d in data)
-    surrogate = [
-        Datum(
-            d.tokens,
-            {"target_tokens": d.inputs["target_tokens"], "weights": np.zeros(len(d.tokens), np.float32)},
-            d.images,
-        )
-        for d in data
-    ]
-
-    def work():
-        adapter = svc.live_adapter(run.model_id)
-        forward = engine.backend.forward_backward(adapter, surrogate, "cross_entropy", {}, True)
-        logprobs = [torch.from_numpy(np.array(lp, np.float32)).requires_grad_(True) for lp in forward.logprobs]
-        try:
-            with torch.enable_grad():
-                loss, metrics = run_per_datum(program, logprobs, inputs)
-                loss_sum = float(loss.detach().sum())
-                if forward_only:
-                    svc.count_training(run, tokens)
-                    return Answer.proto(
-                        codec.encode_forward_result(ForwardResult(forward.logprobs, {**metrics, "loss:sum": loss_sum}))
-                    )
-                loss.backward()
-        except LossGraphError as e:
-            raise UserError(str(e)) from None
-        linear = []
-        for i, (d, lp) in enumerate(zip(surrogate, logprobs)):
-            if lp.grad is None:
-                raise UserError(f"loss {program.name!r} does not depend on the logprobs of datum {i}: no gradient")
-            # cross-entropy is L = -sum(w * logprobs): w = -dLoss/dlogprobs back-propagates the custom loss
-            weights = (-lp.grad).numpy()
-            linear.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"], "weights": weights}, d.images))
-        backward = engine.backend.forward_backward(adapter, linear, "cross_entropy", {}, False)
-        svc.count_training(run, tokens)
-        svc.record_step(run, {"loss": loss_sum})  # the run's curve, as for the built-in losses
-        surrogate_sum = backward.metrics.pop("loss:sum")
-        out = {**backward.metrics, **metrics, "loss:sum": loss_sum, "surrogate_loss:sum": surrogate_sum}
-        return Answer.proto(codec.encode_forward_result(ForwardResult(backward.logprobs, out)))
-
-    return svc.submit(tenant, engine, run.model_id, seq_id, work, hold=hold)
+            row.append(torch.from_numpy(arr.copy()))  # the body's buffer is read-only
+        inputs.append(row)
+        scored.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"]}, d.images))
+    return scored, ProgramLoss(program, inputs)

@@ -16,6 +16,7 @@ from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, custom_loss_service, images, model_names
+from twinkle.serve.tinker.program_loss import tinker_metrics
 from twinkle.serve.tinker.provenance import Provenance
 
 
@@ -31,6 +32,7 @@ class TinkerModels:
     def __init__(self, svc: Service):
         self.svc, self.rt = svc, svc.rt
         self.provenance = Provenance(svc)
+        self.custom_losses = custom_loss_service.Programs(svc)
         self.caps = svc.rt.config.caps
 
     # ---- sessions ------------------------------------------------------------------------------
@@ -157,26 +159,27 @@ class TinkerModels:
 
     def forward_backward(self, tenant: str, body: bytes) -> dict:
         try:
-            model_id, seq_id, data, loss_fn, config, forward_only = codec.decode_forward_backward(body)
+            req = codec.decode_forward_backward(body)
         except UserError as e:
             raise BadRequest(str(e)) from None
+        model_id, loss_fn, forward_only = req.model_id, req.loss_fn, req.forward_only
         run = self.svc.run(tenant, model_id)
         engine = self.rt.engine(run.base_model)
-        data = images.expand_datums(data, engine.backend, run.base_model)
+        data = images.expand_datums(req.data, engine.backend, run.base_model)
         hold = self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         self.rt.store.runs.touch(model_id)
-        if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run here: tinker/custom_loss_service.py
-            request_id = custom_loss_service.submit(
-                self.svc, tenant, engine, run, seq_id, data, config, forward_only, body, hold
-            )
-            return {"request_id": request_id, "model_id": model_id}
-        extra: dict = {}
-        if loss_fn == "stable_reinforce":  # the sampler's log-probs, from the records the spans name
-            data, extra = self.provenance.resolve(tenant, run, data, codec.decode_provenance(body))
+        loss, extra = None, {}
+        if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run inside the pass: tinker/program_loss.py
+            program = self.custom_losses.get(tenant, run.session_id, req.loss_config.get("loss_id"))
+            data, loss = custom_loss_service.prepare(program, data)
+        elif loss_fn == "stable_reinforce":  # the sampler's log-probs, from the records the spans name
+            data, extra = self.provenance.resolve(tenant, run, data, req.provenance)
 
         def finish(result):
             if isinstance(result, Exception):
                 raise result
+            if loss is not None:
+                result.metrics = tinker_metrics(result.metrics, forward_only)
             result.metrics.update(extra)
             self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
             self.svc.count_training(run, sum(len(d.tokens) for d in data))
@@ -191,15 +194,18 @@ class TinkerModels:
                 self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
             return Answer.proto(codec.encode_forward_result(result))
 
+        def item(adapter: str) -> DatumsPass:
+            return DatumsPass(adapter, data, loss_fn, req.loss_config, forward_only, loss)
+
         def work():
-            item = DatumsPass(self.svc.live_adapter(model_id), data, loss_fn, config, forward_only)
-            return finish(engine.backend.forward_backward_many([item])[0])
+            return finish(engine.backend.forward_backward_many([item(self.svc.live_adapter(model_id))])[0])
 
         live = self.rt.live.get(model_id)
         job = None
         if live is not None:  # fusable once the adapter exists (create_model already ran)
-            job = PassJob(DatumsPass(live.adapter, data, loss_fn, config, forward_only), finish)
-        return {"request_id": self.svc.submit(tenant, engine, model_id, seq_id, work, job, hold), "model_id": model_id}
+            job = PassJob(item(live.adapter), finish)
+        request_id = self.svc.submit(tenant, engine, model_id, req.seq_id, work, job, hold)
+        return {"request_id": request_id, "model_id": model_id}
 
     def optim_step(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))

@@ -36,6 +36,13 @@ class CustomLosses:
         )
         return {**row, "inputs": json.loads(row["inputs"]), "graph": json.loads(row["graph"])} if row else None
 
+    def stamp(self, loss_id, tenant: str) -> tuple[str, float] | None:
+        """(session_id, created_at) of the tenant's loss, without decoding it: what a parsed copy is checked by."""
+        row = isinstance(loss_id, str) and self.db.one(
+            "SELECT session_id, created_at FROM custom_losses WHERE loss_id=? AND tenant=?", (loss_id, tenant)
+        )
+        return (row["session_id"], row["created_at"]) if row else None
+
 
 class SampleRequests:
     """Which sampler (and clone) each sample request came from, numbered in the order first seen finished."""
