@@ -4,6 +4,8 @@ Prompts are left-padded into one batch (position ids follow the attention mask, 
 `generate`), prefilled once, then decoded one token per step against the cache. Finished rows leave
 the batch (the cache drops them), so long and short answers do not pay for each other. Each row may
 use its own LoRA adapter (see routing.py); each sequence draws from its own seeded generator.
+A prefix cache (prefix_cache.py, prefill.py) keeps prefilled KV per (adapter, weights, tokens):
+`sample` and `compute_logprobs` prefill only what no earlier call of either already did.
 """
 
 from __future__ import annotations
@@ -12,16 +14,24 @@ import inspect
 
 import torch
 
-from twinkle.sampler import vision
+from twinkle.sampler import prefill, vision
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler, prompt_items
 from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
+from twinkle.sampler.prefix_cache import PrefixCache, PrefixCacheStats
 from twinkle.sampler.routing import LoRARouter
+
+# Default prefix-cache budget, as a fraction of the model's weight bytes: room for many prompts' KV
+# on a small model without rivalling the weights themselves for device memory.
+PREFIX_CACHE_FRACTION = 0.2
 
 
 class TorchSampler(Sampler):
-    """`TorchSampler(model_id)` or `TorchSampler(model=hf_causal_lm, tokenizer=...)`."""
+    """`TorchSampler(model_id)` or `TorchSampler(model=hf_causal_lm, tokenizer=...)`.
+
+    `prefix_cache_bytes`: the prefix cache's budget in bytes (None: PREFIX_CACHE_FRACTION of the
+    weights; 0: no prefix cache, every call prefills in full as before)."""
 
     def __init__(
         self,
@@ -33,6 +43,7 @@ class TorchSampler(Sampler):
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         max_batch_size: int = 64,
+        prefix_cache_bytes: int | None = None,
     ):
         from transformers import AutoTokenizer
 
@@ -74,18 +85,47 @@ class TorchSampler(Sampler):
         self.pad_token_id = pad if pad is not None else (self.eos_token_ids or [0])[0]
         # transformers renamed `past_key_values` to `cache` (5.x); speak whichever this model takes.
         params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+        # Collected before any LoRA wrapping: their version counters fingerprint the base weights.
+        self._base_params = list(self.model.parameters())
+        if prefix_cache_bytes is None:
+            weight_bytes = sum(p.numel() * p.element_size() for p in self._base_params)
+            prefix_cache_bytes = int(PREFIX_CACHE_FRACTION * weight_bytes)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        # None: learnt at the first store, from the cache's layers (prefill.py)
+        self.kv_cacheable: bool | None = None if prefill.full_attention_only(self.model.config) else False
+        self.head_ok: bool | None = None
+        self._adapter_tensors: dict[str, list[torch.Tensor]] = {}
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """hits, misses, tokens_reused, bytes_held, entries, evictions, invalidations, budget_bytes."""
+        return self.prefix_cache.stats()
+
+    def cache_key(self, adapter: str | None) -> tuple:
+        """What the KV of a prefix under `adapter` depends on besides its tokens. The weight version
+        alone is not enough: an in-process sync shares storage with the trainer, so an optimizer step
+        changes the served weights in place without a new version. Every in-place write bumps a
+        tensor's version counter, so their sum moves with the weights (a re-install, whose new tensors
+        could repeat the sum, drops the adapter's entries explicitly)."""
+        tensors = self._base_params + (self._adapter_tensors[adapter] if adapter is not None else [])
+        return adapter, (self.weight_version(adapter), sum(_tensor_version(t) for t in tensors))
 
     # ---- adapters --------------------------------------------------------------------------------
     def _install_adapter(self, name: str, weights: AdapterWeights) -> None:
         # `.to` is a no-op (same storage) when device and dtype already match: in-process syncs share memory.
-        self.router.set_adapter(name, weights.to(device=self.device))
+        weights = weights.to(device=self.device)
+        self.prefix_cache.drop_adapter(name)  # new weights, even under an old version number
+        self.router.set_adapter(name, weights)
+        # what the router serves shares these tensors' storage and version counters (experts included)
+        self._adapter_tensors[name] = [*weights.lora_A.values(), *weights.lora_B.values()]
 
     def _uninstall_adapter(self, name: str) -> None:
         self.router.remove_adapter(name)
+        self._adapter_tensors.pop(name, None)
+        self.prefix_cache.drop_adapter(name)
 
     # ---- forward pieces --------------------------------------------------------------------------
-    def _left_pad(self, prompts: list[Prompt]):
+    def left_pad(self, prompts: list[Prompt]):
         width = max(len(p) for p in prompts)
         ids_B_T = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
         mask_B_T = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -95,7 +135,7 @@ class TorchSampler(Sampler):
         return ids_B_T.to(self.device), mask_B_T.to(self.device)
 
     @staticmethod
-    def _token_logprobs(logits_B_T_V, ids_B_T, mask_B_T, top_k: int = 0) -> tuple[list, list | None]:
+    def token_logprobs(logits_B_T_V, ids_B_T, mask_B_T, top_k: int = 0) -> tuple[list, list | None]:
         """(log p(token_t | tokens_<t) per row, first None; with top_k > 0 each position's k most likely
         (id, log-prob) pairs per row, most likely first, first None, else None). Rows are left-padded."""
         logp_B_T_V = torch.log_softmax(logits_B_T_V[:, :-1].float(), dim=-1)
@@ -122,7 +162,7 @@ class TorchSampler(Sampler):
         images = self._normalize_images(inputs, images, len(prompts))
         for lo in range(0, len(prompts), self.max_batch_size):
             chunk, chunk_adapters = prompts[lo : lo + self.max_batch_size], adapters[lo : lo + self.max_batch_size]
-            ids_B_T, mask_B_T = self._left_pad(chunk)
+            ids_B_T, mask_B_T = self.left_pad(chunk)
             vis = vision.prefill_inputs(self.model, ids_B_T, mask_B_T, images[lo : lo + self.max_batch_size])
             pos = vis.pop("position_ids", None)
             with self.router.route(chunk_adapters, self.device):
@@ -147,8 +187,18 @@ class TorchSampler(Sampler):
     @torch.no_grad()
     def compute_logprobs(self, inputs, adapter_name=None, images=None) -> list[list[float | None]]:
         result = []
-        for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name, images):
-            result.extend(self._token_logprobs(logits, ids_B_T, mask_B_T)[0])
+        if not self.prefix_cache.enabled:
+            for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name, images):
+                result.extend(self.token_logprobs(logits, ids_B_T, mask_B_T)[0])
+            return result
+        prompts = self._normalize_inputs(inputs)
+        adapters = self._normalize_adapters(adapter_name, len(prompts))
+        images = self._normalize_images(inputs, images, len(prompts))
+        for lo in range(0, len(prompts), self.max_batch_size):
+            hi = lo + self.max_batch_size
+            with self.router.route(adapters[lo:hi], self.device):
+                pre = prefill.run(self, prompts[lo:hi], adapters[lo:hi], images[lo:hi], all_logits=True)
+                result.extend(prefill.prompt_logprobs(self, pre)[0])
         return result
 
     @torch.no_grad()
@@ -232,17 +282,9 @@ class TorchSampler(Sampler):
         `group` > 1: rows come in runs of `group` equal (prompt, adapter) pairs; each run's prompt is
         prefilled once and its KV cache expanded to the run's rows. `on_tokens` gets each step's tokens,
         row r as sequence `first_index + r` of the response order."""
-        from transformers import DynamicCache
-
         n = len(prompts)
         stop = StopChecker(params, [] if params.ignore_eos else self.eos_token_ids, self.tokenizer)
         generators = [torch.Generator(device=self.device).manual_seed(s) for s in seeds]
-        ids_B_T, mask_B_T = self._left_pad(prompts[::group])
-        vis = vision.prefill_inputs(self.model, ids_B_T, mask_B_T, (images or [None] * n)[::group])
-        pos_B_T = vis.pop("position_ids", None)  # 3-D (time, height, width) with images
-        if pos_B_T is None:
-            pos_B_T = (mask_B_T.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
         tokens = [[] for _ in range(n)]
         logps = [[] for _ in range(n)]
         tops = [[] for _ in range(n)]
@@ -251,22 +293,17 @@ class TorchSampler(Sampler):
         active = list(range(n))  # batch row -> original row
         prompt_lps = None
         with self.router.route(adapters[::group], self.device):
-            out = self.model(
-                input_ids=ids_B_T,
-                attention_mask=mask_B_T,
-                position_ids=pos_B_T,
-                use_cache=True,
-                **{self._cache_kw: cache},
-                logits_to_keep=0 if params.prompt_logprobs else 1,
-                **vis,
+            pre = prefill.run(
+                self, prompts[::group], adapters[::group], (images or [None] * n)[::group], bool(params.prompt_logprobs)
             )
+            cache, mask_B_T = pre.cache, pre.mask_B_T
             if params.prompt_logprobs:
-                prompt_lps = self._token_logprobs(out.logits, ids_B_T, mask_B_T, params.prompt_top_logprobs)
+                prompt_lps = prefill.prompt_logprobs(self, pre, params.prompt_top_logprobs)
                 prompt_lps = tuple(
                     None if rows is None else [r for r in rows for _ in range(group)] for rows in prompt_lps
                 )
-            logits_B_V = out.logits[:, -1].float()
-            next_pos_B = vision.next_positions(pos_B_T)
+            logits_B_V = pre.logits_B_S_V[:, -1].float()
+            next_pos_B = vision.next_positions(pre.pos_B_S)
             if group > 1:
                 cache.batch_repeat_interleave(group)
                 logits_B_V, mask_B_T, next_pos_B = (
@@ -309,7 +346,7 @@ class TorchSampler(Sampler):
                     attention_mask=mask_B_T,
                     position_ids=next_pos_B[:, None],
                     use_cache=True,
-                    **{self._cache_kw: cache},
+                    **{self.cache_kw: cache},
                 )
                 logits_B_V = out.logits[:, -1].float()
                 next_pos_B = next_pos_B + 1
@@ -325,3 +362,10 @@ class TorchSampler(Sampler):
             for r in range(n)
         ]
         return seqs, prompt_lps
+
+
+def _tensor_version(t: torch.Tensor) -> int:
+    try:  # torch's in-place write counter, which it exposes under no public name
+        return getattr(t, "_version")
+    except RuntimeError:  # an inference-mode tensor keeps no version counter (and cannot be written in place)
+        return 0

@@ -104,7 +104,7 @@ def derive(curves: dict[str, list[dict]], api: str) -> tuple[dict[str, list[dict
     reason = None
     if mfu:
         series["mfu"] = mfu
-    else:  # no FLOPs recorded (a custom loss, a Ray-sharded pass): a 0 would read as "idle", which it is not
+    else:  # no FLOPs recorded (a Ray-sharded pass): a 0 would read as "idle", which it is not
         reason = "n/a: this run's passes recorded no FLOPs"
     for name, points in curves.items():
         if name not in INTERNAL and points:  # reward, accuracy, ...: only runs that report them get a chart
