@@ -249,7 +249,8 @@ NUMERICS_SUITES = {
         )
     ],
     "sampler": [
-        f"packages/twinkle-sampler/tests/test_sampler_{name}.py" for name in ("topk", "torch", "contract", "group")
+        f"packages/twinkle-sampler/tests/test_sampler_{name}.py"
+        for name in ("topk", "torch", "contract", "group", "prefix_cache")
     ],
     "mesh": ["packages/twinkle-mesh/tests/test_mesh_distributed.py"],
     "conformance": ["tests/conformance"],
@@ -295,7 +296,7 @@ def numerics(session: nox.Session) -> None:
                 "TMPDIR": roots[cpu],
             }
             log = Path(logs) / f"{cpu}.log"
-            runs[cpu] = (subprocess.Popen(_numerics_script(session.posargs), shell=True, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT), log)  # fmt: skip
+            runs[cpu] = (subprocess.Popen(_numerics_script(cpu, session.posargs, str(Path(logs) / "ray.lock")), shell=True, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT), log)  # fmt: skip
         failed = []
         for cpu, (proc, log) in runs.items():
             code = proc.wait()
@@ -308,13 +309,21 @@ def numerics(session: nox.Session) -> None:
             session.error(f"numerics failed under ATEN_CPU_CAPABILITY={', '.join(failed)}")
 
 
-def _numerics_script(posargs: list[str]) -> str:
+# Suites that start a Ray cluster: never two at once (two clusters booting on two loaded cores can miss
+# Ray's node-startup deadline), so each capability runs them while the other runs the Ray-free ones.
+NUMERICS_RAY = ("mesh", "conformance", "serve")
+
+
+def _numerics_script(cpu: str, posargs: list[str], lock: str) -> str:
     """One pytest process per suite, as in their own sessions (a Ray cluster or server one suite starts must
     not hold the memory another suite's needs), stopping at the first failing suite."""
     extra = " ".join(shlex.quote(a) for a in [*NUMERICS_SKIP, *posargs])
-    return " && ".join(
-        f"pytest -q -p no:cacheprovider --durations=5 {' '.join(paths)} {extra}" for paths in NUMERICS_SUITES.values()
-    )
+    order = list(NUMERICS_SUITES) if cpu == NUMERICS_CPUS[0] else list(reversed(NUMERICS_SUITES))
+    steps = []
+    for suite in order:
+        run = f"pytest -q -p no:cacheprovider --durations=5 {' '.join(NUMERICS_SUITES[suite])} {extra}"
+        steps.append(f"flock {shlex.quote(lock)} {run}" if suite in NUMERICS_RAY else run)
+    return " && ".join(steps)
 
 
 @nox.session(name="conformance")
