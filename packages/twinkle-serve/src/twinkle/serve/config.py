@@ -27,6 +27,9 @@ class ModelEntry(_Strict):
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
     trust_remote_code: bool = False
+    # Recompute each decoder layer in backward instead of keeping its activations (long contexts on
+    # little memory, at a second forward's cost): twinkle.model.multi_lora.MultiLoraModel.
+    activation_checkpointing: bool = False
     # Ray mode (needs the `ray` section): the training model and/or the sampler as remote groups of
     # actors on these DeviceGroups (twinkle.mesh); None keeps that part in the server process.
     remote_group: str | None = None

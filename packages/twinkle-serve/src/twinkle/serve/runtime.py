@@ -109,6 +109,7 @@ class Runtime:
                     dtype=entry.dtype,
                     max_batch_size=entry.max_sampler_batch,
                     trust_remote_code=entry.trust_remote_code,
+                    activation_checkpointing=entry.activation_checkpointing,
                     **remote,
                 )
             except Exception as e:

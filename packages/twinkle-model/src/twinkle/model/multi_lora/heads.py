@@ -37,8 +37,9 @@ def wants_chunks(model, segments, train: bool, budget: int) -> bool:
 
 def _projection(model, name: str | None):
     """The unembedding for one tenant's rows as plain autograd ops (base projection plus that tenant's
-    low-rank term, if it trains one there). Not the MultiLoraLinear itself: its hand-written backward
-    reads its saved tensors twice, which a non-reentrant checkpoint's recompute refuses."""
+    low-rank term, if it trains one there). Not the MultiLoraLinear itself: it routes by the whole
+    pass's rows, while a head chunk holds one tenant's rows, and the pass's routing is gone by the
+    time backward recomputes the chunk."""
     head = model.base.get_output_embeddings()
     base = getattr(head, "base_layer", head)
     lora_a = getattr(head, "lora_A", {})

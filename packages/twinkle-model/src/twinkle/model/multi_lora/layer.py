@@ -10,9 +10,18 @@ adapter's gradient comes only from its own rows. Parameter names follow peft's i
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import nn
+
+
+class RoutingState(NamedTuple):
+    names: tuple[str | None, ...]
+    sizes: tuple[int, ...]
+    lengths: tuple[int, ...]
+    training: bool
 
 
 class Routing:
@@ -35,6 +44,13 @@ class Routing:
 
     def clear(self) -> None:
         self.names, self.sizes, self.lengths = (), (), ()
+
+    def state(self) -> RoutingState:
+        """What this pass is routed as, to reinstate later (an activation-checkpoint recompute)."""
+        return RoutingState(self.names, self.sizes, self.lengths, self.training)
+
+    def load(self, state: RoutingState) -> None:
+        self.names, self.sizes, self.lengths, self.training = state
 
 
 class LoraWeight(nn.Module):
@@ -178,9 +194,10 @@ class _Group:
     `bmm` per product over the tenants, the segmented LoRA matmul of punica/S-LoRA done with a
     stock kernel."""
 
-    def __init__(self, start: int, end: int, rank: int, scalings: list[float], keeps: list):
+    def __init__(self, start: int, end: int, rank: int, scalings: list[float], keeps: list[torch.Tensor | None]):
         self.start, self.end, self.size, self.rank = start, end, end - start, rank
         self.scalings, self.keeps, self.count = scalings, keeps, 1
+        self.masked: list[bool] = []  # which tenants' masks release_masks took out
         self.drops = keeps[0] is not None
 
     def add(self, end: int, scaling: float, keep) -> None:
@@ -189,6 +206,18 @@ class _Group:
         self.keeps.append(keep)
         self.count += 1
         self.drops |= keep is not None
+
+    def release_masks(self) -> list[torch.Tensor]:
+        """This group's dropout masks, taken out of the plan: the caller saves them as autograd saved
+        tensors, which an activation checkpoint frees with the other activations (a mask on the plan
+        would stay alive until backward); `restore_masks` puts them back."""
+        masks = [k for k in self.keeps if k is not None]
+        self.masked = [k is not None for k in self.keeps]
+        self.keeps = [None] * len(self.keeps)
+        return masks
+
+    def restore_masks(self, masks: Iterator[torch.Tensor]) -> None:
+        self.keeps = [next(masks) if masked else None for masked in self.masked]
 
     def scale(self, like: torch.Tensor) -> float | torch.Tensor:
         """The scalings as one number when the tenants agree (most do), else [count, 1, 1]."""
@@ -270,15 +299,22 @@ class _MultiLoraAdd(torch.autograd.Function):
         ctx.plan = plan
         # a tenant's own factors are saved as inputs (autograd checks them); stacks are fresh copies
         ctx.stacks = [(a, b) if group.count > 1 else None for group, (a, b, _) in zip(plan, saved)]
-        ctx.save_for_backward(x, *weights, *(low for _, _, low in saved))
+        masks = [m for group in plan for m in group.release_masks()]
+        ctx.save_for_backward(x, *weights, *(low for _, _, low in saved), *masks)
+        ctx.n_weights = len(weights)
         return out
 
     @staticmethod
     def backward(ctx, *grad_outputs):
         (grad_out,) = grad_outputs  # forward has one output
         plan = ctx.plan
-        x, rest = ctx.saved_tensors[0], ctx.saved_tensors[1:]
-        weights, lows = rest[: len(rest) - len(plan)], rest[len(rest) - len(plan) :]
+        # unpacked once: a non-reentrant checkpoint hands each recomputed tensor out a single time
+        saved = ctx.saved_tensors
+        x, weights = saved[0], saved[1 : 1 + ctx.n_weights]
+        lows = saved[1 + ctx.n_weights : 1 + ctx.n_weights + len(plan)]
+        masks = iter(saved[1 + ctx.n_weights + len(plan) :])
+        for group in plan:
+            group.restore_masks(masks)
         grad_x = None
         if ctx.needs_input_grad[0]:
             make = torch.empty if sum(g.size for g in plan) == x.shape[0] else torch.zeros

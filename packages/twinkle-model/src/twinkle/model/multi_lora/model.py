@@ -27,7 +27,7 @@ from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora import heads as head_rule
-from twinkle.model.multi_lora import vision_tenants
+from twinkle.model.multi_lora import recompute, vision_tenants
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
@@ -37,8 +37,24 @@ from twinkle.model.state import AdapterState
 
 
 class MultiLoraModel(TwinkleModel):
+    """One frozen base (`model_id`, or a loaded `model`) that every tenant's adapter trains on.
+
+    `activation_checkpointing=True` (or `set_activation_checkpointing(True)` later) keeps only each
+    decoder layer's input during a training pass and recomputes the layer in backward, under the
+    tenant routing and LoRA dropout draws its forward had (`multi_lora.recompute`): activation
+    memory falls from every layer's to one layer's, at the cost of a second forward through the
+    decoder. Off by default; no-grad passes never recompute. The vision tower is not checkpointed.
+    A base that already has transformers' own gradient checkpointing on is refused."""
+
     def __init__(
-        self, model_id: str | None = None, *, model=None, torch_dtype=torch.float32, device=None, seed: int = 0
+        self,
+        model_id: str | None = None,
+        *,
+        model=None,
+        torch_dtype=torch.float32,
+        device=None,
+        seed: int = 0,
+        activation_checkpointing: bool = False,
     ):
         self.model_path = None
         if model is None:
@@ -50,6 +66,7 @@ class MultiLoraModel(TwinkleModel):
             model = vision.load_pretrained(self.model_path, dtype=torch_dtype)
         if device is not None:
             model = model.to(device)
+        recompute.refuse_foreign_checkpointing(model)
         model.requires_grad_(False)  # the base is frozen for every tenant
         self.model_id = model_id or getattr(model, "name_or_path", None)
         self.base = model
@@ -69,6 +86,31 @@ class MultiLoraModel(TwinkleModel):
         self._vision_params: dict[str, dict[str, torch.nn.Parameter]] = {}  # train_vision copies per tenant
         self._vision_train: dict[str, tuple[str, ...]] = {}
         self._expert_targets: dict[str, dict[str, list[str]]] = {}  # {tenant: {experts module: [weights]}}
+        self.checkpointer: recompute.RoutedCheckpoint | None = None  # set while activation checkpointing is on
+        if activation_checkpointing:
+            self.set_activation_checkpointing(True)
+
+    def set_activation_checkpointing(self, enabled: bool = True) -> None:
+        """Recompute decoder layers in backward instead of keeping their activations (class docstring);
+        an architecture whose layers transformers cannot checkpoint is refused by class name."""
+        if enabled and self.checkpointer is None:
+            self.checkpointer = recompute.enable(self.base, self.routing, self._dropout_generators)
+        elif not enabled and self.checkpointer is not None:
+            recompute.disable(self.base)
+            self.checkpointer = None
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return self.checkpointer is not None
+
+    def _dropout_generators(self, names: tuple[str | None, ...]) -> list[torch.Generator]:
+        """The generators the LoRA dropout of these tenants draws from (a recompute must redraw the same)."""
+        out = []
+        for name in dict.fromkeys(names):
+            state = self.adapters.get(name) if name is not None else None
+            if state is not None and state.spec.dropout and state.dropout_generator is not None:
+                out.append(state.dropout_generator)
+        return out
 
     def release_memory_when_idle(self, idle_seconds: float = 1.0) -> None:
         """For a long-running server: give freed memory back to the OS once no pass, step or

@@ -51,6 +51,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         device: str | None = None,
         trust_remote_code: bool = False,
         sampler: bool = True,
+        activation_checkpointing: bool = False,
     ):
         """`sampler=False`: training only (a data-parallel rank; sampling is another group's)."""
         from twinkle.model import vision
@@ -59,7 +60,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         self.base_model, self.tokenizer_path = base_model, model_path
         torch_dtype = getattr(torch, dtype)
         hf = vision.load_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
-        self.engine = MultiLoraModel(model=hf, device=device)
+        self.engine = MultiLoraModel(model=hf, device=device, activation_checkpointing=activation_checkpointing)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
         # base_model_name_or_path of saved adapters: the hub id for a hub model, else this local folder
         self.engine.model_id, self.engine.model_path = base_model, model_path

@@ -56,6 +56,7 @@ class RemoteBackend(Backend):
         shard_model_path: str | None = None,
         trust_remote_code: bool = False,
         call_timeout_s: float | None = None,
+        activation_checkpointing: bool = False,
     ):
         from transformers import AutoTokenizer
 
@@ -69,6 +70,7 @@ class RemoteBackend(Backend):
             shard_model_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
+            activation_checkpointing=activation_checkpointing,
             remote_group=remote_group,  # ty: ignore[unknown-argument]
         )
         self.samplers = SamplerShard(

@@ -175,7 +175,13 @@ class TrainShard(MultiLoraBackend):
     """One data-parallel rank of the training model (MultiLoraModel, no sampler of its own)."""
 
     def __init__(
-        self, base_model: str, model_path: str | None, *, dtype: str = "float32", trust_remote_code: bool = False
+        self,
+        base_model: str,
+        model_path: str | None,
+        *,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        activation_checkpointing: bool = False,
     ):
         if model_path is None:  # resolved on this rank's node, as a hub id is
             from twinkle.hub import resolve_model_path
@@ -188,6 +194,7 @@ class TrainShard(MultiLoraBackend):
             device=_group_device(),
             trust_remote_code=trust_remote_code,
             sampler=False,  # sampling is the SamplerShard's
+            activation_checkpointing=activation_checkpointing,
         )
 
     def describe(self) -> dict:
