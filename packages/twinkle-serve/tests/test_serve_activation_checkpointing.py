@@ -33,6 +33,7 @@ def _train(server, sft, tenant: str) -> dict:
         for s in steps:
             s.result()
     after = runs[0].forward([sft(s) for s in SEQS], "cross_entropy").result()
+    client.close("success").result()  # its heartbeats would go on for the rest of the session's shared server
     return {"losses": losses, "logprobs": [o["logprobs"].to_numpy() for o in after.loss_fn_outputs]}
 
 
