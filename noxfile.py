@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import shutil
-import subprocess
 import tempfile
 import tomllib
 from collections.abc import Iterator
@@ -269,61 +267,25 @@ NUMERICS_SKIP = [
 ]
 
 
-NUMERICS_CPUS = ("avx2", "default")
-
-
 @nox.session(name="numerics")
-def numerics(session: nox.Session) -> None:
-    """The float-comparing suites again on other CPUs' kernels: ATEN_CPU_CAPABILITY=avx2 and =default, the
-    two side by side (one process per capability, one thread each: most of these tests are process starts,
-    imports and tiny matmuls that leave the second core idle, so together they take little more than one)."""
+@nox.parametrize("cpu", ["avx2", "default"])
+def numerics(session: nox.Session, cpu: str) -> None:
+    """The float-comparing suites again on another CPU's kernels (ATEN_CPU_CAPABILITY=avx2 / default)."""
     _sync(session, "--all-packages")
-    bin_dir = str(Path(session.virtualenv.location) / "bin")
+    env = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        "TOKENIZERS_PARALLELISM": "false",
+        "ATEN_CPU_CAPABILITY": cpu,
+    }
     # The embedded models build here too, under the forced kernels: their weights come out the same on
     # any CPU (twinkle.hub.portable_init), so only the computing on them differs.
-    with _cold_caches() as caches, tempfile.TemporaryDirectory(prefix="twinkle-numerics-") as logs:
-        runs, roots = {}, {cpu: tempfile.mkdtemp(prefix=f"tn-{cpu}-", dir="/tmp") for cpu in NUMERICS_CPUS}
-        for cpu in NUMERICS_CPUS:
-            env = {
-                **os.environ,
-                **caches,
-                "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                "VIRTUAL_ENV": session.virtualenv.location,
-                "OMP_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false",
-                "ATEN_CPU_CAPABILITY": cpu,
-                # each capability's Ray clusters in their own temp root (short: Ray's socket paths must fit)
-                "TMPDIR": roots[cpu],
-            }
-            log = Path(logs) / f"{cpu}.log"
-            runs[cpu] = (subprocess.Popen(_numerics_script(cpu, session.posargs, str(Path(logs) / "ray.lock")), shell=True, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT), log)  # fmt: skip
-        failed = []
-        for cpu, (proc, log) in runs.items():
-            code = proc.wait()
-            shutil.rmtree(roots[cpu], ignore_errors=True)
-            session.log(f"---- numerics under ATEN_CPU_CAPABILITY={cpu}: exit {code} ----")
-            print(log.read_text(), flush=True)
-            if code:
-                failed.append(cpu)
-        if failed:
-            session.error(f"numerics failed under ATEN_CPU_CAPABILITY={', '.join(failed)}")
-
-
-# Suites that start a Ray cluster: never two at once (two clusters booting on two loaded cores can miss
-# Ray's node-startup deadline), so each capability runs them while the other runs the Ray-free ones.
-NUMERICS_RAY = ("mesh", "conformance", "serve")
-
-
-def _numerics_script(cpu: str, posargs: list[str], lock: str) -> str:
-    """One pytest process per suite, as in their own sessions (a Ray cluster or server one suite starts must
-    not hold the memory another suite's needs), stopping at the first failing suite."""
-    extra = " ".join(shlex.quote(a) for a in [*NUMERICS_SKIP, *posargs])
-    order = list(NUMERICS_SUITES) if cpu == NUMERICS_CPUS[0] else list(reversed(NUMERICS_SUITES))
-    steps = []
-    for suite in order:
-        run = f"pytest -q -p no:cacheprovider --durations=5 {' '.join(NUMERICS_SUITES[suite])} {extra}"
-        steps.append(f"flock {shlex.quote(lock)} {run}" if suite in NUMERICS_RAY else run)
-    return " && ".join(steps)
+    with _cold_caches() as caches:
+        # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
+        # must not hold the CPUs (or the memory) another suite's cluster needs.
+        for paths in NUMERICS_SUITES.values():
+            session.run(
+                "pytest", "-q", "--durations=5", *paths, *NUMERICS_SKIP, *session.posargs, env={**env, **caches}
+            )
 
 
 @nox.session(name="conformance")
