@@ -12,9 +12,10 @@ step) and peak RSS. Final line: JSON with
 
     uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8] [--cp 2]
 
-`--cp 2` adds `twinkle_cp2`: the same Twinkle run under torchrun on 2 processes of 1 thread each,
-with a DeviceMesh of cp_size=2 (each rank runs half the row; twinkle.model.context_parallel), its
-peak RSS the larger rank's (the cap applies per process) and `peak_rss_total_gib` both ranks'.
+`twinkle_cp2` (`--cp 2`, the default; `--cp 1` leaves it out) is the same Twinkle run under torchrun
+on 2 processes of 1 thread each, with a DeviceMesh of cp_size=2 (each rank runs half the row;
+twinkle.model.context_parallel), its peak RSS the larger rank's (the cap applies per process) and
+`peak_rss_total_gib` both ranks'.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     parser.add_argument("--cap-gib", type=float, default=8.0, help="memory cap of each run (RLIMIT_DATA)")
-    parser.add_argument("--cp", type=int, default=1, help="also run Twinkle at this cp_size (torchrun)")
+    parser.add_argument("--cp", type=int, default=2, help="also run Twinkle at this cp_size (torchrun; 1: not)")
     parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

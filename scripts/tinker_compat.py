@@ -51,6 +51,15 @@ NOT_APPLICABLE = {
     "drives it up to the upload against a local stand-in of the Hub",
 }
 
+# Calls that work the way stated, and only that way.
+HOW = {
+    "SamplingClient.get_tokenizer": "with the model's folder as the sampler's base model (the path "
+    "`TrainingClient.get_info().model_data.tokenizer_id` returns, accepted as the model's name). The SDK "
+    "loads `AutoTokenizer.from_pretrained(base_model.split(':')[0])` and asks the server nothing, so a "
+    "`twinkle://` name becomes the hub repo `twinkle`: the call sends no request, so nothing the server "
+    "answers can change that without an SDK patch; a model served under a hub id loads the hub's (or the local hub cache's) tokenizer, as on Tinker",
+}
+
 
 @dataclass
 class Row:
@@ -96,6 +105,14 @@ class Context:
 
         return tinker.ServiceClient(base_url=self.url, api_key=self.key, project_id=project_id)
 
+    def folder_sampler(self):
+        """A sampler whose base model is named by its folder: SDK 0.38's SamplingClient.get_tokenizer()
+        loads AutoTokenizer.from_pretrained(base_model.split(":")[0]) and asks the server nothing, so for a
+        `twinkle://...` name it looks for a hub repo `twinkle` (no answer the server gives can change that
+        without an SDK patch); the folder get_info reports as tokenizer_id is accepted as the model's name."""
+        folder = self.tc.get_info().model_data.tokenizer_id
+        return self.service.create_sampling_client(base_model=folder, model_path=self.sampler_path).result()
+
     def sampler_id(self) -> str:
         """The sampling session behind `self.sc` (its handle is base64 JSON naming it)."""
         return json.loads(base64.urlsafe_b64decode(self.sc.get_sampler_handle()))["sampling_session_id"]
@@ -139,7 +156,7 @@ CALLS = {
     ),
     "SamplingClient.compute_logprobs": lambda c, f: f(c.types.ModelInput.from_ints(PROMPT)),
     "SamplingClient.get_base_model": lambda c, f: f(),
-    "SamplingClient.get_tokenizer": lambda c, f: f(),
+    "SamplingClient.get_tokenizer": (lambda c, f: f(), lambda c: c.folder_sampler()),
     "SamplingClient.get_sampler_handle": lambda c, f: f(),
     "SamplingClient.from_sampler_handle": lambda c, f: f(c.sc.get_sampler_handle(), api_key=c.key).sample(
         c.types.ModelInput.from_ints(PROMPT), 1, c.types.SamplingParams(max_tokens=2)
@@ -265,7 +282,7 @@ def call_method(c: Context, name: str) -> Row:
         except Exception as e:
             status = getattr(e, "status_code", None)
             statuses.append(("refused" if status and 400 <= status < 500 else "fails", _reason(e)))
-    worst = next((s for s in statuses if s[0] != "works"), statuses[0])
+    worst = next((s for s in statuses if s[0] != "works"), (statuses[0][0], HOW.get(name, "")))
     return Row(name + (" (+ _async)" if len(statuses) == 2 else ""), *worst)
 
 
