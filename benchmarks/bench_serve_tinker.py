@@ -36,18 +36,16 @@ def make_batch(batch, seq, vocab, seed):
 
 def local_seconds(backend, adapters, rows, steps) -> float:
     """Steps of every adapter in `adapters`; several adapters' forward_backward run as one fused pass."""
-    from twinkle.serve.backend import AdamParams, Datum, DatumsPass
+    from twinkle.serve.backend import AdamParams
+    from twinkle.serve.tinker.datums import Datum, forward_result, training_pass
 
     data = [Datum(r[:-1], {"target_tokens": np.array(r[1:]), "weights": np.ones(len(r) - 1, np.float32)}) for r in rows]
     start = time.perf_counter()
     for _ in range(steps):
-        if len(adapters) == 1:
-            backend.forward_backward(adapters[0], data, "cross_entropy", {}, False)
-        else:
-            outs = backend.forward_backward_many(
-                [DatumsPass(name, data, "cross_entropy", {}, False) for name in adapters]
-            )
-            assert not any(isinstance(o, Exception) for o in outs), outs
+        # the checks and the shift each step, as the server's Tinker layer does them
+        passes = [training_pass(name, data, "cross_entropy", {}, False, backend) for name in adapters]
+        for outcome in backend.forward_backward_many(passes):
+            forward_result(outcome)
         for name in adapters:
             backend.optim_step(name, AdamParams(learning_rate=1e-4))
     return time.perf_counter() - start

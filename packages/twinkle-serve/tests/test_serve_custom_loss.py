@@ -251,7 +251,7 @@ def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(ser
         gate.wait(60)
         return Answer.json({})
 
-    passes, items = scheduler.fused_passes, scheduler.fused_items["DatumsPass"]
+    passes, items = scheduler.fused_passes, scheduler.fused_items["tinker"]
     scheduler.submit(Call("test-gate-custom", None, server.runtime.hub.create("dave-customloss"), hold))
     deadline = time.monotonic() + 60
     while not held.is_set():
@@ -266,7 +266,7 @@ def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(ser
         time.sleep(0.01)
     gate.set()
     fused = tuple(f.result() for f in futures)
-    assert scheduler.fused_passes == passes + 1 and scheduler.fused_items["DatumsPass"] == items + 2
+    assert scheduler.fused_passes == passes + 1 and scheduler.fused_items["tinker"] == items + 2
 
     for alone, together in zip(solo, fused, strict=True):
         assert together.metrics.keys() == alone.metrics.keys()

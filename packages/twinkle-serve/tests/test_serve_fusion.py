@@ -59,8 +59,8 @@ def test_native_and_tinker_requests_share_one_pass(server, sft):
     tinker_loss = tinker_out.result().metrics["loss:sum"]
 
     assert scheduler.fused_passes == passes + 1
-    assert scheduler.fused_items["RowsPass"] == items.get("RowsPass", 0) + 1
-    assert scheduler.fused_items["DatumsPass"] == items.get("DatumsPass", 0) + 1
+    assert scheduler.fused_items["native"] == items.get("native", 0) + 1
+    assert scheduler.fused_items["tinker"] == items.get("tinker", 0) + 1
     # no optimizer step since: an unfused forward of each sees the same weights, so the same loss
     assert float(native.forward_only(inputs=rows)["loss"]) == pytest.approx(native_loss, rel=1e-5)
     assert tc.forward([sft(SEQ)], "cross_entropy").result().metrics["loss:sum"] == pytest.approx(tinker_loss, rel=1e-5)

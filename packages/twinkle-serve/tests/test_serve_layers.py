@@ -1,7 +1,9 @@
 """The shape of twinkle-serve, kept by scanning its source (AST, no imports run):
 - the native and Tinker layers are translations over one core: neither imports the other;
 - every SQL statement lives in the store (`serve/core/store/`);
-- the core does not reach up into either API layer."""
+- the core does not reach up into either API layer;
+- the backend speaks the engine's terms: Tinker's datum fields, loss names and `name:reduction`
+  metric names are the Tinker layer's (`serve/tinker/datums.py`)."""
 
 from __future__ import annotations
 
@@ -49,6 +51,25 @@ def test_tinker_imports_nothing_from_native():
 
 def test_the_core_depends_on_neither_api():
     assert _offenders("core", ("twinkle.serve.tinker", "twinkle.serve.native", "twinkle.serve.dashboard")) == {}
+
+
+# What only a Tinker request says: its datum fields, its loss argument, its metric names' reductions.
+TINKER_WORDS = re.compile(r"^(target_tokens|loss_fn(_inputs|_config)?|[\w/.]+:(sum|mean))$")
+
+
+def _tinker_words(path: Path) -> list[str]:
+    return [
+        node.value
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and TINKER_WORDS.match(node.value)
+    ]
+
+
+def test_the_backend_speaks_the_engines_terms():
+    assert _offenders("backend", ("twinkle.serve.tinker", "twinkle.serve.native", "twinkle.serve.dashboard")) == {}
+    named = {str(p.relative_to(SERVE)): w for p in (SERVE / "backend").rglob("*.py") if (w := _tinker_words(p))}
+    assert named == {}
+    assert _tinker_words(SERVE / "tinker" / "datums.py")  # the scan finds them where they belong
 
 
 def test_the_scan_sees_a_violation(tmp_path):

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from twinkle.hub import TEST_MODEL, resolve_model_path
-from twinkle.serve.backend import AdamParams, Datum, ForwardResult, LoraSpec, SampleParams, UserError
+from twinkle.metric import ForwardRecord
+from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
+from twinkle.serve.tinker.datums import Datum, train
 
 
 def datum(tokens):
@@ -37,9 +39,7 @@ def test_in_process_shards_equal_plain_backend(backends):
     for b in backends:
         losses = []
         for _ in range(2):
-            losses.append(
-                b.forward_backward("t1", [datum(s) for s in SEQS], "cross_entropy", {}, False).metrics["loss:sum"]
-            )
+            losses.append(train(b, "t1", [datum(s) for s in SEQS], "cross_entropy", {}, False).metrics["loss:sum"])
             b.optim_step("t1", AdamParams(learning_rate=5e-2))
         b.install_sampler_from_adapter("s1", "t1")
         sample = b.sample("s1", SEQS[0][:5], 2, SampleParams(max_tokens=4, seed=3), False)
@@ -52,30 +52,49 @@ def test_in_process_shards_equal_plain_backend(backends):
 def test_user_errors_come_back_as_user_errors(backends):
     _, remote = backends
     with pytest.raises(UserError, match="not loaded"):
-        remote.forward_backward("nobody", [datum(SEQS[0])], "cross_entropy", {}, False)
+        train(remote, "nobody", [datum(SEQS[0])], "cross_entropy", {}, False)
     with pytest.raises(UserError, match="unknown loss_fn"):
-        remote.forward_backward("t1", [datum(SEQS[0])], "hinge", {}, False)
+        train(remote, "t1", [datum(SEQS[0])], "hinge", {}, False)
     with pytest.raises(UserError, match="lora rank"):
         remote.create_adapter("t2", LoraSpec(rank=0))
     with pytest.raises(UserError, match="weights are gone"):
         remote.sample("never-installed", [1, 2], 1, SampleParams(max_tokens=2), False)
 
 
-def test_rank_results_merge_in_datum_order_and_fail_together():
+def test_rank_results_merge_in_row_order_and_fail_together():
     from twinkle.serve.backend.shards import PeerFailed, merge_rank_results
 
-    r0 = ForwardResult([np.array([-1.0]), np.array([-2.0])], {"loss:sum": 3.0, "clip:mean": 0.5})
-    r1 = ForwardResult([np.array([-4.0])], {"loss:sum": 4.0, "clip:mean": 0.0})
-    ok, failed, tiny = merge_rank_results(
-        [
-            {"results": [r0, PeerFailed("peer"), r0], "tokens": [3, 1, 3]},
-            {"results": [r1, UserError("loss is nan"), None], "tokens": [1, 1, 0]},
-        ]
-    )
-    assert [float(lp[0]) for lp in ok.logprobs] == [-1.0, -2.0, -4.0]
-    assert ok.metrics == {"loss:sum": 7.0, "clip:mean": pytest.approx(0.375)}  # token-weighted mean
+    r0 = {"loss": 3.0, "finite": True, "logprobs": [[-1.0], [-2.0]]}
+    r1 = {"loss": 3.0, "finite": True, "logprobs": [[-4.0]]}
+    ok, failed, tiny = merge_rank_results([[r0, PeerFailed("peer"), r0], [r1, UserError("loss is nan"), None]])
+    assert ok == {"loss": 3.0, "finite": True, "logprobs": [[-1.0], [-2.0], [-4.0]]}
     assert isinstance(failed, UserError) and not isinstance(failed, PeerFailed) and "nan" in str(failed)
-    assert tiny.metrics == r0.metrics  # a request smaller than the group: the empty rank adds nothing
+    assert tiny == r0  # a request smaller than the group: the empty rank adds nothing
+
+
+def _record(loss, tokens, **extras):
+    return ForwardRecord(loss, tokens, tokens, 0, 0.1, 1.0, True, extras)
+
+
+def test_rank_records_merge_as_one_process_would_have_recorded_the_pass():
+    from twinkle.loss import CrossEntropyLoss
+    from twinkle.serve.backend.shards import merge_records
+    from twinkle.serve.tinker.program_loss import ProgramLoss
+
+    # rank 0: two rows, 3 loss tokens; rank 1: one row, 1 loss token
+    parts = [(_record(3.0, 3, clip=0.5), 2), (_record(4.0, 1, clip=0.0), 1)]
+    summed = merge_records(parts, CrossEntropyLoss(reduction="sum"))  # Tinker's: the batch's loss is the sum
+    assert (summed.loss, summed.loss_tokens, summed.finite) == (7.0, 4, True)
+    assert summed.extras == {"clip": pytest.approx(0.375)}  # a built-in loss's metric: a mean over loss tokens
+    assert merge_records(parts, CrossEntropyLoss()).loss == pytest.approx((3.0 * 3 + 4.0 * 1) / 4)  # a token mean
+    custom = [
+        (_record(3.0, 3, **{"custom/n:sum": 2.0, "custom/m:mean": 1.0}), 2),
+        (_record(4.0, 1, **{"custom/n:sum": 1.0, "custom/m:mean": 4.0}), 1),
+    ]
+    merged = merge_records(custom, ProgramLoss(None, [[], [], []]))  # no program: merging reads none
+    assert merged.extras == {"custom/n:sum": 3.0, "custom/m:mean": pytest.approx(2.0)}  # the SDK's: over datums
+    nan = merge_records([parts[0], (ForwardRecord(float("nan"), 1, 1, 0, 0.1, 1.0, False, {}), 1)], CrossEntropyLoss())
+    assert not nan.finite and np.isnan(nan.loss) and nan.extras == {}
 
 
 def test_remote_backends_come_from_the_one_registry():

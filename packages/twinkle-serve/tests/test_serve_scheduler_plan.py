@@ -44,7 +44,7 @@ def _serve(tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None
     ids = {}
     for queue, rows in heads.items():
         item = RowsPass(queue, rows, False)
-        job = PassJob(item, lambda out: Answer.json(out))
+        job = PassJob(item, lambda out: Answer.json(out), "native")
         ids[queue] = hub.create("t")
         scheduler.submit(Call(queue, 1, ids[queue], lambda item=item: Answer.json(runner([item])[0]), job))
     gate.set()

@@ -1,5 +1,5 @@
 """Arrays end to end on the Tinker path: the codec yields one int64 token array per datum (read from
-the protobuf's bytes), the backend's rows keep Tinker's one-token shift as arrays, the engine's collate
+the protobuf's bytes), the Tinker layer's rows keep Tinker's one-token shift as arrays, the engine's collate
 makes them the same tensors as list rows, and the log-probs go back as one float32 array."""
 
 from __future__ import annotations
@@ -8,9 +8,7 @@ import numpy as np
 import torch
 
 from twinkle.model.multi_lora.batch import collate
-from twinkle.serve.backend import ForwardResult
-from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
-from twinkle.serve.tinker import codec
+from twinkle.serve.tinker import codec, datums
 from twinkle.serve.tinker import wire_proto as pb
 
 
@@ -38,7 +36,7 @@ def test_the_codec_yields_arrays_that_become_the_same_tensors_as_lists():
     assert isinstance(datum.tokens, np.ndarray) and datum.tokens.dtype == np.int64
     assert datum.tokens.tolist() == [5, 9, 11, 13, 2]
 
-    (row,) = MultiLoraBackend._rows([datum])
+    (row,) = datums.rows([datum])
     assert row["input_ids"].dtype == np.int64 and row["input_ids"].tolist() == [5, 9, 11, 13, 2, 7]
     assert row["labels"].tolist() == [-100, 9, 11, 13, 2, 7]  # Tinker's shift: predict targets[t] at t
     assert row["weights"].dtype == np.float32 and row["weights"].tolist() == [0.0, 0.0, 1.0, 1.0, 0.5, 1.0]
@@ -54,7 +52,7 @@ def test_the_codec_yields_arrays_that_become_the_same_tensors_as_lists():
 def test_log_probs_go_back_as_one_float32_array_with_per_datum_offsets():
     logprobs = [np.array([-0.5, -1.25, -2.0], np.float32), np.array([-3.5], np.float32), np.zeros(0, np.float32)]
     out = pb.ForwardBackwardOutput()
-    out.ParseFromString(codec.encode_forward_result(ForwardResult(logprobs, {"loss:sum": 7.25})))
+    out.ParseFromString(codec.encode_forward_result(datums.ForwardResult(logprobs, {"loss:sum": 7.25})))
     field = out.loss_fn_outputs[0].fields["logprobs"]
     assert np.frombuffer(field.data, np.float32).tolist() == [-0.5, -1.25, -2.0, -3.5]
     assert np.frombuffer(field.offsets, np.int64).tolist() == [0, 12, 16, 16]  # byte offsets of each datum

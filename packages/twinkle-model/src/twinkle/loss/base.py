@@ -100,6 +100,16 @@ class Loss:
         """Whether the model must compute reference log-probs (adapter disabled) for this batch."""
         return False
 
+    def metric_merge(self, key: str) -> str:
+        """How this loss's metric `key` combines over slices of one batch's rows (data ranks): 'sum',
+        'row_mean' or 'token_mean' (the built-ins' metrics are means over loss tokens)."""
+        return "token_mean"
+
+    def sliced(self, start: int, stop: int) -> Loss:
+        """This loss for rows [start, stop) of its batch (a data rank's share): the same loss, unless it
+        holds per-row inputs of its own (a Tinker custom loss does)."""
+        return self
+
     def __call__(self, ctx: LossContext) -> LossOutput:
         missing = [f for f in self.required_fields if f not in ctx.fields]
         if missing:

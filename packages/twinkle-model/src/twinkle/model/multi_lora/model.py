@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import torch
 from peft import LoraConfig
 
-from twinkle.loss import LossContext
+from twinkle.loss import Loss, LossContext
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import checkpoint, vision
 from twinkle.model import step as step_rule
@@ -349,20 +349,25 @@ class MultiLoraModel(TwinkleModel):
         raise_errors: bool = True,
         return_logprobs: bool = False,
         loss_weights: dict[str, float] | None = None,
+        losses: dict[str, Loss] | None = None,
     ) -> dict:
         """One forward+backward over several tenants' batches; {tenant: result}. With
         raise_errors=False a tenant whose input or loss fails maps to its exception and the others
         still train. `loss_weights`: a tenant's loss is scaled by its weight before backward (a data
-        rank's share of the global batch, `twinkle.model.strategy.data_parallel_weights`)."""
-        return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {})
+        rank's share of the global batch, `twinkle.model.strategy.data_parallel_weights`). `losses`:
+        a tenant's loss for this pass only, instead of its configured one (an API whose requests
+        each name their loss, as Tinker's do)."""
+        return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {}, losses or {})
 
-    def forward_fused(self, batches: dict, raise_errors: bool = True) -> dict:
+    def forward_fused(self, batches: dict, raise_errors: bool = True, losses: dict[str, Loss] | None = None) -> dict:
         """One no-grad forward over several tenants' batches: per-row target log-probs (and the
-        loss if labels are given), {tenant: result}."""
+        loss if labels are given), {tenant: result}; `losses` as in forward_backward_fused."""
         with torch.no_grad():
-            return self._run(batches, False, raise_errors, True, {})
+            return self._run(batches, False, raise_errors, True, {}, losses or {})
 
-    def _run(self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool, weights: dict) -> dict:
+    def _run(
+        self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool, weights: dict, losses: dict
+    ) -> dict:
         if not batches:
             raise ValueError("no batches given")
         outcomes, work = {}, []
@@ -373,7 +378,7 @@ class MultiLoraModel(TwinkleModel):
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[name] = error
         if work:
-            outcomes.update(self._pass(work, train, return_logprobs, weights))
+            outcomes.update(self._pass(work, train, return_logprobs, weights, losses))
             self._worked()
         errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
         if errors and raise_errors:
@@ -409,9 +414,9 @@ class MultiLoraModel(TwinkleModel):
         with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
             return head_rule.heads(self, segments, train, ids_B_T, mask_B_T, extra)
 
-    def _reference_logps(self, work: list[tuple[AdapterState, Batch]]) -> dict[str, torch.Tensor]:
+    def _reference_logps(self, work: list[tuple[AdapterState, Batch]], losses: dict) -> dict[str, torch.Tensor]:
         """log p(target) under the base model (adapter off), for tenants whose loss needs it."""
-        needing = [(s.name, b) for s, b in work if s.loss.needs_reference(b.fields)]
+        needing = [(s.name, b) for s, b in work if losses.get(s.name, s.loss).needs_reference(b.fields)]
         if not needing:
             return {}
         out = {}
@@ -421,11 +426,13 @@ class MultiLoraModel(TwinkleModel):
                 out[name] = head.target_logps(b.labels_B_T[:, 1:].to(self.device)).detach()
         return out
 
-    def _pass(self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool, weights: dict) -> dict:
+    def _pass(
+        self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool, weights: dict, losses: dict
+    ) -> dict:
         start = time.perf_counter()
         # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
         work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
-        refs = self._reference_logps(work) if train else {}
+        refs = self._reference_logps(work, losses) if train else {}
         pass_heads = self._heads([(s.name, b) for s, b in work], train)
         outcomes, records, total = {}, {}, None
         for (state, batch), head in zip(work, pass_heads):
@@ -434,7 +441,7 @@ class MultiLoraModel(TwinkleModel):
             try:
                 ctx = LossContext(head, targets_B_T, fields, refs.get(state.name))
                 has_targets = bool((targets_B_T != IGNORE_INDEX).any())
-                out = state.loss(ctx) if has_targets else None
+                out = losses.get(state.name, state.loss)(ctx) if has_targets else None
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[state.name] = error
                 continue

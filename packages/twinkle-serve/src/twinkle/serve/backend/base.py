@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -78,17 +78,6 @@ def _structure(model):
 
 
 @dataclass
-class Datum:
-    """One training example: `tokens` (model input) and per-position loss inputs of the same length."""
-
-    tokens: np.ndarray | list[int]  # int64 [N] as the Tinker codec decodes it
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
-    # images: before expansion the chunks as sent (tinker/images.py), after it the model's
-    # {"pixel_values", "image_grid_thw"} for the image tokens already in `tokens`
-    images: Any = None
-
-
-@dataclass
 class AdamParams:
     learning_rate: float = 1e-4
     beta1: float = 0.9
@@ -96,13 +85,6 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-
-
-@dataclass
-class ForwardResult:
-    logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N]
-    metrics: dict[str, float]  # keys `name:reduction`
-    mfu: float | None = None  # this request's share of the pass as a fraction of the matmul peak (run curves)
 
 
 @dataclass
@@ -151,29 +133,16 @@ class SampleResult:
 
 
 @dataclass(frozen=True)
-class DatumsPass:
-    """A Tinker forward(_backward): datums scored by a named Tinker loss (set on the adapter for this pass),
-    or by `loss`, an engine `twinkle.loss.Loss` already built for these datums (a custom loss: it holds
-    per-datum inputs, so it has `sliced(start, stop)` for a data rank's share)."""
-
-    adapter: str
-    data: list[Datum]
-    loss_fn: str
-    loss_config: dict
-    forward_only: bool
-    loss: Any = None
-
-
-@dataclass(frozen=True)
 class RowsPass:
-    """A native forward(_backward): encoded rows scored by the adapter's own configured loss."""
+    """A forward(_backward) of encoded rows (`input_ids`, `labels`, per-token loss fields), scored by
+    `loss` (an engine `twinkle.loss.Loss` for this pass: an API whose requests name their loss, as
+    Tinker's do; a custom one holds per-row inputs and has `sliced(start, stop)` for a data rank's
+    share) or, when None, by the adapter's own configured loss (the native API's)."""
 
     adapter: str
     rows: list[dict]
     forward_only: bool
-
-
-Pass = DatumsPass | RowsPass
+    loss: Any = None
 
 
 class Backend(ABC):
@@ -210,18 +179,15 @@ class Backend(ABC):
     def remove_adapter(self, name: str) -> None: ...
 
     @abstractmethod
-    def forward_backward_many(self, passes: list[Pass]) -> list:
-        """Several adapters' requests (one each) in one fused pass: per pass a ForwardResult (DatumsPass),
-        the engine's outcome dict (RowsPass), or a UserError failing only that request."""
-
-    def forward_backward(self, name, data, loss_fn, loss_config, forward_only) -> ForwardResult:
-        (result,) = self.forward_backward_many([DatumsPass(name, data, loss_fn, loss_config, forward_only)])
-        if isinstance(result, Exception):
-            raise result
-        return result
+    def forward_backward_many(self, passes: list[RowsPass]) -> list:
+        """Several adapters' passes (one each) in one fused pass: per pass the engine's outcome dict
+        (loss, loss_tokens, finite, metrics, per-row logprobs, mfu), or a UserError failing only that
+        request."""
 
     @abstractmethod
-    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]: ...
+    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
+        """End the adapter's accumulation window now and take one Adam step with these hyperparameters
+        (clipped to `grad_clip_norm` when set) -> {"grad_norm": the norm before clipping}."""
 
     @abstractmethod
     def adapter_tensors(self, name: str) -> dict:

@@ -1,10 +1,7 @@
 """The multi-tenant backend: `twinkle.model.multi_lora.MultiLoraModel` (one frozen base, every tenant's
 LoRA in the same layers), so queued forward/backward work of several tenants runs as one fused pass.
-
-Tinker datums map onto the engine's rows as `input_ids = tokens + [last target]`,
-`labels = [-100] + target_tokens`, per-token loss inputs prefixed by one 0: the engine predicts
-labels[t+1] from input_ids[:t+1], which is exactly Tinker's "position t predicts target_tokens[t]"
-(the appended token only feeds a position whose logits are dropped).
+It sees the engine's rows and answers the engine's outcomes; what an API's requests mean (Tinker's
+shift, its loss names and metric names) is that API's layer (twinkle.serve.tinker.datums).
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import math
 import random
 import threading
 from contextlib import contextmanager
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -21,17 +17,13 @@ import torch
 from twinkle.serve.backend.base import (
     AdamParams,
     Backend,
-    Datum,
-    DatumsPass,
-    ForwardResult,
     LoraSpec,
-    Pass,
+    RowsPass,
     UserError,
     library_errors,
 )
 from twinkle.serve.backend.resident import ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
-from twinkle.serve.backend.validate import check_datums, make_loss
 
 # An idle server hands freed activation memory back after this long. Not sooner: a client that pauses
 # between steps (rewards, logging) would fault the same pages back in on its next step; measured with
@@ -165,85 +157,36 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         return self.engine.adapter_state(name)
 
     # ---- training ----------------------------------------------------------------------------------
-    @staticmethod
-    def _rows(data: list[Datum]) -> list[dict]:
-        """Tinker's shift as arrays (input ids, labels, per-token fields): the engine's collate makes
-        each a tensor once."""
-        rows = []
-        for d in data:
-            targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1)
-            ids = np.concatenate([np.asarray(d.tokens, dtype=np.int64), targets[-1:]])
-            row = {"input_ids": ids, "labels": np.concatenate([[-100], targets]), **(d.images or {})}
-            for key, arr in d.inputs.items():
-                if key != "target_tokens":
-                    row[key] = np.concatenate([np.zeros(1, np.float32), arr.astype(np.float32).reshape(-1)])
-            rows.append(row)
-        return rows
-
     @exclusive
-    def forward_backward_many(self, passes: list[Pass], loss_weights: dict[str, float] | None = None) -> list:
-        """Several adapters' requests (one each, Tinker datums or native rows alike) in one fused pass
-        per kind (train / forward-only); `loss_weights`: an adapter's training loss scaled by its weight
-        (a data rank's share of the batch)."""
+    def forward_backward_many(self, passes: list[RowsPass], loss_weights: dict[str, float] | None = None) -> list:
+        """Several adapters' passes (one each, whichever API sent them) in one fused pass per kind
+        (train / forward-only): per pass the engine's outcome, or a UserError failing only that request.
+        `loss_weights`: an adapter's training loss scaled by its weight (a data rank's share of the batch)."""
         results: list = [None] * len(passes)
-        groups: dict[bool, dict[str, tuple[int, list[dict]]]] = {True: {}, False: {}}
+        groups: dict[bool, dict[str, int]] = {True: {}, False: {}}
         for i, item in enumerate(passes):
             try:
-                state = self._known(item.adapter)  # the engine brings the pass's adapters back together
+                self._known(item.adapter)  # the engine brings the pass's adapters back together
                 if item.adapter in groups[item.forward_only]:
                     raise RuntimeError(f"adapter {item.adapter!r} twice in one fused pass")
-                groups[item.forward_only][item.adapter] = (i, self._pass_rows(item, state))
+                groups[item.forward_only][item.adapter] = i
             except UserError as e:
                 results[i] = e
         for forward_only, group in groups.items():
             if not group:
                 continue
-            batches = {name: rows for name, (_, rows) in group.items()}
+            batches = {name: passes[i].rows for name, i in group.items()}
+            losses = {name: passes[i].loss for name, i in group.items() if passes[i].loss is not None}
             if forward_only:
-                outcomes = self.engine.forward_fused(batches, raise_errors=False)
+                outcomes = self.engine.forward_fused(batches, raise_errors=False, losses=losses)
             else:
                 outcomes = self.engine.forward_backward_fused(
-                    batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights
+                    batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights, losses=losses
                 )
-            for name, (i, rows) in group.items():
-                results[i] = self._outcome(passes[i], outcomes[name], rows)
+            for name, i in group.items():
+                outcome = outcomes[name]
+                results[i] = UserError(str(outcome).strip("'\"")) if isinstance(outcome, Exception) else outcome
         return results
-
-    def _pass_rows(self, item: Pass, state) -> list[dict]:
-        if not isinstance(item, DatumsPass):
-            return item.rows  # native rows, checked by the native layer, scored by the adapter's own loss
-        check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
-        state.loss = item.loss if item.loss is not None else make_loss(item.loss_fn, item.loss_config)
-        data = item.data
-        if item.loss_fn != "cross_entropy":
-            data = [replace(d, inputs={k: v for k, v in d.inputs.items() if k != "weights"}) for d in data]
-        return self._rows(data)
-
-    @classmethod
-    def _outcome(cls, item: Pass, outcome, rows):
-        if isinstance(item, DatumsPass):
-            return cls._result(outcome, rows, item.forward_only)
-        if isinstance(outcome, Exception):
-            return UserError(str(outcome).strip("'\""))
-        return outcome
-
-    @staticmethod
-    def _result(outcome, rows, forward_only):
-        if isinstance(outcome, Exception):
-            return UserError(str(outcome))
-        if not outcome["finite"]:
-            # not back-propagated by the engine: the adapter's gradients are untouched
-            return UserError(f"loss is {outcome['loss']} (not finite): no gradient was applied")
-        logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
-        metrics = {"loss:sum": float(outcome["loss"])}
-        # a loss's own metrics are token means, unless it names its reduction (a custom loss's `:sum` / `:mean`)
-        metrics.update(
-            {
-                k if k.endswith((":sum", ":mean")) else f"{k}:mean": float(v)
-                for k, v in outcome.get("metrics", {}).items()
-            }
-        )
-        return ForwardResult(logprobs, metrics, outcome.get("mfu"))
 
     @exclusive
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
@@ -257,12 +200,12 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 weight_decay=params.weight_decay,
             )
         if not any(p.grad is not None for p in state.params):
-            return {"grad_norm:mean": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
+            return {"grad_norm": 0.0}  # nothing accumulated: a no-op step, as with an empty batch
         state.end_window()
         out = self.engine.clip_grad_and_step(adapter_name=name, max_grad_norm=params.grad_clip_norm or None)
         if not math.isfinite(out["grad_norm"]):
             raise UserError(f"gradient norm is {out['grad_norm']}: step skipped and gradients cleared")
-        return {"grad_norm:mean": float(out["grad_norm"])}
+        return {"grad_norm": float(out["grad_norm"])}
 
     # ---- state -------------------------------------------------------------------------------------
     @exclusive

@@ -2,7 +2,7 @@
 
 `TrainShard` and `SamplerShard` (twinkle.serve.backend.shards) are built local or remote alike, and
 `RemoteBackend` calls them the same way in both cases; Ray, placement and the RPC are twinkle-mesh's.
-Both APIs run here: Tinker datums and native rows, and the native API's adapter operations.
+Both APIs' passes run here as the engine's rows, and the native API's adapter operations.
 
 A rank that dies (kill -9, out of memory, a lost node) fails the request in flight with an error
 naming the rank, its pid and node; so does one that stops answering (SIGSTOP, a hang) once the
@@ -20,9 +20,8 @@ import random
 import time
 
 from twinkle.mesh import WorkerDied
-from twinkle.serve.backend.base import AdamParams, Backend, DatumsPass, LoraSpec, UserError
-from twinkle.serve.backend.shards import SamplerShard, TrainShard, merge_rank_results, read_files, write_files
-from twinkle.serve.backend.validate import check_datums, make_loss
+from twinkle.serve.backend.base import AdamParams, Backend, LoraSpec, UserError
+from twinkle.serve.backend.shards import SamplerShard, TrainShard, read_files, write_files
 
 log = logging.getLogger("twinkle.serve")
 
@@ -161,24 +160,18 @@ class RemoteBackend(Backend):
 
     # ---- training ----------------------------------------------------------------------------------
     def forward_backward_many(self, passes) -> list:
-        """Bad requests are answered here, before any rank sees them (so none trains on part of one).
-        Native rows were checked by the native layer; Tinker datums are checked here."""
+        """An unknown adapter is answered here, before any rank sees its pass (so none trains on part of
+        one); the rows arrive checked by the API layer that made them."""
         results: list = [None] * len(passes)
         valid = []
         for i, item in enumerate(passes):
             try:
                 self._check(item.adapter)
-                if isinstance(item, DatumsPass):
-                    check_datums(item.data, item.loss_fn, self.vocab_size, self.max_context)
-                    if item.loss is None:  # a built loss (a custom one) was checked where it was built
-                        make_loss(item.loss_fn, item.loss_config)
                 valid.append(i)
             except UserError as e:
                 results[i] = e
         if valid:
             out = self._train("forward_backward_many", [passes[i] for i in valid])
-            if isinstance(out, dict):  # a local shard: one rank's answer, not yet collected
-                out = merge_rank_results([out])
             for i, r in zip(valid, out):
                 results[i] = UserError(str(r)) if isinstance(r, UserError) else r
         return results

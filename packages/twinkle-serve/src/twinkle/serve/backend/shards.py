@@ -4,13 +4,13 @@ Both are `@remote_class`es: built with `remote_group='name'` after `twinkle.mesh
 they are Ray actor groups, built with `remote_group=None` plain objects in this process. What the ranks
 do so that a data-parallel group equals one process:
 
-- forward_backward: each data rank gets its contiguous slice of every request's datums (Tinker) or
-  rows (native). Tinker losses are token sums, so the batch's gradient is the sum of the ranks'. A
-  native adapter's loss is normalised over its own loss tokens, so each rank scales its loss by its
-  share of the pass's loss tokens before backward (`strategy.data_parallel_weights`: exact for
-  token-mean losses, the built-ins, as `data_parallel_loss` is for torchrun ranks). A step sums the
-  gradients over the process group (`strategy.sum_gradients`), then every rank takes the same
-  optimizer step and the replicas stay equal.
+- forward_backward: each data rank gets its contiguous slice of every pass's rows (and of a custom
+  loss's per-row inputs). A loss that sums over tokens (Tinker's) gives the batch's gradient as the
+  sum of the ranks'; a loss normalised over its own loss tokens (a native adapter's) is scaled on
+  each rank by its share of the pass's loss tokens before backward (`strategy.data_parallel_weights`:
+  exact for token-mean losses, the built-ins, as `data_parallel_loss` is for torchrun ranks). A step
+  sums the gradients over the process group (`strategy.sum_gradients`), then every rank takes the
+  same optimizer step and the replicas stay equal.
 - what a rank learns from its slice (loss, token counts, its metric record) is exchanged, so every
   rank feeds the same merged record to the adapter's metrics and answers with the same numbers.
 - a request fails on every rank or on none: a failure or a non-finite loss on any rank restores
@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from twinkle.loss import Loss
 from twinkle.mesh import remote_class, remote_method
 from twinkle.mesh.device_mesh import split_bounds
 from twinkle.metric import ForwardRecord
 from twinkle.model.strategy import data_parallel_weights, sum_gradients
-from twinkle.serve.backend.base import AdamParams, DatumsPass, ForwardResult, UserError
+from twinkle.serve.backend.base import AdamParams, UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
 from twinkle.serve.backend.sampling import TorchSampling
 
@@ -75,65 +76,42 @@ def _group_device() -> str | None:
     return "cuda" if get_global_mesh().device_type == "cuda" else None
 
 
-def _examples(item) -> str:
-    return "data" if isinstance(item, DatumsPass) else "rows"
-
-
 # -- forward_backward fan-out / fan-in ------------------------------------------------------------
 def _slice_items(args, kwargs, mesh, rank):
-    """Rank `rank` gets its data rank's contiguous slice of every request's datums or rows."""
+    """Rank `rank` gets its data rank's contiguous slice of every pass's rows; a custom loss holds
+    per-row inputs, so it gets the same slice of them."""
     (items,) = args
     data_rank, parts = mesh.get_rank("data", rank), mesh.data_world_size
     cut = []
     for item in items:
-        examples = getattr(item, _examples(item))
-        start, stop = split_bounds(len(examples), parts, data_rank)
-        sliced = {_examples(item): examples[start:stop]}
-        if (
-            isinstance(item, DatumsPass) and item.loss is not None
-        ):  # a custom loss holds per-datum inputs: the same slice
-            sliced["loss"] = item.loss.sliced(start, stop)
-        cut.append(dataclasses.replace(item, **sliced))
+        start, stop = split_bounds(len(item.rows), parts, data_rank)
+        loss = item.loss.sliced(start, stop) if item.loss is not None else None
+        cut.append(dataclasses.replace(item, rows=item.rows[start:stop], loss=loss))
     return (cut,), kwargs
 
 
 def _loss_units(rows) -> int:
-    """The loss tokens of native rows (labels after the first position that are not -100); rows the
-    engine will refuse count none, the pass fails on every rank anyway."""
+    """The loss tokens of rows (labels after the first position that are not -100); rows the engine
+    will refuse count none, the pass fails on every rank anyway."""
     try:
         return sum(sum(int(t) != -100 for t in list(r.get("labels", r["input_ids"]))[1:]) for r in rows)
     except (KeyError, TypeError, ValueError, AttributeError):
         return 0
 
 
-def merge_rank_results(per_rank: list[dict]) -> list:
-    """Per request: the first real error; else, for Tinker, logprobs in datum order, `:sum` metrics
-    summed and the rest averaged over tokens; for native, the ranks' agreed outcome with the rows'
-    log-probs in row order."""
+def merge_rank_results(per_rank: list[list]) -> list:
+    """Per pass: the first real error; else the ranks' agreed outcome (`_agree` made every rank's
+    numbers the whole pass's) with the rows' log-probs in row order."""
     merged = []
-    for i in range(len(per_rank[0]["results"])):
-        parts = [(r["results"][i], r["tokens"][i]) for r in per_rank]
-        errors = [x for x, _ in parts if isinstance(x, Exception)]
+    for i in range(len(per_rank[0])):
+        parts = [rank[i] for rank in per_rank]
+        errors = [x for x in parts if isinstance(x, Exception)]
         if errors:
             merged.append(next((e for e in errors if not isinstance(e, PeerFailed)), errors[0]))
             continue
-        done = [(x, n) for x, n in parts if x is not None]  # ranks with an empty slice did nothing
-        if isinstance(done[0][0], dict):  # a native outcome: every rank holds the same merged numbers
-            merged.append({**done[0][0], "logprobs": [lp for x, _ in done for lp in x.get("logprobs", [])]})
-            continue
-        metrics = {key: _merged_metric(key, [(x.metrics[key], x, n) for x, n in done]) for key in done[0][0].metrics}
-        merged.append(ForwardResult([lp for x, _ in done for lp in x.logprobs], metrics))
+        done = [x for x in parts if x is not None]  # ranks with an empty slice did nothing
+        merged.append({**done[0], "logprobs": [lp for x in done for lp in x.get("logprobs", [])]})
     return merged
-
-
-def _merged_metric(key: str, parts: list[tuple[float, ForwardResult, int]]) -> float:
-    """One metric of a request from its ranks' (value, result, tokens): `:sum` adds up; a custom loss's
-    `custom/…:mean` is a mean over datums (as the SDK reduces it), the rest are means over tokens."""
-    if key.endswith(":sum"):
-        return sum(v for v, _, _ in parts)
-    if key.startswith("custom/"):
-        return sum(v * len(x.logprobs) for v, x, _ in parts) / sum(len(x.logprobs) for _, x, _ in parts)
-    return sum(v * n for v, _, n in parts) / sum(n for _, _, n in parts)
 
 
 class _Recorder:
@@ -145,21 +123,32 @@ class _Recorder:
         self.record = record
 
 
-def _merge_records(records: list[ForwardRecord]) -> ForwardRecord:
-    """The record one process would have made of the whole pass."""
+def merge_records(parts: list[tuple[ForwardRecord, int]], loss: Loss) -> ForwardRecord:
+    """The record one process would have made of the whole pass, from each rank's (record, rows): a
+    loss that sums over tokens adds up over ranks, a mean one is averaged over loss tokens; each of
+    its metrics combines as the loss says (`Loss.metric_merge`)."""
+    records = [r for r, _ in parts]
     tokens = sum(r.loss_tokens for r in records)
-    scored = [r for r in records if r.loss_tokens]
-    finite = bool(scored) and all(r.finite for r in scored)
-    if finite:
-        loss = sum((r.loss or 0.0) * r.loss_tokens for r in scored) / tokens  # a finite scored record has a loss
+    scored = [(r, n) for r, n in parts if r.loss_tokens]
+    finite = bool(scored) and all(r.finite for r, _ in scored)
+    if not finite:
+        value = next((r.loss for r, _ in scored if not r.finite), float("nan"))
+    elif loss.reduction == "sum":
+        value = sum(r.loss or 0.0 for r, _ in scored)
     else:
-        loss = next((r.loss for r in scored if not r.finite), float("nan"))
-    extras = {
-        k: sum(r.extras.get(k, 0.0) * r.loss_tokens for r in scored) / tokens
-        for k in (scored[0].extras if finite else {})
-    }
+        value = sum((r.loss or 0.0) * r.loss_tokens for r, _ in scored) / tokens  # a finite scored record has a loss
+    extras = {}
+    for key in scored[0][0].extras if finite else {}:
+        values = [(r.extras.get(key, 0.0), r.loss_tokens, n) for r, n in scored]
+        how = loss.metric_merge(key)
+        if how == "sum":
+            extras[key] = sum(v for v, _, _ in values)
+        elif how == "row_mean":
+            extras[key] = sum(v * n for v, _, n in values) / sum(n for _, _, n in values)
+        else:
+            extras[key] = sum(v * t for v, t, _ in values) / tokens
     return ForwardRecord(
-        loss=loss,
+        loss=value,
         loss_tokens=tokens,
         input_tokens=sum(r.input_tokens for r in records),
         correct_tokens=sum(r.correct_tokens for r in records),
@@ -228,7 +217,7 @@ class TrainShard(MultiLoraBackend):
             return super().load_checkpoint(name, folder, training_state, implicit_adam)
 
     @remote_method(dispatch=_slice_items, collect=merge_rank_results)
-    def forward_backward_many(self, items) -> dict:
+    def forward_backward_many(self, items) -> list:
         states = {it.adapter: self.engine.adapters[it.adapter] for it in items if it.adapter in self.engine.adapters}
         saved = {
             it.adapter: states[it.adapter].snapshot() for it in items if not it.forward_only and it.adapter in states
@@ -238,7 +227,7 @@ class TrainShard(MultiLoraBackend):
         for name, s in states.items():
             s.train_metrics, s.eval_metrics = [recorders[(name, True)]], [recorders[(name, False)]]
         results: list = [None] * len(items)
-        live = [i for i, item in enumerate(items) if getattr(item, _examples(item))]
+        live = [i for i, item in enumerate(items) if item.rows]
         weights = self._rank_weights(items)
         try:
             if live:
@@ -256,6 +245,7 @@ class TrainShard(MultiLoraBackend):
                 None
                 if r is None or isinstance(r, Exception)
                 else recorders[(item.adapter, not item.forward_only)].record,
+                len(item.rows),
             )
             for item, r in zip(items, results)
         ]
@@ -264,43 +254,37 @@ class TrainShard(MultiLoraBackend):
             everyone = [None] * _world()
             dist.all_gather_object(everyone, mine)
         for i, item in enumerate(items):
-            self._agree(
-                i,
-                item,
-                results,
-                [rank[i] for rank in everyone],
-                states.get(item.adapter),
-                saved.get(item.adapter),
-            )
-        return {
-            "results": results,
-            "tokens": [sum(len(d.tokens) for d in item.data) if isinstance(item, DatumsPass) else 0 for item in items],
-        }
+            self._agree(i, item, results, [rank[i] for rank in everyone], saved.get(item.adapter))
+        return results
 
-    def _agree(self, i, item, results, parts, state, saved) -> None:
-        """Make request i's outcome and effects on this rank those of the whole request."""
-        failed = any(f for f, _ in parts)
-        records = [r for _, r in parts if r is not None]
-        merged = None if failed or not records else _merge_records(records)
+    def _loss(self, item) -> Loss:
+        """The loss that scores the pass: its own, or its adapter's configured one."""
+        return item.loss if item.loss is not None else self.engine.adapters[item.adapter].loss
+
+    def _agree(self, i, item, results, parts, saved) -> None:
+        """Make pass i's outcome and effects on this rank those of the whole pass."""
+        failed = any(f for f, _, _ in parts)
+        records = [(r, n) for _, r, n in parts if r is not None]
+        merged = None if failed or not records else merge_records(records, self._loss(item))
         if failed:
             if not isinstance(results[i], Exception):
                 results[i] = PeerFailed("the request failed on another data-parallel rank")
-        elif not isinstance(item, DatumsPass) and merged is not None:  # merged: some rank scored rows
-            mine = results[i] or {}
+        elif merged is not None:  # merged: some rank scored rows
             results[i] = {
-                **mine,
+                **(results[i] or {}),
                 "loss": merged.loss,
                 "loss_tokens": merged.loss_tokens,
                 "finite": merged.finite,
                 "metrics": dict(merged.extras),
             }
+        state = self.engine.adapters.get(item.adapter)
         if state is None:
             return
         if saved is not None:
             if failed:  # as if the pass never ran; the ranks' counters stay equal, so they agree on the next boundary
                 state.restore(saved)
             else:
-                if not getattr(item, _examples(item)):  # an empty slice still counts as the window's micro-batch
+                if not item.rows:  # an empty slice still counts as the window's micro-batch
                     state.count_micro_batch()
                 if merged is not None and not merged.finite:  # never back-propagated, on every rank
                     state.discard_pass(saved)
@@ -308,13 +292,17 @@ class TrainShard(MultiLoraBackend):
             for metric in state.metrics(not item.forward_only):
                 metric.on_forward(merged)
 
-    @staticmethod
-    def _rank_weights(items) -> dict[str, float]:
-        """Each native training pass's share of its loss tokens on this rank (every rank calls this with
-        the same requests, so the one all-reduce lines up); Tinker's summed losses need none."""
-        native = [it for it in items if not isinstance(it, DatumsPass) and not it.forward_only]
-        shares = data_parallel_weights([_loss_units(it.rows) for it in native])
-        return {it.adapter: w for it, w in zip(native, shares)}
+    def _rank_weights(self, items) -> dict[str, float]:
+        """Each training pass's share of its loss tokens on this rank, for losses normalised over them
+        (every rank calls this with the same passes, so the one all-reduce lines up); summed losses
+        need none."""
+        normalised = [
+            it
+            for it in items
+            if not it.forward_only and it.adapter in self.engine.adapters and self._loss(it).reduction == "mean"
+        ]
+        shares = data_parallel_weights([_loss_units(it.rows) for it in normalised])
+        return {it.adapter: w for it, w in zip(normalised, shares)}
 
     @returns_user_errors
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:

@@ -54,7 +54,7 @@ class Scheduler:
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
         self.planner = planner or FusionPlanner()
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
-        self.fused_items: collections.Counter[str] = collections.Counter()  # item type -> requests fused
+        self.fused_items: collections.Counter[str] = collections.Counter()  # API -> its requests fused
         # (monotonic end time, requests, rows) of recent passes: the operator page's passes/s and rows per pass
         self.recent_passes: deque[tuple[float, int, int]] = deque(maxlen=1024)
         self._queues: dict[str, list] = {}
@@ -168,7 +168,7 @@ class Scheduler:
             return
         self.fused_passes += 1
         jobs = [_job(c) for c in taken]
-        self.fused_items.update(type(j.item).__name__ for j in jobs)
+        self.fused_items.update(j.api for j in jobs)
         assert self.fuse_runner is not None  # several are taken only when a fuse_runner exists
         try:
             results = self.fuse_runner([j.item for j in jobs])

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from twinkle.serve.backend import DatumsPass, Pass
+from twinkle.serve.backend import RowsPass
 from twinkle.serve.limits import Hold
 
 JSON = "application/json"
@@ -40,10 +40,12 @@ class Answer:
 @dataclass(frozen=True)
 class PassJob:
     """A forward(_backward) the engine may run fused with other runs' (at most one per run a pass).
-    `finish` gets the engine's outcome for this pass (its result, or the exception that failed it)."""
+    `finish` gets the engine's outcome for this pass (its result, or the exception that failed it);
+    `api`: the facade that queued it (the operator page counts fused requests per API)."""
 
-    item: Pass
+    item: RowsPass
     finish: Callable[[object], Answer]
+    api: str
 
     @property
     def kind(self) -> str:
@@ -52,10 +54,7 @@ class PassJob:
     @property
     def shape(self) -> tuple[int, int, int]:
         """(rows, longest row, real tokens) of the pass's batch: the planner's cost model."""
-        if isinstance(self.item, DatumsPass):
-            lengths = [len(d.tokens) for d in self.item.data]
-        else:
-            lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in self.item.rows]
+        lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in self.item.rows]
         return len(lengths), max(lengths, default=0), sum(lengths)
 
 

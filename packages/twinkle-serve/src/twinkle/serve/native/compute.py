@@ -131,7 +131,9 @@ class NativeCompute:
         job = None
         internal = self.models.peek_adapter(model_id, req.adapter_name)
         if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
-            job = PassJob(RowsPass(internal, rows, not backward), lambda out: Answer.json(finish(internal, out)))
+            job = PassJob(
+                RowsPass(internal, rows, not backward), lambda out: Answer.json(finish(internal, out)), "native"
+            )
         return self.models.submit(tenant, model_id, seq, work, job, run=run, hold=hold)
 
     def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:

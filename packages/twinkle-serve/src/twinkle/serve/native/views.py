@@ -21,14 +21,14 @@ from twinkle.client.schema import (
     SampleResult,
     ServerStatus,
 )
-from twinkle.serve.backend import DatumsPass, RowsPass, SampleParams, UserError
+from twinkle.serve.backend import SampleParams, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
 
 PEFT_FILES = ("adapter_model.safetensors", "adapter_config.json")
-FUSED_KINDS = (("native", RowsPass.__name__), ("tinker", DatumsPass.__name__))  # which API queues which pass
+FUSED_APIS = ("native", "tinker")  # the APIs whose passes fuse (PassJob.api)
 
 
 class NativeViews:
@@ -182,7 +182,7 @@ class NativeViews:
                 vocab_size=e.backend.vocab_size,
                 live_adapters=self.rt.live.count_on(name),
                 fused_passes=e.scheduler.fused_passes,
-                fused_requests={api: e.scheduler.fused_items[kind] for api, kind in FUSED_KINDS},
+                fused_requests={api: e.scheduler.fused_items[api] for api in FUSED_APIS},
             )
             for name, e in self.rt.engines.items()
         ]

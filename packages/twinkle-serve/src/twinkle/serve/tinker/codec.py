@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from twinkle.serve.backend import Datum, ForwardResult, SampleResult, UserError
+from twinkle.serve.backend import SampleResult, UserError
 from twinkle.serve.tinker import images
 from twinkle.serve.tinker import wire_proto as pb
+from twinkle.serve.tinker.datums import Datum, ForwardResult
 
 TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
 MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has

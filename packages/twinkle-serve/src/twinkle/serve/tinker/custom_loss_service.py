@@ -9,10 +9,10 @@ from collections import OrderedDict
 
 import torch
 
-from twinkle.serve.backend import Datum
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram
+from twinkle.serve.tinker.datums import Datum
 from twinkle.serve.tinker.program_loss import ProgramLoss
 
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from twinkle.serve.backend import Datum
 from twinkle.serve.backend.images import image_encoder
 from twinkle.serve.errors import BadRequest
+from twinkle.serve.tinker.datums import Datum
 
 FORMATS = {"png": "PNG", "jpeg": "JPEG"}  # the SDK's format names -> PIL's
 ASSET_POINTER = "image_asset_pointer"

@@ -7,15 +7,16 @@ model id (peft adapter names end up in module paths: no ':' or '.').
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.backend import AdamParams, DatumsPass, LoraSpec, UserError
+from twinkle.serve.backend import AdamParams, LoraSpec, RowsPass, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec, custom_loss_service, images, model_names
+from twinkle.serve.tinker import codec, custom_loss_service, datums, images, model_names
 from twinkle.serve.tinker.program_loss import tinker_metrics
 from twinkle.serve.tinker.provenance import Provenance
 
@@ -175,9 +176,8 @@ class TinkerModels:
         elif loss_fn == "stable_reinforce":  # the sampler's log-probs, from the records the spans name
             data, extra = self.provenance.resolve(tenant, run, data, req.provenance)
 
-        def finish(result):
-            if isinstance(result, Exception):
-                raise result
+        def finish(outcome):
+            result = datums.forward_result(outcome)
             if loss is not None:
                 result.metrics = tinker_metrics(result.metrics, forward_only)
             result.metrics.update(extra)
@@ -194,16 +194,23 @@ class TinkerModels:
                 self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
             return Answer.proto(codec.encode_forward_result(result))
 
-        def item(adapter: str) -> DatumsPass:
-            return DatumsPass(adapter, data, loss_fn, req.loss_config, forward_only, loss)
+        # Checked and shifted once, here; a bad request still fails its own future, in its seq_id place.
+        refused = None
+        try:
+            item = datums.training_pass("", data, loss_fn, req.loss_config, forward_only, engine.backend, loss)
+        except UserError as e:
+            item, refused = RowsPass("", [], forward_only), e
 
         def work():
-            return finish(engine.backend.forward_backward_many([item(self.svc.live_adapter(model_id))])[0])
+            if refused is not None:
+                raise refused
+            passes = [replace(item, adapter=self.svc.live_adapter(model_id))]
+            return finish(engine.backend.forward_backward_many(passes)[0])
 
         live = self.rt.live.get(model_id)
         job = None
-        if live is not None:  # fusable once the adapter exists (create_model already ran)
-            job = PassJob(item(live.adapter), finish)
+        if live is not None and refused is None:  # fusable once the adapter exists (create_model already ran)
+            job = PassJob(replace(item, adapter=live.adapter), finish, "tinker")
         request_id = self.svc.submit(tenant, engine, model_id, req.seq_id, work, job, hold)
         return {"request_id": request_id, "model_id": model_id}
 
@@ -219,10 +226,9 @@ class TinkerModels:
         params = AdamParams(**bounds.adam_params("adam_params", raw))
 
         def work():
-            metrics = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)
-            self.svc.record_step(
-                run, {"grad_norm": metrics.get("grad_norm:mean"), "lr": params.learning_rate}, same_step=True
-            )
+            stepped = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)
+            metrics = {"grad_norm:mean": stepped["grad_norm"]}  # Tinker's name for the norm before clipping
+            self.svc.record_step(run, {"grad_norm": stepped["grad_norm"], "lr": params.learning_rate}, same_step=True)
             return Answer.json({"type": "optim_step", "metrics": metrics})
 
         request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)

@@ -34,6 +34,10 @@ class ProgramLoss(Loss):
         """The loss of datums [start, stop): a data-parallel rank's share of the request."""
         return ProgramLoss(self.program, self.inputs[start:stop])
 
+    def metric_merge(self, key: str) -> str:
+        """The SDK reduces a custom loss's metrics over datums: `…:sum` adds up, the rest are datum means."""
+        return "sum" if key.endswith(":sum") else "row_mean"
+
     def compute(self, ctx: LossContext) -> LossOutput:
         logps_B_T, mask_B_T = ctx.logps_B_T, ctx.mask_B_T
         lengths = [int(n) for n in mask_B_T.sum(1).tolist()]  # Tinker targets are never -100: a prefix per row

@@ -23,11 +23,11 @@ import time
 
 import numpy as np
 
-from twinkle.serve.backend import Datum
 from twinkle.serve.core.records import Run, Sampler
 from twinkle.serve.core.store.stability_tables import StabilityRecord
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.codec import Span
+from twinkle.serve.tinker.datums import Datum
 
 
 class Provenance:

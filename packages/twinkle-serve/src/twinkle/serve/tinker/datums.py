@@ -1,0 +1,150 @@
+"""Tinker's training conventions, applied here so that the core and the backend see only the engine's
+rows and outcomes: the datums a request carries, the checks they pass before any kernel sees them (bad
+input is the user's error), the one-token shift onto the engine's rows, the loss a request names, and
+its result's `name:reduction` metrics.
+
+The shift: `input_ids = tokens + [last target]`, `labels = [-100] + target_tokens`, per-token loss
+inputs prefixed by one 0. The engine predicts labels[t+1] from input_ids[:t+1], which is exactly
+Tinker's "position t predicts target_tokens[t]" (the appended token only feeds a position whose logits
+are dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twinkle.serve.backend.base import RowsPass, UserError
+
+# Losses a Tinker client may name, and the loss_fn_inputs each needs besides target_tokens.
+TINKER_LOSSES = {
+    "cross_entropy": (),
+    "importance_sampling": ("logprobs", "advantages"),
+    "ppo": ("logprobs", "advantages"),
+    "cispo": ("logprobs", "advantages"),
+    "dro": ("logprobs", "advantages"),
+    "gspo": ("logprobs", "advantages"),
+    # logprobs (and sampled_mask) come from the server's records: tinker/provenance.py
+    "stable_reinforce": ("logprobs", "advantages"),
+}
+
+
+@dataclass
+class Datum:
+    """One training example: `tokens` (model input) and per-position loss inputs of the same length."""
+
+    tokens: np.ndarray | list[int]  # int64 [N] as the Tinker codec decodes it
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    # images: before expansion the chunks as sent (tinker/images.py), after it the model's
+    # {"pixel_values", "image_grid_thw"} for the image tokens already in `tokens`
+    images: Any = None
+
+
+@dataclass
+class ForwardResult:
+    logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N]
+    metrics: dict[str, float]  # keys `name:reduction`
+    mfu: float | None = None  # this request's share of the pass as a fraction of the matmul peak (run curves)
+
+
+def make_loss(loss_fn: str, config: dict):
+    """The twinkle.loss object for a Tinker loss name, summed over tokens as Tinker defines its losses."""
+    from twinkle.loss import create_loss
+
+    if loss_fn not in TINKER_LOSSES:
+        raise UserError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(TINKER_LOSSES)}")
+    try:
+        return create_loss(loss_fn, reduction="sum", **config)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"bad loss_fn_config for {loss_fn!r}: {e}") from None
+
+
+def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: int) -> None:
+    if not data:
+        raise UserError("forward_backward needs at least one datum")
+    needed = ("target_tokens", *TINKER_LOSSES.get(loss_fn, ()))
+    for i, d in enumerate(data):
+        n = len(d.tokens)
+        if n == 0:
+            raise UserError(f"datum {i} has no tokens")
+        if n + 1 > max_context:
+            raise UserError(f"datum {i}: {n} tokens exceed the model's context of {max_context}")
+        for key in needed:
+            if key not in d.inputs:
+                raise UserError(f"datum {i}: loss {loss_fn!r} needs loss_fn_inputs[{key!r}]")
+        for key, arr in d.inputs.items():
+            if arr.size != n:
+                raise UserError(
+                    f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
+                    f"input of {n} tokens (shape mismatch)"
+                )
+            if key != "target_tokens" and not np.all(np.isfinite(arr)):
+                raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] contains NaN or inf")
+        for label, arr in (
+            ("model_input", np.asarray(d.tokens, dtype=np.int64)),
+            ("target_tokens", d.inputs["target_tokens"].astype(np.int64).reshape(-1)),
+        ):
+            bad = arr[(arr < 0) | (arr >= vocab_size)]
+            if bad.size:
+                raise UserError(f"datum {i}: {label} token {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
+
+
+def rows(data: list[Datum]) -> list[dict]:
+    """The shift as arrays (input ids, labels, per-token fields): the engine's collate makes each a
+    tensor once."""
+    out = []
+    for d in data:
+        targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1)
+        ids = np.concatenate([np.asarray(d.tokens, dtype=np.int64), targets[-1:]])
+        row = {"input_ids": ids, "labels": np.concatenate([[-100], targets]), **(d.images or {})}
+        for key, arr in d.inputs.items():
+            if key != "target_tokens":
+                row[key] = np.concatenate([np.zeros(1, np.float32), arr.astype(np.float32).reshape(-1)])
+        out.append(row)
+    return out
+
+
+def training_pass(
+    adapter: str,
+    data: list[Datum],
+    loss_fn: str,
+    loss_config: dict,
+    forward_only: bool,
+    backend,
+    loss=None,
+) -> RowsPass:
+    """A Tinker forward(_backward) as the engine's pass: checked datums shifted onto rows, scored by the
+    loss the request names (`loss`: one built already, a custom loss with its per-datum inputs).
+    `weights` are cross-entropy's: another loss reads them from nowhere, so they are not sent on."""
+    check_datums(data, loss_fn, backend.vocab_size, backend.max_context)
+    if loss is None:
+        loss = make_loss(loss_fn, loss_config)
+    if loss_fn != "cross_entropy":
+        data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}, d.images) for d in data]
+    return RowsPass(adapter, rows(data), forward_only, loss)
+
+
+def forward_result(outcome) -> ForwardResult:
+    """The engine's outcome of a Tinker pass as the SDK reads it: per-datum log-probs, the summed loss as
+    `loss:sum`, a loss's own metrics as token means unless it names its reduction (a custom loss's)."""
+    if isinstance(outcome, Exception):  # the backend's UserError for this request, or the pass's own failure
+        raise outcome
+    if not outcome["finite"]:
+        # not back-propagated by the engine: the adapter's gradients are untouched
+        raise UserError(f"loss is {outcome['loss']} (not finite): no gradient was applied")
+    logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
+    metrics = {"loss:sum": float(outcome["loss"])}
+    metrics.update(
+        {k if k.endswith((":sum", ":mean")) else f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()}
+    )
+    return ForwardResult(logprobs, metrics, outcome.get("mfu"))
+
+
+def train(backend, adapter: str, data: list[Datum], loss_fn: str, loss_config: dict, forward_only: bool):
+    """One Tinker forward(_backward) on `backend` now, unqueued (tests, the in-process benchmark)."""
+    (outcome,) = backend.forward_backward_many(
+        [training_pass(adapter, data, loss_fn, loss_config, forward_only, backend)]
+    )
+    return forward_result(outcome)
