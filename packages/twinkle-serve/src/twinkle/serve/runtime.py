@@ -113,8 +113,10 @@ class Runtime:
                     **remote,
                 )
             except Exception as e:
-                self.load_error = _load_failure(entry, path, e)
-                raise RuntimeError(self.load_error) from e
+                reason = _load_failure(entry, path, e)
+                log.error("%s", reason)  # logged before it is published: whoever reads the 503 finds it here too
+                self.load_error = reason
+                raise RuntimeError(reason) from e
             scheduler = Scheduler(
                 self.hub,
                 name=entry.name,
