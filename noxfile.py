@@ -235,6 +235,7 @@ NUMERICS_SUITES = {
         for name in (
             "loss_reference",
             "model_training",
+            "model_optimizer",
             "model_contract",
             "model_packing",
             "model_patch_and_data",

@@ -11,8 +11,8 @@ the same initial A matrices: TRL loads Twinkle's freshly initialised adapter), A
 weight decay 0.01 on the LoRA weights), a constant lr, gradient clipping at 1.0, batch size, max
 length 128, fp32, and torch threads. TRL's defaults that are wrong for a CPU are set as a competent
 user would: `bf16=False` (autocast to bf16 slows a model this small) and no gradient (activation) checkpointing
-(recomputing the forward buys nothing at these sizes); its default optimizer stays (fused AdamW,
-Twinkle uses foreach AdamW: the same update to rounding).
+(recomputing the forward buys nothing at these sizes); its default optimizer stays (torch's fused
+AdamW, which Twinkle uses on CPU too).
 
 Not matched, by design of the tools: TRL's chat-template tokenization is not measured (both sides
 train on the same token ids); TRL computes its entropy and token-accuracy metrics every step, Twinkle

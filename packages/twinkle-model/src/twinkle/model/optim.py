@@ -149,16 +149,38 @@ def param_groups(named_params, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
+# torch's optimizers with a fused CPU kernel (torch >= 2.4)
+FUSED_ON_CPU = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """A DTensor (FSDP2 / tensor-parallel shard)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor) or isinstance(p.data, DTensor)
+
+
+def _cpu_kernels(cls, params: list[torch.Tensor], signature) -> dict:
+    """How torch should update CPU parameters. Its CPU default is a Python loop over parameters, and
+    even its foreach path does per-parameter Python work (a LoRA has ~100 small factors a tenant:
+    that work dominates a step). Its fused CPU kernel updates every tensor in one call, ~2.5x faster
+    over eight tenants' factors: the same update, rounded differently in the last bits (~1e-7
+    relative). Sharded (DTensor) parameters take foreach: the fused kernels have no sharding rule."""
+    if not all(p.device.type == "cpu" for p in params):
+        return {}  # torch picks its own accelerator defaults
+    if cls in FUSED_ON_CPU and "fused" in signature and not any(_is_sharded(p) for p in params):
+        return {"fused": True}
+    return {"foreach": True} if "foreach" in signature else {}
+
+
 def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimizer:
     cls = resolve_optimizer(optimizer_cls)
     params = list(named_params)  # the caller's trainable set (an inactive LoRA has requires_grad off)
     if not params:
         raise ValueError("no trainable parameters for the optimizer")
     signature = inspect.signature(cls.__init__).parameters
-    if "foreach" in signature and "fused" not in kwargs and all(p.device.type == "cpu" for _, p in params):
-        # torch's CPU default is a Python loop over parameters; its foreach kernels give the same
-        # numbers bit for bit in one call per op (a LoRA has ~100 small factors: the loop dominates)
-        kwargs.setdefault("foreach", True)
+    if not {"fused", "foreach"} & set(kwargs):
+        kwargs.update(_cpu_kernels(cls, [p for _, p in params], signature))
     accepts_decay = "weight_decay" in signature
     if accepts_decay:
         default = signature["weight_decay"].default

@@ -158,6 +158,8 @@ def rebind_parameters(module: torch.nn.Module, states) -> None:
             )
         for group in optimizer.param_groups:
             group["params"] = [swapped.get(id(p), p) for p in group["params"]]
+            if group.get("fused"):  # torch's fused CPU kernels have no DTensor sharding rule
+                group["fused"], group["foreach"] = False, True
 
 
 def mean_units(loss, ctx) -> torch.Tensor:
