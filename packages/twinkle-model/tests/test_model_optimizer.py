@@ -43,3 +43,45 @@ def test_an_optimizer_without_a_fused_kernel_gets_foreach():
         pytest.skip("this torch has a fused RMSprop")
     optimizer = build_optimizer(cls, _lora_like(0), lr=1e-3)
     assert optimizer.param_groups[0]["foreach"] is True
+
+
+@pytest.mark.parametrize("name", ["AdamW", "SGD"])
+def test_non_contiguous_gradients_and_parameters_get_the_reference_update(name):
+    """torch's fused CPU kernels misread strided tensors (a transposed gradient: a wrong update, no
+    error); build_optimizer's fused optimizers must still give the reference loop's numbers."""
+    kwargs = {"lr": 1e-1, "momentum": 0.9} if name == "SGD" else {"lr": 1e-1}
+
+    def run(**extra):
+        g = torch.Generator().manual_seed(3)
+        strided = torch.nn.Parameter(torch.randn(16, 8, generator=g).T)  # a parameter built from a view
+        plain = torch.nn.Parameter(torch.randn(8, 16, generator=g))
+        params = [("a.lora_A.weight", strided), ("b.lora_B.weight", plain)]
+        optimizer = build_optimizer(name, params, weight_decay=0.01, **kwargs, **extra)
+        for step in range(3):
+            g = torch.Generator().manual_seed(200 + step)
+            strided.grad = torch.randn(16, 8, generator=g).T  # strided gradients, as autograd may give
+            plain.grad = torch.randn(16, 8, generator=g).T
+            optimizer.step()
+        return optimizer, [p.detach().clone() for _, p in params]
+
+    fast, got = run()
+    # a strided parameter: its group takes foreach
+    assert [(bool(group["fused"]), group["foreach"]) for group in fast.param_groups] == [(False, True)]
+    _, want = run(foreach=False)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    # contiguous parameters keep the fused kernel; their strided gradients are made contiguous first
+    g = torch.Generator().manual_seed(4)
+    params = [("w.lora_A.weight", torch.nn.Parameter(torch.randn(8, 16, generator=g)))]
+    reference = [("w.lora_A.weight", torch.nn.Parameter(params[0][1].detach().clone()))]
+    fused = build_optimizer(name, params, **kwargs)
+    loop = build_optimizer(name, reference, foreach=False, **kwargs)
+    assert fused.param_groups[0]["fused"] is True
+    for step in range(3):
+        grad = torch.randn(16, 8, generator=torch.Generator().manual_seed(300 + step)).T
+        params[0][1].grad, reference[0][1].grad = grad, grad.clone()
+        fused.step()
+        loop.step()
+    assert fused.param_groups[0]["fused"] is True
+    torch.testing.assert_close(params[0][1].detach(), reference[0][1].detach(), rtol=1e-5, atol=1e-6)

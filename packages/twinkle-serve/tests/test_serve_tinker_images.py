@@ -212,7 +212,9 @@ def test_native_client_trains_on_chats_with_images(vl, hf):
     # gate/up/down_proj name vision-tower layers too: the engine keeps adapters on the language model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"]
     model.add_adapter_to_model("default", {"r": 8, "lora_alpha": 32, "target_modules": targets})
-    model.set_optimizer("AdamW", lr=2e-2)
+    # lr 2e-2 trained chaotically here (losses 0.9 -> 15.7 -> 0.03 -> 3.0): where it ended depended on the
+    # last bits of the optimizer kernel; at 5e-3 the loss falls steadily (6.83 -> 0.02 in 20 steps)
+    model.set_optimizer("AdamW", lr=5e-3)
     red, blue = _chat(_shape_png(0)), _chat(_shape_png(1))
     first = float(model.forward_only(inputs=[red])["loss"])
     assert first != pytest.approx(float(model.forward_only(inputs=[blue])["loss"]), rel=1e-4)  # the pixels are used

@@ -165,12 +165,34 @@ def _cpu_kernels(cls, params: list[torch.Tensor], signature) -> dict:
     even its foreach path does per-parameter Python work (a LoRA has ~100 small factors a tenant:
     that work dominates a step). Its fused CPU kernel updates every tensor in one call, ~2.5x faster
     over eight tenants' factors: the same update, rounded differently in the last bits (~1e-7
-    relative). Sharded (DTensor) parameters take foreach: the fused kernels have no sharding rule."""
+    relative). Sharded (DTensor) parameters take foreach: the fused kernels have no sharding rule;
+    so do non-contiguous ones (see `_contiguous_for_fused`)."""
     if not all(p.device.type == "cpu" for p in params):
         return {}  # torch picks its own accelerator defaults
-    if cls in FUSED_ON_CPU and "fused" in signature and not any(_is_sharded(p) for p in params):
+    if (
+        cls in FUSED_ON_CPU
+        and "fused" in signature
+        and not any(_is_sharded(p) or not p.is_contiguous() for p in params)
+    ):
         return {"fused": True}
     return {"foreach": True} if "foreach" in signature else {}
+
+
+def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """Before each step of a fused CPU optimizer: torch's fused CPU kernels (Adam, AdamW, SGD,
+    Adagrad; torch 2.15) read a non-contiguous gradient or parameter as if it were contiguous and
+    apply a wrong update without an error (a transposed gradient: AdamW off by 0.4 in one step).
+    Autograd hands back such gradients (a LoRA factor's from a transposed product, the vision-language
+    engine's), so they are copied contiguous here, and a group holding a non-contiguous parameter
+    (set after the optimizer was built) falls back to foreach, which honours strides."""
+    for group in optimizer.param_groups:
+        if not group.get("fused"):
+            continue
+        for p in group["params"]:
+            if p.grad is not None and not p.grad.is_contiguous():
+                p.grad = p.grad.contiguous()
+            if not p.is_contiguous():
+                group["fused"], group["foreach"] = False, True
 
 
 def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimizer:
@@ -185,5 +207,9 @@ def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimi
     if accepts_decay:
         default = signature["weight_decay"].default
         decay = kwargs.pop("weight_decay", default if isinstance(default, (int, float)) else 0.0)
-        return cls(param_groups(params, decay), **kwargs)
-    return cls([p for _, p in params], **kwargs)
+        optimizer = cls(param_groups(params, decay), **kwargs)
+    else:
+        optimizer = cls([p for _, p in params], **kwargs)
+    if kwargs.get("fused") and all(p.device.type == "cpu" for _, p in params):
+        optimizer.register_step_pre_hook(_contiguous_for_fused)
+    return optimizer
