@@ -101,3 +101,31 @@ def test_retained_entries_count_what_the_long_lived_structures_hold(trained):
         "scheduler queues",
         "sampler adapters",
     }
+
+
+def test_prefix_cache_counters_are_exported_per_base_model(trained):
+    """The same prompt sampled twice: the second prefill reuses the first's KV, and /metrics says so
+    with the sampler's own counters."""
+    import tinker
+    from tinker import types
+
+    from twinkle.hub import TEST_MODEL
+
+    srv, key = trained
+    sampler = tinker.ServiceClient(base_url=srv.url, api_key=key).create_sampling_client(base_model=TEST_MODEL).result()
+    prompt = types.ModelInput.from_ints(list(range(5, 45)))
+    for seed in (1, 2):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, seed=seed)).result()
+    _, samples = _scrape(srv.url)
+    stats = srv.runtime.engines[TEST_MODEL].backend.prefix_cache_stats()
+    assert stats["hits"] >= 1 and stats["tokens_reused"] >= 32 and stats["bytes_held"] > 0
+    assert _value(samples, "twinkle_prefix_cache_lookups_total", base_model=TEST_MODEL, result="hit") == stats["hits"]
+    assert (
+        _value(samples, "twinkle_prefix_cache_lookups_total", base_model=TEST_MODEL, result="miss") == stats["misses"]
+    )
+    assert _value(samples, "twinkle_prefix_cache_tokens_reused_total", base_model=TEST_MODEL) == stats["tokens_reused"]
+    assert _value(samples, "twinkle_prefix_cache_bytes", base_model=TEST_MODEL) == stats["bytes_held"]
+    assert _value(samples, "twinkle_prefix_cache_budget_bytes", base_model=TEST_MODEL) == stats["budget_bytes"] > 0
+    assert _value(samples, "twinkle_prefix_cache_entries", base_model=TEST_MODEL) == stats["entries"] >= 1
+    for reason in ("evicted", "invalidated"):
+        assert _value(samples, "twinkle_prefix_cache_dropped_total", base_model=TEST_MODEL, reason=reason) >= 0

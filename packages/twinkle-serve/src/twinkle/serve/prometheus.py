@@ -91,6 +91,9 @@ class _RuntimeCollector:
         )
         yield GaugeMetricFamily("twinkle_ready", "1 once the base models are loaded", value=int(rt.ready.is_set()))
         yield from _residency_metrics(rt.adapter_memory.report())
+        yield from _prefix_cache_metrics(
+            {name: engine.backend.prefix_cache_stats() for name, engine in rt.engines.items()}
+        )
         retained = GaugeMetricFamily(
             "twinkle_retained_entries", "Entries a long-lived structure holds (bounded)", labels=["structure"]
         )
@@ -117,6 +120,46 @@ def _residency_metrics(report: dict):
         seconds.add_metric([move], swaps.get(timer, 0.0))
     yield moves
     yield seconds
+
+
+def _prefix_cache_metrics(stats: dict[str, dict[str, int]]):
+    """Each base model's sampler prefix cache (shared by sample and compute_logprobs): lookups by
+    result, prompt tokens whose prefill it saved, entries dropped, and what it holds against its budget.
+    A model whose sampler runs in another process (a Ray sampler group) reports nothing here."""
+    lookups = CounterMetricFamily(
+        "twinkle_prefix_cache_lookups",
+        "Prompts looked up in the sampler's prefix cache",
+        labels=["base_model", "result"],
+    )
+    reused = CounterMetricFamily(
+        "twinkle_prefix_cache_tokens_reused",
+        "Prompt tokens whose prefill the prefix cache saved",
+        labels=["base_model"],
+    )
+    dropped = CounterMetricFamily(
+        "twinkle_prefix_cache_dropped",
+        "Entries dropped: evicted for the byte budget, or invalidated (their adapter's weights changed)",
+        labels=["base_model", "reason"],
+    )
+    held = GaugeMetricFamily(
+        "twinkle_prefix_cache_bytes", "Bytes of KV (and hidden states) the prefix cache holds", labels=["base_model"]
+    )
+    budget = GaugeMetricFamily(
+        "twinkle_prefix_cache_budget_bytes", "The prefix cache's byte budget (0: off)", labels=["base_model"]
+    )
+    entries = GaugeMetricFamily("twinkle_prefix_cache_entries", "Prefixes the cache holds", labels=["base_model"])
+    for model, s in stats.items():
+        if not s:
+            continue
+        lookups.add_metric([model, "hit"], s["hits"])
+        lookups.add_metric([model, "miss"], s["misses"])
+        reused.add_metric([model], s["tokens_reused"])
+        dropped.add_metric([model, "evicted"], s["evictions"])
+        dropped.add_metric([model, "invalidated"], s["invalidations"])
+        held.add_metric([model], s["bytes_held"])
+        budget.add_metric([model], s["budget_bytes"])
+        entries.add_metric([model], s["entries"])
+    yield from (lookups, reused, dropped, held, budget, entries)
 
 
 class RequestMetrics:

@@ -171,6 +171,12 @@ class Backend(ABC):
         """Adapters installed in a sampler in this process (the soak and /metrics watch it stay bounded)."""
         return 0
 
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """The counters of this process's sampler prefix cache (twinkle.sampler.PrefixCacheStats: hits,
+        misses, tokens_reused, bytes_held, entries, evictions, invalidations, budget_bytes); empty where
+        no sampler runs in this process."""
+        return {}
+
     # ---- adapters (one per training model) ----
     @abstractmethod
     def create_adapter(self, name: str, spec: LoraSpec) -> None: ...

@@ -75,6 +75,9 @@ class TorchSampling:
     def sampler_adapters(self) -> int:
         return len(self.__dict__.get("_sampler_use", {}))
 
+    def prefix_cache_stats(self) -> dict[str, int]:
+        return self.sampler.prefix_cache_stats().as_dict()
+
     def sample(
         self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None, images=None
     ) -> SampleResult:
