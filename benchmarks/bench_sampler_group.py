@@ -14,30 +14,19 @@ Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from _sampling_setup import load_model, sampling_args
 
-from twinkle.hub import DEFAULT_MODEL, resolve_model_path
 from twinkle.sampler import SamplingParams, TorchSampler
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="GRPO group sampling: TorchSampler vs HF generate")
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    args = p.parse_args()
-    torch.set_num_threads(2)
-    path = resolve_model_path(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    args = sampling_args("GRPO group sampling: TorchSampler vs HF generate", n=8, prompt_tokens=512)
+    tokenizer, model = load_model(args.model)
     text = " ".join(f"Step {i}: add {i} and {3 * i}, then check the sum." for i in range(args.prompt_tokens))
     prompt = tokenizer(text)["input_ids"][: args.prompt_tokens]
     sampler = TorchSampler(model=model, tokenizer=tokenizer)

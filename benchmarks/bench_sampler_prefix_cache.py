@@ -15,30 +15,18 @@ Run:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from _sampling_setup import load_model, sampling_args
 
-from twinkle.hub import DEFAULT_MODEL, resolve_model_path
 from twinkle.sampler import SamplingParams, TorchSampler
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description="sample -> compute_logprobs with and without the prefix cache")
-    p.add_argument("--n", type=int, default=4)
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--model", default=DEFAULT_MODEL)
-    args = p.parse_args()
-    torch.set_num_threads(2)
-    path = resolve_model_path(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    args = sampling_args("sample -> compute_logprobs with and without the prefix cache", n=4, prompt_tokens=256)
+    tokenizer, model = load_model(args.model)
     cached = TorchSampler(model=model, tokenizer=tokenizer)
     plain = TorchSampler(model=model, tokenizer=tokenizer, prefix_cache_bytes=0)
     params = SamplingParams(
