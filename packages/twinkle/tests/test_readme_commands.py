@@ -53,7 +53,7 @@ HOW = {
     "uv run twinkle-server keys set-quota alice --tokens-per-day 1000000 --storage-bytes 500000000 --adapters 4 --data-dir ./twinkle-data": "needs key alice in that data dir: apps/twinkle-server/tests/test_server_cli.py sets quotas the same way",
     "uv run twinkle export --merge ./my-adapter ./my-model": "needs a trained checkpoint: packages/twinkle-serve/tests/test_openai_api.py runs the same CLI on a server checkpoint",
     "uv run python benchmarks/bench_multi_lora_fused.py --model twinkle://qwen3-moe-tiny": HELP,
-    "uv run python benchmarks/bench_client_native.py --steps 40 --rounds 4": HELP,
+    "uv run python benchmarks/bench_client_native.py": HELP,
     "uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3": HELP,
     "uvx nox -s bench -- bench_peer_trl_sft bench_peer_trl_grpo bench_peer_skyrl_serve bench_cpu_bf16_peak": "builds the peers' venvs and measures for tens of minutes: each benchmark's docstring command is checked with --help",
     "uv run python benchmarks/bench_peer_trl_grpo.py --seeds 1": HELP,
