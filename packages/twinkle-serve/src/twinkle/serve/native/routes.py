@@ -123,7 +123,9 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Clip and step on accumulation boundaries; result StepResult",
     )
-    def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = Seq):
+    async def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = Seq):
+        # On the event loop: queuing a step is a few journaled rows, while a sync route costs two
+        # thread-pool hops (the endpoint and its response model), 0.26 ms of CPU a request measured.
         return compute.clip_grad_and_step(t, model_id, seq, body)
 
     @r.post(
@@ -131,7 +133,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Metrics since the last call (then reset); result {name: value}",
     )
-    def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = Seq):
+    async def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = Seq):
         return compute.calculate_metric(t, model_id, seq, body)
 
     @r.post(
