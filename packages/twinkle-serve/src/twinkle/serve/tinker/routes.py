@@ -18,6 +18,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import PROTO
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.queueing import queue_work
 from twinkle.serve.routing import PrefixRouter
 from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import model_names
@@ -113,11 +114,11 @@ def build_router(svc: Service) -> PrefixRouter:
         return rest.get_session(t, session_id)
 
     # ---- training ----
-    def json_route(path: str, fn, body: type[BaseModel]):
+    def json_route(path: str, fn, body: type[BaseModel], per_step: bool = False):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             body = await json_body(request)
             try:
-                return await run_in_threadpool(fn, t, body)
+                return await (queue_work(request, fn, t, body) if per_step else run_in_threadpool(fn, t, body))
             except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
                 # parsing a field of the wrong type (queued work runs later, on the worker, not here)
                 raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
@@ -127,12 +128,12 @@ def build_router(svc: Service) -> PrefixRouter:
 
     json_route("/create_model", models.create_model, b.CreateModelBody)
     json_route("/get_info", models.get_info, b.ModelRef)
-    json_route("/optim_step", models.optim_step, b.OptimStepBody)
+    json_route("/optim_step", models.optim_step, b.OptimStepBody, per_step=True)
     json_route("/save_weights", weights.save_weights, b.SaveWeightsBody)
     json_route("/save_weights_for_sampler", weights.save_weights_for_sampler, b.SaveWeightsForSamplerBody)
     json_route("/load_weights", weights.load_weights, b.LoadWeightsBody)
     json_route("/create_sampling_session", sampling.create_sampling_session, b.CreateSamplingSessionBody)
-    json_route("/asample", sampling.asample, b.ASampleBody)
+    json_route("/asample", sampling.asample, b.ASampleBody, per_step=True)
 
     @r.post(
         "/forward_backward",
@@ -152,7 +153,7 @@ def build_router(svc: Service) -> PrefixRouter:
         },
     )
     async def forward_backward(request: Request, t: str = Depends(ready_tenant)):
-        return await run_in_threadpool(models.forward_backward, t, await request.body())
+        return await queue_work(request, models.forward_backward, t, await request.body())
 
     @r.get("/samplers/{sampler_id}")
     def sampler(sampler_id: str, t: str = Depends(tenant)):
