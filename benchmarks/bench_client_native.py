@@ -10,12 +10,13 @@ the server process spent per step against the local loop's (`*_cpu_ms_per_step`)
 
 Serving costs a fixed amount of CPU per request (HTTP parse and routing, auth, the future's and the
 idempotent answer's SQLite rows; a step is 2 submissions and 1 long poll), and on a 2-core machine
-that CPU is taken from the step itself. Measured as CPU time (robust to load) on the test model:
-server ~0.95 ms per submission and ~0.25 ms per poll answer (before this work ~1.4 and ~0.9: FastAPI
-tried ~80 routes per call, h11 + asyncio, thread hops for sync auth dependencies), client ~0.2 ms per
-call (was ~1.9 with httpx). That is ~3 ms of CPU per step, which the tiny model's ~29 ms step cannot
-hide: expect a ratio of ~0.92 there (0.846 before), while against the demo model's ~245 ms step the
-same cost is ~1% (ratio ~0.99). Measure both, with alternating rounds, on a quiet machine:
+that CPU is taken from the step itself. Measured as CPU time on the test model: the server ~2.4 ms a
+step, the client ~1.3 ms. Thread hops cost more than their CPU: while the engine's thread runs the
+model's Python, each hop to the route thread pool waits on GIL hand-offs. With the step route sync
+(two hops) and forward_backward on the pool (one), the ratio was 0.88-0.92; with per-step submissions
+queued on the event loop (twinkle/serve/queueing.py) it is 1.02-1.04, the pipelined client now
+overlapping its next request's parse with the engine's pass (unpipelined 0.96-0.98).
+Measure both, with alternating rounds, on a quiet machine:
 
     uv run python benchmarks/bench_client_native.py
     uv run python benchmarks/bench_client_native.py --model twinkle://qwen3-demo --steps 12 --rounds 3
