@@ -4,7 +4,7 @@ Per-step submissions (forward_backward, a step, a sample) only check their body 
 the engine. For a small body that is less than a thread-pool hop costs while the engine runs: each
 hop is two GIL hand-offs with a thread busy in the model's Python. Measured on the tiny model's
 native steps (bench_client_native, 2 cores): 0.88-0.92 of local mode's steps/s with the hops,
-1.02-1.04 without. A large body (long sequences, images to decode, chats to template) still goes to
+0.93-1.04 without (median 1.01 over five runs). A large body (long sequences, images to decode, chats to template) still goes to
 the pool, so no tenant's upload holds the loop that answers everyone else.
 """
 

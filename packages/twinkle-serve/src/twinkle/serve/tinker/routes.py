@@ -118,7 +118,7 @@ def build_router(svc: Service) -> PrefixRouter:
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             body = await json_body(request)
             try:
-                return await (queue_work(request, fn, t, body) if per_step else run_in_threadpool(fn, t, body))
+                return await queue_work(request, fn, t, body, light=per_step)
             except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
                 # parsing a field of the wrong type (queued work runs later, on the worker, not here)
                 raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
