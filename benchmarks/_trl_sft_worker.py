@@ -83,6 +83,7 @@ def main():
         # compares both sides in bf16) and gradient checkpointing (recomputing a 5M model's
         # activations buys nothing and costs a forward)
         bf16=cfg["bf16"],
+        torch_compile=cfg["compile"],  # only when the benchmark compiles both sides
         activation_checkpointing=False,  # TRL says gradient_checkpointing; transformers 5 renamed it
         logging_steps=10**9,
         save_strategy="no",

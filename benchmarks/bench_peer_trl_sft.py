@@ -25,6 +25,11 @@ the whole curves are printed with their largest relative difference.
 
     uv run python benchmarks/bench_peer_trl_sft.py [--shapes quickstart,8x128] [--warmup 4] [--block 6]
     uv run python benchmarks/bench_peer_trl_sft.py --precision bf16   # both sides under bf16 autocast
+    uv run python benchmarks/bench_peer_trl_sft.py --compile          # both sides torch.compile'd
+
+`--compile` compiles both sides with torch.compile (inductor): Twinkle `compile=True` (each decoder
+layer), TRL `torch_compile=True` (the Trainer compiles the whole model); the warmup steps, which pay
+the compiling, are reported per side as `*_warmup_s` and left out of the ratio like any warmup.
 
 `--precision bf16` trains both sides under torch's CPU bf16 autocast with fp32 master weights and
 optimizer state (Twinkle `mixed_precision="bf16"`, TRL `bf16=True`); the first losses must then agree
@@ -80,14 +85,14 @@ def random_batches(steps: int, batch: int, seq: int, vocab: int) -> list[list[di
 
 
 class TwinkleSide:
-    def __init__(self, lr: float, adapter_dir: Path, precision: str):
+    def __init__(self, lr: float, adapter_dir: Path, precision: str, compile: bool):
         import torch
         from peft import LoraConfig
 
         from twinkle.model import TransformersModel
 
         torch.manual_seed(0)
-        self.model = TransformersModel(model_id=DEFAULT_MODEL, mixed_precision=precision)
+        self.model = TransformersModel(model_id=DEFAULT_MODEL, mixed_precision=precision, compile=compile)
         self.model.add_adapter_to_model("peer", LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
         self.model.set_optimizer("AdamW", lr=lr, weight_decay=WEIGHT_DECAY, adapter_name="peer")
         self.model.save(str(adapter_dir), adapter_name="peer")  # TRL starts from this same LoRA
@@ -107,7 +112,7 @@ def compare(shape: str, batches: list[list[dict]], lr: float, args, trl_python: 
 
     work = ROOT / "out" / "peer-bench" / f"trl-sft-{shape}"
     work.mkdir(parents=True, exist_ok=True)
-    ours = TwinkleSide(lr, work / "init-adapter", args.precision)
+    ours = TwinkleSide(lr, work / "init-adapter", args.precision, args.compile)
     with open(work / "rows.jsonl", "w") as f:
         for rows in batches:
             f.writelines(json.dumps(r) + "\n" for r in rows)
@@ -123,6 +128,7 @@ def compare(shape: str, batches: list[list[dict]], lr: float, args, trl_python: 
         "max_length": MAX_LENGTH,
         "threads": args.threads,
         "bf16": args.precision == "bf16",
+        "compile": args.compile,
     }
     trl = Worker(trl_python, Path(__file__).parent / "_trl_sft_worker.py", cfg, env={"TOKENIZERS_PARALLELISM": "false"})
     curves = {"twinkle": ([], []), "trl": ([], [])}
@@ -145,6 +151,7 @@ def compare(shape: str, batches: list[list[dict]], lr: float, args, trl_python: 
     for side, (losses, seconds) in curves.items():
         timed = seconds[args.warmup :]
         out[f"{side}_s_per_step"] = statistics.median(timed)
+        out[f"{side}_warmup_s"] = sum(seconds[: args.warmup])  # with --compile: what compiling cost
         out[f"{side}_tokens_per_s"] = sum(tokens[args.warmup :]) / sum(timed)
         out[f"{side}_losses"] = [round(x, 6) for x in losses]
     ours_l, theirs_l = curves["twinkle"][0], curves["trl"][0]
@@ -166,6 +173,11 @@ def main():
     parser.add_argument("--steps", type=int, default=0, help="steps per shape (0: the shape's own, 60 and 28)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="both sides alike")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="both sides torch.compile'd (Twinkle compile=True, TRL torch_compile=True)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))  # the TRL worker inherits it
     import torch
@@ -191,7 +203,7 @@ def main():
         result.update({f"ratio_{shape}": r["ratio"], f"twinkle_s_per_step_{shape}": r["twinkle_s_per_step"]})
         result[f"trl_s_per_step_{shape}"] = r["trl_s_per_step"]
     result.update(model=DEFAULT_MODEL, threads=args.threads, peer="trl==1.16.0", load_avg=os.getloadavg()[0])
-    result["precision"] = args.precision
+    result.update(precision=args.precision, compile=args.compile)
     print(json.dumps({**result, **per_shape}))
 
 

@@ -15,6 +15,7 @@ COLUMNS = {
     "fused": "fused multi-tenant = each alone",
     "sampler": "sampler = trainer log-probs",
     "tp2": "tp=2 = one process",
+    "compile": "compile=True = eager",
     "tinker": "Tinker SDK fb + step + sample",
     "coverage": "LoRA coverage of the flags",
 }

@@ -1,7 +1,7 @@
 """The architecture conformance matrix (issue 26): every family in twinkle.model.families x
 {train + save + peft loads it; loss = a hand-written transformers + peft loss; fused multi-tenant =
 each tenant alone; the sampler serves the trained adapter with the trainer's log-probs; tp=2 = one
-process or a refusal by name; LoRA coverage of what train_attn / train_mlp / train_unembed name}.
+process or a refusal by name; torch.compile'd layers train as eager; LoRA coverage of what train_attn / train_mlp / train_unembed name}.
 
 LoRA targets everywhere are the server's mapping of Tinker's flags (all three on). Cells are ✓,
 "refused: <message>" (a refusal at construction that names the module and what to use instead),
@@ -207,6 +207,37 @@ def test_tp2_equals_one_process_or_refuses_by_name(fam, tp_ranks):
             assert rank["sharded"] >= 2 * 7  # q/k/v/o/gate/up/down of both layers at least
             result.within(max_rel(rank["losses"], one["losses"]), FORWARD)
             result.within(max_rel(rank["logprobs"], one["logprobs"]), FORWARD)
+
+
+def _two_steps(family: str, compile: bool) -> tuple[list[float], list[list[float]]]:
+    """The server's LoRA on a perturbed init, two steps, then the log-probs of a third batch."""
+    from twinkle.model import TransformersModel
+    from twinkle.model.families import tiny_config
+
+    torch.manual_seed(0)
+    tm = TransformersModel(config=tiny_config(family), compile=compile)
+    tm.add_adapter_to_model("tinker", cells.lora_config(tm.hf_model))
+    cells.perturb(tm.states["tinker"].params, seed=1)
+    tm.set_optimizer("AdamW", lr=1e-2)
+    losses = []
+    for seed in (1, 2):
+        losses.append(tm.forward_backward(cells.rows(seed))["loss"])
+        tm.clip_grad_and_step()
+    return losses, tm.forward_only(cells.rows(3))["logprobs"]
+
+
+def test_compiled_layers_train_as_eager(fam):
+    with cell(fam.name, "compile") as result:
+        if isinstance(fam.transformers, str):
+            return _refusal(fam, "compile", result)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        losses, logps = _two_steps(fam.name, compile=True)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs  # inductor compiled something
+        eager_losses, eager_logps = _two_steps(fam.name, compile=False)
+        result.within(abs(losses[0] - eager_losses[0]) / eager_losses[0], FORWARD)
+        result.within(abs(losses[1] - eager_losses[1]) / eager_losses[1], BACKWARD)  # after a step
+        result.within(max_rel(torch.tensor(logps[0]), torch.tensor(eager_logps[0])), BACKWARD)
+        assert losses[1] != losses[0]  # the step trained
 
 
 def test_lora_covers_everything_the_flags_name(fam):

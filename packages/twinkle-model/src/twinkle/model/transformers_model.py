@@ -19,6 +19,7 @@ from twinkle.loss import ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import checkpoint, context_parallel, vision
+from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
@@ -81,8 +82,11 @@ class TransformersModel(TwinkleModel):
         strategy: str | None = None,
         device: str | None = None,
         torch_dtype: torch.dtype | str = torch.float32,
+        compile: bool = False,
         **model_kwargs,
     ):
+        """`compile=True` compiles each decoder layer with torch.compile (`twinkle.model.compile`):
+        faster steps after the first, which pay the compile."""
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
         self.model_id, self.mixed_precision = model_id, mixed_precision
@@ -102,6 +106,10 @@ class TransformersModel(TwinkleModel):
                 f"and fp16 matmuls on {self.device.type} are ~100x slower): use 'bf16' or None here"
             )
         self.hf_model.to(self.device)
+        if compile:
+            tp_size = self.device_mesh.get_size("tp") if self.device_mesh is not None else 1
+            compile_layers.check_compilable(self.device.type, self.cp_size, tp_size)
+            compile_layers.compile_layers(self.hf_model)
         self.peft_model = None  # set by the first add_adapter_to_model
         self._wrapped = None  # the DDP/FSDP2 module once wrapped
         self.head_chunk_size: int | None = None  # set by the ChunkedCrossEntropy patch

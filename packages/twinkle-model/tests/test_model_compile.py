@@ -1,0 +1,83 @@
+"""TransformersModel(compile=True): torch.compile over each decoder layer trains as eager does, across
+a change of batch shape, and what it cannot do is refused by name. Every family of the architecture
+matrix is compiled in tests/conformance (a column of its own).
+
+fp32; inductor fuses elementwise ops and so reorders some float sums: forward values agree to ~1e-7
+relative per op, trained weights after backward and AdamW to 1e-4 (the conformance matrix's bounds).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from peft import LoraConfig
+
+from twinkle.hub import TEST_MODEL
+from twinkle.model import TransformersModel
+from twinkle.model import compile as compile_layers
+
+
+def _rows(n: int, length: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    ids = [[rng.randrange(3, 800) for _ in range(length)] for _ in range(n)]
+    return [{"input_ids": r, "labels": [-100] * 3 + r[3:]} for r in ids]
+
+
+# two batches of one length, then a longer one: the new shape compiles once more (as dynamic)
+BATCHES = [_rows(3, 9, seed=1), _rows(3, 9, seed=2), _rows(2, 17, seed=3)]
+
+
+def _train(compile: bool):
+    torch.manual_seed(0)
+    model = TransformersModel(model_id=TEST_MODEL, compile=compile)
+    model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    model.set_optimizer("AdamW", lr=1e-2)
+    losses = []
+    for rows in BATCHES:
+        losses.append(model.forward_backward(inputs=rows)["loss"])
+        assert model.clip_grad_and_step()["stepped"]
+    weights = {name: p.detach().clone() for name, p in model.states["default"].named_params()}
+    return model, losses, weights
+
+
+def test_compiled_layers_train_as_eager():
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    _, eager_losses, eager = _train(False)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_before  # eager compiles nothing
+    model, losses, weights = _train(True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs_before  # inductor really ran
+    assert all(getattr(layer, "_compiled_call_impl", None) for layer in compile_layers.language_layers(model.hf_model))
+    assert losses == pytest.approx(eager_losses, rel=1e-5)
+    assert weights.keys() == eager.keys() and len(weights) > 0
+    for name, w in weights.items():
+        moved = (eager[name] - w).abs().max() / eager[name].abs().max()
+        assert moved < 1e-4, (name, float(moved))
+    assert losses[-1] != eager_losses[0]  # the steps trained: later losses are not the first
+
+
+def test_compiled_state_dict_keeps_its_names(tmp_path):
+    eager = TransformersModel(model_id=TEST_MODEL)
+    compiled = TransformersModel(model_id=TEST_MODEL, compile=True)
+    assert list(compiled.hf_model.state_dict()) == list(eager.hf_model.state_dict())  # no `_orig_mod.` prefix
+
+
+@pytest.mark.parametrize(
+    "cp,tp,what", [(2, 1, "context parallelism .cp_size=2."), (1, 2, "tensor parallelism .tp_size=2.")]
+)
+def test_cp_and_tp_are_refused_by_name(cp, tp, what):
+    with pytest.raises(ValueError, match=f"compile=True is not supported with {what}: leave compile off"):
+        compile_layers.check_compilable("cpu", cp_size=cp, tp_size=tp)
+
+
+def test_a_cpu_without_a_cpp_compiler_is_refused(monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.delenv("CXX", raising=False)
+    with pytest.raises(ValueError, match="compile=True on CPU needs a C.. compiler .* none was found"):
+        TransformersModel(model_id=TEST_MODEL, compile=True)
+
+
+def test_a_model_without_a_decoder_layer_list_is_refused():
+    with pytest.raises(TypeError, match="Linear has no get_decoder\\(\\).layers list"):
+        compile_layers.compile_layers(torch.nn.Linear(2, 2))
