@@ -1,7 +1,7 @@
 """Test sessions: one per workspace member (that member alone, with only its declared dependencies,
 from uv.lock), plus `all` (every member in one environment). `nox` with no arguments runs what CI runs.
 
-Every session starts cold: its own empty TWINKLE_CACHE and HF_HOME, removed afterwards, so nothing
+Every session starts cold: its own empty TWINKLE_CACHE, HF_HOME and inductor cache, removed afterwards, so nothing
 a developer's machine has accumulated (a built embedded model, a hub download) can hide a missing
 build step. `nox -s bench -- NAME...` runs benchmarks (not part of the default run).
 """
@@ -48,7 +48,12 @@ def _sync(session: nox.Session, *args: str) -> None:
 def _cold_caches() -> Iterator[dict[str, str]]:
     root = Path(tempfile.mkdtemp(prefix="twinkle-nox-"))
     try:
-        yield {"TWINKLE_CACHE": str(root / "twinkle"), "HF_HOME": str(root / "hf")}
+        # torch inductor's kernel cache too (compile=True): a warm one would hide what compiling costs
+        yield {
+            "TWINKLE_CACHE": str(root / "twinkle"),
+            "HF_HOME": str(root / "hf"),
+            "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        }
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

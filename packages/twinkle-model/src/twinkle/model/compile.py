@@ -10,7 +10,8 @@ fp32 and 1.6x in bf16 on an AMX CPU. What it costs is the first passes: 15-40 s 
 cold inductor cache (a new sequence length compiles once more, then lengths are dynamic), so it is
 for runs long enough to earn that back, and off by default.
 
-Refused by name: context parallelism (its attention swaps in collectives that inductor would have
+Under a forced `ATEN_CPU_CAPABILITY` inductor's on-disk cache moves to a directory of its own
+(`separate_inductor_cache`). Refused by name: context parallelism (its attention swaps in collectives that inductor would have
 to trace) and tensor parallelism (DTensor layers under compile are not tested here); on CPU, a
 machine without a C++ compiler, which inductor needs to build its kernels.
 """
@@ -20,7 +21,15 @@ from __future__ import annotations
 import os
 import shutil
 
+import torch
 from torch import nn
+
+# Every decoder layer runs the same Python code (transformers' layer __call__), and dynamo keeps a
+# limited number of compiled variants per code object, 8 by default, before it silently runs that code
+# eagerly. One adapter's training already takes four (the first layer's input needs no grad, the
+# others' does; the first length static, later ones dynamic), forward_only two more, and each further
+# adapter (peft guards on the active one) its own: a process that serves a few would fall back to eager.
+RECOMPILE_LIMIT = 64
 
 
 def language_layers(model: nn.Module) -> list[nn.Module]:
@@ -52,9 +61,25 @@ def _cpp_compiler() -> str | None:
     return next((found for name in candidates if name and (found := shutil.which(name))), None)
 
 
+def separate_inductor_cache() -> None:
+    """inductor's on-disk cache is not keyed on ATEN_CPU_CAPABILITY, so kernels built for one ISA get
+    loaded under another (torch 2.15, measured: AVX-512 kernels run under `avx2` gave NaN losses, the
+    reverse aborted the process). A forced capability gets a cache directory of its own."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    default = os.path.abspath(default_cache_dir())
+    # torch writes its default into the environment the first time anything asks for the cache (loading
+    # a model does): that is still no directory a user chose
+    if capability and os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{capability}"
+
+
 def compile_layers(model: nn.Module) -> int:
     """Compile every decoder layer in place (names and state dicts unchanged); returns how many."""
     layers = language_layers(model)
+    separate_inductor_cache()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     for layer in layers:
         layer.compile()
     return len(layers)
