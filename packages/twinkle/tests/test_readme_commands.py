@@ -59,6 +59,7 @@ HOW = {
     "uv run python benchmarks/bench_peer_trl_grpo.py --seeds 1": HELP,
     "uv run python benchmarks/bench_peer_trl_sft.py --precision bf16": HELP,
     "uv run python benchmarks/bench_peer_trl_sft.py --compile": HELP,
+    "uv run python benchmarks/bench_mfu.py --precision bf16": HELP,
     "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py": "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
 }
 # Benchmarks measure for minutes: each is checked with --help (its full run is `nox -s bench`).

@@ -11,9 +11,9 @@ cold inductor cache (a new sequence length compiles once more, then lengths are 
 for runs long enough to earn that back, and off by default.
 
 Under a forced `ATEN_CPU_CAPABILITY` inductor's on-disk cache moves to a directory of its own
-(`separate_inductor_cache`). Refused by name: context parallelism (its attention swaps in collectives that inductor would have
-to trace) and tensor parallelism (DTensor layers under compile are not tested here); on CPU, a
-machine without a C++ compiler, which inductor needs to build its kernels.
+(`separate_inductor_cache`). Refused by name: context parallelism (its attention swaps in collectives
+that inductor would have to trace) and tensor parallelism (DTensor layers under compile are not
+tested here); on CPU, a machine without a C++ compiler, which inductor needs to build its kernels.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import shutil
 
-import torch
 from torch import nn
+from torch._dynamo import config as dynamo_config
 
 # Every decoder layer runs the same Python code (transformers' layer __call__), and dynamo keeps a
 # limited number of compiled variants per code object, 8 by default, before it silently runs that code
@@ -79,7 +79,8 @@ def compile_layers(model: nn.Module) -> int:
     """Compile every decoder layer in place (names and state dicts unchanged); returns how many."""
     layers = language_layers(model)
     separate_inductor_cache()
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+    dynamo_config.recompile_limit = limit  # ty: ignore[invalid-assignment] - typed as its default, 8
     for layer in layers:
         layer.compile()
     return len(layers)
