@@ -71,8 +71,11 @@ def time_share(model: TransformersModel, rows) -> dict[str, float]:
         model.clip_grad_and_step(max_grad_norm=1.0)
     shares: dict[str, float] = {}
     for event in prof.key_averages():
+        # with --compile, inductor's fused kernels run inside its graph calls (their self time), not as aten ops
+        kind = "inductor fused" if event.key.startswith("## Call CompiledFxGraph") else None
         if event.key.startswith("aten::"):
             kind = kind_of(event.key)
+        if kind:
             shares[kind] = shares.get(kind, 0.0) + event.self_cpu_time_total
     total = sum(shares.values()) or 1.0
     return {k: round(v / total, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1])}
