@@ -61,7 +61,7 @@ def test_compiled_layers_train_as_eager():
     assert losses[-1] != eager_losses[0]  # the steps trained: later losses are not the first
 
 
-def test_compiled_state_dict_keeps_its_names(tmp_path):
+def test_compiled_state_dict_keeps_its_names():
     eager = TransformersModel(model_id=TEST_MODEL)
     compiled = TransformersModel(model_id=TEST_MODEL, compile=True)
     assert list(compiled.hf_model.state_dict()) == list(eager.hf_model.state_dict())  # no `_orig_mod.` prefix

@@ -24,6 +24,8 @@ import shutil
 from torch import nn
 from torch._dynamo import config as dynamo_config
 
+from twinkle.model.structure import decoder_layer_list
+
 # Every decoder layer runs the same Python code (transformers' layer __call__), and dynamo keeps a
 # limited number of compiled variants per code object, 8 by default, before it silently runs that code
 # eagerly. One adapter's training already takes four (the first layer's input needs no grad, the
@@ -34,15 +36,13 @@ RECOMPILE_LIMIT = 64
 
 def language_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers of the language model (a vision-language model's text decoder)."""
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    layers = getattr(decoder, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
+    layers = decoder_layer_list(model)
+    if not layers:
         raise TypeError(
             f"compile=True compiles the decoder's layers, and {type(model).__name__} has no "
             "get_decoder().layers list: leave compile off for this architecture"
         )
-    return list(layers)
+    return layers
 
 
 def check_compilable(device_type: str, cp_size: int, tp_size: int) -> None:

@@ -103,6 +103,15 @@ def _expert_count(config) -> int | None:
     return None
 
 
+def decoder_layer_list(model: nn.Module) -> list[nn.Module]:
+    """The language model's decoder layers as transformers exposes them (`get_decoder().layers`; a
+    vision-language model's text decoder); empty when the model has no such list."""
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, nn.ModuleList) else []
+
+
 def _layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     # the decoder blocks: the longest ModuleList of modules that own an attention child
     best: list[tuple[str, nn.Module]] = []

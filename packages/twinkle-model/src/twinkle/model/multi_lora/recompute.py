@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from twinkle.model.multi_lora.layer import Routing, RoutingState
+from twinkle.model.structure import decoder_layer_list
 
 # {tenant names of a pass} -> the generators their LoRA dropout draws from in that pass
 GeneratorsFor = Callable[[tuple[str | None, ...]], list[torch.Generator]]
@@ -75,10 +76,8 @@ def _reinstated(
 
 def decoder_layers(model: nn.Module) -> list[GradientCheckpointingLayer]:
     """The language model's decoder layers, refused by class when transformers cannot checkpoint them."""
-    get_decoder = getattr(model, "get_decoder", None)
-    decoder = get_decoder() if callable(get_decoder) else None
-    layers = getattr(decoder, "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
+    layers = decoder_layer_list(model)
+    if not layers:
         raise TypeError(
             f"{type(model).__name__}: activation checkpointing needs a decoder with a `layers` list "
             "(transformers' get_decoder().layers)"
