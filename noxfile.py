@@ -321,7 +321,7 @@ def conformance(session: nox.Session) -> None:
 @nox.session(name="bench", default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks (`nox -s bench -- bench_model_sft_step ...`; none named: all): each one's final JSON
-    line is appended to benchmarks/results.jsonl and the README's Results table is rebuilt from it."""
+    line is appended to benchmarks/results.jsonl and the Results table in docs/benchmarks.md is rebuilt from it."""
     # Every member plus the root `examples` group: the Tinker SDK, Ray, matplotlib.
     _sync(session, "--all-packages", "--group", "examples")
     session.run(

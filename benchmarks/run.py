@@ -1,13 +1,13 @@
-"""Run benchmarks the one common way, record their final JSON lines, rebuild the README's table.
+"""Run benchmarks the one common way, record their final JSON lines, rebuild the Results table in docs/benchmarks.md.
 
     uvx nox -s bench -- bench_model_sft_step bench_serve_tinker     # named ones
     uvx nox -s bench                                                # all of them (long)
-    uvx nox -s bench -- --render                                    # only rebuild the README table
+    uvx nox -s bench -- --render                                    # only rebuild the Results table
 
 Each benchmark runs as its own process (`python benchmarks/NAME.py`, its output streamed), exactly as
 its docstring says to run it. Its last stdout line must be a JSON object with a top-level `ratio` or
 `speedup`; that object is appended to `benchmarks/results.jsonl` with the date, the commit and the
-machine's load average, and the README's Results table takes each benchmark's newest record. A row
+machine's load average, and the Results table (docs/benchmarks.md) takes each benchmark's newest record. A row
 for a benchmark with no record yet is left as it was.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results.jsonl"
-README = HERE.parent / "README.md"
+RESULTS_DOC = HERE.parent / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
@@ -81,7 +81,7 @@ def _headline(result: dict) -> str:
 
 
 def render(records: dict[str, dict]) -> None:
-    text = README.read_text()
+    text = RESULTS_DOC.read_text()
     head, rest = text.split(BEGIN, 1)
     table, tail = rest.split(END, 1)
     lines = table.strip("\n").splitlines()
@@ -90,17 +90,17 @@ def render(records: dict[str, dict]) -> None:
         name = cells[0].strip("`").removesuffix(".py")
         if name in records and len(cells) == 3:
             r = records[name]
-            goal = re.search(r"\((?:goal )?[≥≤][^)]*\)", cells[2])  # the goal is the README's, kept
+            goal = re.search(r"\((?:goal )?[≥≤][^)]*\)", cells[2])  # the goal is the table's, kept
             load = f"load {r['load_avg']:.1f} on {r['cpus']} cores"
             result = _headline(r["result"]) + (f" {goal.group(0)}" if goal else "")
             lines[i] = f"| `{name}.py` | {cells[1]} | {result} ({r['date']}, {r['commit']}, {load}) |"
-    README.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
+    RESULTS_DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="benchmark names (bench_ prefix optional); none: all")
-    parser.add_argument("--render", action="store_true", help="only rebuild the README table")
+    parser.add_argument("--render", action="store_true", help="only rebuild the Results table")
     args = parser.parse_args()
     if not args.render:
         for name in benchmark_names(args.names):
@@ -108,7 +108,7 @@ def main() -> None:
             with RESULTS.open("a") as f:
                 f.write(json.dumps(record) + "\n")
     render(newest_records())
-    print(f"README Results table rebuilt from {RESULTS.relative_to(HERE.parent)}")
+    print(f"docs/benchmarks.md Results table rebuilt from {RESULTS.relative_to(HERE.parent)}")
 
 
 if __name__ == "__main__":

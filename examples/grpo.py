@@ -49,7 +49,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--warm-start-steps", type=int, default=20, help="SFT steps before RL (0: start from --model)")
     # Measured (demo model, seed 0, 2026-12-03): held-out greedy accuracy 0.496 -> 0.822 at step 20, 0.876 at 100;
-    # the README's "RL that learns" has the curve. lr 1e-3 without the entropy bonus collapsed groups to
+    # docs/training.md's "RL that learns" has the curve. lr 1e-3 without the entropy bonus collapsed groups to
     # one answer (sampled entropy 0.7 -> 0.02 nats) and lost the gain again.
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--prompts", type=int, default=16, help="prompts per step")

@@ -10,7 +10,7 @@ and work at the same time, each with its own API key, through the unmodified Tin
 
     uv run examples/multi_tenant.py                       # starts a server in-process on a free port
     uv run examples/multi_tenant.py --model twinkle://qwen3-tiny --steps 6   # quick
-    uv run examples/multi_tenant.py --rl-steps 100       # tenant C: held-out 0.775 -> 0.845 (README)
+    uv run examples/multi_tenant.py --rl-steps 100       # tenant C: held-out 0.775 -> 0.845 (docs/training.md)
     uv run examples/multi_tenant.py --base-url http://127.0.0.1:8000      # keys from TWINKLE_KEY_A..D
 
 Each tenant prints its result line and the script exits non-zero if any tenant's check fails.

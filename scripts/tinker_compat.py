@@ -1,9 +1,9 @@
 """Generate the Tinker SDK compatibility table: every public method of the installed `tinker` SDK's
 ServiceClient, TrainingClient, SamplingClient and RestClient, and every `tinker` CLI subcommand, called
 against a real twinkle server (the embedded tiny model on loopback) and recorded as works / refused (with
-the server's reason) / not applicable (with why). The table goes into README.md between the markers.
+the server's reason) / not applicable (with why). The table goes into docs/tinker.md between the markers.
 
-    uv run python scripts/tinker_compat.py            # survey, print the table, rewrite README.md's
+    uv run python scripts/tinker_compat.py            # survey, print the table, rewrite docs/tinker.md's
     uv run python scripts/tinker_compat.py --print    # survey and print only
 
 Run it again when the SDK version moves; packages/twinkle-serve/tests/test_tinker_compat_table.py fails
@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+TABLE_DOC = ROOT / "docs" / "tinker.md"
 BEGIN, END = "<!-- tinker-compat:begin -->", "<!-- tinker-compat:end -->"
 CLASSES = ("ServiceClient", "TrainingClient", "SamplingClient", "RestClient")
 PROMPT = [5, 12, 19, 26, 33, 40]
@@ -357,9 +357,9 @@ def read_table(text: str) -> dict[str, str]:
 
 
 def write_readme(block: str) -> None:
-    text = README.read_text()
+    text = TABLE_DOC.read_text()
     head, rest = text.split(BEGIN, 1)
-    README.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
+    TABLE_DOC.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
 
 
 def main() -> int:
@@ -369,7 +369,7 @@ def main() -> int:
     from twinkle.serve import initialize
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--print", action="store_true", help="print the table, leave README.md alone")
+    p.add_argument("--print", action="store_true", help="print the table, leave docs/tinker.md alone")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as data_dir:
         server = initialize(

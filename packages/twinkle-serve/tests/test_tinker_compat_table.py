@@ -1,4 +1,4 @@
-"""The README's Tinker SDK compatibility table (written by scripts/tinker_compat.py) stays true: it lists
+"""The Tinker SDK compatibility table (docs/tinker.md) (written by scripts/tinker_compat.py) stays true: it lists
 every public method and CLI subcommand of the installed SDK, and every entry it records as working still
 works against a real server (the same calls, re-run)."""
 
@@ -20,13 +20,13 @@ TENANT = "compat-table"
 
 @pytest.fixture(scope="module")
 def recorded() -> dict[str, str]:
-    return tinker_compat.read_table((ROOT / "README.md").read_text())
+    return tinker_compat.read_table((ROOT / "docs" / "tinker.md").read_text())
 
 
 def test_the_table_covers_the_installed_sdk(recorded):
     current = set(tinker_compat.sdk_methods()) | {f"cli: {c}" for c in tinker_compat.cli_commands()}
     assert set(recorded) == current, (
-        "the SDK and README's table differ: run `uv run python scripts/tinker_compat.py`"
+        "the SDK and docs/tinker.md's table differ: run `uv run python scripts/tinker_compat.py`"
         f" (missing {sorted(current - set(recorded))}, "
         f"gone {sorted(set(recorded) - current)})"
     )

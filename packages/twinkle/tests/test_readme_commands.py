@@ -1,7 +1,7 @@
-"""Every shell command the README and the examples' and benchmarks' docstrings show runs as written
-from a fresh clone: `uv run ...` in the checkout, with nothing installed beforehand.
+"""Every shell command the README, docs/ and the examples' and benchmarks' docstrings show runs as
+written from a fresh clone: `uv run ...` in the checkout, with nothing installed beforehand.
 
-Commands are read from the README's ```bash blocks and from the indented command lines of every
+Commands are read from the ```bash blocks of README.md and docs/*.md and from the indented command lines of every
 `examples/*.py` and `benchmarks/bench_*.py` docstring. Each one must be listed in HOW, which says how
 this test runs it: `run` (as written, it must exit 0 within its time), `help` (as written plus
 `--help`: the environment resolves, the script imports and parses; for jobs of several minutes),
@@ -76,8 +76,8 @@ def _docstring_commands(path: Path) -> list[str]:
     return found
 
 
-def _readme_commands() -> list[str]:
-    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+def _markdown_commands(path: Path) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", path.read_text(), re.S)
     return [
         re.sub(r"\s+#.*$", "", line).strip()
         for block in blocks
@@ -87,7 +87,8 @@ def _readme_commands() -> list[str]:
 
 
 def all_commands() -> list[tuple[str, str]]:
-    found = [("README.md", c) for c in _readme_commands()]
+    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    found = [(str(doc.relative_to(ROOT)), c) for doc in docs for c in _markdown_commands(doc)]
     for path in sorted([*ROOT.glob("examples/*.py"), *ROOT.glob("benchmarks/bench_*.py")]):
         found += [(str(path.relative_to(ROOT)), c) for c in _docstring_commands(path)]
     return found

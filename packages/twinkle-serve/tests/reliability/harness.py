@@ -1,6 +1,6 @@
 """The reliability suite's harness: the real `twinkle-server` CLI as a subprocess on a free loopback
 port, keys made with `twinkle-server keys create`, a raw wire client with bounded timeouts, and a
-summary table printed at the end of the session (the figures the README's Reliability section quotes).
+summary table printed at the end of the session (the figures docs/reliability.md quotes).
 """
 
 from __future__ import annotations

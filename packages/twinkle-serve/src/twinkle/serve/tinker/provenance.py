@@ -9,7 +9,7 @@ every span (the tenant's and this session's, not expired, inside the sequence, t
 the loss's inputs from the records: `logprobs` (the sampler's, not the client's) and `sampled_mask` (1
 on sampled targets, 0 on prompt targets). Any bad span is a 400 naming it.
 
-Choices where Tinker's documentation is silent (README "StableReinforce"):
+Choices where Tinker's documentation is silent (docs/tinker.md "StableReinforce"):
 - a prompt span in `loss_fn_input_spans` is not compared token by token: RL datums put placeholder
   targets (0) on prompt positions (cookbook rl_loop.py); its positions get no policy gradient;
 - records are session-scoped like Tinker's: a run trains only on sequences its own session sampled;
