@@ -251,8 +251,13 @@ class TransformersModel(TwinkleModel):
     def _reference_logps(self, module, batch, targets_B_T):
         if self.peft_model is None:
             return None  # the loss explains that it needs `ref_logprobs`
-        with torch.no_grad(), self.peft_model.disable_adapter():
-            return self._run(module, batch, drop_last=self.cp_size == 1).target_logps(targets_B_T)
+        training = module.training
+        module.eval()  # the reference policy draws no dropout, also inside a training pass
+        try:
+            with torch.no_grad(), self.peft_model.disable_adapter():
+                return self._run(module, batch, drop_last=self.cp_size == 1).target_logps(targets_B_T)
+        finally:
+            module.train(training)
 
     def _shard(self, batch, targets, fields, loss):
         """(model inputs, targets, fields, Shard or None): this cp rank's part of the sequence."""
@@ -274,6 +279,10 @@ class TransformersModel(TwinkleModel):
         )
         if shard is not None:
             shard.activate()  # what the cp attention gathers over, also when backward recomputes it
+        # training mode exactly when gradients flow: dropout as configured (peft's lora_dropout too)
+        # and transformers' activation checkpointing, which recomputes layers only in training mode;
+        # evaluation (forward_only, sampling) never draws dropout
+        module.train(_grad)
         with torch.set_grad_enabled(_grad):
             head = self._run(module, run_batch, drop_last=shard is None)
         ref = self._reference_logps(module, run_batch, targets) if state.loss.needs_reference(fields) else None

@@ -12,25 +12,32 @@ class GradientCheckpointing(Patch):
     """Recompute each decoder layer's activations in backward instead of keeping them.
 
     Uses the non-reentrant checkpoint, which needs no `requires_grad` on the inputs, so it works
-    with a frozen embedding under LoRA. Reverting restores the previous setting."""
+    with a frozen embedding under LoRA. transformers recomputes only in training mode, which
+    `forward_backward` runs in (evaluation keeps nothing to recompute). Reverting restores the
+    previous setting."""
 
     aliases = ("gradient_checkpointing",)
 
     def apply(self, model):
         hf = model.hf_model
-        # transformers 5 renamed the flag and warns on the old name; older releases only have the old one.
-        flag = (
-            "is_activation_checkpointing"
-            if hasattr(type(hf), "is_activation_checkpointing")
-            else "is_gradient_checkpointing"
-        )
-        self._was_on = bool(getattr(hf, flag, False))
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        # transformers 5 renamed the methods and the flag and warns on the old names; older releases have only those
+        if hasattr(type(hf), "activation_checkpointing_enable"):
+            self._was_on = bool(hf.is_activation_checkpointing)
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            self._was_on = bool(getattr(hf, "is_gradient_checkpointing", False))
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         hf.config.use_cache = False
 
     def revert(self, model):
-        if not self._was_on:
-            model.hf_model.gradient_checkpointing_disable()
+        if self._was_on:
+            return
+        hf = model.hf_model
+        if hasattr(type(hf), "activation_checkpointing_disable"):
+            hf.activation_checkpointing_disable()
+        else:
+            hf.gradient_checkpointing_disable()
 
 
 @register_patch
