@@ -134,3 +134,57 @@ def test_pickles_and_stray_files_are_refused(server, tenant_key, adapter):
     assert r.status_code == 400 and "'run.py' is not part of a PEFT adapter upload" in r.json()["error"]
     r = _post(server, tenant_key, {**body, "files": {"adapter_config.json": body["files"]["adapter_config.json"]}})
     assert r.status_code == 400 and "needs ['adapter_model.safetensors']" in r.json()["error"]
+
+
+def _nan_weight(t: dict) -> dict:
+    key = next(k for k in sorted(t) if "lora_A" in k)
+    bad = t[key].clone()
+    bad[0, 0] = float("nan")
+    return {**t, key: bad}
+
+
+@pytest.mark.parametrize(
+    "change,field,message",
+    [
+        (dict(config=lambda c: {**c, "lora_alpha": float("nan")}), "lora_alpha", "finite number"),
+        (dict(config=lambda c: {**c, "lora_alpha": 1e30}), "lora_alpha", "less than or equal to 1000000"),
+        (dict(config=lambda c: {**c, "lora_alpha": -8}), "lora_alpha", "greater than 0"),
+        (dict(tensors=_nan_weight), "lora_A", "non-finite value"),
+        (dict(config=lambda c: {**c, "target_modules": "(q_proj"}), "target_modules", "target_modules"),
+        (dict(config=lambda c: {**c, "target_modules": ["qkv_fused"]}), "target_modules", "matches no Linear layer"),
+        (dict(config=lambda c: {**c, "target_modules": ["q_proj"]}), "target_modules", "weights for untargeted"),
+    ],
+    ids=["alpha-nan", "alpha-1e30", "alpha-negative", "nan-weight", "bad-pattern", "no-layer", "targets-not-weights"],
+)
+def test_import_runs_the_checks_add_adapter_runs(server, tenant_key, adapter, tmp_path, change, field, message):
+    """Each refusal is a 400 naming the field, and nothing is written: the tenant's runs list is unchanged."""
+    import tinker
+
+    rest = tinker.RestClient(base_url=server.url, api_key=tenant_key)
+    before = rest.list_training_runs(limit=100).result().cursor.total_count
+    r = _post(server, tenant_key, _upload(_rewritten(adapter[0], tmp_path, **change)))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert field in error and message in error, error
+    assert rest.list_training_runs(limit=100).result().cursor.total_count == before
+
+
+def test_add_adapter_refuses_what_import_refuses(server, tenant_key, adapter, tmp_path):
+    """The same LoraConfig, sent to native add_adapter_to_model, is refused naming the same field."""
+    created = httpx.post(f"{server.url}/twinkle/v1/models", json={}, headers={"X-API-Key": tenant_key}, timeout=60)
+    model_id = created.json()["model_id"]
+    for lora, field in [
+        ({"r": 4, "lora_alpha": 1e30}, "lora_alpha"),
+        ({"r": 4, "target_modules": "(q_proj"}, "target_modules"),
+    ]:
+        native = httpx.post(
+            f"{server.url}/twinkle/v1/models/{model_id}/add_adapter_to_model",
+            json={"adapter_name": "x", "lora_config": lora},
+            headers={"X-API-Key": tenant_key},
+            timeout=60,
+        )
+        imported = _post(
+            server, tenant_key, _upload(_rewritten(adapter[0], tmp_path / field, config=lambda c, x=lora: {**c, **x}))
+        )
+        assert native.status_code in (400, 422) and field in native.json()["error"], native.text
+        assert imported.status_code == 400 and field in imported.json()["error"], imported.text

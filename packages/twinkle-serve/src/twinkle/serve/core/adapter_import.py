@@ -24,7 +24,7 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 
-from twinkle.serve.core import bounds
+from twinkle.serve.core import lora_configs
 from twinkle.serve.core.checkpoints import check_name
 from twinkle.serve.core.records import Checkpoint
 from twinkle.serve.errors import BadRequest
@@ -60,20 +60,26 @@ def decode_files(files) -> dict[str, bytes]:
 
 
 @lru_cache(maxsize=8)
-def _linear_shapes(model_path: str) -> dict[str, tuple[int, int]]:
-    """module path (as peft names it under base_model.model) -> (in_features, out_features)."""
+def _base_layers(model_path: str):
+    """(module path as peft names it under base_model.model -> (in_features, out_features) of every
+    Linear, the model's structure) of the base model, built on the meta device: no weights are read."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
+    from twinkle.model.structure import describe
 
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):  # shapes only: no memory, no weights read
         model = AutoModelForCausalLM.from_config(config)
-    return {n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    shapes = {n: (m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    return shapes, describe(model)
 
 
-def check_adapter(files: dict[str, bytes], model_path: str, base_model: str, rank_of) -> tuple[dict, set[str]]:
+def check_adapter(files: dict[str, bytes], model_path: str, base_model: str, validate) -> tuple[dict, set[str]]:
     """(the adapter's LoraConfig as a dict, the modules it adapts) once it fits the base model; a 400
-    naming what does not. `rank_of(r)` checks the rank against the server's caps (400 past them)."""
+    naming what does not. `validate(config)` is the LoraConfig check every adapter-creating path runs
+    (twinkle.serve.core.lora_configs): ranges, rank cap, patterns; a peft LoraConfig."""
+    import torch
     from safetensors import SafetensorError
     from safetensors.torch import load as load_safetensors
 
@@ -82,16 +88,18 @@ def check_adapter(files: dict[str, bytes], model_path: str, base_model: str, ran
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"{CONFIG} is not valid JSON: {e}") from None
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
-        raise BadRequest(f"{CONFIG}: peft_type is {config.get('peft_type')!r}; only LoRA adapters can be imported")
-    rank = rank_of(config.get("r"))
-    for field in ("use_dora", "modules_to_save", "rank_pattern", "alpha_pattern"):
-        if config.get(field):
-            raise BadRequest(f"{CONFIG}: {field}={config[field]!r} is not supported for an imported training state")
+        kind = config.get("peft_type") if isinstance(config, dict) else type(config).__name__
+        raise BadRequest(f"{CONFIG}: peft_type is {kind!r}; only LoRA adapters can be imported")
+    # the weights come from the file, so how fresh ones would be drawn is moot: peft's default, which
+    # every engine builds (an adapter saved with init_lora_weights=False would otherwise be refused)
+    config["init_lora_weights"] = True
+    lora = validate(config)
+    rank = lora.r
     try:
         tensors = load_safetensors(files[WEIGHTS])
     except (SafetensorError, ValueError) as e:
         raise BadRequest(f"{WEIGHTS} is not a safetensors file: {e}") from None
-    shapes = _linear_shapes(model_path)
+    shapes, structure = _base_layers(model_path)
     modules = set()
     for key, t in tensors.items():
         m = _KEY.match(key)
@@ -106,13 +114,23 @@ def check_adapter(files: dict[str, bytes], model_path: str, base_model: str, ran
             raise BadRequest(
                 f"{WEIGHTS}: {key!r} has shape {list(t.shape)}; {base_model}'s {module} at r={rank} needs {list(want)}"
             )
+        if not t.is_floating_point() or not bool(torch.isfinite(t).all()):
+            raise BadRequest(f"{WEIGHTS}: {key!r} holds a non-finite value or is not floating point ({t.dtype})")
         modules.add(module)
     if not modules:
         raise BadRequest(f"{WEIGHTS} holds no LoRA weights")
-    # the weights come from the file, so how fresh ones would be drawn is moot: peft's default, which
-    # every engine builds (an adapter saved with init_lora_weights=False would otherwise be refused)
-    config["init_lora_weights"] = True
+    _same_modules(lora_configs.targets(f"{CONFIG}: ", lora, list(shapes), structure), modules)
     return config, modules
+
+
+def _same_modules(targeted: set[str], weighted: set[str]) -> None:
+    """The config's target_modules and the file's weights name the same layers (a load would refuse otherwise)."""
+    if targeted != weighted:
+        missing, extra = sorted(targeted - weighted), sorted(weighted - targeted)
+        raise BadRequest(
+            f"{CONFIG}: target_modules selects {len(targeted)} layers of the base model but {WEIGHTS} holds "
+            f"weights for {len(weighted)}: no weights for {missing[:3]}, weights for untargeted {extra[:3]}"
+        )
 
 
 def spec_fields(modules: set[str]) -> dict:
@@ -142,7 +160,7 @@ class AdapterImports:
             decoded,
             model_path,
             engine.entry.name,
-            lambda r: bounds.lora_rank(f"{CONFIG}: r", r, engine.backend, caps),
+            lambda raw: lora_configs.lora_config(f"{CONFIG}: ", raw, engine.backend, caps),
         )
         self.svc.admit_save(tenant)
         if session_id is None:

@@ -17,7 +17,7 @@ import time
 from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
 from twinkle.serve.backend import UserError
 from twinkle.serve.backend.base import library_errors
-from twinkle.serve.core import bounds
+from twinkle.serve.core import bounds, lora_configs
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
@@ -155,14 +155,10 @@ class NativeModels:
         )
 
     def add_adapter(self, tenant: str, model_id: str, seq, req: AddAdapterRequest) -> dict:
-        from peft import LoraConfig
-
         run = self.model(tenant, model_id)
         backend, caps = self.engine_of(run).backend, self.rt.config.caps
-        bounds.lora_rank("lora_config.r", req.lora_config.r, backend, caps)
-        bounds.target_modules("lora_config.target_modules", req.lora_config.target_modules)
-        bounds.json_depth("lora_config", req.lora_config.model_dump(), caps)
-        config = user_errors(LoraConfig)(**req.lora_config.model_dump())
+        # the one LoraConfig check, as adapter import runs it (twinkle.serve.core.lora_configs)
+        config = lora_configs.lora_config("lora_config.", req.lora_config.model_dump(), backend, caps)
         internal = internal_name(model_id, req.adapter_name)
         if self.has(model_id, req.adapter_name):
             raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
