@@ -3,11 +3,14 @@ from uv.lock), plus `all` (every member in one environment). `nox` with no argum
 
 Every session starts cold: its own empty TWINKLE_CACHE, HF_HOME and inductor cache, removed afterwards, so nothing
 a developer's machine has accumulated (a built embedded model, a hub download) can hide a missing
-build step. `nox -s bench -- NAME...` runs benchmarks (not part of the default run).
+build step. The embedded models are built once per nox run, from cold, by the first session that uses them, and
+copied into the empty caches of the sessions that do not test the build; `data` (the build's own tests), `meta`
+(the README's commands from a fresh clone) and `wheels` (the quickstart from the built wheels) build their own. `nox -s bench -- NAME...` runs benchmarks (not part of the default run).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -44,9 +47,33 @@ def _sync(session: nox.Session, *args: str) -> None:
     )
 
 
+# What the sessions' tests load; built in ~5-15 s each, which every session used to pay again.
+PREBUILT_PRESETS = (
+    "twinkle://qwen3-tiny",
+    "twinkle://qwen3-demo",
+    "twinkle://qwen3-moe-tiny",
+    "twinkle://qwen2.5-vl-tiny",
+)
+_prebuilt: list[Path] = []  # the run's one build folder, once made
+
+
+def _prebuilt_models(session: nox.Session) -> Path:
+    """The embedded models built once for this nox run (from an empty cache, in this session's venv)."""
+    if not _prebuilt:
+        root = Path(tempfile.mkdtemp(prefix="twinkle-prebuilt-"))
+        atexit.register(shutil.rmtree, root, True)
+        build = "import sys; from twinkle.hub import resolve_model_path; [resolve_model_path(m) for m in sys.argv[1:]]"
+        env = {"TWINKLE_CACHE": str(root), "HF_HOME": str(root / "hf"), "OMP_NUM_THREADS": "2"}
+        session.run("python", "-c", build, *PREBUILT_PRESETS, env=env)
+        _prebuilt.append(root)
+    return _prebuilt[0]
+
+
 @contextlib.contextmanager
-def _cold_caches() -> Iterator[dict[str, str]]:
+def _cold_caches(prebuilt: Path | None = None) -> Iterator[dict[str, str]]:
     root = Path(tempfile.mkdtemp(prefix="twinkle-nox-"))
+    if prebuilt is not None:  # the models only: every other cache stays empty
+        shutil.copytree(prebuilt / "models", root / "twinkle" / "models")
     try:
         # torch inductor's kernel cache too (compile=True): a warm one would hide what compiling costs
         yield {
@@ -58,10 +85,10 @@ def _cold_caches() -> Iterator[dict[str, str]]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _pytest(session: nox.Session, *paths: str) -> None:
+def _pytest(session: nox.Session, *paths: str, prebuilt: bool = True) -> None:
     # Two cores here: say so explicitly instead of letting every library guess.
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"}
-    with _cold_caches() as caches:
+    with _cold_caches(_prebuilt_models(session) if prebuilt else None) as caches:
         # The slowest tests in every log: where the next cut of the default run's hour comes from.
         session.run("pytest", "--durations=8", *paths, *session.posargs, env={**env, **caches}, success_codes=[0, 5])
 
@@ -72,10 +99,13 @@ def _member_session(name: str, dist: str, folder: str) -> None:
         # Only this distribution and what it declares: an undeclared sibling is simply absent.
         _sync(session, "--package", dist)
         ignored = (f"--ignore={p}" for p in OWN_SESSION.get(name, ()))
-        _pytest(session, f"{folder}/tests", *ignored, *PYTEST_ARGS.get(name, ()))
+        _pytest(session, f"{folder}/tests", *ignored, *PYTEST_ARGS.get(name, ()), prebuilt=name in USES_MODELS)
 
     run.__doc__ = f"{dist} alone, with only its declared dependencies"
 
+
+# Members whose tests load the embedded models without testing how they are built (twinkle-data's do).
+USES_MODELS = {"model", "sampler", "rl", "serve", "server"}
 
 # Suites with a session of their own, left out of their member's session.
 OWN_SESSION = {"serve": ["packages/twinkle-serve/tests/reliability", "packages/twinkle-serve/tests/ray_cluster"]}
@@ -215,7 +245,7 @@ def vllm(session: nox.Session) -> None:
         "packages/twinkle-sampler",
     )
     session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66")
-    with _cold_caches() as caches:
+    with _cold_caches(_prebuilt_models(session)) as caches:
         session.run(
             "pytest",
             "packages/twinkle-sampler/tests/test_sampler_contract.py",
@@ -293,7 +323,7 @@ def numerics(session: nox.Session, cpu: str) -> None:
     }
     # The embedded models build here too, under the forced kernels: their weights come out the same on
     # any CPU (twinkle.hub.portable_init), so only the computing on them differs.
-    with _cold_caches() as caches:
+    with _cold_caches(_prebuilt_models(session)) as caches:
         # One pytest process per suite, as in their own sessions: a Ray cluster or server one suite starts
         # must not hold the CPUs (or the memory) another suite's cluster needs.
         for suite in NUMERICS_ON[cpu]:
@@ -314,7 +344,7 @@ def conformance(session: nox.Session) -> None:
         "CONFORMANCE_MATRIX": str(ROOT / ".nox" / "conformance-matrix.md"),
         "CONFORMANCE_ARCH_MATRIX": str(ROOT / ".nox" / "architecture-matrix.md"),
     }
-    with _cold_caches() as caches:
+    with _cold_caches(_prebuilt_models(session)) as caches:
         session.run("pytest", "tests/conformance", *session.posargs, env={**env, **caches})
 
 
