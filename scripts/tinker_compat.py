@@ -1,5 +1,6 @@
-"""Generate the Tinker SDK compatibility table: every public method of the installed `tinker` SDK's
-ServiceClient, TrainingClient, SamplingClient and RestClient, and every `tinker` CLI subcommand, called
+"""Generate the Tinker SDK compatibility table: every public method of every client class the installed
+`tinker` SDK exports (0.38: ServiceClient, TrainingClient, SamplingClient, RestClient, AdminClient), and
+every `tinker` CLI subcommand, called
 against a real twinkle server (the embedded tiny model on loopback) and recorded as works / refused (with
 the server's reason) / not applicable (with why). The table goes into docs/tinker.md between the markers.
 
@@ -28,7 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TABLE_DOC = ROOT / "docs" / "tinker.md"
 BEGIN, END = "<!-- tinker-compat:begin -->", "<!-- tinker-compat:end -->"
-CLASSES = ("ServiceClient", "TrainingClient", "SamplingClient", "RestClient")
 PROMPT = [5, 12, 19, 26, 33, 40]
 
 _JWT = (
@@ -40,6 +40,7 @@ NOT_APPLICABLE = {
     "TrainingClient.get_telemetry": "client-side: the SDK's own telemetry object",
     "SamplingClient.get_telemetry": "client-side: the SDK's own telemetry object",
     "RestClient.get_telemetry": "client-side: the SDK's own telemetry object",
+    "AdminClient.get_telemetry": "client-side: the SDK's own telemetry object",
     "ServiceClient.get_console_url": "a link into the hosted Tinker web console; this server's dashboard is at /",
     "TrainingClient.get_console_url": "a link into the hosted Tinker web console; this server's dashboard is at /",
     "RestClient.whoami": _JWT,
@@ -79,7 +80,8 @@ class Context:
         os.environ.update(TINKER_BASE_URL=url, TINKER_API_KEY=key, TINKER_TELEMETRY="0", HF_HUB_OFFLINE="1")
         self.url, self.key, self.base_model, self.types = url, key, base_model, types
         self.service = tinker.ServiceClient(base_url=url, api_key=key)
-        self.rest = self.service.create_rest_client()
+        self.rest = tinker.RestClient(base_url=url, api_key=key)
+        self.admin = tinker.AdminClient(base_url=url, api_key=key)
         self.tc = self.service.create_lora_training_client(base_model=base_model, rank=4, seed=0).result()
         seq = [*PROMPT, 47, 54]
         self.datum = types.Datum(
@@ -185,9 +187,18 @@ CALLS = {
     "RestClient.set_checkpoint_ttl_from_tinker_path": lambda c, f: f(c.fresh_checkpoint(), 3600),
     "RestClient.delete_checkpoint": lambda c, f: f(c.tc.model_id, c.fresh_checkpoint().split("/", 3)[3]),
     "RestClient.delete_checkpoint_from_tinker_path": lambda c, f: f(c.fresh_checkpoint()),
+    "AdminClient.get_audit_log": lambda c, f: f(),
+    "AdminClient.get_billing_usage": lambda c, f: f(_now(-1), _now(1)),
+    "AdminClient.get_current_checkpoint_storage_usage": lambda c, f: f(),
     "ServiceClient.close": (lambda c, f: f("success"), lambda c: c.new_service()),
 }
-TARGETS = {"ServiceClient": "service", "TrainingClient": "tc", "SamplingClient": "sc", "RestClient": "rest"}
+TARGETS = {
+    "ServiceClient": "service",
+    "TrainingClient": "tc",
+    "SamplingClient": "sc",
+    "RestClient": "rest",
+    "AdminClient": "admin",
+}
 
 CLI = {  # subcommand -> arguments (ctx -> list)
     "auth login": lambda c: [],
@@ -212,12 +223,20 @@ CLI = {  # subcommand -> arguments (ctx -> list)
 }
 
 
+def client_classes() -> list[str]:
+    """Every client class the installed SDK exports: a class the SDK adds shows up here, and fails the
+    table's test until it has calls written for it."""
+    import tinker
+
+    return sorted(n for n in tinker.__all__ if n.endswith("Client") and inspect.isclass(getattr(tinker, n)))
+
+
 def sdk_methods() -> list[str]:
-    """`Class.method` for every public method of the four clients (an `_async` twin folds into its method)."""
+    """`Class.method` for every public method of every client (an `_async` twin folds into its method)."""
     import tinker
 
     names = []
-    for cls in CLASSES:
+    for cls in client_classes():
         for name, value in inspect.getmembers(getattr(tinker, cls)):
             if name.startswith("_") or not callable(value) or name.endswith("_async"):
                 continue

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import UserError
-from twinkle.serve.core import bounds
+from twinkle.serve.core import audit, bounds
 from twinkle.serve.core.records import KIND, SEGMENT, Checkpoint, Kind, Run
 from twinkle.serve.errors import BadRequest, NotFound
 
@@ -118,12 +118,15 @@ class CheckpointOps:
     def meta(self, ckpt: Checkpoint) -> dict:
         return json.loads((self.folder(ckpt) / META_FILE).read_text())
 
-    def readable(self, tenant: str, path, kind: Kind | None = None) -> Checkpoint:
-        """A checkpoint the tenant may read (its own, or published, not expired); NotFound otherwise."""
+    def readable(self, tenant: str, path, kind: Kind | None = None, *, purpose: str | None = None) -> Checkpoint:
+        """A checkpoint the tenant may read (its own, or published, not expired); NotFound otherwise.
+        With a `purpose` (load, sample, copy, download) the tenant is about to read its files: audited."""
         _, path_kind, _ = parse_path(path)
         ckpt = self.table.readable(path, tenant)
         if ckpt is None or ckpt.expired(time.time()) or (kind is not None and path_kind != kind):
             raise NotFound(f"checkpoint {path} not found")
+        if purpose is not None:
+            audit.checkpoint_read(self.rt.store, tenant, ckpt, purpose)
         return ckpt
 
     def owned(self, tenant: str, run_id: str, checkpoint_id: str) -> Checkpoint:
@@ -184,16 +187,18 @@ class CheckpointOps:
             {str(k): str(v) for k, v in (user_metadata or {}).items()},
         )
         self.table.put(ckpt)
+        audit.checkpoint_event(self.rt.store, "checkpoint_create", ckpt, kind=kind, size_bytes=ckpt.size_bytes)
         return ckpt
 
     # ---- listing and housekeeping --------------------------------------------------------------
-    def delete(self, ckpt: Checkpoint) -> None:
+    def delete(self, ckpt: Checkpoint, reason: str = "deleted by its key") -> None:
         shutil.rmtree(self.folder(ckpt), ignore_errors=True)
         self.table.delete(ckpt.tinker_path)
+        audit.checkpoint_event(self.rt.store, "checkpoint_delete", ckpt, reason=reason)
 
     def purge_expired(self, tenant: str) -> None:
         for ckpt in self.table.expired(tenant, time.time()):
-            self.delete(ckpt)
+            self.delete(ckpt, reason="its TTL expired")
 
     def of_run(self, tenant: str, model_id: str) -> list[Checkpoint]:
         self.purge_expired(tenant)
@@ -207,3 +212,4 @@ class CheckpointOps:
         if ttl_seconds is not None:
             bounds.check(B.TTL_SECONDS, "ttl_seconds", ttl_seconds)  # a positive integer the calendar can hold
         self.table.set_expiry(ckpt.tinker_path, None if ttl_seconds is None else time.time() + ttl_seconds)
+        audit.checkpoint_event(self.rt.store, "checkpoint_ttl_set", ckpt, ttl_seconds=ttl_seconds)

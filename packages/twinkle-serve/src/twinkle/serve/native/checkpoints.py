@@ -44,7 +44,7 @@ class NativeCheckpoints:
         return self.models.submit(tenant, model_id, seq, work)
 
     def load(self, tenant: str, model_id: str, seq, req: LoadRequest) -> dict:
-        ckpt = self.svc.checkpoints.readable(tenant, req.path, "training")
+        ckpt = self.svc.checkpoints.readable(tenant, req.path, "training", purpose="load")
         folder = self.svc.checkpoints.folder(ckpt)
         if req.resume and not has_training_state(folder):
             raise BadRequest(f"checkpoint {req.path} was saved without save_training_state: it cannot resume")

@@ -162,7 +162,7 @@ class NativeViews:
 
     def archive(self, tenant: str, path: str) -> bytes:
         """The checkpoint's PEFT folder (adapter_model.safetensors + adapter_config.json) as a zip."""
-        folder = self.svc.checkpoints.folder(self.svc.checkpoints.readable(tenant, path))
+        folder = self.svc.checkpoints.folder(self.svc.checkpoints.readable(tenant, path, purpose="download"))
         missing = [f for f in PEFT_FILES if not (folder / f).exists()]
         if missing:
             raise BadRequest(f"checkpoint {path} is not a PEFT folder (missing {missing})")

@@ -65,7 +65,7 @@ class ExternalWeights:
 
     def urls(self, tenant: str, base_url: str, run_id: str, checkpoint_id: str) -> dict:
         path = f"tinker://{run_id}/{checkpoint_id}"
-        ckpt = self.svc.checkpoints.readable(tenant, path)  # own, or published by another tenant
+        ckpt = self.svc.checkpoints.readable(tenant, path, purpose="download")  # own, or published by another
         if ckpt.kind != "external":
             raise BadRequest(
                 f"checkpoint {path} is {ckpt.kind} weights, not external weights: export it with "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from twinkle.serve.core import audit
 from twinkle.serve.core.records import Checkpoint, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import NotFound
@@ -78,6 +79,7 @@ class TinkerRest:
     def set_public(self, tenant: str, run_id: str, checkpoint_id: str, public: bool) -> None:
         ckpt = self.svc.checkpoints.owned(tenant, run_id, checkpoint_id)
         self.store.checkpoints.set_public(ckpt.tinker_path, public)
+        audit.checkpoint_event(self.store, "checkpoint_publish" if public else "checkpoint_unpublish", ckpt)
 
     def set_ttl(self, tenant: str, run_id: str, checkpoint_id: str, ttl_seconds) -> None:
         self.svc.checkpoints.set_ttl(self.svc.checkpoints.owned(tenant, run_id, checkpoint_id), ttl_seconds)

@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from twinkle.serve.auth import Auth
+from twinkle.serve.core import audit as audit_log
 from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
 from twinkle.serve.routing import PrefixRouter
@@ -122,7 +123,7 @@ def build_extra_router(svc: Service) -> PrefixRouter:
         return usage.checkpoint_storage(rt.store, t, request.query_params.get("project_id"))
 
     @r.get("/audit")
-    def audit(t: str = Depends(caller)):
-        return usage.audit_log()
+    def audit(event_type: str = "all", day: str | None = None, t: str = Depends(caller)):
+        return audit_log.entries(rt.store, t, event_type, day)
 
     return r

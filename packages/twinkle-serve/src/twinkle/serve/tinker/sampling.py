@@ -29,7 +29,7 @@ class TinkerSampling:
         session_id = self.svc.session(tenant, body.get("session_id")).session_id
         model_path = body.get("model_path")
         if model_path:
-            ckpt = self.svc.checkpoints.readable(tenant, model_path)
+            ckpt = self.svc.checkpoints.readable(tenant, model_path, purpose="sample")
             base_model = self.rt.store.runs.of_checkpoint(ckpt).base_model
         else:
             base_model = model_names.engine(self.rt, body.get("base_model")).entry.name

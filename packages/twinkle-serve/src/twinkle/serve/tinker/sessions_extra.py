@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.core import bounds
+from twinkle.serve.core import audit, bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker.usage import session_metadata
@@ -147,6 +147,7 @@ def set_project(svc: Service, tenant: str, session_id: str, body: dict) -> dict:
     if not isinstance(project, str) or not project:
         raise BadRequest("project_id is required (a non-empty string)")
     svc.store.projects.set(session_id, project)
+    audit.project_assigned(svc.store, tenant, session_id, project)
     return {"session_id": session_id, "project_id": project}
 
 
@@ -200,7 +201,7 @@ def trace(svc: Service, signer, token: str) -> bytes:
 def copy_weights(svc: Service, weights, tenant: str, body: dict) -> dict:
     if body.get("weights_access_token"):
         raise BadRequest("weights_access_token is not supported by this server: publish the checkpoint instead")
-    source = svc.checkpoints.readable(tenant, body.get("source_path"))
+    source = svc.checkpoints.readable(tenant, body.get("source_path"), purpose="copy")
     ttl = body.get("ttl_seconds")
     if ttl is not None:
         bounds.check(B.TTL_SECONDS, "ttl_seconds", ttl)  # a positive integer the calendar can hold
@@ -218,6 +219,7 @@ def copy_weights(svc: Service, weights, tenant: str, body: dict) -> dict:
         session_id, seq = session.session_id, 0
         svc.store.sessions.create(replace(session, finished_at=time.time(), finish_reason="success"))
         svc.store.projects.set(session_id, project)
+        audit.project_assigned(svc.store, tenant, session_id, project)
     model_id = f"{session_id}:train:{seq}"
     if svc.store.runs.get(model_id) is not None:
         raise BadRequest(f"training run {model_id!r} already exists; use another model_seq_id")

@@ -3,25 +3,19 @@
 Counted by the service core (`twinkle.serve.core.usage`, through `Service.count_training`/`count_sampling`) where the work completes, in
 both APIs: training tokens (model input tokens of every forward and
 forward_backward that succeeded, custom losses included), sampling prefill tokens (each sample
-request's prompt) and sampled tokens (every returned sequence), in UTC-hour buckets. Prices, storage
-GB-hours and the audit log are not kept here: they are answered as null or as "not tracked", never
-with invented figures.
+request's prompt) and sampled tokens (every returned sequence), in UTC-hour buckets. Prices and storage
+GB-hours are not kept here: they are answered as null, never with invented figures. The audit log is
+the core's (`twinkle.serve.core.audit`).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from twinkle.serve.errors import ApiError, BadRequest
+from twinkle.serve.errors import BadRequest
 
 MAX_WINDOW = timedelta(days=14)
 GB = 1e9
-
-
-class NotTracked(ApiError):
-    """A 4xx, not 501: the SDK retries any 5xx for minutes, and this answer will not change."""
-
-    status = 404
 
 
 def session_metadata(store, session_id: str) -> dict | None:
@@ -91,13 +85,6 @@ def checkpoint_storage(store, tenant: str, project_id: str | None) -> dict:
         "estimated_monthly_cost_usd": None,
     }
     return {"effective_rate_usd_per_gigabyte_month": None, "data": [item] if totals["n"] else []}
-
-
-def audit_log() -> dict:
-    raise NotTracked(
-        "the audit log is not tracked by this server: it records no per-event history of "
-        "checkpoint reads or project changes"
-    )
 
 
 def api_key_record(store, tenant: str) -> dict:

@@ -93,7 +93,7 @@ class TinkerWeights:
 
     def load_weights(self, tenant: str, body: dict) -> dict:
         path = body.get("path")
-        ckpt = self.svc.checkpoints.readable(tenant, path, "training")
+        ckpt = self.svc.checkpoints.readable(tenant, path, "training", purpose="load")
         folder = self.svc.checkpoints.folder(ckpt)
         meta = self.svc.checkpoints.meta(ckpt)
         with_optimizer = bool(body.get("optimizer"))

@@ -1,7 +1,7 @@
 """The server's durable state: one SQLite file in the data dir, and every SQL statement the server runs.
 
 Sessions, training runs, samplers, checkpoint metadata, futures, API keys, the answers to idempotent
-submissions, the runs' curves, token usage, per-key quotas and the samples a run shows on the dashboard. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
+submissions, the runs' curves, token usage, per-key quotas, the samples a run shows on the dashboard and the audit log. Checkpoint *files* live beside it under `tenants/<tenant>/...`;
 this file says which exist. Everything a client was told (a future's result, a checkpoint path) is
 committed here before the client can see it, so a restart on the same data dir loses nothing that
 was acknowledged. The bookkeeping rows of a step are journaled and committed together (`db.py`).
@@ -20,6 +20,7 @@ from twinkle.serve.core.store.account_tables import (
     SampleRequests,
     Usage,
 )
+from twinkle.serve.core.store.audit_tables import AuditEvents
 from twinkle.serve.core.store.db import Db
 from twinkle.serve.core.store.objects import Checkpoints, Runs, Samplers, Sessions
 from twinkle.serve.core.store.schema import VERSION
@@ -41,6 +42,7 @@ class Store:
         self.projects, self.usage, self.quotas = Projects(self.db), Usage(self.db), Quotas(self.db)
         self.run_samples = RunSamples(self.db)
         self.stability = StabilityRecords(self.db)  # stable_reinforce's sampled-sequence records
+        self.audit = AuditEvents(self.db)
 
     @property
     def version(self) -> int:

@@ -95,7 +95,14 @@ V7 = """
 CREATE TABLE IF NOT EXISTS boots (boot_id TEXT PRIMARY KEY, started_at REAL NOT NULL);
 """
 
-MIGRATIONS = [V1, V2, V3, V4, V5, V6, V7]
+# 8: the audit log (Tinker's get_audit_log): what each key's checkpoints and projects saw, and when.
+V8 = """
+CREATE TABLE IF NOT EXISTS audit_events (tenant TEXT NOT NULL, t REAL NOT NULL, event TEXT NOT NULL,
+    details TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS audit_events_tenant ON audit_events (tenant, t);
+"""
+
+MIGRATIONS = [V1, V2, V3, V4, V5, V6, V7, V8]
 VERSION = len(MIGRATIONS)
 
 
