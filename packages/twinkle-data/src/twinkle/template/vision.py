@@ -2,9 +2,10 @@
 
 A message's ``content`` may be a list of parts, as in the OpenAI and Hugging Face chat formats:
 ``{"type": "text", "text": ...}``, ``{"type": "image", "image": X}`` or
-``{"type": "image_url", "image_url": {"url": X}}``, where X is a PIL image, PNG/JPEG bytes, a local
-path, a ``data:image/...;base64,`` URL, or a datasets ``Image`` cell (``{"bytes", "path"}``). Remote
-URLs are refused: encoding never touches the network.
+``{"type": "image_url", "image_url": {"url": X}}``, where X is a PIL image, PNG/JPEG/WebP bytes, a
+local path, a ``data:image/...;base64,`` URL, or a datasets ``Image`` cell (``{"bytes", "path"}``). Remote
+URLs are refused: encoding never touches the network. Bytes are decoded by ``image_decode`` (format from
+the magic bytes, size from the header, before decoding).
 
 The chat template writes one image placeholder per image; the model's image processor decides how
 many tokens each image becomes (its grid of merged patches), and every placeholder is repeated that
@@ -13,14 +14,13 @@ many times, exactly as the Hugging Face processor does, before the text is token
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 from typing import Any
 
 import numpy as np
 
 from twinkle.dataset.errors import DataError
+from twinkle.template import image_decode
 
 IMAGE_PART_TYPES = ("image", "image_url")
 
@@ -46,17 +46,21 @@ def normalise_content(content: Any) -> Any:
     return parts
 
 
+def part_source(part: dict) -> Any:
+    """The image an image part names: ``part["image"]``, or ``part["image_url"]`` (its ``url`` if a dict)."""
+    src = part.get("image", part.get("image_url"))
+    return src.get("url") if isinstance(src, dict) and "url" in src else src
+
+
 def image_sources(messages: list[dict]) -> list[Any]:
     """Every image of a conversation, in the order the chat template places them."""
-    found = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            for part in content:
-                if is_image_part(part):
-                    src = part.get("image", part.get("image_url"))
-                    found.append(src.get("url") if isinstance(src, dict) and "url" in src else src)
-    return found
+    return [
+        part_source(part)
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if is_image_part(part)
+    ]
 
 
 def text_of(content: Any) -> str:
@@ -69,7 +73,8 @@ def text_of(content: Any) -> str:
 
 
 def load_image(src: Any):
-    """A PIL RGB image from any of the accepted forms (see the module docs)."""
+    """A PIL RGB image from any of the accepted forms (see the module docs), local paths included: the
+    library reads its own user's files. A server resolves parts to bytes before this (it opens no path)."""
     from PIL import Image
 
     if isinstance(src, Image.Image):
@@ -79,13 +84,7 @@ def load_image(src: Any):
     if isinstance(src, (bytes, bytearray, memoryview)):
         data = bytes(src)
     elif isinstance(src, str) and src.startswith("data:"):
-        header, _, payload = src.partition(",")
-        if ";base64" not in header or not header.startswith("data:image/"):
-            raise DataError(f"an image data URL must be data:image/...;base64,..., got {header[:40]!r}")
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except ValueError as e:
-            raise DataError(f"an image data URL has invalid base64: {e}") from e
+        data = image_decode.data_url_bytes(src, "image")
     elif isinstance(src, str) and src.startswith(("http://", "https://")):
         raise DataError(f"image URL {src[:60]!r} is remote: pass the image's bytes, a data URL or a local path")
     elif isinstance(src, (str, os.PathLike)):
@@ -95,10 +94,7 @@ def load_image(src: Any):
             data = f.read()
     else:
         raise DataError(f"cannot read an image from a {type(src).__name__}")
-    try:
-        return Image.open(io.BytesIO(data)).convert("RGB")
-    except Exception as e:  # PIL raises several types for undecodable bytes
-        raise DataError(f"image bytes ({len(data)} bytes) are not a PNG/JPEG image PIL can decode: {e}") from e
+    return image_decode.decode_image(data, "image", image_decode.LOCAL_CAPS)
 
 
 def expand_placeholders(

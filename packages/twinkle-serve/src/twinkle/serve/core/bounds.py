@@ -32,6 +32,12 @@ class ServerCaps(BaseModel):
     idempotency_max_rows: int = Field(200_000, ge=100)
     # points per (run, curve name); past it the older half is thinned to every other point
     max_curve_points: int = Field(100_000, ge=100)
+    # images, checked from each header before any is decoded (twinkle.serve.backend.images): one image's
+    # bytes (OpenAI's own limit) and pixels (4096x4096: a 12 Mpx photo or a 4K frame fits; decoding one took
+    # 0.28 s and 50 MB here; at most PIL's bomb limit), and all of one request's images' pixels
+    max_image_bytes: int = Field(20 * 2**20, ge=1024)
+    max_image_pixels: int = Field(1 << 24, ge=1, le=89_478_485)
+    max_request_image_pixels: int = Field(1 << 26, ge=1)
 
 
 def check(rng: Range, field: str, value, default=None):

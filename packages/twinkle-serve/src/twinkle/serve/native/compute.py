@@ -8,11 +8,9 @@ import threading
 
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
-from twinkle.serve.backend.images import check_expected_tokens, check_images
+from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
 from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.native.models import NativeModels, user_errors
-
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")  # a row's images, from the server's own encoding
 
 
 def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
@@ -54,26 +52,35 @@ class NativeCompute:
                 )
             return self._templates[backend.base_model]
 
-    def chat_prompt(self, backend, chat, where: str) -> tuple[list[int], dict | None]:
-        """A chat's prompt ids (ending with the assistant's header) and its images' pixels, or None."""
+    def resolve(self, backend, chats, where: str) -> list[list[dict]]:
+        """The chats' messages with their images decoded (twinkle.serve.backend.images: bytes only, bounded)."""
+        messages = [[m.model_dump(exclude_none=True) for m in chat] for chat in chats]
+        return resolve_chats(messages, backend, self.rt.config.caps, [f"{where} {i}" for i in range(len(chats))])
+
+    def chat_prompts(self, backend, chats) -> list[tuple[list[int], dict | None]]:
+        """Each chat's prompt ids (ending with the assistant's header) and its images' pixels, or None."""
         import numpy as np
 
-        messages = [m.model_dump(exclude_none=True) for m in chat]
-        check_images(messages, backend, where)
-        encoded = self.template(backend).encode_prompt({"messages": messages})
-        if "pixel_values" not in encoded:
-            return encoded["input_ids"], None
-        check_expected_tokens(messages, encoded["image_grid_thw"], backend, where)
-        images = {
-            "pixel_values": np.asarray(encoded["pixel_values"], np.float32),
-            "image_grid_thw": np.asarray(encoded["image_grid_thw"], np.int64),
-        }
-        return encoded["input_ids"], images
+        out = []
+        for i, messages in enumerate(self.resolve(backend, chats, "chat")):
+            encoded = self.template(backend).encode_prompt({"messages": messages})
+            if "pixel_values" not in encoded:
+                out.append((encoded["input_ids"], None))
+                continue
+            check_encoded(messages, encoded, backend, f"chat {i}")
+            images = {
+                "pixel_values": np.asarray(encoded["pixel_values"], np.float32),
+                "image_grid_thw": np.asarray(encoded["image_grid_thw"], np.int64),
+            }
+            out.append((encoded["input_ids"], images))
+        return out
 
     def rows(self, backend, req: ForwardRequest) -> list[dict]:
         inputs = req.inputs
         if (inputs.rows is None) == (inputs.trajectories is None):
             raise UserError("inputs needs exactly one of 'rows' (encoded) or 'trajectories' (chat messages)")
+        for i, r in enumerate(inputs.rows or inputs.trajectories or ()):
+            refuse_image_fields(r.fields, f"{'row' if inputs.rows is not None else 'trajectory'} {i}")
         if inputs.rows is not None:
             return [
                 {"input_ids": r.input_ids, **({"labels": r.labels} if r.labels is not None else {}), **r.fields}
@@ -81,13 +88,12 @@ class NativeCompute:
             ]
         template, rows = self.template(backend), []
         assert inputs.trajectories is not None  # exactly one of the two, checked above
-        for i, traj in enumerate(inputs.trajectories):
-            messages = [m.model_dump(exclude_none=True) for m in traj.messages]
-            check_images(messages, backend, f"trajectory {i}")
+        chats = self.resolve(backend, [t.messages for t in inputs.trajectories], "trajectory")
+        for i, (traj, messages) in enumerate(zip(inputs.trajectories, chats)):
             encoded = template.encode({"messages": messages})
             if encoded is None:
                 raise UserError(f"trajectory {i} is longer than the template's max_length")
-            check_expected_tokens(messages, encoded.get("image_grid_thw"), backend, f"trajectory {i}")
+            check_encoded(messages, encoded, backend, f"trajectory {i}")
             images = {k: encoded[k] for k in IMAGE_KEYS if k in encoded}
             rows.append({"input_ids": encoded["input_ids"], "labels": encoded["labels"], **images, **traj.fields})
         return rows

@@ -52,7 +52,7 @@ class NativeViews:
         else:
             engine, queue = self.rt.engine(req.base_model), f"sample:{tenant}"
         sp = req.sampling_params
-        if req.chats is not None:  # tokenized on the worker: bound the text here, before it is queued
+        if req.chats is not None:  # tokenized below: bound the text first
             chars = sum(len(m.content or "") for chat in req.chats for m in chat)
             bounds.prompt_chars("chats", chars, self.rt.config.caps)
         else:
@@ -67,14 +67,18 @@ class NativeViews:
             stop=sp.stop,
         )
 
+        if req.chats is not None:  # templated and its images decoded here, not on the engine's thread
+            try:
+                encoded = self.compute.chat_prompts(engine.backend, req.chats)
+            except (UserError, ValueError, KeyError) as e:
+                raise BadRequest(str(e)) from None
+            prompts, prompt_images = [ids for ids, _ in encoded], [images for _, images in encoded]
+        else:
+            assert req.prompts is not None  # exactly one of prompts / chats, checked above
+            prompts, prompt_images = req.prompts, [None] * len(req.prompts)
+
         def run():
             backend = engine.backend
-            if req.chats is not None:
-                encoded = [self.compute.chat_prompt(backend, chat, f"chat {i}") for i, chat in enumerate(req.chats)]
-                prompts, prompt_images = [ids for ids, _ in encoded], [images for _, images in encoded]
-            else:
-                assert req.prompts is not None  # exactly one of prompts / chats, checked above
-                prompts, prompt_images = req.prompts, [None] * len(req.prompts)
             sampler = None
             if req.model_id is not None:  # a fresh snapshot of the adapter as trained so far
                 sampler = "snap" + uuid.uuid4().hex[:12]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 import twinkle.serve.openai.responses as responses
 from twinkle.serve.auth import API_KEY
@@ -87,7 +88,11 @@ def build_openai_router(svc: Service) -> APIRouter:
             raise OpenAIError(400, "top_logprobs needs logprobs=true", "top_logprobs")
         tokenizer = target.engine.backend.tokenizer
         bounds.prompt_chars("messages", body.prompt_chars(), rt.config.caps)  # tokenized here, on the event loop
-        prompt, images = chat_prompt(tokenizer, body, target.engine.backend)
+        args = (tokenizer, body, target.engine.backend, rt.config.caps)
+        if any(m.has_images() for m in body.messages):  # images decode on the pool, never on the loop
+            prompt, images = await run_in_threadpool(chat_prompt, *args)
+        else:
+            prompt, images = chat_prompt(*args)
         sample = params(body, body.top_logprobs or 0, body.limit())
         limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
         cost(target, [prompt], body.n, sample.max_tokens, limit_field)
@@ -115,13 +120,13 @@ def build_openai_router(svc: Service) -> APIRouter:
     return router
 
 
-def chat_prompt(tokenizer, body: ChatRequest, backend=None) -> tuple[list[int], dict | None]:
-    """(the prompt's ids, its images' pixels or None)."""
+def chat_prompt(tokenizer, body: ChatRequest, backend=None, caps=None) -> tuple[list[int], dict | None]:
+    """(the prompt's ids, its images' pixels or None); `caps`: the server's, which bound its images."""
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, f"model {body.model!r} has no chat template; use /v1/completions", "messages")
     if backend is not None and any(m.has_images() for m in body.messages):
         chat = [{"role": _role(m.role), "content": m.template_content()} for m in body.messages]
-        return image_prompt(backend, chat)
+        return image_prompt(backend, chat, caps)
     messages = [{"role": _role(m.role), "content": m.text()} for m in body.messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return tokenizer(text, add_special_tokens=False)["input_ids"], None

@@ -4,8 +4,10 @@ A Tinker `ModelInput` may hold `ImageChunk`s (PNG or JPEG bytes, optional `expec
 its text chunks. The client writes the vision markers (`<|vision_start|>` ... `<|vision_end|>`) as
 text; an image chunk stands for the model's image placeholder token repeated once per merged patch,
 which the model's own image processor decides. So a chunk is kept as it was sent until the model is
-known (`ImagePiece`, at its token position), then `expand` inserts the placeholder tokens there and
-carries the pixels (`pixel_values`, `image_grid_thw`) with the datum.
+known (`ImagePiece`, at its token position), then `expand` decodes it with the decoder every API uses
+(twinkle.serve.backend.images: format from the magic bytes, caps from the header), inserts the
+placeholder tokens there, checks them against the template's layout (the vision markers around each
+image), and carries the pixels (`pixel_values`, `image_grid_thw`) with the datum.
 
 `ImageAssetPointerChunk` names an image by location in the hosted service's asset store; this server
 has none and fetches nothing, so it is refused by name.
@@ -15,12 +17,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 from dataclasses import dataclass, replace
 
 import numpy as np
 
-from twinkle.serve.backend.images import image_encoder
+from twinkle.serve.backend import UserError
+from twinkle.serve.backend.images import check_layout, decode_all, image_encoder, refuse_image_fields
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.datums import Datum
 
@@ -62,27 +64,35 @@ def from_json(chunk: dict, at: int, where: str) -> ImagePiece:
     return ImagePiece(at, raw, str(chunk.get("format")), expected)
 
 
-def _check_format(piece: ImagePiece, where: str) -> None:
-    from PIL import Image, UnidentifiedImageError
+def _decoded(groups: list[tuple[str, list[ImagePiece]]], backend, model: str, caps) -> list[list]:
+    """Each group's (a datum's, a prompt's) pieces decoded by the server's one decoder: the format label
+    checked against the bytes, and every header within the caps before any image is decoded."""
+    from twinkle.template.image_decode import sniff
 
-    if piece.format not in FORMATS:
-        raise BadRequest(f"{where}: image format must be one of {sorted(FORMATS)}, got {piece.format!r}")
+    blobs = []
+    for where, pieces in groups:
+        if pieces and image_encoder(backend) is None:
+            raise BadRequest(f"{where}: model {model!r} is text-only: it takes no image chunks")
+        for k, piece in enumerate(pieces):
+            if piece.format not in FORMATS:
+                raise BadRequest(f"{where} image {k}: format must be one of {sorted(FORMATS)}, got {piece.format!r}")
+            actual = sniff(piece.data)
+            if actual in ("PNG", "JPEG", "WEBP") and actual != FORMATS[piece.format]:
+                raise BadRequest(
+                    f"{where} image {k}: the chunk says format {piece.format!r} but its bytes are {actual}"
+                )
+            blobs.append((piece.data, f"{where} image {k}"))
     try:
-        actual = Image.open(io.BytesIO(piece.data)).format
-    except (UnidentifiedImageError, OSError) as e:
-        raise BadRequest(f"{where}: {len(piece.data)} bytes are not a PNG or JPEG image: {e}") from None
-    if actual != FORMATS[piece.format]:
-        raise BadRequest(f"{where}: the chunk says format {piece.format!r} but its bytes are {actual}")
+        images = iter(decode_all(blobs, caps))
+    except UserError as e:
+        raise BadRequest(str(e)) from None
+    return [[next(images) for _ in pieces] for _, pieces in groups]
 
 
-def expand(tokens: list[int] | np.ndarray, pieces: list[ImagePiece], backend, model: str, where: str):
+def _splice(tokens, pieces: list[ImagePiece], images: list, backend, model: str, where: str):
     """(tokens with each image's placeholder tokens inserted, {"pixel_values", "image_grid_thw"})."""
     enc = image_encoder(backend)
-    if enc is None:
-        raise BadRequest(f"{where}: model {model!r} is text-only: it takes no image chunks")
-    for k, piece in enumerate(pieces):
-        _check_format(piece, f"{where} image {k}")
-    pixels, grid, counts = enc.encode([p.data for p in pieces])
+    pixels, grid, counts = enc.encode(images)
     tokens = np.asarray(tokens, dtype=np.int64).tolist()  # a datum's array or a prompt's list, spliced as a list
     out, last = [], 0
     for k, (piece, n) in enumerate(zip(pieces, counts)):
@@ -94,19 +104,36 @@ def expand(tokens: list[int] | np.ndarray, pieces: list[ImagePiece], backend, mo
         out += tokens[last : piece.at] + [enc.token_id] * n
         last = piece.at
     out += tokens[last:]
+    try:
+        check_layout(out, counts, backend, where)
+    except UserError as e:
+        raise BadRequest(str(e)) from None
     return out, {
         "pixel_values": np.asarray(pixels, np.float32),
         "image_grid_thw": np.asarray(grid, np.int64),
     }
 
 
-def expand_datums(data: list[Datum], backend, model: str) -> list[Datum]:
+def expand(tokens: list[int] | np.ndarray, pieces: list[ImagePiece], backend, model: str, where: str, caps):
+    """(tokens with each image's placeholder tokens inserted, {"pixel_values", "image_grid_thw"});
+    `caps`: the server's (image bytes and pixels)."""
+    (images,) = _decoded([(where, pieces)], backend, model, caps)
+    return _splice(tokens, pieces, images, backend, model, where)
+
+
+def expand_datums(data: list[Datum], backend, model: str, caps) -> list[Datum]:
     """Each datum's image chunks expanded for `model` (datums without images unchanged)."""
-    out = []
     for i, d in enumerate(data):
-        if not d.images:
+        try:
+            refuse_image_fields(d.inputs, f"datum {i}: loss_fn_inputs")
+        except UserError as e:
+            raise BadRequest(str(e)) from None
+    groups = [(f"datum {i}", d.images or []) for i, d in enumerate(data)]
+    out = []
+    for (where, pieces), d, images in zip(groups, data, _decoded(groups, backend, model, caps)):
+        if not pieces:
             out.append(d)
             continue
-        tokens, images = expand(d.tokens, d.images, backend, model, f"datum {i}")
-        out.append(replace(d, tokens=np.asarray(tokens, dtype=np.int64), images=images))  # an array, as decoded
+        tokens, columns = _splice(d.tokens, pieces, images, backend, model, where)
+        out.append(replace(d, tokens=np.asarray(tokens, dtype=np.int64), images=columns))  # an array, as decoded
     return out

@@ -166,7 +166,7 @@ class TinkerModels:
         model_id, loss_fn, forward_only = req.model_id, req.loss_fn, req.forward_only
         run = self.svc.run(tenant, model_id)
         engine = self.rt.engine(run.base_model)
-        data = images.expand_datums(req.data, engine.backend, run.base_model)
+        data = images.expand_datums(req.data, engine.backend, run.base_model, self.caps)
         hold = self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
         self.rt.store.runs.touch(model_id)
         loss, extra = None, {}

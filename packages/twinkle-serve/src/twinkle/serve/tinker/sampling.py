@@ -64,7 +64,7 @@ class TinkerSampling:
         backend = engine.backend
         pixels = None
         if pieces:  # image chunks: the model's placeholder tokens in the prompt, the pixels beside it
-            prompt, pixels = images.expand(prompt, pieces, backend, sampler.base_model, "prompt")
+            prompt, pixels = images.expand(prompt, pieces, backend, sampler.base_model, "prompt", self.rt.config.caps)
         hold = self.svc.admit_tokens(tenant, len(prompt))
         params, target_layout = sample_params(
             body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps
