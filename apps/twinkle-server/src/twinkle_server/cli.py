@@ -120,9 +120,8 @@ def _set_quota(store, args) -> int:
 
 
 def keys_main(args: argparse.Namespace) -> int:
-    from twinkle.serve.core.store import Store
+    from twinkle.serve.core.store import Store, default_data_dir
     from twinkle.serve.keys import KeyStore
-    from twinkle.serve.server import default_data_dir
 
     store = Store(args.data_dir or default_data_dir())
     keys = KeyStore(store)

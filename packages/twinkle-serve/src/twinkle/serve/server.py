@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import signal
 import socket
 import threading
@@ -20,16 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twinkle.serve.config import ServeConfig, load_config
+from twinkle.serve.core.store import default_data_dir
 from twinkle.serve.runtime import Runtime
 
 if TYPE_CHECKING:
     import uvicorn
 
 log = logging.getLogger("twinkle.serve")
-
-
-def default_data_dir() -> Path:
-    return Path(os.environ.get("TWINKLE_DATA_DIR", Path.home() / ".local" / "share" / "twinkle-server"))
 
 
 @dataclass

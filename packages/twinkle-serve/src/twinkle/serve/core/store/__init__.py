@@ -10,6 +10,7 @@ The schema is versioned (`schema.py`); opening an older database upgrades it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from twinkle.serve.core.store.account_tables import (
@@ -27,7 +28,12 @@ from twinkle.serve.core.store.schema import VERSION
 from twinkle.serve.core.store.service_tables import Curves, Futures, Idempotency, Keys
 from twinkle.serve.core.store.stability_tables import StabilityRecords
 
-__all__ = ["VERSION", "Db", "Store"]
+__all__ = ["VERSION", "Db", "Store", "default_data_dir"]
+
+
+def default_data_dir() -> Path:
+    """Where the server keeps its store and checkpoints unless told otherwise."""
+    return Path(os.environ.get("TWINKLE_DATA_DIR", Path.home() / ".local" / "share" / "twinkle-server"))
 
 
 class Store:
