@@ -163,6 +163,24 @@ def test_bad_images_are_refused_by_name(template):
         Template(VL_TEST_MODEL, max_length=8, truncation_strategy="left").encode(row(_png((1, 2, 3))))
 
 
+def test_the_library_reads_its_own_files_through_the_servers_decoder(tmp_path, template):
+    """Local mode may name its own files (a server takes only bytes); what is read goes through the one
+    decoder (twinkle.template.image_decode): format from the magic bytes, whatever the file is called."""
+
+    def row(src):
+        return [{"role": "user", "content": [{"type": "image", "image": src}]}, {"role": "assistant", "content": "x"}]
+
+    png = _png((9, 8, 7))
+    (tmp_path / "a.png").write_bytes(png)
+    from_path = template.encode(row(str(tmp_path / "a.png")))
+    assert np.array_equal(np.asarray(from_path["pixel_values"]), np.asarray(template.encode(row(png))["pixel_values"]))
+    gif = io.BytesIO()
+    Image.new("RGB", (56, 56)).save(gif, format="GIF")
+    (tmp_path / "b.png").write_bytes(gif.getvalue())
+    with pytest.raises(DataError, match="image: the bytes are GIF, not a PNG/JPEG/WebP image"):
+        template.encode(row(str(tmp_path / "b.png")))
+
+
 def test_encoded_image_rows_collate_padded_and_packed(template):
     ds = Dataset(DatasetMeta("twinkle://shapes", data_slice=range(3)))
     ds.set_template(template)
