@@ -19,8 +19,16 @@ _MODES = {
     "ray": ("twinkle.mesh", "twinkle-mesh[ray]"),
     "http": ("twinkle.serve", "twinkle-serve"),
 }
-# Names re-exported lazily, so `import twinkle` stays cheap and works with any subset installed.
-_EXPORTS = {"DeviceMesh": "twinkle.mesh", "DeviceGroup": "twinkle.mesh", "get_device_placement": "twinkle.mesh"}
+# Names re-exported lazily, so `import twinkle` stays cheap and works with any subset installed:
+# name -> (module, distribution). The client entry points are twinkle-kit's top-level names too.
+_EXPORTS = {
+    "DeviceMesh": ("twinkle.mesh", "twinkle-mesh"),
+    "DeviceGroup": ("twinkle.mesh", "twinkle-mesh"),
+    "get_device_placement": ("twinkle.mesh", "twinkle-mesh"),
+    "get_logger": ("twinkle.mesh", "twinkle-mesh"),
+    "init_twinkle_client": ("twinkle_client", "twinkle-client"),
+    "init_tinker_client": ("twinkle_client", "twinkle-client"),
+}
 
 
 def _owner(module: str, dist: str):
@@ -41,5 +49,5 @@ def initialize(mode: str = "local", **kwargs):
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        return getattr(_owner(_EXPORTS[name], "twinkle-mesh"), name)
+        return getattr(_owner(*_EXPORTS[name]), name)
     raise AttributeError(f"module 'twinkle' has no attribute {name!r}")

@@ -88,10 +88,26 @@ class Dataset:
             self._lineage[key] = lineage_hash(lineage, describe) if lineage and describe else None
 
     # ---- ops -----------------------------------------------------------------------------------
-    def map(self, preprocessor, dataset_meta: DatasetMeta | str | None = None, **kwargs: Any) -> Dataset:
-        """Apply a Preprocessor (instance, class, registered name or plain ``row -> row`` function)."""
+    def map(
+        self,
+        preprocessor,
+        dataset_meta: DatasetMeta | str | None = None,
+        init_args: dict[str, Any] | None = None,
+        *,
+        batched: bool = True,
+        load_from_cache_file: bool = True,
+        **kwargs: Any,
+    ) -> Dataset:
+        """Apply a Preprocessor (instance, class, registered name or plain ``row -> row`` function);
+        a class or name is built with ``init_args`` or ``kwargs``. Rows are always processed in
+        batches and a map is never read from a cache, so ``batched`` and ``load_from_cache_file``
+        (twinkle-kit's names) change nothing."""
         from twinkle.preprocessor.base import PREPROCESSORS, FunctionPreprocessor, Preprocessor
 
+        if init_args is not None:
+            if kwargs:
+                raise TypeError(f"map() got both init_args and keyword arguments {sorted(kwargs)}: pass one of them")
+            kwargs = dict(init_args)
         if callable(preprocessor) and not isinstance(preprocessor, (Preprocessor, type)):
             preprocessor = FunctionPreprocessor(preprocessor)
         else:
@@ -123,11 +139,23 @@ class Dataset:
             self.template = TEMPLATES.get(template)(model_id=model_id, max_length=max_length, **kwargs)
         return self
 
-    def encode(self, add_generation_prompt: bool = False, cache: bool = True, num_proc: int = 1) -> Dataset:
+    def encode(
+        self,
+        add_generation_prompt: bool = False,
+        cache: bool = True,
+        num_proc: int = 1,
+        *,
+        batched: bool = True,
+        load_from_cache_file: bool | None = None,
+    ) -> Dataset:
         """Tokenize every row with the template: ``input_ids`` and ``labels`` (or, with
         ``add_generation_prompt``, prompts for sampling). Arrow data is encoded chunk by chunk into an
         Arrow file (``num_proc`` worker processes; memory bounded whatever the row count), cached on
-        disk by lineage and memory-mapped; streamed data is encoded lazily as it is read."""
+        disk by lineage and memory-mapped; streamed data is encoded lazily as it is read.
+        ``load_from_cache_file`` (twinkle-kit's name) is ``cache`` when given; rows are always encoded
+        in batches, so ``batched`` changes nothing."""
+        if load_from_cache_file is not None:
+            cache = load_from_cache_file
         if self.template is None:
             raise DataError("encode() needs a template: call dataset.set_template(...) first")
         template = self.template

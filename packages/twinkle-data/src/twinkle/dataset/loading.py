@@ -80,6 +80,8 @@ def _slice(part: Part, data_slice, key: str) -> Part:
     n = len(part)
     if isinstance(data_slice, slice):
         indices = range(n)[data_slice]
+    elif isinstance(data_slice, range) and data_slice.start == 0 and data_slice.step == 1 and n:
+        indices = [i % n for i in data_slice]  # "the first N samples", N past the end: the data repeats
     else:
         indices = list(data_slice)
         bad = [i for i in indices if not -n <= i < n]

@@ -15,7 +15,8 @@ class DatasetMeta:
         a local file or folder, or (with ``data``) just a name for the rows.
     subset_name: a configuration (hub) or sub-folder (local).
     split: ``train``, ``test``, ...
-    data_slice: rows to keep: a ``range``, ``slice`` or list of row indices.
+    data_slice: rows to keep: a ``range``, ``slice`` or list of row indices. ``range(N)`` longer than the
+        data repeats it (row ``i % len``), as twinkle-kit does; any other index past the end is an error.
     data: in-memory rows (a list of dicts, a dict of columns or a ``datasets.Dataset``) instead of a path.
     """
 

@@ -19,9 +19,23 @@ class SelfCognitionProcessor(Preprocessor):
 
     required_columns = ("query", "response")
 
-    def __init__(self, name: str, author: str, system: str | None = None):
-        self.name = name
-        self.author = author
+    def __init__(
+        self,
+        name: str | None = None,
+        author: str | None = None,
+        system: str | None = None,
+        *,
+        model_name: str | None = None,
+        model_author: str | None = None,
+    ):
+        """``model_name`` / ``model_author`` are twinkle-kit's names for ``name`` / ``author``."""
+        for ours, theirs, label in ((name, model_name, "name"), (author, model_author, "author")):
+            if ours is not None and theirs is not None:
+                raise TypeError(f"SelfCognitionProcessor got both {label} and model_{label}: pass one")
+            if ours is None and theirs is None:
+                raise TypeError(f"SelfCognitionProcessor needs the model's {label} (or model_{label}=)")
+        self.name = name if name is not None else model_name
+        self.author = author if author is not None else model_author
         self.system = system
 
     def _fill(self, text: str) -> str:

@@ -8,6 +8,7 @@ initialize(mode="local" | "ray", global_device_mesh=..., groups=[...], seed=42, 
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
+from twinkle.mesh.logger import get_logger
 from twinkle.mesh.remote import RemoteError, WorkerDied, remote_class, remote_method
 from twinkle.mesh.runtime import (
     Runtime,
@@ -29,6 +30,7 @@ __all__ = [
     "WorkerDied",
     "get_device_placement",
     "get_global_mesh",
+    "get_logger",
     "get_runtime",
     "initialize",
     "rank_generator",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEVICE_TYPES = ("cpu", "cuda")
+# Other spellings of the same devices (twinkle-kit writes 'GPU' and 'CPU'); anything else is refused.
+DEVICE_ALIASES = {"gpu": "cuda", "cuda": "cuda", "cpu": "cpu"}
 # How a ray-mode group's ranks spread over the cluster's nodes: as few nodes as fit ("pack"), or one
 # rank per node ("spread": Ray's STRICT_SPREAD; a group cannot then be larger than the cluster).
 PLACEMENTS = ("pack", "spread")
@@ -28,10 +30,13 @@ class DeviceGroup:
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"DeviceGroup name must be a non-empty string, got {self.name!r}")
-        if self.device_type not in DEVICE_TYPES:
+        device_type = DEVICE_ALIASES.get(str(self.device_type).lower())
+        if device_type is None:
             raise ValueError(
-                f"DeviceGroup {self.name!r}: device_type {self.device_type!r} is not one of {DEVICE_TYPES}"
+                f"DeviceGroup {self.name!r}: device_type {self.device_type!r} is not one of {DEVICE_TYPES} "
+                f"(or 'GPU' / 'CPU')"
             )
+        object.__setattr__(self, "device_type", device_type)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"DeviceGroup {self.name!r}: placement {self.placement!r} is not one of {PLACEMENTS}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, (int, list, tuple)):

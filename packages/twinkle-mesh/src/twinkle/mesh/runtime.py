@@ -56,9 +56,14 @@ def initialize(
     nproc_per_node: int | None = None,
     seed: int = 42,
     address: str | None = None,
+    *,
+    lazy_collect: bool = False,
     **ray_init_kwargs,
 ) -> Runtime:
     """Start Twinkle in this process.
+
+    `lazy_collect` (twinkle-kit's name) changes nothing a script reads: a remote call's result is
+    collected when the call returns either way (twinkle-kit's lazy handles resolve to the same values).
 
     local: one process, or one rank of a torchrun job (read from RANK / WORLD_SIZE / LOCAL_RANK);
     joins torch.distributed when the world has more than one rank (gloo on CPU, nccl on CUDA).

@@ -204,23 +204,41 @@ def load_training_state(path, optimizer, scheduler) -> dict:
 
 
 # -- an engine's per-adapter state ---------------------------------------------------------------
-def save_adapter_state(path, state, data_position: int | None = None, write: bool = True) -> None:
+def save_adapter_state(
+    path, state, data_position: int | None = None, write: bool = True, consumed_train_samples: int | None = None
+) -> None:
     """`save_training_state` for an engine's adapter state (optimizer, scheduler, micro_step,
-    optimizer_steps, consumed_batches, gradient_accumulation_steps)."""
+    optimizer_steps, consumed_batches, gradient_accumulation_steps; and, when the caller counts them,
+    the consumed training samples, as twinkle-kit's DataLoader.get_state() reports them)."""
     counters = {
         "micro_step": state.micro_step,
         "optimizer_steps": state.optimizer_steps,
         "data_position": state.consumed_batches if data_position is None else data_position,
         "gradient_accumulation_steps": state.gradient_accumulation_steps,
     }
+    if consumed_train_samples is not None:
+        counters["consumed_train_samples"] = int(consumed_train_samples)
     save_training_state(path, state.optimizer, state.scheduler, counters, write)
 
 
+RESUMED = ("data_position", "optimizer_steps", "micro_step")
+
+
 def resume_adapter_state(path, state) -> dict:
-    """Restore what `save_adapter_state` wrote; {'data_position', 'optimizer_steps', 'micro_step'}."""
+    """Restore what `save_adapter_state` wrote; {'data_position', 'optimizer_steps', 'micro_step'} (plus
+    'consumed_train_samples' when it was saved)."""
     counters = load_training_state(path, state.optimizer, state.scheduler)
     state.set_counters(counters["micro_step"], counters["optimizer_steps"], counters["data_position"])
-    return {k: counters[k] for k in ("data_position", "optimizer_steps", "micro_step")}
+    return {k: counters[k] for k in (*RESUMED, "consumed_train_samples") if k in counters}
+
+
+def read_counters(path) -> dict:
+    """The counters `save_adapter_state` wrote, restoring nothing (a weights-only resume reports them)."""
+    folder = Path(path) / STATE_DIR
+    if not (folder / STATE_JSON).is_file():
+        raise FileNotFoundError(f"{path} has no training state; save it with save(..., save_training_state=True)")
+    counters = json.loads((folder / STATE_JSON).read_text())["counters"]
+    return {k: counters[k] for k in (*RESUMED, "consumed_train_samples") if k in counters}
 
 
 # -- full-model checkpoints ----------------------------------------------------------------------

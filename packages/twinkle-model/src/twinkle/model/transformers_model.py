@@ -23,6 +23,8 @@ from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
+from twinkle.model.kit import KitModelMixin, check_task, progress, save_target
+from twinkle.model.loss_inputs import merge_loss_inputs
 from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
@@ -71,7 +73,7 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
 
 
 @remote_class
-class TransformersModel(TwinkleModel):
+class TransformersModel(KitModelMixin, TwinkleModel):
     def __init__(
         self,
         model_id: str | None = None,
@@ -360,8 +362,24 @@ class TransformersModel(TwinkleModel):
         return self._n_matmul_cache
 
     @remote_method(dispatch="slice", collect="mean")
-    def forward_backward(self, inputs, adapter_name: str | None = None) -> dict:
-        """Forward, loss and backward on one micro-batch; gradients accumulate until the step."""
+    def forward_backward(
+        self,
+        inputs,
+        adapter_name: str | None = None,
+        *,
+        old_logps=None,
+        advantages=None,
+        ref_outputs=None,
+        micro_batch_size: int | None = None,
+        task: str = "causal_lm",
+    ) -> dict:
+        """Forward, loss and backward on one micro-batch; gradients accumulate until the step.
+        twinkle-kit's keywords: old_logps / advantages / ref_outputs become the rows' loss inputs
+        (`twinkle.model.loss_inputs`); micro_batch_size runs the rows that many at a time."""
+        check_task(task)
+        inputs = merge_loss_inputs(inputs, old_logps=old_logps, advantages=advantages, ref_outputs=ref_outputs)
+        if micro_batch_size is not None and not isinstance(inputs, dict) and len(inputs) > micro_batch_size:
+            return self.micro_batched_forward_backward(list(inputs), adapter_name, micro_batch_size)
         state = self._state(adapter_name)
         t0 = time.perf_counter()
         accumulate = state.micro_step + 1 < state.gradient_accumulation_steps  # not the window's last
@@ -376,10 +394,13 @@ class TransformersModel(TwinkleModel):
         return {"loss": float(out.loss.detach()), **out.metrics}
 
     @remote_method(dispatch="slice", collect="merge")
-    def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
+    def forward_only(self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
         where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
-        On data-parallel ranks the loss is the global batch's and the rows come back in rank order."""
+        On data-parallel ranks the loss is the global batch's and the rows come back in rank order.
+        `disable_lora=True` runs the base model (the adapter switched off): a LoRA run's reference."""
+        if disable_lora:
+            return self.forward_only_base(inputs, adapter_name)
         state = self._state(adapter_name)
         t0 = time.perf_counter()
         with torch.no_grad():
@@ -436,13 +457,24 @@ class TransformersModel(TwinkleModel):
 
     @remote_method()
     def save(
-        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+        self,
+        path,
+        adapter_name: str | None = None,
+        save_training_state: bool = False,
+        data_position: int | None = None,
+        *,
+        output_dir: str | None = None,
+        save_optimizer: bool | None = None,
+        consumed_train_samples: int | None = None,
     ) -> str:
         """A PEFT folder for a LoRA adapter, a `save_pretrained` folder for the whole model;
-        with `save_training_state`, also optimizer, scheduler, RNG and data position."""
+        with `save_training_state`, also optimizer, scheduler, RNG and data position. twinkle-kit's
+        keywords: `output_dir` (the folder `path` is written in), `save_optimizer`
+        (= save_training_state), `consumed_train_samples` (kept with the training state)."""
         from peft import get_peft_model_state_dict
 
-        path = Path(path)
+        folder, save_training_state = save_target(path, save_training_state, output_dir, save_optimizer)
+        path = Path(folder)
         state = self._state(adapter_name)
         if state.name == FULL_MODEL:
             module = getattr(self._wrapped, "module", self._wrapped)  # DDP keeps the model under .module
@@ -465,7 +497,9 @@ class TransformersModel(TwinkleModel):
                     checkpoint.base_model_id(self.model_id, self.model_path),
                 )
         if save_training_state:  # every rank: sharded optimizer state is gathered, rank 0 writes
-            checkpoint.save_adapter_state(path, state, data_position, write=is_main_process())
+            checkpoint.save_adapter_state(
+                path, state, data_position, write=is_main_process(), consumed_train_samples=consumed_train_samples
+            )
         barrier()
         return str(path)
 
@@ -505,13 +539,17 @@ class TransformersModel(TwinkleModel):
             raise ValueError(f"checkpoint {path} does not fit adapter {state.name!r}: unexpected keys {unexpected[:5]}")
 
     @remote_method()
-    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
+    def resume_from_checkpoint(self, path, adapter_name: str | None = None, *, resume_only_model: bool = False) -> dict:
         """Weights plus training state; returns {'data_position', 'optimizer_steps', 'micro_step'}: skip
-        that many batches of the data loader to continue exactly where the saved run was."""
+        that many batches of the data loader to continue exactly where the saved run was (plus
+        twinkle-kit's 'cur_step' and 'consumed_train_samples'). `resume_only_model=True` loads the
+        weights only and reports the saved counters without restoring them."""
         self.load(path, adapter_name)
         state = self._state(adapter_name)
+        if resume_only_model:
+            return progress(checkpoint.read_counters(path), state.gradient_accumulation_steps)
         self._activate(state)  # wrapped first: under FSDP2 the moments load into their shards
-        return checkpoint.resume_adapter_state(path, state)
+        return progress(checkpoint.resume_adapter_state(path, state), state.gradient_accumulation_steps)
 
 
 def _default_processor():
