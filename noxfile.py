@@ -137,6 +137,8 @@ def types(session: nox.Session) -> None:
         session,
         "--all-packages",
         "--no-editable",
+        # rebuilt every time: uv keys a local wheel on its pyproject, and a reused venv would check stale copies
+        *(arg for dist, _ in MEMBERS.values() for arg in ("--reinstall-package", dist)),
         "--extra",
         "modelscope",
         "--extra",
