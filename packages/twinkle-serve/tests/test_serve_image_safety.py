@@ -245,12 +245,13 @@ def test_no_api_opens_a_path_or_url_and_no_refusal_tells_whether_it_exists(apis,
     ]
     with watching(str(tmp_path)) as seen:
         for shape in shapes:
-            for spelling in ("{}", "file://{}"):
-                here, gone = (shape(spelling.format(p)) for p in (str(secret), missing))
-                message = apis.refused_native(here)
-                assert message == apis.refused_native(gone), shape(spelling)  # identical: existence not told
-                assert "opens no file or URL" in message and "secret" not in message and str(len(png)) not in message
+            here, gone = shape(str(secret)), shape(missing)
+            message = apis.refused_native(here)
+            assert message == apis.refused_native(gone), here  # identical: the file's existence is not told
+            assert "opens no file or URL" in message and "secret" not in message and str(len(png)) not in message
+        for spelling in ("{}", "file://{}"):
             url_here, url_gone = (spelling.format(p) for p in (str(secret), missing))
+            assert apis.refused_native({"image": url_here}) == apis.refused_native({"image": url_gone})
             assert apis.refused_openai(url_here) == apis.refused_openai(url_gone)
         assert "remote URL; this server fetches nothing" in apis.refused_openai("http://127.0.0.1:1/cat.png")
         assert "remote URL" in apis.refused_native({"image": "https://example.com/cat.png"})
