@@ -68,6 +68,40 @@ def test_lora_selection_reads_fused_and_mla_projections(family):
     assert not chosen & {p.module for p in s.of("router", "unembedding")}
 
 
+# string target_modules peft users write (model cards, LLaMA-Factory / axolotl configs)
+PEFT_PATTERNS = [
+    r".*\.(q_proj|v_proj)",
+    r".*(q_proj|k_proj|v_proj|o_proj)",
+    r"model\.layers\.\d+\.mlp\..*",
+    r"(?:.*\.)?(gate|up)_proj",
+    r".*[qkv]_proj",
+    r"model.layers.0.self_attn.q_proj",
+    r"model\.layers\.[01]\.self_attn\.(q|k|v|o)_proj",
+    r"(.*\.)?(o_proj|down_proj)$",
+    r"^model\.layers\.\d{1,2}\.(self_attn|mlp)\.\w+$",
+    r".*\.experts\.\d+\.(gate|up|down)_proj",
+    r".*(attn|attention).*(query|key|value|[qkv]_(a_|b_)?proj)",
+    r".*",
+]
+
+
+def test_peft_target_patterns_select_what_peft_selects(family):
+    """A string target_modules selects, on the engine's linear-time matcher (twinkle.model.patterns),
+    exactly the modules peft's own check selects, among every module of the family."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    from twinkle.model.patterns import compile_pattern
+
+    _name, model = family
+    names = [n for n, _ in model.named_modules()]
+    selecting = 0
+    for pattern in PEFT_PATTERNS:
+        peft = [n for n in names if check_target_module_exists(LoraConfig(target_modules=pattern), n)]
+        assert [n for n in names if compile_pattern(pattern).fullmatch(n)] == peft, pattern
+        selecting += bool(peft)
+    assert selecting >= 7, selecting  # most patterns select something in every family: the equality is not vacuous
+
+
 def test_tp_refuses_by_name_at_construction(family):
     name, model = family
     if name not in TP_REFUSED:

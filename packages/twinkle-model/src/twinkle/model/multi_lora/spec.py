@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from peft import LoraConfig
 from torch import nn
 
+from twinkle.model.patterns import compile_pattern
+
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 # LoraConfig fields whose non-default value changes the adapter's maths or its layout: refused.
@@ -81,6 +83,8 @@ class AdapterSpec:
         if targets is None and not params:
             raise ValueError("LoraConfig.target_modules is required (a list of module names, a regex, or 'all-linear')")
         targets = () if targets is None else targets if isinstance(targets, str) else tuple(sorted(targets))
+        if isinstance(targets, str) and targets != "all-linear":
+            compile_pattern(targets)  # refused here (a ValueError naming the construct), not mid-selection
         return cls(
             config.r,
             float(config.lora_alpha),
@@ -92,9 +96,10 @@ class AdapterSpec:
         )
 
     def matches(self, module_name: str) -> bool:
-        """peft's rule: a string is a full-match regex, a list matches a name or a dotted suffix."""
+        """peft's rule: a string is a full-match regex, a list matches a name or a dotted suffix. The
+        regex runs on twinkle.model.patterns' linear-time matcher (same answers as peft's re.fullmatch)."""
         if isinstance(self.target_modules, str):
-            return re.fullmatch(self.target_modules, module_name) is not None
+            return compile_pattern(self.target_modules).fullmatch(module_name)
         return any(module_name == t or module_name.endswith("." + t) for t in self.target_modules)
 
     def select(self, model: nn.Module) -> list[str]:

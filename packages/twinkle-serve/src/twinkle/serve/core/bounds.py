@@ -2,13 +2,11 @@
 
 The ranges are the wire schema's (`twinkle.client.schema.bounds`); this module adds the server's
 side: caps from the config (`caps`), the base model's dimensions, and the cost of a request
-(tokens x samples, prompt and stop sizes, JSON nesting, regex patterns). Every refusal is a 400
+(tokens x samples, prompt and stop sizes, JSON nesting, module patterns). Every refusal is a 400
 naming the field, the value and the range; nothing here touches a backend's state.
 """
 
 from __future__ import annotations
-
-import re
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -80,28 +78,23 @@ def lora_rank(field: str, rank, backend, caps: ServerCaps) -> int:
         ) from None
 
 
-# Nested quantifiers, `(a+)+` or `(.*)*`, backtrack exponentially on a near-miss module name.
-_NESTED_QUANTIFIER = re.compile(r"\((?:[^()\\]|\\.)*[+*}](?:[^()\\]|\\.)*\)\s*[+*{]")
-
-
 def target_modules(field: str, value) -> None:
-    """A user-supplied module pattern (peft matches a string as a regex against every module name)."""
+    """A user-supplied module pattern: peft matches a string as `re.fullmatch` against every module
+    name; here it must compile on the linear-time matcher (twinkle.model.patterns) that the engine
+    matches with, so no pattern costs more than its length times the name's."""
+    from twinkle.model.patterns import PatternError, compile_pattern
+
     items = [value] if isinstance(value, str) else value if isinstance(value, list) else []
     for item in items:
         if not isinstance(item, str):
             continue
         if len(item) > B.MAX_TARGET_PATTERN:
             raise BadRequest(f"{field} = {item[:40]!r}... is {len(item)} characters; at most {B.MAX_TARGET_PATTERN}")
-        if isinstance(value, str):
-            if _NESTED_QUANTIFIER.search(item):
-                raise BadRequest(
-                    f"{field} = {item!r} nests a quantifier inside a quantified group (exponential backtracking); "
-                    "list the module names or use a pattern without nested repetition"
-                )
+        if isinstance(value, str) and value != "all-linear":
             try:
-                re.compile(item)
-            except re.error as e:
-                raise BadRequest(f"{field} = {item!r} is not a valid regular expression: {e}") from None
+                compile_pattern(item)
+            except PatternError as e:
+                raise BadRequest(f"{field}: {e}") from None
 
 
 # ---- optimizer ----------------------------------------------------------------------------------------
