@@ -305,9 +305,14 @@ def test_only_png_jpeg_and_webp_decode_whatever_the_label(apis, fmt):
 
 
 def test_webp_and_jpeg_decode_on_the_apis_that_take_them(apis):
+    from twinkle.client.images import data_url
+
     for data, mime in ((_encoded("JPEG"), "image/jpeg"), (_encoded("WEBP"), "image/webp")):
         assert apis.openai(_url(data, mime)).status_code == 200
-        assert apis.native_train({"image": _url(data, mime)})["status"] == "complete"
+        assert data_url(data) == _url(data, mime)  # the native client sends what the server takes
+        assert apis.native_train({"image": data_url(data)})["status"] == "complete"
+    with pytest.raises(ValueError, match="are not PNG, JPEG or WebP"):
+        data_url(_encoded("GIF"))
 
 
 def test_one_request_s_images_share_a_pixel_budget(apis):

@@ -1,8 +1,9 @@
 """Images in chats sent to a Twinkle server: every image part travels as a ``data:`` URL.
 
-The server computes pixels with its model's own image processor and fetches nothing, so a chat's
-images go as their bytes: a local path is read here, bytes and PIL images become PNG/JPEG data URLs,
-and a remote ``http(s)`` URL is refused before anything is sent. No imaging library is needed here.
+The server computes pixels with its model's own image processor and opens or fetches nothing a request
+names, so a chat's images go as their bytes: a local path is read here (the caller's own file), bytes
+and PIL images become PNG/JPEG/WebP data URLs, and a remote ``http(s)`` URL is refused before anything
+is sent. No imaging library is needed here; the server's decoder checks the bytes again.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def data_url(src) -> str:
         raise ValueError(f"cannot send a {type(src).__name__} as an image: pass bytes, a path or a PIL image")
     data = bytes(src)
     kind = next((k for magic, k in _MAGIC.items() if data.startswith(magic)), None)
+    if kind is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        kind = "webp"
     if kind is None:
-        raise ValueError(f"image bytes ({len(data)} bytes) are neither PNG nor JPEG")
+        raise ValueError(f"image bytes ({len(data)} bytes) are not PNG, JPEG or WebP (the formats the server takes)")
     return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
 
 
