@@ -2,7 +2,15 @@
 
 from twinkle.loss.base import LOSSES, Loss, LossContext, LossOutput, create_loss, register_loss
 from twinkle.loss.distill import GKDLoss
-from twinkle.loss.head import IGNORE_INDEX, ChunkedHead, LogitsHead, ProjectedHead, TokenHead
+from twinkle.loss.head import (
+    IGNORE_INDEX,
+    LOGITS_BUDGET_BYTES,
+    ChunkedHead,
+    HeadNeeds,
+    LogitsHead,
+    ProjectedHead,
+    TokenHead,
+)
 from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
@@ -10,6 +18,7 @@ from twinkle.loss.stable import StableReinforceLoss
 
 __all__ = [
     "IGNORE_INDEX",
+    "LOGITS_BUDGET_BYTES",
     "LOSSES",
     "CISPOLoss",
     "ChunkedHead",
@@ -19,6 +28,7 @@ __all__ = [
     "GKDLoss",
     "GRPOLoss",
     "GSPOLoss",
+    "HeadNeeds",
     "ImportanceSamplingLoss",
     "LogitsHead",
     "Loss",

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from twinkle.loss.head import IGNORE_INDEX, LogitsHead, TokenHead
+from twinkle.loss.head import IGNORE_INDEX, HeadNeeds, LogitsHead, TokenHead
 from twinkle.registry import Registry
 
 
@@ -100,6 +100,11 @@ class Loss:
         """Whether the model must compute reference log-probs (adapter disabled) for this batch."""
         return False
 
+    def head_needs(self, ctx: LossContext) -> HeadNeeds:
+        """What this loss asks of the head beyond target log-probs (entropy, log-probs at given ids):
+        a chunked head computes them in the same sweep over the vocabulary."""
+        return HeadNeeds()
+
     def metric_merge(self, key: str) -> str:
         """How this loss's metric `key` combines over slices of one batch's rows (data ranks): 'sum',
         'row_mean' or 'token_mean' (the built-ins' metrics are means over loss tokens)."""
@@ -114,6 +119,7 @@ class Loss:
         missing = [f for f in self.required_fields if f not in ctx.fields]
         if missing:
             raise ValueError(f"{type(self).__name__} needs input fields {missing}; got {sorted(ctx.fields)}")
+        ctx.head.request(self.head_needs(ctx))
         out = self.compute(ctx)
         return out if isinstance(out, LossOutput) else LossOutput(out)
 

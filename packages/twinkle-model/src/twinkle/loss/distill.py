@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from twinkle.loss.base import Loss, LossContext, register_loss
+from twinkle.loss.head import HeadNeeds
 
 
 @register_loss
@@ -29,8 +30,11 @@ class GKDLoss(Loss):
             raise ValueError(f"GKD beta must lie in [0, 1], got {beta}")
         self.beta, self.temperature = beta, temperature
 
+    def head_needs(self, ctx: LossContext) -> HeadNeeds:
+        return HeadNeeds(index_B_T_K=ctx.fields.get("teacher_topk_ids"))
+
     def per_token(self, ctx: LossContext):
-        ids = ctx.fields["teacher_topk_ids"].long()
+        ids = ctx.fields["teacher_topk_ids"]
         teacher = F.log_softmax(ctx.fields["teacher_topk_logprobs"].float() / self.temperature, dim=-1)
         student = F.log_softmax(ctx.head.logps_at(ids) / self.temperature, dim=-1)
 

@@ -1,28 +1,41 @@
 """Per-position next-token distributions, as losses see them.
 
 A loss never indexes raw logits itself; it asks a head for what it needs (the target token's
-log-prob, the entropy, log-probs at given ids). `LogitsHead` wraps materialised logits;
-`ChunkedHead` holds hidden states plus the output projection and computes the same quantities a
-chunk of positions at a time, recomputing each chunk's logits in backward, so full-vocabulary
-logits for the whole batch never exist at once (see `twinkle.patch.ChunkedCrossEntropy`).
+log-prob, the entropy, log-probs at given ids, the argmax for token accuracy). `LogitsHead` wraps
+materialised logits; `ChunkedHead` holds hidden states plus the output projection and computes
+everything a loss asked for in one sweep over the vocabulary a chunk of positions at a time
+(`twinkle.loss.chunked_logps`), so full-vocabulary logits never exist. Engines pick it by
+default when a pass's logits would exceed `LOGITS_BUDGET_BYTES`.
 All tensors here are already shifted: position t predicts `targets_B_T[:, t]`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-IGNORE_INDEX = -100
+from twinkle.loss.chunked_logps import IGNORE_INDEX, chunked_logps
+
+# Logits beyond this size are never materialised (~55 tokens of Qwen3's 151,936-token vocabulary in
+# fp32, ~9.9K of the embedded models' 850): engines compute the head in chunks instead
+LOGITS_BUDGET_BYTES = 32 << 20
+# fp32 logits of one chunk: 441 positions of a 151,936-token vocabulary; the whole batch for small ones
+CHUNK_BYTES = 256 << 20
 
 
-def _target_logps(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
-    logits_N_V = logits_N_V.float()
-    safe_N = targets_N.clamp(min=0)
-    picked_N = logits_N_V.gather(-1, safe_N[:, None]).squeeze(-1)
-    logps_N = picked_N - torch.logsumexp(logits_N_V, dim=-1)
-    return torch.where(targets_N == IGNORE_INDEX, torch.zeros_like(logps_N), logps_N)
+def chunk_positions(vocab_size: int) -> int:
+    return max(64, CHUNK_BYTES // (4 * vocab_size))
+
+
+def _target_logps(logits_V: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Over [..., V] logits as they are: a strided view (the `[:, :-1]` slice) is never copied by a reshape."""
+    logits_V = logits_V.float()
+    picked = logits_V.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    logps = picked - torch.logsumexp(logits_V, dim=-1)
+    return logps.masked_fill(targets == IGNORE_INDEX, 0.0)
 
 
 def _entropy(logits_N_V: torch.Tensor) -> torch.Tensor:
@@ -32,11 +45,23 @@ def _entropy(logits_N_V: torch.Tensor) -> torch.Tensor:
 
 def _logps_at(logits_N_V: torch.Tensor, index_N_K: torch.Tensor) -> torch.Tensor:
     logits_N_V = logits_N_V.float()
-    return logits_N_V.gather(-1, index_N_K) - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
+    return logits_N_V.gather(-1, index_N_K.long()) - torch.logsumexp(logits_N_V, dim=-1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class HeadNeeds:
+    """What a loss will ask of a head beyond the target log-probs, said before it asks, so a chunked
+    head computes all of it in one sweep (`Loss.head_needs`)."""
+
+    entropy: bool = False
+    index_B_T_K: torch.Tensor | None = None
 
 
 class TokenHead:
     """Base: the model's next-token distribution at every (row, position)."""
+
+    def request(self, needs: HeadNeeds) -> None:
+        """A hint: what the coming calls will ask for (a chunked head computes it in the same sweep)."""
 
     def target_logps(self, targets_B_T: torch.Tensor) -> torch.Tensor:
         """log p(target) per position; 0 where the target is IGNORE_INDEX."""
@@ -51,14 +76,17 @@ class TokenHead:
     def argmax(self) -> torch.Tensor:
         raise NotImplementedError
 
+    def correct(self, targets_B_T: torch.Tensor) -> torch.Tensor:
+        """Whether the most likely token is the target, per position (token accuracy)."""
+        return self.argmax() == targets_B_T
+
 
 class LogitsHead(TokenHead):
     def __init__(self, logits_B_T_V: torch.Tensor):
         self.logits_B_T_V = logits_B_T_V
 
     def target_logps(self, targets_B_T):
-        B, T, V = self.logits_B_T_V.shape
-        return _target_logps(self.logits_B_T_V.reshape(B * T, V), targets_B_T.reshape(-1)).view(B, T)
+        return _target_logps(self.logits_B_T_V, targets_B_T)
 
     def entropy(self):
         return _entropy(self.logits_B_T_V)
@@ -68,6 +96,74 @@ class LogitsHead(TokenHead):
 
     def argmax(self):
         return self.logits_B_T_V.argmax(-1)
+
+
+class ChunkedHead(TokenHead):
+    """Logits = logit_scale · (hidden @ weight.T + bias), never materialised: every quantity comes from
+    `chunked_logps`, `chunk_size` positions at a time (default: `chunk_positions(vocab)`), and what a
+    loss declared through `request` comes from the same sweep as the target log-probs."""
+
+    def __init__(
+        self,
+        hidden_B_T_H: torch.Tensor,
+        weight_V_H: torch.Tensor,
+        bias_V: torch.Tensor | None = None,
+        chunk_size: int | None = None,
+        logit_scale: float = 1.0,
+    ):
+        self.hidden_B_T_H, self.weight_V_H, self.bias_V = hidden_B_T_H, weight_V_H, bias_V
+        self.chunk_size = chunk_size or chunk_positions(weight_V_H.shape[0])
+        self.logit_scale = logit_scale
+        self.needs = HeadNeeds()
+        self._swept: dict = {}  # the last sweep's inputs and outputs
+
+    def request(self, needs: HeadNeeds) -> None:
+        self.needs = needs
+
+    def _sweep(self, targets_B_T: torch.Tensor | None, entropy: bool, index_B_T_K: torch.Tensor | None) -> dict:
+        B, T, H = self.hidden_B_T_H.shape
+        if targets_B_T is None:
+            targets_B_T = torch.full((B, T), IGNORE_INDEX, dtype=torch.long, device=self.hidden_B_T_H.device)
+        index_N_K = index_B_T_K.reshape(B * T, -1).long() if index_B_T_K is not None else None
+        logps, ent, at, argmax = chunked_logps(
+            self.hidden_B_T_H.reshape(B * T, H),
+            self.weight_V_H,
+            self.bias_V,
+            targets_B_T.reshape(-1),
+            index_N_K=index_N_K,
+            entropy=entropy,
+            chunk=self.chunk_size,
+            scale=self.logit_scale,
+        )
+        return {
+            "targets": targets_B_T,
+            "logps": logps.view(B, T),
+            "entropy": ent.view(B, T) if entropy else None,
+            "index": index_B_T_K,
+            "at": at.view(B, T, -1) if index_N_K is not None else None,
+            "argmax": argmax.view(B, T),
+        }
+
+    def target_logps(self, targets_B_T):
+        if self._swept.get("targets") is not targets_B_T:
+            self._swept = self._sweep(targets_B_T, self.needs.entropy, self.needs.index_B_T_K)
+        return self._swept["logps"]
+
+    def entropy(self):
+        if self._swept.get("entropy") is None:
+            return self._sweep(None, True, None)["entropy"]  # not requested: a sweep of its own
+        return self._swept["entropy"]
+
+    def logps_at(self, index_B_T_K):
+        if self._swept.get("index") is not index_B_T_K:
+            return self._sweep(None, False, index_B_T_K)["at"]
+        return self._swept["at"]
+
+    def argmax(self):
+        if not self._swept:  # nothing asked yet: a sweep without gradient
+            with torch.no_grad():
+                self._swept = self._sweep(None, False, None)
+        return self._swept["argmax"]
 
 
 class _MappedHead(TokenHead):
@@ -88,41 +184,6 @@ class _MappedHead(TokenHead):
     def argmax(self):
         with torch.no_grad():
             return self._map(lambda logits: logits.argmax(-1))
-
-
-class ChunkedHead(_MappedHead):
-    """Logits = hidden @ weight.T (+ bias), computed `chunk_size` positions at a time."""
-
-    def __init__(
-        self,
-        hidden_B_T_H: torch.Tensor,
-        weight_V_H: torch.Tensor,
-        bias_V: torch.Tensor | None = None,
-        chunk_size: int = 1024,
-        logit_scale: float = 1.0,
-    ):
-        self.hidden_B_T_H, self.weight_V_H, self.bias_V = hidden_B_T_H, weight_V_H, bias_V
-        self.chunk_size, self.logit_scale = chunk_size, logit_scale
-
-    def _logits(self, hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden_N_H, weight_V_H, self.bias_V)
-        return logits * self.logit_scale if self.logit_scale != 1.0 else logits
-
-    def _map(self, fn, *per_position: torch.Tensor) -> torch.Tensor:
-        """Apply fn(logits_chunk, *chunk_args) over position chunks; each chunk's logits are recomputed in backward."""
-        B, T, H = self.hidden_B_T_H.shape
-        hidden_N_H = self.hidden_B_T_H.reshape(B * T, H)
-        flat = [x.reshape(B * T, *x.shape[2:]) for x in per_position]
-        outs = []
-        for start in range(0, B * T, self.chunk_size):
-            sl = slice(start, start + self.chunk_size)
-
-            def chunk(h, w, *args):
-                return fn(self._logits(h, w), *args)
-
-            outs.append(checkpoint(chunk, hidden_N_H[sl], self.weight_V_H, *(x[sl] for x in flat), use_reentrant=False))
-        out = torch.cat(outs)
-        return out.view(B, T, *out.shape[1:])
 
 
 class ProjectedHead(_MappedHead):

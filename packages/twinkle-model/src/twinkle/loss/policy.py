@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss
+from twinkle.loss.head import HeadNeeds
 
 
 def _ratio(ctx: LossContext) -> torch.Tensor:
@@ -142,6 +143,9 @@ class GRPOLoss(Loss):
 
     def needs_reference(self, fields):
         return self.beta > 0 and "ref_logprobs" not in fields
+
+    def head_needs(self, ctx):
+        return HeadNeeds(entropy=bool(self.entropy_coef))
 
     def compute(self, ctx):
         logp, mask = ctx.logps_B_T, ctx.mask_B_T

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from twinkle.loss import ChunkedHead, LogitsHead, LossContext
+from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
-from twinkle.model import checkpoint, context_parallel, vision
+from twinkle.model import checkpoint, context_parallel, output_projection, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
@@ -241,14 +241,29 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         if "pixel_values" in batch:
             model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
             model_kwargs["position_ids"] = vision.packed_rope_positions(self.hf_model, batch)  # None unless packed
-        with self._autocast():
+        chunk = self._head_chunk(batch["input_ids"].shape)
+        proj = self.hf_model.get_output_embeddings()
+        with self._autocast(), output_projection.skipped(proj, chunk is not None):
             out = module(**model_kwargs, use_cache=False)
         # the last position predicts nothing, except on a cp shard (whose targets are already shifted)
         logits = out.logits[:, :-1] if drop_last else out.logits
-        if self.head_chunk_size:  # the patched model returned hidden states
-            proj = self.hf_model.get_output_embeddings()
-            return ChunkedHead(logits, local_tensor(proj.weight), local_tensor(proj.bias), self.head_chunk_size)
-        return LogitsHead(logits)
+        if chunk is None:
+            return LogitsHead(logits)
+        hidden, weight = logits, local_tensor(proj.weight)  # the model returned hidden states
+        dtype = PRECISIONS[self.mixed_precision]
+        if dtype is not None:  # what autocast would have multiplied in
+            hidden, weight = hidden.to(dtype), weight.to(dtype)
+        return ChunkedHead(hidden, weight, local_tensor(proj.bias), chunk)
+
+    def _head_chunk(self, shape_B_T) -> int | None:
+        """Positions per chunk of the unembedding, or None for whole logits: chunked when the
+        ChunkedCrossEntropy patch says so, or by default when the logits would pass the budget."""
+        if self.head_chunk_size:
+            return self.head_chunk_size
+        B, T = shape_B_T
+        if B * T * self.vocab_size * 4 <= LOGITS_BUDGET_BYTES:
+            return None
+        return output_projection.chunk_for(self.hf_model)
 
     def _reference_logps(self, module, batch, targets_B_T):
         if self.peft_model is None:
@@ -316,7 +331,7 @@ class TransformersModel(KitModelMixin, TwinkleModel):
     def _record(self, state, ctx, out, seconds, training: bool) -> None:
         mask = ctx.mask_B_T
         with torch.no_grad():
-            correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask.bool()).sum())
+            correct = int((ctx.head.correct(ctx.targets_B_T) & mask.bool()).sum())
         attention = ctx.batch.get("attention_mask")
         input_tokens = int(attention.sum()) if attention is not None else ctx.batch["input_ids"].numel()
         input_tokens //= self.cp_size  # each cp rank computes its part of the rows

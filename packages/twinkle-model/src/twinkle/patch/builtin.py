@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from twinkle.patch.base import Patch, register_patch
 
 
@@ -44,8 +42,9 @@ class GradientCheckpointing(Patch):
 class ChunkedCrossEntropy(Patch):
     """Compute the output projection and every token-level loss quantity `chunk_size` positions at
     a time (`twinkle.loss.ChunkedHead`), so the [batch, seq, vocab] logits tensor never exists:
-    peak memory for the head falls from B·T·V to chunk_size·V floats, at the cost of one extra
-    output-projection matmul per chunk in backward."""
+    peak memory for the head falls from B·T·V to chunk_size·V floats. TransformersModel already
+    does this by default once a pass's logits would pass `twinkle.loss.LOGITS_BUDGET_BYTES`; the
+    patch forces it for every pass and sets the chunk size."""
 
     aliases = ("chunked_cross_entropy", "chunked_ce")
 
@@ -55,23 +54,11 @@ class ChunkedCrossEntropy(Patch):
         self.chunk_size = chunk_size
 
     def apply(self, model):
-        config = model.hf_model.config
-        if getattr(config, "final_logit_softcapping", None):
-            raise ValueError(f"{config.model_type} soft-caps its logits; ChunkedCrossEntropy does not support that")
-        head = model.hf_model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear):
-            raise ValueError(f"ChunkedCrossEntropy needs a Linear output projection, found {type(head).__name__}")
-        # The model's forward now returns hidden states where it returned logits; the projection's
-        # weights stay registered where they were, so state dicts, saving and DDP are unaffected.
-        self._head = head
-        head.forward = _passthrough
+        from twinkle.model.output_projection import check_chunkable
+
+        check_chunkable(model.hf_model)
         self._previous = model.head_chunk_size
         model.head_chunk_size = self.chunk_size
 
     def revert(self, model):
-        del self._head.forward  # the instance attribute: Linear.forward is visible again
         model.head_chunk_size = self._previous
-
-
-def _passthrough(hidden_states):
-    return hidden_states

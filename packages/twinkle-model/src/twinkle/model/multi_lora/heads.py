@@ -2,9 +2,11 @@
 
 Short passes keep the model's own logits (`LogitsHead`): the exact kernels every earlier result came
 from. When a pass's logits would exceed `logits_budget_bytes` the base runs without its unembedding
-and each tenant gets a `ProjectedHead` over its rows' hidden states: the unembedding (with that
-tenant's LoRA on it, if it trains one: each head holds one tenant's rows, so no routing) is applied a few thousand tokens at a time and recomputed in
-backward, so a 32K-token row costs `chunk x vocab` floats of head memory instead of `32K x vocab`.
+and each tenant gets a head over its rows' hidden states: the library's `ChunkedHead` (one sweep over
+the vocabulary per chunk, no recompute) for a tenant without a LoRA on the unembedding, and a
+`ProjectedHead` (the unembedding with that tenant's LoRA on it; each head holds one tenant's rows, so
+no routing; recomputed per chunk in backward) for one with. Either way a 32K-token row costs
+`chunk x vocab` floats of head memory instead of `32K x vocab`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.head import LogitsHead, ProjectedHead, TokenHead
+from twinkle.loss.head import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, ProjectedHead, TokenHead
 
-LOGITS_BUDGET_BYTES = 32 << 20  # ~8K tokens of the embedded 850-token vocabulary; ~55 of Qwen3's 151,936
+__all__ = ["LOGITS_BUDGET_BYTES", "heads", "wants_chunks"]
 CHUNK_TOKENS = 4096
 
 
@@ -66,8 +68,11 @@ def heads(model, segments, train: bool, ids_B_T: torch.Tensor, mask_B_T: torch.T
         n, T = batch.rows, batch.length
         part = out[offset : offset + n, : T - 1]
         offset += n
-        if chunked:
-            result.append(ProjectedHead(part, _projection(model, name), CHUNK_TOKENS))
+        project = _projection(model, name) if chunked else None
+        if isinstance(project, torch.nn.Linear):
+            result.append(ChunkedHead(part, project.weight, project.bias))
+        elif chunked:
+            result.append(ProjectedHead(part, project, CHUNK_TOKENS))
         else:
             result.append(LogitsHead(part))
     return result

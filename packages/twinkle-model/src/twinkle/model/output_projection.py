@@ -1,0 +1,56 @@
+"""The model's unembedding, skipped during a forward whose head is computed in chunks.
+
+A chunked pass calls the whole model (wrappers, hooks, DDP and all) with the output projection
+replaced by the identity for that one call, so `outputs.logits` holds the final hidden states and
+`twinkle.loss.ChunkedHead` applies the projection's own weight a chunk at a time. The projection
+stays registered where it was: state dicts, saving and optimizers never notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from twinkle.loss.head import chunk_positions
+
+
+def check_chunkable(hf_model) -> torch.nn.Linear:
+    """The output projection, or a ValueError naming why its logits cannot be computed in chunks."""
+    config = hf_model.config
+    if getattr(config, "final_logit_softcapping", None):
+        raise ValueError(f"{config.model_type} soft-caps its logits; a chunked head does not support that")
+    head = hf_model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):  # peft's LoRA-wrapped head is no Linear
+        raise ValueError(f"a chunked head needs a Linear output projection, found {type(head).__name__}")
+    return head
+
+
+def chunk_for(hf_model) -> int | None:
+    """Positions per chunk when this model's head can be chunked by default, else None: a LoRA on
+    the head, soft-capped logits and a sharded (tp / FSDP2) projection keep whole logits."""
+    try:
+        head = check_chunkable(hf_model)
+    except ValueError:
+        return None
+    if isinstance(head.weight, DTensor):
+        return None
+    return chunk_positions(head.out_features)
+
+
+def _identity(hidden_states):
+    return hidden_states
+
+
+@contextmanager
+def skipped(projection: torch.nn.Module, skip: bool) -> Iterator[None]:
+    if not skip:
+        yield
+        return
+    projection.forward = _identity  # an instance attribute shadows the class's forward for this call
+    try:
+        yield
+    finally:
+        del projection.forward
