@@ -78,7 +78,7 @@ def load_image(src: Any):
     from PIL import Image
 
     if isinstance(src, Image.Image):
-        return src.convert("RGB")
+        return src if src.mode == "RGB" else src.convert("RGB")  # decoded already: no second copy
     if isinstance(src, dict) and ("bytes" in src or "path" in src):  # a datasets Image cell
         src = src.get("bytes") or src.get("path")
     if isinstance(src, (bytes, bytearray, memoryview)):

@@ -123,9 +123,10 @@ def vision_markers(backend) -> tuple[int | None, int | None]:
         tok, enc = backend.tokenizer, image_encoder(backend)
         text = Template(model_id=path, tokenizer=tok).render_text([{"role": "user", "content": [{"type": "image"}]}])
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        at, special = ids.index(enc.token_id), set(tok.all_special_ids) | set(tok.get_added_vocab().values())
-        before = ids[at - 1] if at > 0 and ids[at - 1] in special else None
-        after = ids[at + 1] if at + 1 < len(ids) and ids[at + 1] in special else None
+        at = ids.index(enc.token_id) if enc.token_id in ids else None  # None: the template places no marker
+        special = set(tok.all_special_ids) | set(tok.get_added_vocab().values())
+        before = ids[at - 1] if at and ids[at - 1] in special else None
+        after = ids[at + 1] if at is not None and at + 1 < len(ids) and ids[at + 1] in special else None
         _MARKERS[path] = (before, after)
     return _MARKERS[path]
 
