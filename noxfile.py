@@ -118,6 +118,25 @@ for _name, (_dist, _folder) in MEMBERS.items():
     _member_session(_name, _dist, _folder)
 
 
+# The guard suite: the shape of the workspace, read from the source (no server, no training).
+GUARDS = [
+    f"packages/twinkle/tests/test_{name}.py"
+    for name in ("workspace_guards", "module_boundaries", "import_graph", "registries", "third_party_deps")
+]
+# Each library member's tests that are not marked slow (no torchrun, no Ray cluster, no server suite).
+QUICK = ["packages/twinkle-client/tests", "packages/twinkle-mesh/tests", "packages/twinkle-data/tests"]
+
+
+@nox.session(name="fast", default=False)
+def fast(session: nox.Session) -> None:
+    """The inner loop: lint and types (queued after this session), the guards, and the quick tests of the
+    members below the model, in one env, stopping at the first failure. The default run is the full check."""
+    session.notify("lint")
+    session.notify("types")
+    _sync(session, "--all-packages")
+    _pytest(session, *GUARDS, *QUICK, "-m", "not slow and not gpu", "-x", "-q", prebuilt=False)
+
+
 @nox.session(name="lint")
 def lint(session: nox.Session) -> None:
     """ruff over the whole tree: lint (rules in the root pyproject: pyflakes and pycodestyle's error
