@@ -11,6 +11,7 @@ transformer training.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import TypeVar
 
 import torch
@@ -135,6 +136,78 @@ def resolve_scheduler(scheduler_cls):
     if found is None:
         raise ValueError(f"unknown lr scheduler {scheduler_cls!r}; registered: {', '.join(scheduler_names())}")
     return found
+
+
+class SchedulerArgumentError(ValueError):
+    """A scheduler keyword argument that would break the schedule (a period of 0 divides by zero at a
+    later step; a negative step count or factor makes a nonsense or negative lr): refused when the
+    scheduler is set, naming the argument, never later as a failure of a training step."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _refuse(scheduler: str, field: str, value, expected: str) -> SchedulerArgumentError:
+    shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:30]}...({len(repr(value))} characters)"
+    return SchedulerArgumentError(
+        f"lr scheduler {scheduler}: {field} = {shown} is outside its range: {expected}", field
+    )
+
+
+# What each scheduler argument may be, by name (torch's and transformers' schedulers share these names).
+_PERIODS = {"step_size", "T_max", "T_0", "T_mult", "step_size_up", "total_steps", "epochs", "steps_per_epoch"}
+_PERIODS |= {"num_training_steps"}
+_COUNTS = {"num_warmup_steps", "total_iters", "step_size_down", "patience", "cooldown"}
+_COUNTS |= {"num_decay_steps", "num_stable_steps", "timescale"}
+_FRACTIONS = {"min_lr_ratio", "pct_start", "end_factor", "factor", "min_lr_rate"}
+_CALLABLES = {"lr_lambda", "scale_fn", "schedulers"}
+# Schedulers the step rule cannot drive: it calls `scheduler.step()` after each optimizer step, with no metric.
+_NEEDS_A_METRIC = {"ReduceLROnPlateau", "reduce_lr_on_plateau"}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_scheduler_args(scheduler_cls, kwargs: dict) -> None:
+    """Refuse (SchedulerArgumentError) an argument that would break the schedule later: every step
+    count an integer (a period >= 1, a count >= 0, milestones >= 0), every number finite and >= 0,
+    ratios in [0, 1], callables callable; a scheduler that needs a metric at each step."""
+    name = getattr(scheduler_cls, "__name__", str(scheduler_cls))
+    if name in _NEEDS_A_METRIC:
+        raise SchedulerArgumentError(
+            f"lr scheduler {name} needs a metric at each step; the step rule steps a scheduler without one", "name"
+        )
+    for key, v in kwargs.items():
+        if key in _CALLABLES:
+            items = v if isinstance(v, (list, tuple)) else [v]
+            if not items or not all(callable(i) or isinstance(i, LRScheduler) for i in items):
+                raise _refuse(name, key, v, "callables or schedulers (given in Python, not over the wire)")
+        elif key in _PERIODS and not (_is_int(v) and v >= 1):
+            if not (v is None and key == "num_training_steps"):
+                raise _refuse(name, key, v, "an integer >= 1 (a number of steps)")
+        elif key in _COUNTS and not (_is_int(v) and v >= 0) and v is not None:
+            raise _refuse(name, key, v, "an integer >= 0 (a number of steps)")
+        elif key == "milestones" and not (isinstance(v, (list, tuple)) and all(_is_int(m) and m >= 0 for m in v)):
+            raise _refuse(name, key, v, "a list of integers >= 0 (steps)")
+        elif key == "last_epoch" and not (_is_int(v) and v >= -1):
+            raise _refuse(name, key, v, "an integer >= -1")
+        elif key in _FRACTIONS and not (_is_number(v) and 0 <= v <= 1):
+            raise _refuse(name, key, v, "a finite number in [0, 1]")
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (_is_number(v) and v >= 0):
+            raise _refuse(name, key, v, "a finite number >= 0")
+
+
+def build_scheduler(scheduler_cls, optimizer: torch.optim.Optimizer, **kwargs):
+    """The one place a learning-rate scheduler is made: named or given, its arguments checked first."""
+    factory = resolve_scheduler(scheduler_cls)
+    check_scheduler_args(factory, kwargs)
+    return factory(optimizer, **kwargs)
 
 
 def param_groups(named_params, weight_decay: float) -> list[dict]:

@@ -17,7 +17,7 @@ import torch
 
 from twinkle.loss import CrossEntropyLoss, Loss, create_loss
 from twinkle.metric import LossMetric, Metric, OptimizerMetric, ThroughputMetric, TokenAccuracy
-from twinkle.model.optim import build_optimizer, resolve_scheduler
+from twinkle.model.optim import build_optimizer, build_scheduler
 
 FULL_MODEL = ""  # the state key when no adapter exists: the whole model trains
 
@@ -148,7 +148,7 @@ class AdapterState:
         if self.optimizer is None:
             raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
         # One schedule implementation for every engine, so a tenant's lr curve does not depend on which runs it.
-        self.scheduler = resolve_scheduler(scheduler_cls)(self.optimizer, **kwargs)
+        self.scheduler = build_scheduler(scheduler_cls, self.optimizer, **kwargs)
 
     def parameter_bytes(self) -> int:
         total = sum(p.numel() * p.element_size() for p in self.params)

@@ -28,7 +28,7 @@ from twinkle.metric import ForwardRecord
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel, refuse
-from twinkle.model.optim import resolve_scheduler
+from twinkle.model.optim import build_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import barrier, is_main_process
 
@@ -202,8 +202,7 @@ class MegatronModel(TwinkleModel):
         self._check_adapter(adapter_name)
         if self.optimizer is None:
             raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
-        cls = resolve_scheduler(scheduler_cls)
-        self.schedulers = [cls(opt, **kwargs) for opt in self._torch_optimizers()]
+        self.schedulers = [build_scheduler(scheduler_cls, opt, **kwargs) for opt in self._torch_optimizers()]
 
     # -- compute --------------------------------------------------------------------------------
     def _batch(self, inputs) -> tuple[dict, dict]:

@@ -21,6 +21,7 @@ from twinkle.serve.core import bounds, lora_configs
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.errors import BadRequest
 from twinkle.serve.limits import Hold
 
 
@@ -29,6 +30,21 @@ def internal_name(model_id: str, adapter: str) -> str:
 
 
 user_errors = library_errors  # library complaints about a request are the caller's errors
+
+
+def _scheduler_kwargs(name: str, kwargs: dict) -> None:
+    """The library's own scheduler-argument check, at the call: a 400 naming the argument, not a failed
+    step later (StepLR's step_size 0 divides by zero at the next step)."""
+    from twinkle.model.optim import SchedulerArgumentError, check_scheduler_args, resolve_scheduler
+
+    try:
+        factory = resolve_scheduler(name)
+    except ValueError:
+        return  # an unknown name: the worker's answer lists the registered ones
+    try:
+        check_scheduler_args(factory, kwargs)
+    except SchedulerArgumentError as e:
+        raise BadRequest(f"kwargs.{e.field}: {e}") from None
 
 
 class NativeModels:
@@ -183,6 +199,8 @@ class NativeModels:
         bounds.json_depth("kwargs", req.kwargs, self.rt.config.caps)
         if what == "optimizer":
             bounds.optimizer_kwargs(req.kwargs)
+        elif what == "lr_scheduler":
+            _scheduler_kwargs(req.name, req.kwargs)
 
         @user_errors
         def work(backend, run):
