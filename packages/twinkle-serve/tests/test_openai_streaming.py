@@ -172,7 +172,8 @@ def test_failures_before_the_first_byte_are_statuses_and_after_it_an_error_event
     with pytest.raises(openai.APIError) as err:
         for chunk in chat(oai, temperature=1.0, stream=True):
             received.append(chunk)
-    assert received and "internal error: RuntimeError: decoder fell over" in err.value.message
+    # a fault of the server: said so, with the log's reference, and none of the exception's text
+    assert received and "internal error" in err.value.message and "decoder fell over" not in err.value.message
     assert chat(oai, max_tokens=3).choices[0].finish_reason in ("length", "stop")  # the server serves on
 
 

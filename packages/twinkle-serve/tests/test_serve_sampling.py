@@ -323,7 +323,7 @@ def raw(server, keys):
         ({"topk_prompt_logprobs": 257}, "topk_prompt_logprobs must be at most 256"),
         ({"num_samples": 1025}, r"num_samples = 1025 is outside its range: an integer in \[1, 1024\]"),
         ({"sampling_params": "greedy"}, "sampling_params must be an object"),
-        ({"prompt": {"chunks": 5}}, "prompt must be a ModelInput"),
+        ({"prompt": {"chunks": 5}}, "prompt.chunks must be a list"),
         ({"prompt_alt_tokens_k": -1}, "prompt_alt_tokens_k must be an integer >= 0"),
         (
             {"target_prompt_logprobs": {"data": [1] * 8, "dtype": "int64", "shape": [8, 1]}},

@@ -188,3 +188,230 @@ def test_protobuf_forward_backward_fuzz_gets_only_4xx(fuzz_server):
     assert not wrong, wrong[:10]
     assert srv.proc.poll() is None
     SUMMARY["forward_backward protobuf bodies fuzzed"] = f"{PROTO_CASES}, only 4xx or user-category errors"
+
+
+# ---- property tests over the request schemas (issue 43) --------------------------------------------------
+# Every numeric field of the Tinker bodies (twinkle.serve.tinker.bodies) and the native schema
+# (twinkle.client.schema), found by walking the pydantic models, not listed by hand: a value outside its
+# declared range, a non-finite float, or null where the type has no None (what the SDK sends for a NaN)
+# is refused (400 / 422) naming the field; and any JSON value in any field gets no 5xx.
+SCHEMA_EXAMPLES = int(os.environ.get("RELIABILITY_SCHEMA_EXAMPLES", "30"))  # per schema and property
+
+
+def _leaves(model, prefix=(), numeric=True) -> list[tuple[tuple, object]]:
+    """(path, FieldInfo) of the model's fields, nested models walked: the numeric ones, or all."""
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    out = []
+    for name, info in model.model_fields.items():
+        kinds = (info.annotation, *get_args(info.annotation))
+        nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if nested is not None:
+            out += _leaves(nested, (*prefix, name), numeric)
+        if not numeric or ({int, float} & set(kinds) and bool not in kinds):
+            out.append(((*prefix, name), info))
+    return out
+
+
+def _set(body: dict, path: tuple, value) -> dict:
+    import copy
+
+    out = copy.deepcopy(body)
+    node = out
+    for part in path[:-1]:
+        node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else node[part]
+    node[path[-1]] = value
+    return out
+
+
+def _bad_numbers(model, path: tuple, info):
+    """Values the field must refuse: null (unless its type allows None), non-finite, outside its range."""
+    import math
+    from typing import get_args
+
+    from hypothesis import strategies as st
+
+    from twinkle.serve.tinker.bodies import range_of
+
+    kinds = (info.annotation, *get_args(info.annotation))
+    options = [] if type(None) in kinds else [st.none()]
+    options.append(st.sampled_from([math.nan, math.inf, -math.inf]))
+    rng = range_of(model, path)
+    if rng is not None and rng.integer:
+        options.append(st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: not x.is_integer()))
+    if rng is not None and rng.lo is not None:
+        below = st.floats(max_value=rng.lo, exclude_max=not rng.lo_open, allow_nan=False, allow_infinity=False)
+        options.append(st.integers(max_value=math.ceil(rng.lo) - 1) if rng.integer else below)
+    if rng is not None and rng.hi is not None:
+        above = st.floats(min_value=rng.hi, exclude_min=not rng.hi_open, allow_nan=False, allow_infinity=False)
+        options.append(st.integers(min_value=math.floor(rng.hi) + 1) if rng.integer else above)
+    return st.one_of(options)
+
+
+@pytest.fixture(scope="module")
+def schema_cases(fuzz_server):
+    """(api, schema model, method, path, a body the route accepts) for every request schema with numbers."""
+    from _util_isolation import NativeWire
+
+    from twinkle.client import schema as S
+    from twinkle.hub import TEST_MODEL
+    from twinkle.serve.tinker import bodies as b
+
+    srv, keys = fuzz_server
+    w, n = Wire(srv.url, keys["other"], timeout=30), NativeWire(srv.url, keys["other"], timeout=30)
+    session = w.session()
+    mid = w.create_model(session, seed=4)
+    saved = w.done(w.post("/save_weights", {"model_id": mid, "path": "schema"}))["path"]
+    sampler = w.ok(
+        w.post(
+            "/create_sampling_session", {"session_id": session, "sampling_session_seq_id": 0, "base_model": TEST_MODEL}
+        )
+    )["sampling_session_id"]
+    nmid = n.model()
+    n.done(n.add_adapter(nmid))
+    prompt = {"chunks": [{"type": "encoded_text", "tokens": [5, 6, 7]}]}
+    name = saved.rsplit("/", 1)[-1]
+    cases = [
+        (
+            "tinker",
+            b.CreateModelBody,
+            "POST",
+            "/create_model",
+            {"session_id": session, "model_seq_id": 90, "base_model": TEST_MODEL, "lora_config": {"rank": 2}},
+        ),
+        ("tinker", b.OptimStepBody, "POST", "/optim_step", {"model_id": mid}),
+        ("tinker", b.SaveWeightsBody, "POST", "/save_weights", {"model_id": mid, "path": "p"}),
+        ("tinker", b.SaveWeightsForSamplerBody, "POST", "/save_weights_for_sampler", {"model_id": mid, "path": "s"}),
+        ("tinker", b.LoadWeightsBody, "POST", "/load_weights", {"model_id": mid, "path": saved, "optimizer": False}),
+        (
+            "tinker",
+            b.CreateSamplingSessionBody,
+            "POST",
+            "/create_sampling_session",
+            {"session_id": session, "sampling_session_seq_id": 5, "base_model": TEST_MODEL},
+        ),
+        (
+            "tinker",
+            b.ASampleBody,
+            "POST",
+            "/asample",
+            {"sampling_session_id": sampler, "prompt": prompt, "sampling_params": {"max_tokens": 2}},
+        ),
+        ("tinker", b.TtlBody, "PUT", f"/training_runs/{mid}/checkpoints/weights/{name}/ttl", {"ttl_seconds": None}),
+        ("native", S.CreateModelRequest, "POST", "/models", {}),
+        (
+            "native",
+            S.AddAdapterRequest,
+            "POST",
+            f"/models/{nmid}/add_adapter_to_model",
+            {"adapter_name": "x", "lora_config": {"r": 4}},
+        ),
+        ("native", S.StepRequest, "POST", f"/models/{nmid}/clip_grad_and_step", {}),
+        ("native", S.LogRequest, "POST", f"/models/{nmid}/log", {"metrics": {"reward": 1.0}}),
+        ("native", S.SampleRequest, "POST", "/sample", {"prompts": [[5, 6]], "sampling_params": {"max_tokens": 2}}),
+        (
+            "native",
+            S.ForwardRequest,
+            "POST",
+            f"/models/{nmid}/forward_only",
+            {"inputs": {"rows": [{"input_ids": [5, 6, 7]}]}},
+        ),
+    ]
+    yield {"tinker": w, "native": n}, cases
+    w.close()
+    n.close()
+
+
+def _send(wires, api: str, method: str, path: str, body: dict):
+    import json
+
+    wire = wires[api]  # json.dumps: NaN and Infinity as the literals Python's json writes
+    return wire.http.request(
+        method, f"{wire.prefix}{path}", content=json.dumps(body), headers={"content-type": "application/json"}
+    )
+
+
+def _examples(strategy, check) -> int:
+    """Run `check(example)` on SCHEMA_EXAMPLES draws of `strategy` (reproducible); -> how many ran."""
+    from hypothesis import HealthCheck, given, settings
+
+    ran = []
+
+    @settings(
+        max_examples=SCHEMA_EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def one(example):
+        ran.append(1)
+        check(example)
+
+    one()
+    return len(ran)
+
+
+def test_no_schema_accepts_a_number_outside_its_range_a_non_finite_float_or_a_null(schema_cases):
+    from hypothesis import strategies as st
+
+    wires, cases = schema_cases
+    wrong, sent, fields = [], 0, 0
+    for api, model, method, path, body in cases:
+        leaves = _leaves(model)
+        if model.__name__ == "LogRequest":  # dict values: the metric's own range (any finite number)
+            leaves.append((("metrics", "reward"), None))
+        fields += len(leaves)
+        non_finite = st.sampled_from([float("nan"), float("inf"), float("-inf")])
+        draw = st.one_of(
+            [st.tuples(st.just(p), non_finite if info is None else _bad_numbers(model, p, info)) for p, info in leaves]
+        )
+
+        def refused(case, api=api, method=method, path=path, body=body):
+            where, value = case
+            r = _send(wires, api, method, path, _set(body, where, value))
+            if r.status_code not in (400, 422) or where[-1] not in r.text:
+                wrong.append((api, path, ".".join(where), repr(value), r.status_code, r.text[:200]))
+
+        sent += _examples(draw, refused)
+    print(
+        f"\nschema ranges: {sent} bad values over {fields} numeric fields of {len(cases)} schemas; accepted {len(wrong)}"
+    )
+    assert not wrong, wrong[:10]
+    SUMMARY["schema properties: bad numbers refused naming the field"] = f"{sent} over {fields} fields, 0 accepted"
+
+
+def test_no_value_in_any_schema_field_gets_a_5xx(schema_cases):
+    from hypothesis import strategies as st
+
+    wires, cases = schema_cases
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20), st.integers(min_value=2**63)
+    )
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+        max_leaves=12,
+    )
+    failures, sent = [], 0
+    for api, model, method, path, body in cases:
+        leaves = [p for p, _ in _leaves(model, numeric=False)]
+
+        def answered(case, api=api, method=method, path=path, body=body):
+            where, value = case
+            r = _send(wires, api, method, path, _set(body, where, value))
+            if r.status_code >= 500:
+                failures.append((api, path, ".".join(where), repr(value)[:80], r.status_code, r.text[:200]))
+
+        sent += _examples(st.tuples(st.sampled_from(leaves), values), answered)
+    print(f"\nschema fields fuzzed: {sent} requests over {len(cases)} schemas; 5xx: {len(failures)}")
+    assert not failures, failures[:10]
+    assert _alive(wires)
+    SUMMARY["schema properties: any value in any field, 0 5xx"] = f"{sent} requests over {len(cases)} schemas"
+
+
+def _alive(wires) -> bool:
+    return wires["tinker"].get("/healthz").status_code == 200

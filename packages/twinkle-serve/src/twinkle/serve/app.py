@@ -17,7 +17,7 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.body_limit import BodyLimit
 from twinkle.serve.core.service import Service
 from twinkle.serve.dashboard import build_dashboard_router
-from twinkle.serve.errors import ApiError
+from twinkle.serve.errors import ApiError, internal_error
 from twinkle.serve.idempotency import Idempotency
 from twinkle.serve.limits import LimitExceeded
 from twinkle.serve.native import build_native_router
@@ -68,6 +68,12 @@ def create_app(rt: Runtime) -> FastAPI:
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):
         return JSONResponse({"error": str(exc), "detail": str(exc), "category": "user"}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception):
+        # a bug, not the request: logged with its traceback, answered without internals (errors.internal_error)
+        message = internal_error(f"{request.method} {request.url.path}", exc)
+        return JSONResponse({"error": message, "detail": message, "category": "server"}, status_code=500)
 
     # Starlette wraps middleware in reverse order: BodyLimit runs first, so Idempotency never buffers
     # an oversized body.

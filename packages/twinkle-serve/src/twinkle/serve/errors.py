@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
+import uuid
+from pathlib import Path
+
+log = logging.getLogger("twinkle.serve")
 
 
 class ApiError(Exception):
@@ -34,6 +39,23 @@ class Conflict(ApiError):
 
 class ServiceUnavailable(ApiError):
     status = 503
+
+
+def internal_error(where: str, exc: BaseException, ref: str | None = None) -> str:
+    """Log a fault of the server (its traceback) and return what the client is told: that it is the
+    server's, and the reference an operator finds it by in the log; never the exception's text, which
+    may name files, paths or code (a tenant's bad input is a typed error answered before this)."""
+    ref = ref or uuid.uuid4().hex[:12]
+    log.error("internal error %s in %s", ref, where, exc_info=exc)
+    return f"internal error: the server failed while handling this request (logged as {ref}); nothing in the request was found wrong"
+
+
+def server_path_as(message: str, folder, shown: str) -> str:
+    """`message` (a library's, naming the files it read) with the server's `folder` said as `shown`: a
+    tenant is told about what it sent, never where or how the server keeps it."""
+    for form in {str(folder), str(Path(folder).resolve())}:
+        message = message.replace(form, shown)
+    return message
 
 
 # ---- answers written by the pure ASGI middlewares (before FastAPI's exception handlers exist) ----

@@ -24,6 +24,7 @@ from twinkle.serve.backend.base import (
 )
 from twinkle.serve.backend.resident import ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
+from twinkle.serve.errors import server_path_as
 
 # An idle server hands freed activation memory back after this long. Not sooner: a client that pauses
 # between steps (rewards, logging) would fault the same pages back in on its next step; measured with
@@ -266,8 +267,8 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         except Exception as e:
             if created and name in self.engine.adapters:  # nothing half-loaded stays behind
                 self.engine.remove_adapter(name)
-            if isinstance(e, (ValueError, FileNotFoundError, KeyError)):
-                raise UserError(str(e).strip("'\"")) from None
+            if isinstance(e, (ValueError, FileNotFoundError, KeyError)):  # the folder as the tenant knows it
+                raise UserError(server_path_as(str(e).strip("'\""), folder, "the checkpoint")) from None
             raise
 
 

@@ -35,6 +35,7 @@ from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.errors import internal_error
 
 log = logging.getLogger("twinkle.serve")
 
@@ -184,9 +185,13 @@ class Scheduler:
         except UserError as e:
             self.hub.fail(request_id, str(e), "user")
         except Exception as e:
-            log.exception("request %s failed", request_id)
-            # a fault the server names for the client (a full disk) says so, not "internal error"
-            message = getattr(e, "client_message", None) or f"internal error: {type(e).__name__}: {e}"
+            # a fault the server names for the client (a full disk) says so; any other is logged with its
+            # traceback and answered without internals (errors.internal_error)
+            message = getattr(e, "client_message", None)
+            if message is None:
+                message = internal_error(f"request {request_id}", e, request_id)
+            else:
+                log.exception("request %s failed", request_id)
             self.hub.fail(request_id, message, "server")
         else:
             self.hub.complete(request_id, answer)

@@ -23,6 +23,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer
+from twinkle.serve.errors import internal_error
 from twinkle.serve.openai.errors import OpenAIError, error_body
 from twinkle.serve.openai.models import Target
 from twinkle.serve.openai.streaming import ChoiceText
@@ -107,7 +108,7 @@ def _as_openai(e: BaseException) -> OpenAIError:
         return e
     if isinstance(e, UserError):
         return OpenAIError(400, str(e))
-    return OpenAIError(500, f"internal error: {type(e).__name__}: {e}")
+    return OpenAIError(500, internal_error("an OpenAI-API generation", e))
 
 
 async def stream(

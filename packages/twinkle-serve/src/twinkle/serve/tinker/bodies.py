@@ -1,21 +1,83 @@
-"""The Tinker JSON request bodies as typed models, for the OpenAPI document (`/docs`, `/openapi.json`).
+"""The Tinker JSON request bodies as typed models: the OpenAPI document (`/docs`, `/openapi.json`)
+and the check every JSON route runs first (`parse`).
 
-The routes read the same fields by hand, checking each with a 400 that names it (the SDK's own
-`x-should-retry` rules treat a 422 differently); these models say what a client may send, with the
-ranges the routes check (twinkle.client.schema.bounds). Extra
-fields are allowed: the SDK adds new optional ones between releases.
+A body is validated against its model before the route reads its fields (which it then checks
+further by hand, against the server's state): a field of the wrong type, a number outside its range
+(twinkle.client.schema.bounds) or non-finite, or `null` where the SDK's own type has no None, is a
+400 naming the field (the SDK's `x-should-retry` rules treat a 422 differently). `null` matters
+because the SDK serialises a non-finite float as `null` (pydantic's JSON mode): an AdamParams
+`learning_rate=nan` arrives as `"learning_rate": null`, which must not read as "not given" and train
+at the default. The types follow the SDK 0.38's request models (Optional exactly where they are);
+extra fields are allowed: the SDK adds new optional ones between releases.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, get_args
+
+import annotated_types as at
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.backend import AdamParams, LoraSpec
+from twinkle.serve.backend import LoraSpec
+from twinkle.serve.errors import BadRequest
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def parse(model: type[BaseModel], body: dict) -> None:
+    """`body` against `model`; a 400 naming the first field that does not fit, in the words the
+    hand-read fields use (`field = value is outside its range: ...`, `field must be an object`)."""
+    try:
+        model.model_validate(body)
+    except ValidationError as e:
+        raise BadRequest(_message(model, e.errors()[0])) from None
+
+
+_KINDS = {"dict": "an object", "model": "an object", "list": "a list", "string": "a string", "bool": "true or false"}
+
+
+def _message(model: type[BaseModel], err) -> str:
+    loc = tuple(err.get("loc", ()))
+    field, value, kind = ".".join(str(p) for p in loc) or "body", err.get("input"), err.get("type", "")
+    if kind == "missing":
+        return f"{field} is required"
+    rng = range_of(model, loc)
+    if rng is not None:
+        if value is None:  # JSON encoders (pydantic's among them) send a NaN or an infinity as null
+            sent = "" if rng.integer else " (a NaN or infinity is sent as null)"
+            return f"{field} = null is not a number{sent}: it must be {rng}"
+        return str(B.OutOfRange(field, value, str(rng)))
+    what = next((v for k, v in _KINDS.items() if kind.startswith(k)), None)
+    shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:30]}...({len(repr(value))} characters)"
+    if what is not None:
+        return f"{field} must be {what}, got {shown}"
+    return f"{field} = {shown}: {err.get('msg')}"
+
+
+def range_of(model: type[BaseModel], loc: tuple) -> B.Range | None:
+    """The numeric range a (nested) field of `model` declares (its ge/gt/le/lt), None if it is no number."""
+    info, cls = None, model
+    for part in loc:
+        fields = getattr(cls, "model_fields", None)
+        if not isinstance(part, str) or fields is None or part not in fields:
+            return None
+        info = fields[part]
+        cls = next((t for t in (info.annotation, *get_args(info.annotation)) if isinstance(t, type)), None)
+    kinds = (info.annotation, *get_args(info.annotation)) if info is not None else ()
+    if not ({int, float} & set(kinds)) or bool in kinds:
+        return None
+    ends = {type(m): m for m in info.metadata if isinstance(m, (at.Ge, at.Gt, at.Le, at.Lt))}
+    lo, hi = ends.get(at.Ge) or ends.get(at.Gt), ends.get(at.Le) or ends.get(at.Lt)
+    return B.Range(
+        lo=None if lo is None else getattr(lo, "ge", getattr(lo, "gt", None)),
+        hi=None if hi is None else getattr(hi, "le", getattr(hi, "lt", None)),
+        lo_open=at.Gt in ends,
+        hi_open=at.Lt in ends,
+        integer=float not in kinds,
+    )
 
 
 class CreateSessionBody(_Body):
@@ -33,17 +95,30 @@ class CreateModelBody(_Body):
     model_seq_id: int = 0
     base_model: str
     lora_config: LoraSpec | None = None
-    user_metadata: dict[str, str] | None = None
+    user_metadata: dict[str, Any] | None = None
+    optimizer_config: dict | None = None
 
 
 class ModelRef(_Body):
     model_id: str
 
 
+class AdamParamsBody(_Body):
+    """The SDK's AdamParams: every field a float with a default, none of them nullable."""
+
+    learning_rate: float = B.LEARNING_RATE.field(1e-4)
+    beta1: float = B.BETA.field(0.9)
+    beta2: float = B.BETA.field(0.95)
+    eps: float = B.EPS.field(1e-12)
+    weight_decay: float = B.WEIGHT_DECAY.field(0.0)
+    grad_clip_norm: float = B.TINKER_GRAD_CLIP.field(0.0, description="0: no clipping")
+
+
 class OptimStepBody(_Body):
     model_id: str
-    seq_id: int | None = None
-    adam_params: AdamParams | None = None
+    seq_id: int | None = B.SEQ_ID.field(None)
+    adam_params: AdamParamsBody | None = None
+    optimizer_params: dict | None = Field(None, description="another optimizer family's step: {type, ...}")
 
 
 class SaveWeightsBody(_Body):
@@ -57,10 +132,10 @@ class SaveWeightsBody(_Body):
 
 class SaveWeightsForSamplerBody(_Body):
     model_id: str
-    seq_id: int | None = None
+    seq_id: int | None = B.SEQ_ID.field(None)
     path: str | None = Field(None, description="a named sampler checkpoint; or give sampling_session_seq_id")
     sampling_session_seq_id: int | None = Field(None, description="an ephemeral sampler on the current weights")
-    ttl_seconds: int | None = None
+    ttl_seconds: int | None = B.TTL_SECONDS.field(None)
     user_metadata: dict[str, str] | None = None
 
 
@@ -69,9 +144,10 @@ class LoadWeightsBody(_Body):
     model_id: str | None = Field(None, description="load into this model (TrainingClient.load_state)")
     session_id: str | None = Field(None, description="or create a model from the checkpoint in this session")
     model_seq_id: int | None = None
-    seq_id: int | None = None
+    seq_id: int | None = B.SEQ_ID.field(None)
+    base_model: str | None = None
     optimizer: bool = False
-    user_metadata: dict[str, str] | None = None
+    user_metadata: dict[str, Any] | None = None
 
 
 class CreateSamplingSessionBody(_Body):
@@ -91,18 +167,20 @@ class SamplingParamsBody(_Body):
     top_k: int = B.TOP_K.field(-1)
     top_p: float = B.TOP_P.field(1.0)
     seed: B.Seed | None = None
-    stop: str | list[str] | list[int] | None = None
+    stop: Any = Field(None, description="a string, a list of strings or of token ids, or null (EOS)")
 
 
 class ASampleBody(_Body):
-    sampling_session_id: str
-    seq_id: int | None = None
+    sampling_session_id: str | None = None
+    seq_id: int | None = B.SEQ_ID.field(None)
     prompt: ModelInputBody
     num_samples: int = B.NUM_SAMPLES.field(1)
     sampling_params: SamplingParamsBody = SamplingParamsBody()
-    prompt_logprobs: bool = False
+    prompt_logprobs: bool | None = None
     topk_prompt_logprobs: int = 0
     topk_sample_logprobs: int = 0
+    prompt_alt_tokens_k: int = 0
+    prompt_logprobs_last_n: int | None = None
 
 
 class FutureBody(_Body):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -18,24 +17,50 @@ MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no 
 _NP = {pb.DTYPE_FLOAT32: np.float32, pb.DTYPE_INT64: np.int64, pb.DTYPE_INT32: np.int32}
 
 
+def _buffer(data: bytes, dtype, where: str) -> np.ndarray:
+    if len(data) % np.dtype(dtype).itemsize:
+        raise UserError(f"{where} has {len(data)} bytes: not a whole number of {np.dtype(dtype).name} values")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _csr_ok(crow: np.ndarray, col: np.ndarray, n_values: int, shape) -> bool:
+    """A CSR layout of `shape` over `n_values` cells: rows + 1 row offsets from 0, never decreasing,
+    to the value count, and a column in [0, columns) for each value."""
+    rows, cols = shape
+    return (
+        len(crow) == rows + 1
+        and len(col) == n_values
+        and crow[0] == 0
+        and crow[-1] == n_values
+        and bool((np.diff(crow) >= 0).all())
+        and bool(((col >= 0) & (col < cols)).all())
+    )
+
+
 def _tensor(msg, where: str) -> np.ndarray:
     if msg.dtype not in _NP:
         raise UserError(f"{where}: unsupported tensor dtype {msg.dtype}")
     dtype = _NP[msg.dtype]
     if msg.WhichOneof("encoding") == "sparse_csr":
-        values = np.frombuffer(msg.sparse_csr.values, dtype=dtype)
-        crow = np.frombuffer(msg.sparse_csr.crow_indices, dtype=np.int64)
-        col = np.frombuffer(msg.sparse_csr.col_indices, dtype=np.int64)
+        csr = msg.sparse_csr
+        values = _buffer(csr.values, dtype, f"{where}.sparse_csr.values")
+        crow = _buffer(csr.crow_indices, np.int64, f"{where}.sparse_csr.crow_indices")
+        col = _buffer(csr.col_indices, np.int64, f"{where}.sparse_csr.col_indices")
         shape = list(msg.shape)
         if len(shape) != 2:
             raise UserError(f"{where}: a sparse tensor needs a 2-d shape, got {shape}")
         if any(n < 0 for n in shape) or shape[0] * shape[1] > MAX_TENSOR_ELEMENTS:
             raise UserError(f"{where}: sparse shape {shape} is negative or too large")
+        if not _csr_ok(crow, col, len(values), shape):
+            raise UserError(
+                f"{where}.sparse_csr: crow_indices / col_indices are not a CSR layout of shape {shape} over "
+                f"{len(values)} values (crow_indices: {shape[0] + 1} offsets from 0 to {len(values)}, never "
+                f"decreasing; col_indices: one per value, each in [0, {shape[1]}))"
+            )
         dense = np.zeros(shape, dtype=dtype)
-        for r in range(shape[0]):
-            dense[r, col[crow[r] : crow[r + 1]]] = values[crow[r] : crow[r + 1]]
+        dense[np.repeat(np.arange(shape[0]), np.diff(crow)), col] = values
         return dense
-    arr = np.frombuffer(msg.dense, dtype=dtype)
+    arr = _buffer(msg.dense, dtype, f"{where}.dense")
     if not msg.shape:
         return arr
     if math.prod(msg.shape) != arr.size:  # exact ints: a huge shape must not overflow to a match
@@ -173,20 +198,12 @@ def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
             raise UserError(f"{where}: {len(data)} values for shape {shape}")
         ids[:] = np.asarray(data, dtype=np.int64).reshape(shape)
     else:
-        ok = (
-            isinstance(crow, list)
-            and isinstance(col, list)
-            and len(crow) == rows + 1
-            and len(col) == len(data)
-            and all(_is_int(c) for c in crow + col)
-            and crow[0] == 0
-            and crow[-1] == len(data)
-            and all(a <= b for a, b in itertools.pairwise(crow))
-            and all(0 <= c < shape[1] for c in col)
+        ints = (
+            isinstance(crow, list) and isinstance(col, list) and all(_is_int(c) and abs(c) < 2**62 for c in crow + col)
         )
-        if not ok:
+        crow_a, col_a = (np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)) if ints else (None, None)
+        if not ints or not _csr_ok(crow_a, col_a, len(data), shape):
             raise UserError(f"{where}: sparse_crow_indices / sparse_col_indices are not a CSR layout of shape {shape}")
-        crow_a, col_a = np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)
         ids[np.repeat(np.arange(rows), np.diff(crow_a)), col_a] = data
         layout = (crow_a, col_a)
     if not (ids >= 0).any():

@@ -6,8 +6,6 @@ routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
 
 from __future__ import annotations
 
-import sqlite3
-
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -114,17 +112,14 @@ def build_router(svc: Service) -> PrefixRouter:
         return rest.get_session(t, session_id)
 
     # ---- training ----
-    def json_route(path: str, fn, body: type[BaseModel], per_step: bool = False):
+    def json_route(path: str, fn, body_model: type[BaseModel], per_step: bool = False):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             body = await json_body(request)
-            try:
-                return await queue_work(request, fn, t, body, light=per_step)
-            except (TypeError, ValueError, AttributeError, sqlite3.InterfaceError, sqlite3.ProgrammingError) as e:
-                # parsing a field of the wrong type (queued work runs later, on the worker, not here)
-                raise BadRequest(f"malformed {path.lstrip('/')} request: {type(e).__name__}: {e}") from None
+            b.parse(body_model, body)  # every field's type and range, before any is read (a 400 naming it)
+            return await queue_work(request, fn, t, body, light=per_step)
 
         handler.__name__ = path.strip("/")
-        r.add_api_route(path, handler, methods=["POST"], openapi_extra=b.documented(body))
+        r.add_api_route(path, handler, methods=["POST"], openapi_extra=b.documented(body_model))
 
     json_route("/create_model", models.create_model, b.CreateModelBody)
     json_route("/get_info", models.get_info, b.ModelRef)
