@@ -82,10 +82,14 @@ class Limits(_Strict):
     # work over input_tokens_per_s is queued (Tinker queue_state "paused_rate_limit"), not refused,
     # while its turn comes within this many seconds; past it, 429 with Retry-After
     max_queue_wait_s: float = Field(120.0, gt=0, le=86400)
-    # creations per key per minute (a burst of this many, refilled over the minute): sessions (Tinker
-    # create_session, native models) and adapters (Tinker create_model, native add_adapter_to_model)
+    # creations per key per minute (a burst of this many, refilled over the minute) of every object a
+    # key creates: sessions (Tinker create_session, native models, adapter imports), adapters (Tinker
+    # create_model, native add_adapter_to_model), sampling sessions (Tinker create_sampling_session and
+    # save_weights_for_sampler's ephemeral samplers) and checkpoints (every save, either API, imports)
     sessions_per_minute: float | None = Field(600, gt=0)
     adapters_per_minute: float | None = Field(240, gt=0)
+    samplers_per_minute: float | None = Field(600, gt=0)
+    checkpoints_per_minute: float | None = Field(240, gt=0)
 
 
 class ServeConfig(_Strict):

@@ -127,7 +127,7 @@ class TenantLimits:
             )
 
     def created(self, tenant: str, kind: str) -> None:
-        """One more session or adapter for this key: 429 past `{kind}_per_minute`."""
+        """One more session, adapter, sampler or checkpoint for this key: 429 past `{kind}_per_minute`."""
         per_minute = getattr(self.of(tenant), f"{kind}_per_minute")
         if per_minute is not None:
             self._take(tenant, kind, per_minute / 60, 1, f"{kind} created per minute", capacity=per_minute)

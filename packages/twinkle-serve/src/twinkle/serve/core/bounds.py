@@ -30,6 +30,10 @@ class ServerCaps(BaseModel):
     idempotency_max_rows: int = Field(200_000, ge=100)
     # points per (run, curve name); past it the older half is thinned to every other point
     max_curve_points: int = Field(100_000, ge=100)
+    # curve names per run and characters per name a client may log (native `log`): past them a 400
+    # naming the limit (5,000 new 1,000-character names a call grew one run's page to 10.5 MB of JSON)
+    max_metric_names: int = Field(256, ge=1)
+    max_metric_name_chars: int = Field(128, ge=1)
     # images, checked from each header before any is decoded (twinkle.serve.backend.images): one image's
     # bytes (OpenAI's own limit) and pixels (4096x4096: a 12 Mpx photo or a 4K frame fits; decoding one took
     # 0.28 s and 50 MB here; at most PIL's bomb limit), and all of one request's images' pixels

@@ -123,6 +123,11 @@ class Service:
     def admit_save(self, tenant: str) -> None:
         """409 when the key's checkpoints already fill its storage_bytes quota."""
         self.usage.check_storage(tenant)
+        self.rt.limits.created(tenant, "checkpoints")  # 429 past the key's checkpoints_per_minute
+
+    def admit_sampler(self, tenant: str) -> None:
+        """429 past the key's samplers_per_minute (Tinker sampling sessions, named or ephemeral)."""
+        self.rt.limits.created(tenant, "samplers")
 
     # ---- queued work ---------------------------------------------------------------------------
     def submit(

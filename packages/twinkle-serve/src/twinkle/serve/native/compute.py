@@ -9,6 +9,7 @@ import threading
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
+from twinkle.serve.core.curve_names import CurveNames
 from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.native.models import NativeModels, user_errors
 
@@ -39,6 +40,7 @@ class NativeCompute:
     def __init__(self, models: NativeModels):
         self.models, self.svc, self.rt = models, models.svc, models.rt
         self.fb_counts: dict[tuple[str, str], int] = {}  # (model, adapter) -> forward_backward calls (curve step)
+        self.curve_names = CurveNames(self.rt.store.curves, self.rt.config.caps)  # what `log` may name
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
 
@@ -169,6 +171,7 @@ class NativeCompute:
 
     def log(self, tenant: str, model_id: str, req: LogRequest) -> dict:
         self.models.model(tenant, model_id)
+        self.curve_names.admit(model_id, req.metrics)
         step = req.step if req.step is not None else self.rt.store.curves.max_step(model_id)
         self.rt.store.curves.add(model_id, tenant, step, req.metrics)
         return {"logged": len(req.metrics), "step": step}

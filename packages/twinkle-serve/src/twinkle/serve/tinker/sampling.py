@@ -34,6 +34,7 @@ class TinkerSampling:
         else:
             base_model = model_names.engine(self.rt, body.get("base_model")).entry.name
         sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
+        self.svc.admit_sampler(tenant)
         self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 

@@ -85,6 +85,7 @@ class TinkerWeights:
             seq = body.get("sampling_session_seq_id")
             if not isinstance(seq, int):
                 raise BadRequest("save_weights_for_sampler needs a path (named) or sampling_session_seq_id (ephemeral)")
+            self.svc.admit_sampler(tenant)
 
             def work():
                 return Answer.json(self.sampling.install_snapshot(tenant, engine, run.session_id, seq, run.model_id))

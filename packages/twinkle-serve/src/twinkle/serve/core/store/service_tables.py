@@ -281,6 +281,11 @@ class Curves:
             args = (model_id, name, before)
         return self.db.one(sql, args)["n"]
 
+    def names(self, model_id: str) -> set[str]:
+        """The run's curve names (the index on (model_id, name, step) answers it)."""
+        self.db.flush()  # the journaled points too (a no-op when there are none)
+        return {r["name"] for r in self.db.all("SELECT DISTINCT name FROM run_curves WHERE model_id=?", (model_id,))}
+
     def max_step(self, model_id: str) -> int:
         self.db.flush()  # the journaled points too (a no-op when there are none)
         row = self.db.one("SELECT MAX(step) AS s FROM run_curves WHERE model_id=?", (model_id,))
