@@ -70,6 +70,9 @@ def test_capabilities_json_carries_caps_and_arch(server, tenant_key):
     assert row["arch"] == "qwen3" and row["max_topk_logprobs"] >= 20
 
 
+LLAMA_ALIAS = "Org/Hub-Llama-70B"  # a hub id a script hard-codes, served by the tiny llama
+
+
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory, start):
     """A second server on a tiny llama (random weights, the test model's tokenizer), named by its folder."""
@@ -90,7 +93,8 @@ def llama_server(tmp_path_factory, start):
     )
     LlamaForCausalLM(cfg).save_pretrained(folder)
     tok.save_pretrained(folder)
-    srv = start(tmp_path_factory.mktemp("llama-data"), models=[{"name": str(folder), "path": str(folder)}])
+    models = [{"name": str(folder), "path": str(folder), "aliases": [LLAMA_ALIAS]}]
+    srv = start(tmp_path_factory.mktemp("llama-data"), models=models)
     yield srv, str(folder)
     srv.stop()
     shutil.rmtree(folder, ignore_errors=True)
@@ -120,3 +124,34 @@ def test_sampling_client_get_tokenizer_through_the_model_folder(client):
     assert tok.encode("hello world") == tc.get_tokenizer().encode("hello world")
     out = sampler.sample(types.ModelInput.from_ints(tok.encode("hello")), 1, types.SamplingParams(max_tokens=2))
     assert len(out.result().sequences[0].tokens) == 2
+
+
+def test_an_alias_names_the_same_engine_for_training_and_sampling(llama_server):
+    """A config alias is accepted wherever a base model is named (with a :peft: suffix too); the run is
+    recorded under the entry's name, the alias is listed in capabilities, and one engine serves both."""
+    import tinker
+    from tinker import types
+
+    srv, folder = llama_server
+    client = tinker.ServiceClient(base_url=srv.url, api_key=srv.create_key("ali"))
+    tc = client.create_lora_training_client(base_model=f"{LLAMA_ALIAS}:peft:1536", rank=4, seed=3).result()
+    assert tc.get_info().model_data.model_name == folder
+    sampler = client.create_sampling_client(base_model=LLAMA_ALIAS).result()
+    direct = client.create_sampling_client(base_model=folder).result()
+    prompt, params = types.ModelInput.from_ints(SEQ), types.SamplingParams(max_tokens=3, seed=7)
+    assert (
+        sampler.sample(prompt, 1, params).result().sequences[0].tokens
+        == direct.sample(prompt, 1, params).result().sequences[0].tokens
+    )
+    rest = tinker.RestClient(base_url=srv.url, api_key=srv.create_key("ali2"))
+    caps = {m.model_name: m for m in rest.get_server_capabilities().result().supported_models}
+    assert caps[LLAMA_ALIAS].max_context_length == caps[folder].max_context_length == 1536
+    with pytest.raises(tinker.BadRequestError, match="serves at most 1536"):
+        client.create_sampling_client(base_model=f"{LLAMA_ALIAS}:peft:1537").result()
+
+
+def test_a_name_given_twice_in_the_config_is_refused():
+    from twinkle.serve.config import ServeConfig
+
+    with pytest.raises(ValueError, match="model name 'a/b' is given twice"):
+        ServeConfig.model_validate({"models": [{"name": "x", "aliases": ["a/b"]}, {"name": "a/b"}]})

@@ -21,6 +21,9 @@ class _Strict(BaseModel):
 
 class ModelEntry(_Strict):
     name: str  # the base_model clients name, e.g. "twinkle://qwen3-demo" or a hub id
+    # Other names clients may send for this same model (one engine, one copy of the weights): e.g. the
+    # hub id a script hard-codes, served by a local model. Runs and samplers record `name`.
+    aliases: list[str] = Field(default_factory=list)
     path: str | None = None  # a local folder; default: twinkle.hub.resolve_model_path(name)
     backend: str = "multi_lora"  # a name in twinkle.serve.backend.BACKENDS
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -146,6 +149,16 @@ class ServeConfig(_Strict):
     ray: RayConfig | None = None
     # what one request may cost, and the caps on what grows with requests (twinkle.serve.core.bounds)
     caps: ServerCaps = Field(default_factory=ServerCaps)
+
+    @model_validator(mode="after")
+    def _model_names_unique(self):
+        seen: set[str] = set()
+        for m in self.models:
+            for n in (m.name, *m.aliases):
+                if n in seen:
+                    raise ValueError(f"model name {n!r} is given twice (as a name or an alias of models)")
+                seen.add(n)
+        return self
 
     @model_validator(mode="after")
     def _remote_groups_exist(self):

@@ -5,7 +5,8 @@ such as `Qwen/Qwen3.5-397B-A17B:peft:262144`; SDK 0.38 itself adds none). Such a
 model, asked to serve at least `<context>` tokens: accepted wherever a base model is named when the
 server's backend serves that much (a run or sampler then gets the model's whole context), refused
 with a 400 naming the maximum otherwise. Our embedded names contain a ':' already
-(`twinkle://qwen3-demo`), so the suffix is matched from the right.
+(`twinkle://qwen3-demo`), so the suffix is matched from the right. A model entry's `aliases` (config)
+are more names for the same engine, e.g. the hub ids a cookbook recipe hard-codes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def engine(rt, name):
     """The engine serving `name` (a plain or suffixed base-model name, or the model's local folder: see
     `by_folder`); 400 for a context it cannot serve."""
     base, context = split(name)
-    eng = by_folder(rt, base) or rt.engine(base)
+    eng = by_folder(rt, base) or by_alias(rt, base) or rt.engine(base)
     served = eng.backend.max_context
     if context is not None and context > served:
         raise BadRequest(
@@ -47,6 +48,14 @@ def engine(rt, name):
             f"{served} here (name it {eng.entry.name}:peft:{served} or less)"
         )
     return eng
+
+
+def by_alias(rt, name):
+    """The engine whose config entry lists `name` among its `aliases` (a hub id a script hard-codes,
+    served by this model): the run or sampler is then recorded under the entry's own name."""
+    if not isinstance(name, str) or name in rt.engines:
+        return None
+    return next((eng for eng in rt.engines.values() if name in eng.entry.aliases), None)
 
 
 def by_folder(rt, name):
@@ -94,4 +103,5 @@ def capabilities(rt) -> list[dict]:
             width = bounds.model_width(eng.backend)  # no LoRA on this model can use a higher rank
             row["max_lora_rank"] = caps.max_lora_rank if width is None else min(caps.max_lora_rank, width)
         rows.append(row)  # (any `name:peft:<n>` up to max_context_length is accepted; not listed twice)
+        rows += [{**row, "model_name": alias} for alias in eng.entry.aliases]  # a name clients may send
     return rows
