@@ -275,3 +275,85 @@ def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(ser
         for a, b in zip(alone.loss_fn_outputs, together.loss_fn_outputs, strict=True):
             np.testing.assert_allclose(b["logprobs"].to_numpy(), a["logprobs"].to_numpy(), rtol=1e-5, atol=1e-5)
     assert "surrogate_loss:sum" in fused[0].metrics and "custom/ratio:mean" in fused[0].metrics
+
+
+def _call(name, target, *args):
+    return {"op": "call_function", "name": name, "target": target, "args": list(args), "kwargs": {}}
+
+
+def _returning(extra, use):
+    """An edit of _weighted's graph: `extra` nodes before the output, whose loss becomes `use` (a node
+    that also depends on the log-probs, so the program still trains)."""
+
+    def edit(nodes):
+        out = nodes.pop()
+        nodes += [*extra, _call("probe_loss", "operator.add", {"ref": "neg"}, {"ref": use})]
+        out["args"] = [{"tuple": [{"ref": "probe_loss"}, {"dict": {}}]}]
+        nodes.append(out)
+
+    return edit
+
+
+def test_values_are_bounded_before_they_are_computed(server, dave, dave_key):
+    """Ints, sequences and tensors a loss makes are bounded, each before the op that would pass the bound:
+    constant operands are refused on upload (400), the rest when the loss runs on a datum (category user),
+    every message naming the op and the bound. Before: operator.pow(7, 10**7) froze the server 7-12 s,
+    a list repeated 5e7 times and 21 chained torch.cat grew it 0.5 GB each."""
+    from tinker import RequestFailedError, types
+    from tinker.types import RequestErrorCategory
+
+    from twinkle.serve.tinker import loss_bounds as LB
+
+    session_id = dave.holder.get_session_id()
+    ranks = {"logprobs": 1, "weights": 1}
+    on_upload = {
+        "operator.pow(7, 10000000) would be an integer of ~2.81e+07 bits; at most 4096": [
+            _call("p", "operator.pow", 7, 10**7),
+            _call("ps", "operator.mul", {"ref": "p"}, 0.0),
+        ],
+        "operator.mul repeats a list of 1 items 50000000 times; at most 65536 items": [
+            _call("l", "operator.mul", [0.0], 50_000_000),
+            _call("ls", "torch.tensor", {"ref": "l"}),
+            _call("ps", "torch.sum", {"ref": "ls"}),
+        ],
+        "operator.mod on a string formats text": [
+            _call("s", "operator.mod", "%099999999d", 1),
+            _call("ps", "operator.mul", {"ref": "s"}, 0),
+        ],
+    }
+    for message, nodes in on_upload.items():
+        r = _upload(server, dave_key, session_id, _weighted, ranks, _returning(nodes, "ps"))
+        assert r.status_code == 400 and message in r.json()["error"], r.text
+
+    doubling = [_call("c0", "torch.cat", [{"ref": "logprobs"}, {"ref": "logprobs"}])]
+    doubling += [_call(f"c{i}", "torch.cat", [{"ref": f"c{i - 1}"}] * 2) for i in range(1, 21)]
+    n = len(SEQS[0]) - 1
+    at_run = {  # datum: n log-probs and n weights, so one value may hold 64 * 2n + 65536 elements
+        f"torch.cat takes an argument of {2**12 * n} tensor elements; at most {64 * 2 * n + 65536}": [
+            *doubling,
+            _call("ps", "torch.sum", {"ref": "c20"}),
+        ],
+        "operator.pow(a 2808-bit integer, 1000) would be an integer of ~2.81e+06 bits; at most 4096": [
+            _call("a", "operator.pow", 7, 1000),
+            _call("b", "operator.pow", {"ref": "a"}, 1000),
+            _call("ps", "operator.mul", {"ref": "logprobs"}, {"ref": "b"}),
+        ],
+        "operator.mul repeats a list of 2 items 50000000 times; at most 65536 items": [
+            _call("l2", "operator.add", [0.0], [{"ref": "neg"}]),
+            _call("l", "operator.mul", {"ref": "l2"}, 50_000_000),
+            _call("ps", "operator.getitem", {"ref": "l"}, 1),
+        ],
+    }
+    tc = dave.create_lora_training_client(base_model=TEST_MODEL, rank=2, seed=3).result()
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(SEQS[0][:-1]),
+        loss_fn_inputs={"target_tokens": SEQS[0][1:], "weights": [1.0] * n},
+    )
+    for message, nodes in at_run.items():
+        r = _upload(server, dave_key, session_id, _weighted, ranks, _returning(nodes, "ps"))
+        assert r.status_code == 200, r.text
+        loss_id = f"{session_id}:loss:99"  # _upload's custom_loss_seq_id: each upload replaces the last
+        with pytest.raises(RequestFailedError) as e:
+            tc.forward_backward([datum], "custom", {"loss_id": loss_id}).result()
+        assert e.value.category == RequestErrorCategory.User and message in str(e.value), e.value
+    assert LB.ELEMENTS_PER_DATUM == 64 and LB.ELEMENTS_FLOOR == 65536  # the figures the messages above quote

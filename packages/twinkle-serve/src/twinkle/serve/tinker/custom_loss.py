@@ -6,88 +6,28 @@ a function named by its qualified name (`torch.exp`, `operator.mul`), a Tensor m
 output. Here every name is looked up in this module's own tables of pure tensor math: nothing is
 unpickled, imported or evaluated, and a name not in a table is refused with `LossGraphError` naming it.
 
-Tensor factories with caller-chosen sizes (`torch.zeros(n)`, `expand`, `repeat`, `one_hot`) are left
-out on purpose: every value a loss computes stays bounded by the datum's own tensors.
+What the nodes compute is bounded while they run (tinker/loss_bounds.py): ints in bits, lists and
+strings in items, each value's tensor elements and the run's total work by a multiple of the datum's
+own tensors, each checked before the op that would pass it. Tensor factories with caller-chosen sizes
+(`torch.zeros(n)`, `expand`, `repeat`, `one_hot`) are left out of the tables altogether.
 """
 
 from __future__ import annotations
 
-import math
-import operator
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch.fx.node import _get_qualified_name
+
+from twinkle.serve.tinker import loss_bounds
+from twinkle.serve.tinker.loss_bounds import OverBound
+from twinkle.serve.tinker.loss_ops import ATTRIBUTES, DTYPES, FUNCTIONS, LAYOUTS, MEMORY_FORMATS, METHODS
 
 MAX_NODES = 4096
 MAX_INPUTS = 16  # logprobs included, as the SDK allows
 _INPUT_NAME = re.compile(r"[a-z_][a-z0-9_]{0,63}")
 _METRIC_KEY = re.compile(r"custom/[a-z0-9_./-]{1,64}:(sum|mean)")
-
-_TORCH = (
-    "abs neg exp exp2 expm1 log log1p log2 log10 sqrt rsqrt square pow sigmoid tanh relu sign floor ceil round "
-    "trunc clamp clip clamp_min clamp_max minimum maximum fmin fmax where sum mean nansum nanmean prod amax amin "
-    "max min argmax argmin logsumexp softmax log_softmax cumsum cumprod std var norm dot matmul outer stack cat "
-    "gather masked_fill isfinite isnan isinf nan_to_num zeros_like ones_like full_like add sub subtract mul "
-    "multiply div true_divide reciprocal lerp logaddexp xlogy sort topk flatten reshape squeeze unsqueeze "
-    "transpose t detach numel logical_and logical_or logical_not eq ne lt le gt ge any all tensor scalar_tensor "
-    "as_tensor sinh cosh sin cos"
-).split()
-_FUNCTIONAL = (
-    "softplus logsigmoid log_softmax softmax relu leaky_relu gelu silu elu mse_loss l1_loss smooth_l1_loss "
-    "huber_loss kl_div binary_cross_entropy_with_logits normalize cosine_similarity hardtanh"
-).split()
-_MATH = "sqrt log exp log1p expm1 pow fabs floor ceil tanh".split()
-_OPERATOR = (
-    "add sub mul truediv floordiv mod pow neg pos abs getitem lt le gt ge eq ne and_ or_ xor invert matmul".split()
-)
-METHODS = frozenset(
-    (
-        "size dim numel float double long int bool to type_as view view_as reshape reshape_as flatten squeeze "
-        "unsqueeze t transpose permute contiguous clone detach sum mean prod max min amax amin argmax argmin exp log "
-        "log1p expm1 abs neg sqrt rsqrt square pow sigmoid tanh relu sign clamp clip clamp_min clamp_max minimum "
-        "maximum where masked_fill gather logsumexp softmax log_softmax cumsum std var norm isfinite isnan "
-        "nan_to_num add sub mul div reciprocal floor ceil round lerp dot matmul eq ne lt le gt ge logical_and "
-        "logical_or logical_not any all sort topk exp2 nansum nanmean"
-    ).split()
-)
-ATTRIBUTES = frozenset({"shape", "ndim", "dtype", "T", "mT", "real"})
-DTYPES = {
-    name: getattr(torch, name)
-    for name in (
-        "float32",
-        "float64",
-        "float16",
-        "bfloat16",
-        "int64",
-        "int32",
-        "bool",
-        "float",
-        "double",
-        "long",
-        "int",
-    )
-}
-LAYOUTS = {"strided": torch.strided}
-MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format}
-
-
-def _function_table() -> dict:
-    fns = [getattr(torch, n) for n in _TORCH] + [getattr(F, n) for n in _FUNCTIONAL]
-    fns += [getattr(math, n) for n in _MATH]
-    table = {_get_qualified_name(f): f for f in fns}
-    # the SDK names Python operators by their public module (fx records CPython's private `_operator`)
-    table.update({f"operator.{n}": getattr(operator, n) for n in _OPERATOR})
-    # a Tensor method used as a function: torch.Tensor.sum(x)
-    table.update({f"torch.Tensor.{m}": getattr(torch.Tensor, m) for m in METHODS})
-    return table
-
-
-FUNCTIONS = _function_table()
-assert all(hasattr(torch.Tensor, m) for m in METHODS)
 
 
 class LossGraphError(ValueError):
@@ -111,6 +51,10 @@ class _Node:
 def _decode(arg, known: set[str], where: str):
     """One encoded argument (tinker.types.CustomLossNode.args) -> a Python value with `_Ref`s for nodes."""
     if arg is None or isinstance(arg, (bool, int, float, str)):
+        try:
+            loss_bounds.check_int(arg, "a literal")
+        except OverBound as e:
+            raise LossGraphError(f"{where}: {e}") from None
         return arg
     if isinstance(arg, list):
         return [_decode(a, known, where) for a in arg]
@@ -181,7 +125,13 @@ class LossProgram:
             elif op == "output":
                 output = args
             elif op == "call_function":
-                program.append(_Node(op, node_name, _function(target, args, where), tuple(args), kwargs))
+                fn = _function(target, args, where)
+                if not _refers(args):  # constant operands: `operator.pow(7, 10**7)` is refused on upload
+                    try:
+                        loss_bounds.check_python(fn, tuple(args))
+                    except OverBound as e:
+                        raise LossGraphError(f"{where}: {e}") from None
+                program.append(_Node(op, node_name, fn, tuple(args), kwargs))
             elif op == "call_method":
                 if target not in METHODS:
                     raise LossGraphError(
@@ -207,21 +157,21 @@ class LossProgram:
     def __call__(self, *tensors: torch.Tensor):
         env = dict(zip((n for n, _ in self.inputs), tensors))
         device = tensors[0].device
+        budget = loss_bounds.Budget.for_datum(tensors)
         for node in self.nodes:
             args = _resolve(node.args, env, device)
             kwargs = _resolve(node.kwargs, env, device)
+            if node.op == "call_method" and not isinstance(args[0], torch.Tensor):
+                raise LossGraphError(
+                    f"node {node.name!r}: method {node.call!r} called on a {type(args[0]).__name__}, not a tensor"
+                )
+            fn = getattr(torch.Tensor, node.call) if node.op == "call_method" else node.call
             try:
-                if node.op == "call_method":
-                    if not isinstance(args[0], torch.Tensor):
-                        raise LossGraphError(
-                            f"node {node.name!r}: method {node.call!r} called on a "
-                            f"{type(args[0]).__name__}, not a tensor"
-                        )
-                    env[node.name] = getattr(args[0], node.call)(*args[1:], **kwargs)
-                else:
-                    env[node.name] = node.call(*args, **kwargs)
-            except LossGraphError:
-                raise
+                reads = budget.before(fn, args, kwargs)
+                env[node.name] = fn(*args, **kwargs)
+                budget.after(env[node.name], reads, f"the value of {loss_bounds.op_name(fn)}")
+            except OverBound as e:
+                raise LossGraphError(f"loss {self.name!r} refused at node {node.name!r}: {e}") from None
             except Exception as e:
                 raise LossGraphError(
                     f"loss {self.name!r} failed at node {node.name!r}: {type(e).__name__}: {e}"
@@ -305,6 +255,16 @@ def _parse_output(output) -> tuple[_Ref, dict]:
                 f"metric {key!r} must be named custom/<name>:sum or custom/<name>:mean and be a tensor"
             )
     return value[0], value[1]
+
+
+def _refers(value) -> bool:
+    if isinstance(value, _Ref):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_refers(v) for v in value)
+    if isinstance(value, dict):
+        return any(_refers(v) for v in value.values())
+    return isinstance(value, slice) and _refers([value.start, value.stop, value.step])
 
 
 def _resolve(value, env: dict, device):
