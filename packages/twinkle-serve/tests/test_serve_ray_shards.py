@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from twinkle.hub import TEST_MODEL, resolve_model_path
-from twinkle.metric import ForwardRecord
 from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
 from twinkle.serve.tinker.datums import Datum, train
 
@@ -62,39 +61,16 @@ def test_user_errors_come_back_as_user_errors(backends):
 
 
 def test_rank_results_merge_in_row_order_and_fail_together():
-    from twinkle.serve.backend.shards import PeerFailed, merge_rank_results
+    from twinkle.serve.backend.shards import merge_rank_results
 
     r0 = {"loss": 3.0, "finite": True, "logprobs": [[-1.0], [-2.0]]}
     r1 = {"loss": 3.0, "finite": True, "logprobs": [[-4.0]]}
-    ok, failed, tiny = merge_rank_results([[r0, PeerFailed("peer"), r0], [r1, UserError("loss is nan"), None]])
+    empty = {"loss": 3.0, "finite": True, "logprobs": []}
+    nan = UserError("loss is nan")  # the ranks agreed on the failure: each answers with its message
+    ok, failed, tiny = merge_rank_results([[r0, nan, r0], [r1, UserError("loss is nan"), empty]])
     assert ok == {"loss": 3.0, "finite": True, "logprobs": [[-1.0], [-2.0], [-4.0]]}
-    assert isinstance(failed, UserError) and not isinstance(failed, PeerFailed) and "nan" in str(failed)
-    assert tiny == r0  # a request smaller than the group: the empty rank adds nothing
-
-
-def _record(loss, tokens, **extras):
-    return ForwardRecord(loss, tokens, tokens, 0, 0.1, 1.0, True, extras)
-
-
-def test_rank_records_merge_as_one_process_would_have_recorded_the_pass():
-    from twinkle.loss import CrossEntropyLoss
-    from twinkle.serve.backend.shards import merge_records
-    from twinkle.serve.tinker.program_loss import ProgramLoss
-
-    # rank 0: two rows, 3 loss tokens; rank 1: one row, 1 loss token
-    parts = [(_record(3.0, 3, clip=0.5), 2), (_record(4.0, 1, clip=0.0), 1)]
-    summed = merge_records(parts, CrossEntropyLoss(reduction="sum"))  # Tinker's: the batch's loss is the sum
-    assert (summed.loss, summed.loss_tokens, summed.finite) == (7.0, 4, True)
-    assert summed.extras == {"clip": pytest.approx(0.375)}  # a built-in loss's metric: a mean over loss tokens
-    assert merge_records(parts, CrossEntropyLoss()).loss == pytest.approx((3.0 * 3 + 4.0 * 1) / 4)  # a token mean
-    custom = [
-        (_record(3.0, 3, **{"custom/n:sum": 2.0, "custom/m:mean": 1.0}), 2),
-        (_record(4.0, 1, **{"custom/n:sum": 1.0, "custom/m:mean": 4.0}), 1),
-    ]
-    merged = merge_records(custom, ProgramLoss(None, [[], [], []]))  # no program: merging reads none
-    assert merged.extras == {"custom/n:sum": 3.0, "custom/m:mean": pytest.approx(2.0)}  # the SDK's: over datums
-    nan = merge_records([parts[0], (ForwardRecord(float("nan"), 1, 1, 0, 0.1, 1.0, False, {}), 1)], CrossEntropyLoss())
-    assert not nan.finite and np.isnan(nan.loss) and nan.extras == {}
+    assert failed is nan
+    assert tiny == r0  # a request smaller than the group: the empty rank adds no rows
 
 
 def test_remote_backends_come_from_the_one_registry():

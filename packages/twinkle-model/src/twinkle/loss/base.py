@@ -3,17 +3,20 @@
 Conventions every loss follows:
 - token-level: a loss is a function of per-position quantities (log-probs, advantages, ...) over
   the positions whose target is not -100 (`mask_B_T`);
-- `reduction='mean'` divides the summed per-token loss by the number of loss tokens in the batch,
-  `reduction='sum'` does not (Tinker's losses are sums);
+- `reduction='mean'` divides the summed per-token loss by the batch's loss units, `reduction='sum'`
+  does not (Tinker's losses are sums). A loss class declares its `unit`: loss tokens (the default),
+  (chosen, rejected) pairs for the preference losses, or sequences; `Loss.units` counts them from the
+  targets and inputs alone, so an engine knows a data-parallel step's global units before the forward;
 - per-token input fields arrive shifted like the targets (position t belongs to target t); a
   per-row field (shape [B]) is broadcast over that row's tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -59,19 +62,7 @@ class LossContext:
 
     def token_field(self, name: str, default: float | None = None) -> torch.Tensor:
         """A per-token float field [B, T]; per-row fields broadcast; `default` fills a missing one."""
-        if name not in self.fields:
-            if default is None:
-                raise KeyError(name)
-            return torch.full_like(self.mask_B_T, default)
-        value = self.fields[name].to(self.mask_B_T.device, torch.float32)
-        if value.dim() == 1:
-            value = value[:, None].expand_as(self.mask_B_T)
-        if value.shape != self.mask_B_T.shape:
-            raise ValueError(
-                f"loss input {name!r} has shape {tuple(value.shape)}; expected "
-                f"{tuple(self.mask_B_T.shape)} (per token) or ({self.mask_B_T.shape[0]},) (per row)"
-            )
-        return value
+        return token_field(self.fields, name, self.mask_B_T, default)
 
     def ref_logps(self) -> torch.Tensor:
         """Reference log-probs: the `ref_logprobs` input if given, else those the model computed."""
@@ -90,6 +81,7 @@ class Loss:
 
     aliases: ClassVar[tuple[str, ...]] = ()
     required_fields: ClassVar[tuple[str, ...]] = ()
+    unit: ClassVar[Literal["token", "pair", "sequence"]] = "token"  # what a 'mean' reduction averages over
 
     def __init__(self, reduction: str = "mean"):
         if reduction not in ("mean", "sum"):
@@ -105,10 +97,18 @@ class Loss:
         a chunked head computes them in the same sweep over the vocabulary."""
         return HeadNeeds()
 
+    def units(self, targets_B_T: torch.Tensor, fields: Mapping[str, torch.Tensor]) -> float:
+        """This batch's loss units (`unit`), from its shifted targets and loss inputs: what a 'mean'
+        reduction divides by, and so what a data-parallel rank's share of the batch is counted in."""
+        if self.unit == "pair":
+            return float(targets_B_T.shape[0] // 2)
+        scored_B_T = targets_B_T != IGNORE_INDEX
+        return float((scored_B_T.any(dim=1) if self.unit == "sequence" else scored_B_T).sum())
+
     def metric_merge(self, key: str) -> str:
         """How this loss's metric `key` combines over slices of one batch's rows (data ranks): 'sum',
-        'row_mean' or 'token_mean' (the built-ins' metrics are means over loss tokens)."""
-        return "token_mean"
+        'row_mean' or 'unit_mean' (the built-ins' metrics are means over the loss's units)."""
+        return "unit_mean"
 
     def sliced(self, start: int, stop: int) -> Loss:
         """This loss for rows [start, stop) of its batch (a data rank's share): the same loss, unless it
@@ -132,6 +132,26 @@ class Loss:
     def reduce(self, values_B_T: torch.Tensor, mask_B_T: torch.Tensor) -> torch.Tensor:
         total = (values_B_T * mask_B_T).sum()
         return total if self.reduction == "sum" else total / mask_B_T.sum().clamp(min=1.0)
+
+
+def token_field(
+    fields: Mapping[str, torch.Tensor], name: str, mask_B_T: torch.Tensor, default: float | None = None
+) -> torch.Tensor:
+    """The loss input `name` per token, shaped like `mask_B_T` (a per-row input is broadcast over its
+    row); `default` fills a missing one."""
+    if name not in fields:
+        if default is None:
+            raise KeyError(name)
+        return torch.full_like(mask_B_T, default)
+    value = fields[name].to(mask_B_T.device, torch.float32)
+    if value.dim() == 1:
+        value = value[:, None].expand_as(mask_B_T)
+    if value.shape != mask_B_T.shape:
+        raise ValueError(
+            f"loss input {name!r} has shape {tuple(value.shape)}; expected "
+            f"{tuple(mask_B_T.shape)} (per token) or ({mask_B_T.shape[0]},) (per row)"
+        )
+    return value
 
 
 LOSSES: Registry[Loss] = Registry("loss", "twinkle.loss", Loss)

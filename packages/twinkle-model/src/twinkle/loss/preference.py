@@ -21,6 +21,8 @@ def _pairs(values_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class PairLoss(Loss):
+    unit = "pair"  # averaged over (chosen, rejected) pairs, not tokens
+
     def _finish(self, losses_P, chosen_reward_P, rejected_reward_P) -> LossOutput:
         loss = losses_P.sum() if self.reduction == "sum" else losses_P.mean()
         return LossOutput(

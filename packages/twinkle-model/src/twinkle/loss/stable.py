@@ -23,9 +23,17 @@ at sampling time; a datum's own `logprobs` are not trusted.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
-from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss
+from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss, token_field
+from twinkle.loss.head import IGNORE_INDEX
+
+
+def _weight(fields: Mapping[str, torch.Tensor], mask_B_T: torch.Tensor) -> torch.Tensor:
+    """The loss tokens that carry a policy gradient: the sampled ones, less the parse-error mask."""
+    return mask_B_T * token_field(fields, "sampled_mask", mask_B_T, 1.0) * token_field(fields, "mask", mask_B_T, 1.0)
 
 
 @register_loss
@@ -41,12 +49,17 @@ class StableReinforceLoss(Loss):
             raise ValueError(f"ratio_cap must be >= 1 (1 is on-policy REINFORCE), got {ratio_cap}")
         self.ratio_cap = float(ratio_cap)
 
+    def units(self, targets_B_T: torch.Tensor, fields: Mapping[str, torch.Tensor]) -> float:
+        """Its mean divides by the weighted loss tokens (`sampled_mask` x `mask`), as `compute` does."""
+        mask_B_T = (targets_B_T != IGNORE_INDEX).float()
+        return float(_weight(fields, mask_B_T).sum())
+
     def compute(self, ctx: LossContext) -> LossOutput:
         logp = ctx.logps_B_T
         ratio = torch.exp(logp - ctx.token_field("logprobs"))
         # min(r, C) / r, detached: 1 below the cap, C / r above it (r > 0 always: an exp)
         scale = (ratio.clamp(max=self.ratio_cap) / ratio).detach()
-        weight = ctx.mask_B_T * ctx.token_field("sampled_mask", 1.0) * ctx.token_field("mask", 1.0)
+        weight = _weight(ctx.fields, ctx.mask_B_T)
         per_tok = -ratio * scale * ctx.token_field("advantages")
         n = weight.sum().clamp(min=1.0)
         truncated = ((ratio.detach() > self.ratio_cap).float() * weight).sum() / n

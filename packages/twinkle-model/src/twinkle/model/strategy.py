@@ -20,22 +20,33 @@ once the trainable parameters are final (the first forward), because DDP, FSDP2 
 fix the parameter set when they wrap.
 
 A data-parallel step must equal the one-process step on the same global batch. Two things make it so:
-- the loss: a 'mean' loss divides by the loss tokens (or pairs) of the *global* micro-batch, not
-  of this rank's share, and DDP/FSDP2 average gradients over the data ranks, so each rank
-  backpropagates `W * n_rank / n_global * loss_rank` (`data_parallel_loss`);
+- the loss: a 'mean' loss divides by the loss units of the *global* micro-batch, not of this rank's
+  share. The loss class says what its units are (`Loss.units`: loss tokens, or (chosen, rejected)
+  pairs for the preference losses) and counts them from the batch alone. DDP/FSDP2 average gradients
+  over the data ranks, so each rank backpropagates `W * n_rank / n_global * loss_rank`
+  (`data_parallel_loss`); MultiLoraModel, whose adapters come and go (DDP wraps a fixed parameter
+  set), scales its 'mean' losses by `n_rank / n_global` before the forward (`data_parallel_weights`)
+  and sums gradients at step time (`sum_gradients`; twinkle.model.multi_lora.data_parallel);
 - FSDP2 and tp swap every parameter for a DTensor: optimizers and per-adapter parameter lists
   made before the wrap are pointed at the new ones (`rebind_parameters`), and the gradient norm is
   taken over the full (unsharded) gradients (`clip_grad_norm`).
+What a rank recorded of its share (loss, tokens, the loss's metrics) becomes the global pass's record
+in one place (`merge_records`), for every engine that splits a pass: data ranks, or a long pass run
+as pieces.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from twinkle.metric import ForwardRecord
 
 _MaybeTensor = TypeVar("_MaybeTensor", torch.Tensor, None)
 
@@ -163,15 +174,8 @@ def rebind_parameters(module: torch.nn.Module, states) -> None:
 
 
 def mean_units(loss, ctx) -> torch.Tensor:
-    """What a 'mean' loss divides by on this rank: loss tokens, or (chosen, rejected) pairs for the
-    preference losses. A loss class may say otherwise with a `mean_units(ctx)` method."""
-    if hasattr(loss, "mean_units"):
-        return torch.as_tensor(loss.mean_units(ctx), dtype=torch.float64)
-    from twinkle.loss.preference import PairLoss
-
-    if isinstance(loss, PairLoss):
-        return torch.tensor(ctx.targets_B_T.shape[0] // 2, dtype=torch.float64)
-    return ctx.mask_B_T.detach().sum().to(torch.float64).cpu()
+    """What a 'mean' loss divides by for this context's rows (`Loss.units`), as a float64 scalar."""
+    return torch.tensor(loss.units(ctx.targets_B_T, ctx.fields), dtype=torch.float64)
 
 
 def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
@@ -205,11 +209,11 @@ def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
 
 
 def data_parallel_weights(units: Sequence[float], group=None) -> list[float]:
-    """Each pass's share of the data-parallel batch: this rank's loss units over all ranks' (one
-    all-reduce for every pass at once). A rank that scales its 'mean' loss by its share before
-    backward and has its gradients summed (`sum_gradients`) gets what `data_parallel_loss` plus
-    DDP's average give: the global batch's gradient. For engines whose ranks fan in as one call
-    (the server's multi-LoRA shards), which cannot all-reduce once per loss inside a fused pass."""
+    """Each pass's share of the data-parallel batch: this rank's loss units (`Loss.units`) over all
+    ranks' (one all-reduce for every pass at once, before the forward). A rank that scales its 'mean'
+    loss by its share before backward and has its gradients summed (`sum_gradients`) gets what
+    `data_parallel_loss` plus DDP's average give: the global batch's gradient. For MultiLoraModel,
+    whose fused pass holds several tenants' losses and cannot all-reduce once per loss inside it."""
     world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     if world == 1 or not units:
         return [1.0] * len(units)
@@ -234,6 +238,64 @@ def sum_gradients(params: Sequence[torch.nn.Parameter], group=None) -> None:
     dist.all_reduce(flat, group=group)
     for p, chunk in zip(params, flat.split([p.numel() for p in params])):
         p.grad = chunk.view_as(p).clone()
+
+
+def data_parallel_sums(mesh, counts: Sequence[int]) -> tuple[int, ...]:
+    """Counts (loss tokens, correct tokens) summed over the ranks of the global micro-batch."""
+    if data_parallel_size(mesh) == 1:
+        return tuple(counts)
+    device = torch.device("cuda", torch.cuda.current_device()) if mesh.resolved_device_type == "cuda" else "cpu"
+    packed = torch.tensor(list(counts), dtype=torch.int64, device=device)
+    dist.all_reduce(packed, group=mesh.get_group(gradient_dims(mesh)))
+    return tuple(int(c) for c in packed.tolist())
+
+
+@dataclass
+class RankRecord:
+    """What one part of a pass recorded (a data rank's share of the rows, or a piece of a long pass)."""
+
+    record: ForwardRecord
+    rows: int
+    units: float  # its loss units (`Loss.units`)
+
+
+def merge_records(parts: Sequence[RankRecord], loss) -> ForwardRecord:
+    """The record one process would have made of the whole pass: a summed loss adds up over the parts,
+    a mean one is averaged over the loss's units (tokens, or pairs); each of the loss's metrics combines
+    as the loss says (`Loss.metric_merge`: 'sum', 'row_mean', or 'unit_mean'). Parts without a loss
+    token do not count; a non-finite part makes the whole pass non-finite."""
+    records = [p.record for p in parts]
+    scored = [p for p in parts if p.record.loss_tokens]
+    finite = bool(scored) and all(p.record.finite for p in scored)
+
+    def mean(values: list[tuple[float, float]]) -> float:  # (value, weight); unweighted when no weight
+        total = sum(w for _, w in values)
+        return sum(v * w for v, w in values) / total if total else sum(v for v, _ in values) / len(values)
+
+    if not finite:
+        value = next((p.record.loss for p in scored if not p.record.finite), math.nan)
+    elif loss.reduction == "sum":
+        value = sum(p.record.loss or 0.0 for p in scored)
+    else:
+        value = mean([(p.record.loss or 0.0, p.units) for p in scored])
+    extras = {}
+    for key in scored[0].record.extras if finite else {}:
+        how = loss.metric_merge(key)
+        values = [(p.record.extras.get(key, 0.0), p) for p in scored]
+        if how == "sum":
+            extras[key] = sum(v for v, _ in values)
+        else:
+            extras[key] = mean([(v, p.rows if how == "row_mean" else p.units) for v, p in values])
+    return ForwardRecord(
+        loss=value,
+        loss_tokens=sum(r.loss_tokens for r in records),
+        input_tokens=sum(r.input_tokens for r in records),
+        correct_tokens=sum(r.correct_tokens for r in records),
+        seconds=max(r.seconds for r in records),
+        flops=sum(r.flops for r in records),
+        finite=finite,
+        extras=extras,
+    )
 
 
 def no_sync(wrapped: torch.nn.Module, accumulate: bool):

@@ -33,8 +33,8 @@ from twinkle.model.strategy import (
     clip_grad_norm,
     data_parallel_loss,
     data_parallel_size,
+    data_parallel_sums,
     full_tensor,
-    gradient_dims,
     is_main_process,
     local_tensor,
     no_sync,
@@ -364,12 +364,7 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         """Counts over the global micro-batch: the loss is the global one, so its weight in the
         running mean (and token accuracy) must be too, or data-parallel metrics drift from one
         process's."""
-        if data_parallel_size(self.device_mesh) == 1:
-            return counts
-        device = torch.device("cuda", torch.cuda.current_device()) if self.device.type == "cuda" else "cpu"
-        packed = torch.tensor(counts, dtype=torch.int64, device=device)
-        torch.distributed.all_reduce(packed, group=self.device_mesh.get_group(gradient_dims(self.device_mesh)))
-        return tuple(int(c) for c in packed.tolist())
+        return data_parallel_sums(self.device_mesh, counts)
 
     def _n_matmul(self) -> int:
         if not hasattr(self, "_n_matmul_cache"):

@@ -21,6 +21,7 @@ import torch
 from peft import LoraConfig
 
 from twinkle.loss import Loss, LossContext
+from twinkle.mesh import get_global_mesh
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import checkpoint, vision
 from twinkle.model import step as step_rule
@@ -29,6 +30,7 @@ from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora import heads as head_rule
 from twinkle.model.multi_lora import recompute, vision_tenants
 from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
+from twinkle.model.multi_lora.data_parallel import DataParallel
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
 from twinkle.model.multi_lora.residency import LIVE, Residency
@@ -44,7 +46,11 @@ class MultiLoraModel(TwinkleModel):
     tenant routing and LoRA dropout draws its forward had (`multi_lora.recompute`): activation
     memory falls from every layer's to one layer's, at the cost of a second forward through the
     decoder. Off by default; no-grad passes never recompute. The vision tower is not checkpointed.
-    A base that already has transformers' own gradient checkpointing on is refused."""
+    A base that already has transformers' own gradient checkpointing on is refused.
+
+    `device_mesh` (default: the global mesh) with several data ranks (torchrun, a Ray group) makes each
+    pass the ranks' shares of one global pass, equal to one process on the whole batch
+    (`multi_lora.data_parallel`); only dp is implemented."""
 
     def __init__(
         self,
@@ -55,7 +61,10 @@ class MultiLoraModel(TwinkleModel):
         device=None,
         seed: int = 0,
         activation_checkpointing: bool = False,
+        device_mesh=None,
     ):
+        # data parallel over the mesh's data ranks (default: the global mesh), multi_lora.data_parallel
+        self.data_parallel = DataParallel(device_mesh if device_mesh is not None else get_global_mesh())
         self.model_path = None
         if model is None:
             if model_id is None:
@@ -324,7 +333,7 @@ class MultiLoraModel(TwinkleModel):
         state.count_micro_batch(finite)
         if not finite:
             return False
-        (loss / state.gradient_accumulation_steps).backward()
+        (loss * self.data_parallel.backward_scale / state.gradient_accumulation_steps).backward()
         return True
 
     def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
@@ -353,8 +362,8 @@ class MultiLoraModel(TwinkleModel):
     ) -> dict:
         """One forward+backward over several tenants' batches; {tenant: result}. With
         raise_errors=False a tenant whose input or loss fails maps to its exception and the others
-        still train. `loss_weights`: a tenant's loss is scaled by its weight before backward (a data
-        rank's share of the global batch, `twinkle.model.strategy.data_parallel_weights`). `losses`:
+        still train. `loss_weights`: a tenant's loss is scaled by its weight before backward (a piece's
+        share of a longer pass; a data rank's share is the mesh's, multi_lora.data_parallel). `losses`:
         a tenant's loss for this pass only, instead of its configured one (an API whose requests
         each name their loss, as Tinker's do)."""
         return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {}, losses or {})
@@ -370,6 +379,16 @@ class MultiLoraModel(TwinkleModel):
     ) -> dict:
         if not batches:
             raise ValueError("no batches given")
+        outcomes = self.data_parallel.run(
+            self.adapters, self.pad_id, self._run_local, batches, train, return_logprobs, weights, losses
+        )
+        errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
+        if errors and raise_errors:
+            name, error = next(iter(errors.items()))
+            raise type(error)(f"tenant {name!r}: {error}") from error
+        return {name: outcomes[name] for name in batches}
+
+    def _run_local(self, batches: dict, train: bool, return_logprobs: bool, weights: dict, losses: dict) -> dict:
         outcomes, work = {}, []
         pinned = set(batches)  # bringing one tenant back never parks another of this pass
         for name, inputs in batches.items():
@@ -380,11 +399,7 @@ class MultiLoraModel(TwinkleModel):
         if work:
             outcomes.update(self._pass(work, train, return_logprobs, weights, losses))
             self._worked()
-        errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
-        if errors and raise_errors:
-            name, error = next(iter(errors.items()))
-            raise type(error)(f"tenant {name!r}: {error}") from error
-        return {name: outcomes[name] for name in batches}
+        return outcomes
 
     @contextmanager
     def _routed(self, segments: list[tuple[str | None, Batch]], train: bool):
@@ -432,7 +447,7 @@ class MultiLoraModel(TwinkleModel):
         start = time.perf_counter()
         # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
         work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
-        refs = self._reference_logps(work, losses) if train else {}
+        refs = self._reference_logps(work, losses)  # a forward-only pass scores its loss too
         pass_heads = self._heads([(s.name, b) for s, b in work], train)
         outcomes, records, total = {}, {}, None
         for (state, batch), head in zip(work, pass_heads):
@@ -499,7 +514,9 @@ class MultiLoraModel(TwinkleModel):
     # ---- optimizer steps, metrics, checkpoints --------------------------------------------------
     def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
         """On an accumulation boundary, the step rule every engine shares (`twinkle.model.step`)."""
-        result = step_rule.clip_grad_and_step(self._state(adapter_name), max_grad_norm)
+        state = self._state(adapter_name)
+        self.data_parallel.sync_gradients(state)
+        result = step_rule.clip_grad_and_step(state, max_grad_norm)
         self._worked()
         return result
 
@@ -513,14 +530,13 @@ class MultiLoraModel(TwinkleModel):
         """The adapter as an ordinary peft LoRA folder (its own rank), plus the training state on
         request (twinkle.model.checkpoint); returns the path."""
         state = self._state(adapter_name)
-        checkpoint.save_adapter(
-            path,
-            vision.with_vision_modules(self.base, state.spec.config, self._vision_train.get(state.name, ())),
-            self.adapter_state_dict(state.name),
-            checkpoint.base_model_id(self.model_id, self.model_path),
-        )
-        if save_training_state:
-            checkpoint.save_adapter_state(path, state, data_position)
+        config = vision.with_vision_modules(self.base, state.spec.config, self._vision_train.get(state.name, ()))
+        with self.data_parallel.one_writer() as write:
+            if write:
+                base_id = checkpoint.base_model_id(self.model_id, self.model_path)
+                checkpoint.save_adapter(path, config, self.adapter_state_dict(state.name), base_id)
+            if save_training_state:
+                checkpoint.save_adapter_state(path, state, data_position, write=write)
         return str(path)
 
     def load(self, path, adapter_name: str | None = None, *, gradient_accumulation_steps: int = 1) -> None:

@@ -1,20 +1,15 @@
 """The ranks of the remote backend: `TrainShard` (the training model) and `SamplerShard` (the sampler).
 
 Both are `@remote_class`es: built with `remote_group='name'` after `twinkle.mesh.initialize(mode='ray')`
-they are Ray actor groups, built with `remote_group=None` plain objects in this process. What the ranks
-do so that a data-parallel group equals one process:
+they are Ray actor groups, built with `remote_group=None` plain objects in this process. They place
+work; the data parallelism itself is the model layer's:
 
 - forward_backward: each data rank gets its contiguous slice of every pass's rows (and of a custom
-  loss's per-row inputs). A loss that sums over tokens (Tinker's) gives the batch's gradient as the
-  sum of the ranks'; a loss normalised over its own loss tokens (a native adapter's) is scaled on
-  each rank by its share of the pass's loss tokens before backward (`strategy.data_parallel_weights`:
-  exact for token-mean losses, the built-ins, as `data_parallel_loss` is for torchrun ranks). A step
-  sums the gradients over the process group (`strategy.sum_gradients`), then every rank takes the
-  same optimizer step and the replicas stay equal.
-- what a rank learns from its slice (loss, token counts, its metric record) is exchanged, so every
-  rank feeds the same merged record to the adapter's metrics and answers with the same numbers.
-- a request fails on every rank or on none: a failure or a non-finite loss on any rank restores
-  every rank's gradients from before the pass.
+  loss's per-row inputs). Each actor's MultiLoraModel holds the group's DeviceMesh (an actor's global
+  mesh), and runs its slice as its share of the whole pass (twinkle.model.multi_lora.data_parallel):
+  a 'mean' loss weighted by its global units (`Loss.units`), one record of the whole pass, failures
+  and non-finite losses agreed by every rank, gradients summed on the step's boundary. The ranks'
+  answers are then the same numbers; the rows' log-probs are concatenated in row order.
 - sampling: each request runs on one rank of the sampler group (round robin).
 """
 
@@ -25,20 +20,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
-from twinkle.loss import Loss
 from twinkle.mesh import remote_class, remote_method
 from twinkle.mesh.device_mesh import split_bounds
-from twinkle.metric import ForwardRecord
-from twinkle.model.strategy import data_parallel_weights, sum_gradients
-from twinkle.serve.backend.base import AdamParams, UserError
+from twinkle.serve.backend.base import UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
 from twinkle.serve.backend.sampling import TorchSampling
-
-
-class PeerFailed(UserError):
-    """This rank's part was fine but another data rank's failed, so the whole request failed."""
 
 
 def returns_user_errors(fn):
@@ -65,10 +52,6 @@ def write_files(files: dict[str, bytes], folder) -> None:
         (Path(folder) / relative).write_bytes(data)
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
-
-
 def _group_device() -> str | None:
     """'cuda' on a rank of a cuda DeviceGroup (Ray gave the actor its GPU); else the default (CPU)."""
     from twinkle.mesh import get_global_mesh
@@ -77,7 +60,7 @@ def _group_device() -> str | None:
 
 
 # -- forward_backward fan-out / fan-in ------------------------------------------------------------
-def _slice_items(args, kwargs, mesh, rank):
+def slice_items(args, kwargs, mesh, rank):
     """Rank `rank` gets its data rank's contiguous slice of every pass's rows; a custom loss holds
     per-row inputs, so it gets the same slice of them."""
     (items,) = args
@@ -90,73 +73,15 @@ def _slice_items(args, kwargs, mesh, rank):
     return (cut,), kwargs
 
 
-def _loss_units(rows) -> int:
-    """The loss tokens of rows (labels after the first position that are not -100); rows the engine
-    will refuse count none, the pass fails on every rank anyway."""
-    try:
-        return sum(sum(int(t) != -100 for t in list(r.get("labels", r["input_ids"]))[1:]) for r in rows)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return 0
-
-
 def merge_rank_results(per_rank: list[list]) -> list:
-    """Per pass: the first real error; else the ranks' agreed outcome (`_agree` made every rank's
-    numbers the whole pass's) with the rows' log-probs in row order."""
+    """Per pass: the ranks agreed (twinkle.model.multi_lora.data_parallel), so a failure is every rank's
+    and the numbers are the whole pass's; the rows' log-probs come back in row order."""
     merged = []
     for i in range(len(per_rank[0])):
         parts = [rank[i] for rank in per_rank]
-        errors = [x for x in parts if isinstance(x, Exception)]
-        if errors:
-            merged.append(next((e for e in errors if not isinstance(e, PeerFailed)), errors[0]))
-            continue
-        done = [x for x in parts if x is not None]  # ranks with an empty slice did nothing
-        merged.append({**done[0], "logprobs": [lp for x in done for lp in x.get("logprobs", [])]})
+        error = next((x for x in parts if isinstance(x, Exception)), None)
+        merged.append(error or {**parts[0], "logprobs": [lp for x in parts for lp in x.get("logprobs", [])]})
     return merged
-
-
-class _Recorder:
-    """Stands in for an adapter's metrics during a pass: keeps the rank's record for merging."""
-
-    record: ForwardRecord | None = None
-
-    def on_forward(self, record: ForwardRecord) -> None:
-        self.record = record
-
-
-def merge_records(parts: list[tuple[ForwardRecord, int]], loss: Loss) -> ForwardRecord:
-    """The record one process would have made of the whole pass, from each rank's (record, rows): a
-    loss that sums over tokens adds up over ranks, a mean one is averaged over loss tokens; each of
-    its metrics combines as the loss says (`Loss.metric_merge`)."""
-    records = [r for r, _ in parts]
-    tokens = sum(r.loss_tokens for r in records)
-    scored = [(r, n) for r, n in parts if r.loss_tokens]
-    finite = bool(scored) and all(r.finite for r, _ in scored)
-    if not finite:
-        value = next((r.loss for r, _ in scored if not r.finite), float("nan"))
-    elif loss.reduction == "sum":
-        value = sum(r.loss or 0.0 for r, _ in scored)
-    else:
-        value = sum((r.loss or 0.0) * r.loss_tokens for r, _ in scored) / tokens  # a finite scored record has a loss
-    extras = {}
-    for key in scored[0][0].extras if finite else {}:
-        values = [(r.extras.get(key, 0.0), r.loss_tokens, n) for r, n in scored]
-        how = loss.metric_merge(key)
-        if how == "sum":
-            extras[key] = sum(v for v, _, _ in values)
-        elif how == "row_mean":
-            extras[key] = sum(v * n for v, _, n in values) / sum(n for _, _, n in values)
-        else:
-            extras[key] = sum(v * t for v, t, _ in values) / tokens
-    return ForwardRecord(
-        loss=value,
-        loss_tokens=tokens,
-        input_tokens=sum(r.input_tokens for r in records),
-        correct_tokens=sum(r.correct_tokens for r in records),
-        seconds=max(r.seconds for r in records),
-        flops=sum(r.flops for r in records),
-        finite=finite,
-        extras=extras,
-    )
 
 
 @remote_class
@@ -201,7 +126,7 @@ class TrainShard(MultiLoraBackend):
         return super().adapter_tensors(name).to(device="cpu")
 
     # Checkpoints cross as the folder's files, so no rank needs the server's disk; the ranks are
-    # replicas, so rank 0's files are everyone's.
+    # replicas: data rank 0 writes them (MultiLoraModel.save) and its answer is the group's.
     @returns_user_errors
     def checkpoint_files(self, name: str, training_state: bool) -> dict[str, bytes]:
         with tempfile.TemporaryDirectory() as folder:
@@ -216,105 +141,12 @@ class TrainShard(MultiLoraBackend):
             write_files(files, folder)
             return super().load_checkpoint(name, folder, training_state, implicit_adam)
 
-    @remote_method(dispatch=_slice_items, collect=merge_rank_results)
+    @remote_method(dispatch=slice_items, collect=merge_rank_results)
     def forward_backward_many(self, items) -> list:
-        states = {it.adapter: self.engine.adapters[it.adapter] for it in items if it.adapter in self.engine.adapters}
-        saved = {
-            it.adapter: states[it.adapter].snapshot() for it in items if not it.forward_only and it.adapter in states
-        }
-        recorders = {(name, train): _Recorder() for name in states for train in (True, False)}
-        kept = {name: (s.train_metrics, s.eval_metrics) for name, s in states.items()}
-        for name, s in states.items():
-            s.train_metrics, s.eval_metrics = [recorders[(name, True)]], [recorders[(name, False)]]
-        results: list = [None] * len(items)
-        live = [i for i, item in enumerate(items) if item.rows]
-        weights = self._rank_weights(items)
-        try:
-            if live:
-                for i, r in zip(live, super().forward_backward_many([items[i] for i in live], weights)):
-                    results[i] = r
-        except Exception as e:
-            for i in live:
-                results[i] = e
-        finally:
-            for name, s in states.items():
-                s.train_metrics, s.eval_metrics = kept[name]
-        mine = [
-            (
-                isinstance(r, Exception),
-                None
-                if r is None or isinstance(r, Exception)
-                else recorders[(item.adapter, not item.forward_only)].record,
-                len(item.rows),
-            )
-            for item, r in zip(items, results)
-        ]
-        everyone: list = [mine]
-        if _world() > 1:
-            everyone = [None] * _world()
-            dist.all_gather_object(everyone, mine)
-        for i, item in enumerate(items):
-            self._agree(i, item, results, [rank[i] for rank in everyone], saved.get(item.adapter))
-        return results
+        return super().forward_backward_many(items)
 
-    def _loss(self, item) -> Loss:
-        """The loss that scores the pass: its own, or its adapter's configured one."""
-        return item.loss if item.loss is not None else self.engine.adapters[item.adapter].loss
-
-    def _agree(self, i, item, results, parts, saved) -> None:
-        """Make pass i's outcome and effects on this rank those of the whole pass."""
-        failed = any(f for f, _, _ in parts)
-        records = [(r, n) for _, r, n in parts if r is not None]
-        merged = None if failed or not records else merge_records(records, self._loss(item))
-        if failed:
-            if not isinstance(results[i], Exception):
-                results[i] = PeerFailed("the request failed on another data-parallel rank")
-        elif merged is not None:  # merged: some rank scored rows
-            results[i] = {
-                **(results[i] or {}),
-                "loss": merged.loss,
-                "loss_tokens": merged.loss_tokens,
-                "finite": merged.finite,
-                "metrics": dict(merged.extras),
-            }
-        state = self.engine.adapters.get(item.adapter)
-        if state is None:
-            return
-        if saved is not None:
-            if failed:  # as if the pass never ran; the ranks' counters stay equal, so they agree on the next boundary
-                state.restore(saved)
-            else:
-                if not item.rows:  # an empty slice still counts as the window's micro-batch
-                    state.count_micro_batch()
-                if merged is not None and not merged.finite:  # never back-propagated, on every rank
-                    state.discard_pass(saved)
-        if merged is not None:
-            for metric in state.metrics(not item.forward_only):
-                metric.on_forward(merged)
-
-    def _rank_weights(self, items) -> dict[str, float]:
-        """Each training pass's share of its loss tokens on this rank, for losses normalised over them
-        (every rank calls this with the same passes, so the one all-reduce lines up); summed losses
-        need none."""
-        normalised = [
-            it
-            for it in items
-            if not it.forward_only and it.adapter in self.engine.adapters and self._loss(it).reduction == "mean"
-        ]
-        shares = data_parallel_weights([_loss_units(it.rows) for it in normalised])
-        return {it.adapter: w for it, w in zip(normalised, shares)}
-
-    @returns_user_errors
-    def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
-        sum_gradients(self._state(name).params)
-        return super().optim_step(name, params)
-
-    @returns_user_errors
-    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
-        state = self._state(name)
-        if state.micro_step >= state.gradient_accumulation_steps:  # every rank agrees: their counters are equal
-            sum_gradients(state.params)
-        return super().clip_grad_and_step(name, max_grad_norm)
+    optim_step = returns_user_errors(MultiLoraBackend.optim_step)
+    clip_grad_and_step = returns_user_errors(MultiLoraBackend.clip_grad_and_step)
 
 
 def _one_rank(args, kwargs, mesh, rank):
