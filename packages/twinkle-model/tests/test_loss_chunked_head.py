@@ -11,7 +11,6 @@ from peft import LoraConfig
 from twinkle.hub import TEST_MODEL
 from twinkle.loss import LOSSES, ChunkedHead, LogitsHead, LossContext, create_loss
 from twinkle.model import TransformersModel
-from twinkle.model import transformers_model as tm_module
 
 B, T, H, V, K = 4, 9, 16, 53, 5
 RTOL = 1e-5
@@ -120,7 +119,7 @@ def _train(model: TransformersModel, rows) -> tuple[dict, list[torch.Tensor], di
     return out, grads, model.forward_only(rows)
 
 
-def test_transformers_model_chunks_by_default_past_the_budget(rows, monkeypatch):
+def test_transformers_model_chunks_by_default_past_the_budget(rows):
     torch.manual_seed(0)
     model = TransformersModel(model_id=TEST_MODEL)
     model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
@@ -138,7 +137,7 @@ def test_transformers_model_chunks_by_default_past_the_budget(rows, monkeypatch)
     whole, whole_grads, whole_eval = _train(model, rows)
     whole_accuracy = model.calculate_metric(is_training=True)["token_accuracy"]
     assert all(isinstance(h, LogitsHead) for h in heads)
-    monkeypatch.setattr(tm_module, "LOGITS_BUDGET_BYTES", 1)  # every pass over budget
+    model.logits_budget_bytes = 1  # every pass over budget
     heads.clear()
     chunked, chunked_grads, chunked_eval = _train(model, rows)
     assert heads and all(isinstance(h, ChunkedHead) for h in heads)

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import torch
 from torch.distributed.tensor import DTensor
 
-from twinkle.loss.head import chunk_positions
+from twinkle.loss.head import ChunkedHead, chunk_positions
 
 
 def check_chunkable(hf_model) -> torch.nn.Linear:
@@ -28,16 +28,25 @@ def check_chunkable(hf_model) -> torch.nn.Linear:
     return head
 
 
-def chunk_for(hf_model) -> int | None:
-    """Positions per chunk when this model's head can be chunked by default, else None: a LoRA on
-    the head, soft-capped logits and a sharded (tp / FSDP2) projection keep whole logits."""
+def default_chunk(hf_model, positions: int, budget_bytes: int) -> int | None:
+    """Positions per chunk when a pass of `positions` would hold more fp32 logits than `budget_bytes`
+    and this model's head can be chunked, else None (whole logits): a LoRA on the head, soft-capped
+    logits and a sharded (tp / FSDP2) projection keep whole logits."""
     try:
         head = check_chunkable(hf_model)
     except ValueError:
         return None
-    if isinstance(head.weight, DTensor):
+    if positions * head.out_features * 4 <= budget_bytes or isinstance(head.weight, DTensor):
         return None
     return chunk_positions(head.out_features)
+
+
+def chunked_head(hidden_B_T_H, projection, chunk: int, dtype: torch.dtype | None, local) -> ChunkedHead:
+    """The head over hidden states; `dtype`: the autocast dtype the projection would have multiplied in."""
+    weight = local(projection.weight)
+    if dtype is not None:
+        hidden_B_T_H, weight = hidden_B_T_H.to(dtype), weight.to(dtype)
+    return ChunkedHead(hidden_B_T_H, weight, local(projection.bias), chunk)
 
 
 def _identity(hidden_states):

@@ -18,6 +18,7 @@ import torch
 from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.model import base_dtype as base_dtypes
 from twinkle.model import checkpoint, context_parallel, output_projection, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
@@ -60,7 +61,7 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
         if config is None:
             raise ValueError("give model_id, or model_cls with config")
         if hasattr(model_cls, "from_config"):
-            return model_cls.from_config(config, dtype=torch_dtype), None
+            return model_cls.from_config(config, dtype=torch_dtype or torch.float32), None
         return model_cls(config), None
     from twinkle.hub import resolve_model_path
 
@@ -69,7 +70,8 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
         config or transformers.AutoConfig.from_pretrained(path), "vision_config"
     ):  # a vision-language checkpoint (Qwen2.5-VL...): AutoModelForCausalLM does not map it
         model_cls = transformers.AutoModelForImageTextToText
-    return model_cls.from_pretrained(path, config=config, dtype=torch_dtype, **kwargs), path
+    # dtype 'auto': as stored (a bf16 checkpoint is never upcast only to be cast down again)
+    return model_cls.from_pretrained(path, config=config, dtype=torch_dtype or "auto", **kwargs), path
 
 
 @remote_class
@@ -83,14 +85,21 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         mixed_precision: str | None = None,
         strategy: str | None = None,
         device: str | None = None,
-        torch_dtype: torch.dtype | str = torch.float32,
+        torch_dtype: torch.dtype | str | None = None,
         compile: bool = False,
+        base_dtype: str = "auto",
         **model_kwargs,
     ):
         """`compile=True` compiles each decoder layer with torch.compile (`twinkle.model.compile`):
-        faster steps after the first, which pay the compile."""
+        faster steps after the first, which pay the compile. `base_dtype` ('auto', 'bf16', 'fp32'):
+        what the frozen base under LoRA is held and multiplied in (`twinkle.model.base_dtype`; 'auto'
+        is bf16 under mixed_precision='bf16', or on hardware with fast bf16 for a base of 100M
+        parameters or more); `torch_dtype` instead loads the model in exactly that dtype."""
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
+        base_dtypes.check(base_dtype)
+        if torch_dtype is not None and base_dtype != "auto":
+            raise ValueError(f"give torch_dtype ({torch_dtype}) or base_dtype ({base_dtype!r}), not both")
         self.model_id, self.mixed_precision = model_id, mixed_precision
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
@@ -102,6 +111,12 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         if device is None:
             device = "cuda" if self.device_mesh.resolved_device_type == "cuda" else "cpu"
         self.device = torch.device(device)
+        self._half_base = False  # the base was put in bf16 by base_dtype (upcast if the whole model trains)
+        if torch_dtype is None:
+            n_params = sum(p.numel() for p in self.hf_model.parameters())
+            dtype = base_dtypes.resolve(base_dtype, mixed_precision, self.device, n_params)
+            base_dtypes.cast_parameters(self.hf_model, dtype)
+            self._half_base = dtype != torch.float32
         if mixed_precision == "fp16" and self.device.type != "cuda":
             raise ValueError(
                 f"mixed_precision='fp16' needs CUDA (its loss scaling is torch.amp's CUDA GradScaler, "
@@ -115,6 +130,8 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         self.peft_model = None  # set by the first add_adapter_to_model
         self._wrapped = None  # the DDP/FSDP2 module once wrapped
         self.head_chunk_size: int | None = None  # set by the ChunkedCrossEntropy patch
+        # a pass whose logits would be larger runs its unembedding in chunks (twinkle.loss.ChunkedHead)
+        self.logits_budget_bytes = LOGITS_BUDGET_BYTES
         self.states: dict[str, AdapterState] = {}
         compute_dtype = PRECISIONS[mixed_precision] or next(self.hf_model.parameters()).dtype
         self.peak_flops = measure_matmul_peak(self.device, compute_dtype)
@@ -167,6 +184,11 @@ class TransformersModel(KitModelMixin, TwinkleModel):
             if names:
                 return self.states[names[0]]
             if FULL_MODEL not in self.states:
+                if self._half_base:  # every weight trains now: fp32 master weights, not a bf16 base
+                    base_dtypes.cast_parameters(self.hf_model, torch.float32)
+                    self._half_base = False
+                    compute = PRECISIONS[self.mixed_precision] or torch.float32
+                    self.peak_flops = measure_matmul_peak(self.device, compute)
                 params = [(n, p) for n, p in self.hf_model.named_parameters() if p.requires_grad]
                 self.states[FULL_MODEL] = AdapterState.from_named(FULL_MODEL, params, peak_flops=self.peak_flops)
             return self.states[FULL_MODEL]
@@ -241,7 +263,8 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         if "pixel_values" in batch:
             model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
             model_kwargs["position_ids"] = vision.packed_rope_positions(self.hf_model, batch)  # None unless packed
-        chunk = self._head_chunk(batch["input_ids"].shape)
+        B, T = batch["input_ids"].shape
+        chunk = self.head_chunk_size or output_projection.default_chunk(self.hf_model, B * T, self.logits_budget_bytes)
         proj = self.hf_model.get_output_embeddings()
         with self._autocast(), output_projection.skipped(proj, chunk is not None):
             out = module(**model_kwargs, use_cache=False)
@@ -249,21 +272,8 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         logits = out.logits[:, :-1] if drop_last else out.logits
         if chunk is None:
             return LogitsHead(logits)
-        hidden, weight = logits, local_tensor(proj.weight)  # the model returned hidden states
-        dtype = PRECISIONS[self.mixed_precision]
-        if dtype is not None:  # what autocast would have multiplied in
-            hidden, weight = hidden.to(dtype), weight.to(dtype)
-        return ChunkedHead(hidden, weight, local_tensor(proj.bias), chunk)
-
-    def _head_chunk(self, shape_B_T) -> int | None:
-        """Positions per chunk of the unembedding, or None for whole logits: chunked when the
-        ChunkedCrossEntropy patch says so, or by default when the logits would pass the budget."""
-        if self.head_chunk_size:
-            return self.head_chunk_size
-        B, T = shape_B_T
-        if B * T * self.vocab_size * 4 <= LOGITS_BUDGET_BYTES:
-            return None
-        return output_projection.chunk_for(self.hf_model)
+        # the model returned hidden states; under autocast the head multiplies in its dtype
+        return output_projection.chunked_head(logits, proj, chunk, PRECISIONS[self.mixed_precision], local_tensor)
 
     def _reference_logps(self, module, batch, targets_B_T):
         if self.peft_model is None:
@@ -453,6 +463,18 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary
         (`twinkle.model.step`). The norm is taken over every shard under DDP, FSDP2 or tp."""
         return step_rule.clip_grad_and_step(self._state(adapter_name), max_grad_norm, clip_grad_norm)
+
+    @remote_method()
+    def get_info(self) -> dict:
+        """What this model runs as: the frozen base's dtype (`base_dtype`), mixed precision, whether
+        this device multiplies bf16 fast, the vocabulary."""
+        return {
+            "model_id": self.model_id,
+            "base_dtype": base_dtypes.name(next(self.hf_model.parameters()).dtype),
+            "mixed_precision": self.mixed_precision,
+            "fast_bf16": base_dtypes.fast_bf16(self.device),
+            "vocab_size": self.vocab_size,
+        }
 
     @remote_method()
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> dict[str, float]:

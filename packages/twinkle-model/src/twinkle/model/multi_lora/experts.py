@@ -22,7 +22,7 @@ import math
 import torch
 from torch import nn
 
-from twinkle.model.multi_lora.layer import Routing
+from twinkle.model.multi_lora.layer import Routing, factor_dtype
 
 
 def grouped_mm(x_S_I: torch.Tensor, w_G_I_O: torch.Tensor, group_S: torch.Tensor) -> torch.Tensor:
@@ -112,10 +112,10 @@ class MultiLoraExperts(nn.Module):
                 raise ValueError(f"adapter {name!r} already exists on {param}")
             experts, d_in, d_out = self.dims(param)
             weight = getattr(self.base_layer, param)
-            a = torch.empty(experts * rank, d_in, device=weight.device, dtype=weight.dtype)
+            a = torch.empty(experts * rank, d_in, device=weight.device, dtype=factor_dtype(weight))
             with torch.no_grad():  # peft's ParamWrapper init: A as an nn.Linear(in, r * experts), B zero
                 nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
-            b = torch.zeros(d_out, rank * experts, device=weight.device, dtype=weight.dtype)
+            b = torch.zeros(d_out, rank * experts, device=weight.device, dtype=a.dtype)
             slot[name] = ExpertFactors(a, b, experts, scaling)
             self.lora_experts[param] = slot
 
@@ -209,7 +209,7 @@ class MultiLoraExperts(nn.Module):
             a = torch.cat([p[0] for p in pairs])  # [n * E, r, in]
             b = torch.cat([p[1] for p in pairs])  # [n * E, out, r]
             scalings = [self.factors(names[s], param).scaling for s in slots]
-            scale = torch.tensor(scalings, dtype=x_S_I.dtype, device=x_S_I.device)
+            scale = torch.tensor(scalings, dtype=a.dtype, device=x_S_I.device)
             low = grouped_mm(x_S_I[idx].to(a.dtype), a.transpose(-1, -2), group)
             delta = grouped_mm(low, b.transpose(-1, -2), group) * scale[pair_local[idx]].unsqueeze(1)
             update = torch.zeros(x_S_I.shape[0], delta.shape[1], dtype=delta.dtype, device=delta.device)
@@ -225,7 +225,7 @@ class MultiLoraExperts(nn.Module):
         if self.has_bias:
             y = y + getattr(base, f"{param}_bias")[expert_S]
         delta = self._low_rank(x_S_I, param, expert_S, slot_S, names)
-        return y if delta is None else y + delta.to(y.dtype)
+        return y if delta is None else (y + delta).to(y.dtype)  # added in the factors' fp32, rounded once
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         tokens = hidden_states.shape[0]

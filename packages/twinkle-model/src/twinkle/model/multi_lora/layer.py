@@ -53,6 +53,12 @@ class Routing:
         self.names, self.sizes, self.lengths, self.training = state
 
 
+def factor_dtype(base_weight: torch.Tensor) -> torch.dtype:
+    """LoRA factors (and so their optimizer state) never in half precision: fp32 on a bf16 or fp16
+    base, as peft keeps them; the base's own dtype when that is fp32 or fp64."""
+    return base_weight.dtype if base_weight.dtype in (torch.float32, torch.float64) else torch.float32
+
+
 class LoraWeight(nn.Module):
     """One bare weight matrix (no bias, no default init: the caller initialises it)."""
 
@@ -102,7 +108,7 @@ class MultiLoraLinear(nn.Module):
         if name in self.lora_A:
             raise ValueError(f"adapter {name!r} already exists on this layer")
         weight = self.base_layer.weight
-        dtype = weight.dtype if weight.is_floating_point() else torch.float32
+        dtype = factor_dtype(weight)
         a = LoraWeight(rank, self.in_features, weight.device, dtype)
         b = LoraWeight(self.out_features, rank, weight.device, dtype)
         with torch.no_grad():  # peft's default init: A like nn.Linear, B zero (the adapter starts as a no-op)
@@ -277,8 +283,8 @@ def _add_low_rank(x, out, plan, weights) -> list[tuple[torch.Tensor, torch.Tenso
         out_g = group.into(out)
         if out.dtype == low.dtype:
             (out_g.addmm_ if group.count == 1 else out_g.baddbmm_)(low, _t(b))
-        else:  # adapters kept in another dtype than the base (a sampler's fp32 adapters on a bf16 base)
-            out_g.add_(_mm(low, _t(b)).to(out.dtype))
+        else:  # fp32 adapters on a bf16 base: added in fp32, rounded to the base's dtype once (as peft does)
+            out_g.add_(_mm(low, _t(b)))
         saved.append((a, b, low))
         offset += group.count
     return saved

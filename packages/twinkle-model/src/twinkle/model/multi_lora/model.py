@@ -23,6 +23,7 @@ from peft import LoraConfig
 from twinkle.loss import Loss, LossContext
 from twinkle.mesh import get_global_mesh
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.model import base_dtype as base_dtypes
 from twinkle.model import checkpoint, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
@@ -57,10 +58,11 @@ class MultiLoraModel(TwinkleModel):
         model_id: str | None = None,
         *,
         model=None,
-        torch_dtype=torch.float32,
+        torch_dtype=None,
         device=None,
         seed: int = 0,
         activation_checkpointing: bool = False,
+        base_dtype: str = "auto",
         device_mesh=None,
     ):
         # data parallel over the mesh's data ranks (default: the global mesh), multi_lora.data_parallel
@@ -72,9 +74,10 @@ class MultiLoraModel(TwinkleModel):
             from twinkle.hub import resolve_model_path
 
             self.model_path = resolve_model_path(model_id)
-            model = vision.load_pretrained(self.model_path, dtype=torch_dtype)
+            model = vision.load_pretrained(self.model_path, dtype=torch_dtype or "auto")
         if device is not None:
             model = model.to(device)
+        self._hold_base(model, torch_dtype, base_dtype, loaded=self.model_path is not None)
         recompute.refuse_foreign_checkpointing(model)
         model.requires_grad_(False)  # the base is frozen for every tenant
         self.model_id = model_id or getattr(model, "name_or_path", None)
@@ -98,6 +101,28 @@ class MultiLoraModel(TwinkleModel):
         self.checkpointer: recompute.RoutedCheckpoint | None = None  # set while activation checkpointing is on
         if activation_checkpointing:
             self.set_activation_checkpointing(True)
+
+    @staticmethod
+    def _hold_base(model, torch_dtype, base_dtype: str, loaded: bool) -> None:
+        """The frozen base in `base_dtype` (twinkle.model.base_dtype); 'auto' decides for a base this
+        engine loaded and keeps the dtype of one it was handed. LoRA factors are fp32 on any base."""
+        base_dtypes.check(base_dtype)
+        if torch_dtype is not None and base_dtype != "auto":
+            raise ValueError(f"give torch_dtype ({torch_dtype}) or base_dtype ({base_dtype!r}), not both")
+        if torch_dtype is not None or (base_dtype == "auto" and not loaded):
+            return
+        device = next(model.parameters()).device
+        n_params = sum(p.numel() for p in model.parameters())
+        base_dtypes.cast_parameters(model, base_dtypes.resolve(base_dtype, None, device, n_params))
+
+    def get_info(self) -> dict:
+        """The frozen base's dtype, whether this device multiplies bf16 fast, the vocabulary."""
+        return {
+            "model_id": self.model_id,
+            "base_dtype": base_dtypes.name(next(self.base.parameters()).dtype),
+            "fast_bf16": base_dtypes.fast_bf16(self.device),
+            "vocab_size": self.base.get_output_embeddings().weight.shape[0],
+        }
 
     def set_activation_checkpointing(self, enabled: bool = True) -> None:
         """Recompute decoder layers in backward instead of keeping their activations (class docstring);
