@@ -112,7 +112,7 @@ class _Parser:
 
     def sequence(self, depth: int):
         items: list = []
-        while self.peek() is not None and self.peek() not in "|)":
+        while (ch := self.peek()) is not None and ch not in "|)":
             bounds = self.quantifier()
             if bounds is None:
                 items.append(self.atom(depth))
@@ -230,13 +230,14 @@ class _Parser:
         chars, ranges, categories = set(), [], []
         first = True
         while True:
-            if self.peek() is None:
+            ch = self.peek()
+            if ch is None:
                 raise PatternError(f"pattern {self.src!r}: unterminated character set")
-            if self.peek() == "]" and not first:
+            if ch == "]" and not first:
                 self.pos += 1
                 break
-            if self.peek() in "-&~|" and self.peek(1) == self.peek() and not first:
-                self.refuse(f"the doubled {self.peek() * 2} in a set (Python reserves it for set operations)")
+            if ch in "-&~|" and self.peek(1) == ch and not first:
+                self.refuse(f"the doubled {ch * 2} in a set (Python reserves it for set operations)")
             first = False
             item = self.class_item()
             if self.peek() == "-" and self.peek(1) not in (None, "]"):
