@@ -171,7 +171,7 @@ class SamplingParamsBody(_Body):
 
 
 class ASampleBody(_Body):
-    sampling_session_id: str | None = None
+    sampling_session_id: str  # the SDK also allows base_model / model_path alone; this server samples in a session
     seq_id: int | None = B.SEQ_ID.field(None)
     prompt: ModelInputBody
     num_samples: int = B.NUM_SAMPLES.field(1)
