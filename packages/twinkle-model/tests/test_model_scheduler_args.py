@@ -4,6 +4,7 @@ gamma a nonsense or negative lr); valid ones build and step as before."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -47,6 +48,7 @@ def test_arguments_that_break_a_schedule_are_refused_naming_them(name, kwargs, f
         ("cosine", {"num_warmup_steps": 0, "num_training_steps": 8}, 0.05),
         ("LinearWarmupScheduler", {"num_warmup_steps": 8}, 0.05),
         ("LambdaLR", {"lr_lambda": lambda step: 1.0 / (1 + step)}, 0.02),
+        ("StepLR", {"step_size": np.int64(2), "gamma": np.float32(0.5)}, 0.025),  # counts computed with numpy
     ],
 )
 def test_valid_arguments_build_and_step_as_before(name, kwargs, lr_after_4):

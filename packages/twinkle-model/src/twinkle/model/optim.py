@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from typing import TypeVar
 
 import torch
@@ -166,12 +167,12 @@ _CALLABLES = {"lr_lambda", "scale_fn", "schedulers"}
 _NEEDS_A_METRIC = {"ReduceLROnPlateau", "reduce_lr_on_plateau"}
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_int(v) -> bool:  # numpy's integers too: a step count is often computed from a dataset's length
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def check_scheduler_args(scheduler_cls, kwargs: dict) -> None:
@@ -199,7 +200,7 @@ def check_scheduler_args(scheduler_cls, kwargs: dict) -> None:
             raise _refuse(name, key, v, "an integer >= -1")
         elif key in _FRACTIONS and not (_is_number(v) and 0 <= v <= 1):
             raise _refuse(name, key, v, "a finite number in [0, 1]")
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not (_is_number(v) and v >= 0):
+        elif isinstance(v, numbers.Real) and not isinstance(v, bool) and not (_is_number(v) and v >= 0):
             raise _refuse(name, key, v, "a finite number >= 0")
 
 
