@@ -398,6 +398,8 @@ COOKBOOK_IMPORTS = [
     "sympy",
     "pylatexenc",
     "math-verify",
+    "textarena",  # multiplayer_rl/text_arena
+    "verifiers>=0.1.9,<0.1.10",  # verifiers_rl (the cookbook's own pin)
 ]
 
 
