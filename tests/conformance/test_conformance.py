@@ -67,6 +67,22 @@ def test_multi_lora_local(reference, init_folder, tmp_path):
     compare("MultiLoraModel · local", dataclasses.asdict(record), reference)
 
 
+@pytest.mark.parametrize("engine", ["TransformersModel", "MultiLoraModel"])
+def test_chunked_head_local(reference, init_folder, tmp_path, engine):
+    """Every pass through the chunked unembedding (a logits budget of one byte; issue 47): the same numbers."""
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+    from twinkle.model.multi_lora import MultiLoraModel
+
+    def make():
+        model = TransformersModel(model_id=TEST_MODEL) if engine == "TransformersModel" else MultiLoraModel(TEST_MODEL)
+        model.logits_budget_bytes = 1
+        return model
+
+    record = sequence.run(local_mode(make, init_folder, tmp_path))
+    compare(f"{engine} · local, chunked head", dataclasses.asdict(record), reference)
+
+
 @pytest.fixture(scope="module")
 def torchrun_results(torchrun_launch):
     proc, out = torchrun_launch

@@ -183,6 +183,7 @@ def embedded_path(model_id: str) -> Path:
     """Local folder of an embedded model id, built on first use by exactly one process, verified."""
     from twinkle.hub import embedded_moe as moe  # loaded only when asked
     from twinkle.hub import embedded_vl as vl
+    from twinkle.hub import shaped
 
     name = model_id.removeprefix(SCHEME).strip("/")
     if name in moe.MOE_PRESETS:
@@ -199,8 +200,17 @@ def embedded_path(model_id: str) -> Path:
             lambda folder: vl.write_vl_folder(name, folder),
             lambda folder: check_folder(name, folder, vl.PINNED_VL_WEIGHTS[name], vl.VL_FILES),
         )
+    if name in shaped.SHAPE_PRESETS:  # published shapes, random weights (benchmarks only)
+        preset = asdict(shaped.SHAPE_PRESETS[name])
+        target = cache_root() / "models" / f"{name}-{_fingerprint(name, preset, ('chat_template.jinja',))}"
+        tokenizers = cache_root() / "tokenizers"
+        return publish(
+            target,
+            lambda folder: shaped.write_shape_folder(name, folder, tokenizers),
+            lambda folder: shaped.check_shape_folder(name, folder),
+        )
     if name not in PRESETS:
-        known = [*PRESETS, *moe.MOE_PRESETS, *vl.VL_PRESETS]
+        known = [*PRESETS, *moe.MOE_PRESETS, *vl.VL_PRESETS, *shaped.SHAPE_PRESETS]
         raise ValueError(f"unknown embedded model {model_id!r}; known: {', '.join(SCHEME + n for n in known)}")
     target = cache_root() / "models" / f"{name}-{_fingerprint(name, asdict(PRESETS[name]))}"
     return publish(target, lambda folder: write_folder(name, folder), lambda folder: check_folder(name, folder))
