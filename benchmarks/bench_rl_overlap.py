@@ -26,7 +26,7 @@ from twinkle.hub import DEFAULT_MODEL
 from twinkle.model import TransformersModel
 from twinkle.reward import ArithmeticAccuracy
 from twinkle.rl.demo import arithmetic_prompts, warm_start
-from twinkle.rl.overlap import OverlappedRollouts
+from twinkle.rl.producer import RolloutProducer
 from twinkle.rl.rollout import sample_rollout
 from twinkle.rl.timing import PhaseTimer
 from twinkle.sampler import SamplingParams, TorchSampler
@@ -42,8 +42,8 @@ def run(base: str, overlap: bool, steps: int, prompts: int, group: int, seed: in
     model.set_optimizer("AdamW", lr=1e-3, adapter_name=ADAPTER)
     model.set_loss("GRPOLoss", adapter_name=ADAPTER)
     sampler = TorchSampler(model_id=base)
-    engine = InProcessCheckpointEngine(copy=overlap)
-    version = engine.sync(model, sampler, ADAPTER)
+    engine = InProcessCheckpointEngine()
+    engine.sync(model, sampler, ADAPTER)
     reward, advantage = ArithmeticAccuracy(), GRPOAdvantage()
     params = SamplingParams(max_tokens=6, temperature=1.0, num_samples=group, seed=seed)
     pool, rng = arithmetic_prompts("train"), random.Random(seed)
@@ -52,21 +52,17 @@ def run(base: str, overlap: bool, steps: int, prompts: int, group: int, seed: in
         return sample_rollout(sampler, rows, params, adapter_name=ADAPTER)
 
     timer = PhaseTimer()
-    rollouts = OverlappedRollouts(rollout_for, max_staleness=1, timer=timer) if overlap else None
-    if rollouts:
-        rollouts.start(rng.sample(pool, prompts))
+    batches = [rng.sample(pool, prompts) for _ in range(steps + 3)]  # the producer samples ahead
+    producer = RolloutProducer(lambda i: rollout_for(batches[i]), engine, sampler, ADAPTER) if overlap else None
+    if producer:
+        producer.publish(model)
     rewards_seen, staleness = [], []
     t0 = None
     for step in range(steps + 1):  # step 0 warms up and is not timed
         if step == 1:
-            timer = _restart(timer, rollouts)
-            t0 = time.perf_counter()
-        if rollouts:
-            rollout = rollouts.wait(policy_version=version + 1 if step else version)
-            with timer.phase("sync"):
-                version = engine.sync(model, sampler, ADAPTER)
-            if step < steps:
-                rollouts.start(rng.sample(pool, prompts))
+            timer, t0 = PhaseTimer(), time.perf_counter()
+        if producer:
+            rollout = producer.get()  # sampled (staleness 1) while the last step trained
             staleness.append(rollout.meta["staleness"])
         else:
             with timer.phase("sample"):
@@ -77,14 +73,18 @@ def run(base: str, overlap: bool, steps: int, prompts: int, group: int, seed: in
         with timer.phase("train"):
             model.forward_backward(inputs=rows, adapter_name=ADAPTER)
             model.clip_grad_and_step(adapter_name=ADAPTER)
-        if not rollouts:
-            with timer.phase("sync"):
-                version = engine.sync(model, sampler, ADAPTER)
+        with timer.phase("sync"):
+            if producer:
+                producer.publish(model)
+            else:
+                engine.sync(model, sampler, ADAPTER)
+        if producer:
+            timer.add("sample", producer.step_metrics()["time/sampler_busy"])
         timer.step_metrics()
         rewards_seen.append(sum(result.values) / len(result))
     wall = time.perf_counter() - t0
-    if rollouts:
-        rollouts.close()
+    if producer:
+        producer.close()
     totals = timer.summary()
     return {
         "steps": steps,
@@ -95,13 +95,6 @@ def run(base: str, overlap: bool, steps: int, prompts: int, group: int, seed: in
         "mean_reward": sum(rewards_seen[1:]) / steps,
         "staleness": max(staleness, default=0),
     }
-
-
-def _restart(timer, rollouts):
-    fresh = PhaseTimer()
-    if rollouts:
-        rollouts.timer = fresh
-    return fresh
 
 
 def main() -> None:

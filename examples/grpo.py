@@ -1,7 +1,8 @@
 """GRPO on a task from the bundled arithmetic split: the loop is yours, every phase a visible call.
 
     uv run examples/grpo.py                               # ~3 min on 2 CPU cores
-    uv run examples/grpo.py --overlap                     # sample step k+1 while step k trains
+
+examples/grpo_async.py is the same task sampled while the trainer trains (bounded staleness).
 
 Starts from the embedded demo model after a brief SFT on the task's train split (cached after the
 first run), trains a LoRA with GRPO, and measures greedy accuracy on the held-out test split (no
@@ -29,10 +30,8 @@ from twinkle.checkpoint_engine import InProcessCheckpointEngine
 from twinkle.hub import DEFAULT_MODEL
 from twinkle.metric.trackers import open_trackers
 from twinkle.model import TransformersModel
-from twinkle.reward import ArithmeticAccuracy, FormatReward, NumericCloseness, WeightedReward
-from twinkle.rl.demo import TASKS, arithmetic_prompts, greedy_scores, warm_start
+from twinkle.rl.demo import TASKS, arithmetic_prompts, greedy_scores, task_reward, warm_start
 from twinkle.rl.metrics import importance_ratio_stats, reward_metrics, sampled_entropy
-from twinkle.rl.overlap import OverlappedRollouts
 from twinkle.rl.plot import save_curves
 from twinkle.rl.rollout import sample_rollout
 from twinkle.rl.timing import PhaseTimer
@@ -60,8 +59,6 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", type=int, default=32)
     p.add_argument("--beta", type=float, default=0.0, help="KL penalty to the reference (adapter disabled)")
     p.add_argument("--entropy-coef", type=float, default=0.01, help="entropy bonus (keeps groups disagreeing)")
-    p.add_argument("--overlap", action="store_true", help="off-policy: sample step k+1 while step k trains")
-    p.add_argument("--max-staleness", type=int, default=1)
     p.add_argument("--is-stats", action="store_true", help="extra forward for importance-ratio statistics")
     p.add_argument("--eval-prompts", type=int, default=200, help="held-out test prompts (at most the split)")
     p.add_argument("--eval-every", type=int, default=10)
@@ -91,22 +88,13 @@ def main(argv=None) -> dict:
     model.set_optimizer("AdamW", lr=args.lr, adapter_name=ADAPTER)
     model.set_loss("GRPOLoss", adapter_name=ADAPTER, beta=args.beta, entropy_coef=args.entropy_coef)
 
-    # The sampler holds its own copy of the base; only the LoRA moves on each sync. With overlap the
-    # sampler keeps running while the trainer steps in place, so each sync must be a snapshot.
+    # The sampler holds its own copy of the base; only the LoRA moves on each sync (zero copy here).
     sampler = TorchSampler(model_id=base)
-    engine = InProcessCheckpointEngine(copy=args.overlap)
-    version = engine.sync(model, sampler, ADAPTER)
+    engine = InProcessCheckpointEngine()
+    engine.sync(model, sampler, ADAPTER)
 
-    # Exact hits are rare at the start of full arithmetic: closeness (exp(-|error|/5)) gives every group
-    # a gradient there. A last digit has ten answers, exact hits are common, and closeness between
-    # digits means nothing.
-    parts = {
-        "accuracy": (ArithmeticAccuracy(), 1.0),
-        "format": (FormatReward(r"-?\d+(<\|im_end\|>)?", match="full"), 0.1),
-    }
-    if args.task == "arithmetic":
-        parts["closeness"] = (NumericCloseness(scale=5.0), 0.5)
-    reward = WeightedReward(parts)
+    # Exact hits are rare at the start of full arithmetic: its closeness term gives every group a gradient.
+    reward = task_reward(args.task)
     advantage = GRPOAdvantage(scale_by="group")
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, num_samples=args.group, logprobs=True
@@ -136,20 +124,11 @@ def main(argv=None) -> dict:
     curve = [(0, evaluate())]
     print(f"step 0: held-out {curve[0][1]}")
     timer = PhaseTimer()
-    rollouts = OverlappedRollouts(rollout_for, args.max_staleness, timer) if args.overlap else None
-    if rollouts:
-        rollouts.start(next_prompts())
     history = []
     for step in range(1, args.steps + 1):
-        # 1. sample with the current adapter (or collect the one sampled while the last step trained)
-        if rollouts:
-            rollout = rollouts.wait(policy_version=version + 1)  # the trainer is one step ahead of the sampler
-            with timer.phase("sync"):
-                version = engine.sync(model, sampler, ADAPTER)
-            rollouts.start(next_prompts())
-        else:
-            with timer.phase("sample"):
-                rollout = rollout_for(next_prompts())
+        # 1. sample with the current adapter
+        with timer.phase("sample"):
+            rollout = rollout_for(next_prompts())
         # 2. reward, 3. advantage (failed samples are masked out, not fatal)
         with timer.phase("score"):
             rewards = reward(rollout.texts, rollout.reward_rows())
@@ -159,10 +138,9 @@ def main(argv=None) -> dict:
         with timer.phase("train"):
             stats = model.forward_backward(inputs=rows, adapter_name=ADAPTER) if rows else {}
             step_out = model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER) if rows else {}
-        # 6. sync weights to the sampler (synchronous loop; the overlapped one syncs before sampling)
-        if not rollouts:
-            with timer.phase("sync"):
-                version = engine.sync(model, sampler, ADAPTER)
+        # 6. sync weights to the sampler
+        with timer.phase("sync"):
+            engine.sync(model, sampler, ADAPTER)
 
         metrics = {
             "step": step,
@@ -172,7 +150,6 @@ def main(argv=None) -> dict:
             "kl": stats.get("kl"),
             "grad_norm": step_out.get("grad_norm"),
             "entropy": sampled_entropy([s.logprobs for s in rollout.sequences]),
-            "staleness": rollout.meta.get("staleness", 0),
             **timer.step_metrics(),
         }
         if args.is_stats and rows:
@@ -184,12 +161,8 @@ def main(argv=None) -> dict:
         history.append(metrics)
         tracker.log(metrics, step=step)
         if step % args.eval_every == 0 or step == args.steps:
-            if rollouts:
-                rollouts.wait(policy_version=version)  # let the in-flight rollout finish before evaluating
             curve.append((step, evaluate()))
             tracker.log({f"eval/{k}": v for k, v in curve[-1][1].items()}, step=step)
-            if rollouts:
-                rollouts.start(next_prompts())
         acc = (
             f"  held-out reward {curve[-1][1]['reward']:.3f} acc {curve[-1][1]['accuracy']:.3f}"
             if curve[-1][0] == step
@@ -204,8 +177,6 @@ def main(argv=None) -> dict:
             + f"]{acc}",
             flush=True,
         )
-    if rollouts:
-        rollouts.close()
     tracker.close()
 
     minutes = (time.perf_counter() - t_start) / 60
@@ -224,8 +195,7 @@ def main(argv=None) -> dict:
             "held-out accuracy (greedy)": ([s for s, _ in curve], [m["accuracy"] for _, m in curve]),
             "train reward (sampled)": ([h["step"] for h in history], [h["reward/mean"] for h in history]),
         },
-        title=f"GRPO on '{args.task}' from a {args.warm_start_steps}-step SFT warm start "
-        f"({'overlapped' if args.overlap else 'synchronous'})",
+        title=f"GRPO on '{args.task}' from a {args.warm_start_steps}-step SFT warm start",
         ylabel="accuracy / reward",
     )
     print(f"plot: {plot or 'matplotlib not installed (pip install matplotlib)'}")
@@ -233,7 +203,6 @@ def main(argv=None) -> dict:
         "example": "grpo",
         "task": args.task,
         "warm_start_steps": args.warm_start_steps,
-        "overlap": args.overlap,
         "steps": args.steps,
         "samples_per_step": args.prompts * args.group,
         "held_out_prompts": len(held_out),

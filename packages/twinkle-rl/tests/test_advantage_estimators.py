@@ -54,6 +54,12 @@ def test_reinforce_baselines():
     assert ema([2.0, 4.0]).tolist() == pytest.approx([-1.0, 1.0])  # b = first batch mean 3
     assert ema([10.0, 10.0]).tolist() == pytest.approx([7.0, 7.0])  # b = 3 (then 0.5*3 + 0.5*10)
     assert ema([0.0]).tolist() == pytest.approx([-6.5])
+    # what an RL checkpoint keeps: a fresh estimator given the state goes on with the same baseline
+    resumed = REINFORCEAdvantage("ema", momentum=0.5)
+    resumed.load_state_dict(ema.state_dict())
+    assert resumed([1.0]).tolist() == ema([1.0]).tolist() == pytest.approx([1.0 - 3.25])
+    with pytest.raises(ValueError, match="GRPOAdvantage keeps no state"):
+        GRPOAdvantage().load_state_dict({"baseline": 1.0})
 
 
 def test_failed_samples_are_masked_out_of_statistics():

@@ -1,4 +1,4 @@
-"""One short smoke run of examples/grpo.py on the test model: every phase of both loop shapes runs."""
+"""Short smoke runs of the RL examples on the test model: every phase of each loop runs."""
 
 import importlib.util
 import json
@@ -18,8 +18,7 @@ def load(name):
     return module
 
 
-@pytest.mark.parametrize("overlap", [True])
-def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, overlap):
+def test_grpo_example_runs_with_metrics_and_plot(tmp_path, capsys):
     grpo = load("grpo")
     plot = tmp_path / "curve.png"
     summary = grpo.main(
@@ -48,10 +47,9 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
             "--logging-dir",
             str(tmp_path / "runs"),
         ]
-        + (["--overlap"] if overlap else [])
     )
     out = capsys.readouterr().out
-    assert summary["steps"] == 3 and summary["samples_per_step"] == 6 and summary["overlap"] is overlap
+    assert summary["steps"] == 3 and summary["samples_per_step"] == 6
     assert 0.0 <= summary["accuracy_start"] <= 1.0 and 0.0 <= summary["accuracy_end"] <= 1.0
     assert json.loads(out.strip().splitlines()[-1]) == summary
     assert "step 3: reward" in out and "kl" in out and "held-out reward curve:   0:" in out
@@ -65,6 +63,20 @@ def test_grpo_example_runs_overlapped_with_metrics_and_plot(tmp_path, capsys, ov
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("eval/accuracy")] == [2, 3]
     assert events.Scalars("eval/accuracy")[-1].value == pytest.approx(summary["accuracy_end"])
+
+
+def test_grpo_async_example_reports_staleness_queue_and_busy_time(tmp_path, capsys):
+    grpo_async = load("grpo_async")
+    args = ["--model", TEST_MODEL, "--warm-start-steps", "0", "--steps", "4", "--prompts", "2", "--group", "3"]
+    args += ["--eval-prompts", "4", "--eval-every", "2", "--max-staleness", "2", "--threads", "1"]
+    summary = grpo_async.main([*args, "--plot", str(tmp_path / "curve.png")])
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1]) == summary
+    assert [s for s, _ in summary["curve"]] == [0, 2, 4]
+    assert summary["staleness_max"] <= 2 and summary["sampler_busy_share"] > 0 and summary["trainer_busy_share"] > 0
+    steps = [line for line in out.splitlines() if line.startswith("step ") and "staleness" in line]
+    assert len(steps) == 4 and all(" queue " in line and "busy sampler" in line for line in steps)
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_dpo_example_runs_and_reports_both_accuracies(tmp_path, capsys):

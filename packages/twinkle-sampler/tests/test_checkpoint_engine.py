@@ -78,6 +78,33 @@ def test_in_process_copy_mode_snapshots(policy, model_path, prompts):
     assert sampler.weight_version("snapshot") == 2
 
 
+@pytest.mark.parametrize("kind", ["inprocess", "folder"])
+def test_publish_then_apply_serves_the_weights_as_they_were_when_published(policy, model_path, prompts, kind, tmp_path):
+    """The two halves of a sync, for a sampler that runs beside the trainer: a published version stays
+    what it was while the trainer steps on, and reaches the sampler only when applied."""
+    from twinkle.checkpoint_engine import FolderCheckpointEngine
+
+    sampler = TorchSampler(model_path)
+    engine = FolderCheckpointEngine(tmp_path) if kind == "folder" else InProcessCheckpointEngine()
+    reference = InProcessCheckpointEngine(copy=True)
+    reference.sync(policy, sampler, "policy", sampler_adapter_name="reference")
+    first = engine.publish(policy, "policy")
+    _train_step(policy, prompts)  # after the publish: must not reach what was published
+    assert engine.versions["policy"] == 1 and sampler.weight_version("policy") == -1  # nothing applied yet
+    assert engine.apply(sampler, "policy", first) == 1 and sampler.weight_version("policy") == 1
+    assert sampler.compute_logprobs(prompts[:2], adapter_name="policy") == sampler.compute_logprobs(
+        prompts[:2], adapter_name="reference"
+    )
+    second = engine.publish(policy, "policy")
+    assert engine.apply(sampler, "policy", second) == 2
+    assert sampler.compute_logprobs(prompts[:2], adapter_name="policy") != sampler.compute_logprobs(
+        prompts[:2], adapter_name="reference"
+    )
+    if kind == "folder":  # folders older than what the sampler serves go at the next publish
+        engine.publish(policy, "policy")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["policy-v2", "policy-v3"]
+
+
 def test_broadcast_between_two_gloo_ranks(model_path, tmp_path):
     import torch.multiprocessing as mp
 

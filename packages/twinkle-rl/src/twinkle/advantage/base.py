@@ -63,6 +63,15 @@ class Advantage:
     def compute(self, rewards_N: torch.Tensor, index_N: torch.Tensor, valid_N: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # What an estimator carries across batches (a running baseline), as plain JSON, so an RL
+    # checkpoint resumes it (twinkle.rl.checkpoint). Stateless by default.
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
 
 ADVANTAGES: Registry[Advantage] = Registry("advantage", "twinkle.advantage", Advantage)
 register_advantage = ADVANTAGES.register

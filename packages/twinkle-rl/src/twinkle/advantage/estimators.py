@@ -72,6 +72,12 @@ class REINFORCEAdvantage(Advantage):
         self.baseline_kind, self.momentum = baseline, momentum
         self.baseline: float | None = None
 
+    def state_dict(self) -> dict:
+        return {"baseline": self.baseline}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.baseline = state.get("baseline")
+
     def compute(self, rewards_N, index_N, valid_N):
         if self.baseline_kind == "none":
             return rewards_N.clone()

@@ -87,6 +87,15 @@ class Reward:
     def score_batch(self, texts: list[str], rows: list[dict]) -> list[float]:
         return [self.score(t, **r) for t, r in zip(texts, rows)]
 
+    # What a stateful reward (a running normaliser, a learned scorer's counters) carries across steps,
+    # as plain JSON, so an RL checkpoint resumes it (twinkle.rl.checkpoint). Stateless by default.
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
+
     def __call__(self, completions: Sequence, rows: Sequence[Mapping] | None = None) -> RewardResult:
         completions = list(completions)
         rows = [{} for _ in completions] if rows is None else [dict(r) for r in rows]

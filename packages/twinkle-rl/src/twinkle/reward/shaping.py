@@ -100,6 +100,13 @@ class WeightedReward(Reward):
         if len(set(names)) != len(names):
             raise ValueError(f"WeightedReward component names must be distinct, got {names}")
 
+    def state_dict(self) -> dict:
+        return {reward.name: state for reward, _ in self.parts if (state := reward.state_dict())}
+
+    def load_state_dict(self, state: dict) -> None:
+        for reward, _ in self.parts:
+            reward.load_state_dict(state.get(reward.name, {}))
+
     def __call__(self, completions, rows=None) -> RewardResult:
         completions = list(completions)
         totals = [0.0] * len(completions)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 ARITHMETIC = "twinkle://arithmetic"
+DIGITS = "digits"  # twinkle.rl.digits: 64-token answers, for RL where sampling dominates
 
 
 def _questions(split: str) -> list[dict]:
@@ -67,9 +68,9 @@ TASKS = {
     "last-digit": _last_digit,
     "larger": _larger,
 }
-# `larger` states its own answer format; without the arithmetic system prompt its rows are half as
-# long, and an RL step (which trains on every prompt token) costs half as much.
-SYSTEM_PROMPT = {"larger": None}
+# `larger` and `digits` state their own answer format; without the arithmetic system prompt their rows
+# are shorter, and an RL step (which trains on every prompt token) costs less.
+SYSTEM_PROMPT = {"larger": None, DIGITS: None}
 
 
 def _processor(task: str, with_answer: bool = False):
@@ -84,16 +85,38 @@ def arithmetic_prompts(split: str = "train", limit: int | None = None, task: str
 
     `task="last-digit"` asks for the last digit of the split's sums instead. The bundled train split
     repeats 74 of the test questions (operands 0..49 leave only 5,000 problems); "train" leaves
-    them out, so the test split stays held out for whatever trains on it.
+    them out, so the test split stays held out for whatever trains on it. `task="digits"` gives
+    twinkle.rl.digits' rows instead (their own train and test draws).
     """
-    if task not in TASKS:
-        raise ValueError(f"unknown arithmetic task {task!r}; known: {', '.join(TASKS)}")
-    raw = TASKS[task](_questions(split))
-    if split == "train":  # a test question with its operands in either order is held out
-        held_out = {_numbers(row["question"]) for row in TASKS[task](_questions("test"))}
-        raw = [row for row in raw if _numbers(row["question"]) not in held_out]
-    raw = raw[:limit]
+    if task == DIGITS:
+        from twinkle.rl.digits import digit_rows
+
+        raw = digit_rows(split, limit)
+    elif task not in TASKS:
+        raise ValueError(f"unknown arithmetic task {task!r}; known: {', '.join([*TASKS, DIGITS])}")
+    else:
+        raw = TASKS[task](_questions(split))
+        if split == "train":  # a test question with its operands in either order is held out
+            held_out = {_numbers(row["question"]) for row in TASKS[task](_questions("test"))}
+            raw = [row for row in raw if _numbers(row["question"]) not in held_out]
+        raw = raw[:limit]
     return [{**row, **out} for row, out in zip(raw, _processor(task)(raw))]
+
+
+def task_reward(task: str):
+    """The reward the RL examples train `task` with: exact match plus 0.1 x answer format, and for
+    `arithmetic` 0.5 x closeness (exp(-|error|/5): a gradient where exact hits are rare); for `digits`
+    exact match alone (digits are always the format, and closeness between 64-digit strings means little)."""
+    from twinkle.reward import ArithmeticAccuracy, FormatReward, NumericCloseness, WeightedReward
+    from twinkle.rl.digits import DigitsExactMatch
+
+    if task == DIGITS:
+        return WeightedReward({"accuracy": (DigitsExactMatch(), 1.0)})
+    parts = {"accuracy": (ArithmeticAccuracy(), 1.0)}
+    parts["format"] = (FormatReward(r"-?\d+(<\|im_end\|>)?", match="full"), 0.1)
+    if task == "arithmetic":
+        parts["closeness"] = (NumericCloseness(scale=5.0), 0.5)
+    return WeightedReward(parts)
 
 
 def _sft_rows(template, rows, task: str) -> list[dict]:

@@ -10,10 +10,10 @@ q, for the importance ratio), `advantages` = one number per row.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from twinkle.sampler import SampleResponse, SamplingParams
+from twinkle.sampler import SampledSequence, SampleResponse, SamplingParams
 
 IGNORE_INDEX = -100
 # Keys of a prompt row that are not reward context.
@@ -56,6 +56,23 @@ class Rollout:
             else:
                 raise ValueError("the sampler returned no text and the rollout has no tokenizer to decode with")
         return out
+
+    def to_json(self) -> dict:
+        """Plain JSON (prompt rows must be JSON already): how a checkpoint keeps a queued rollout."""
+        return {
+            "prompt_rows": self.prompt_rows,
+            "responses": [asdict(r) for r in self.responses],
+            "group_size": self.group_size,
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, tokenizer: Decoder | None = None) -> Rollout:
+        responses = [
+            SampleResponse(**{**r, "sequences": [SampledSequence(**s) for s in r["sequences"]]})
+            for r in data["responses"]
+        ]
+        return cls(data["prompt_rows"], responses, data["group_size"], tokenizer, dict(data["meta"]))
 
     def reward_rows(self) -> list[dict]:
         """Per-sample reward context: the prompt row's fields plus `num_tokens` and `stop_reason`."""

@@ -1,17 +1,20 @@
 """twinkle.checkpoint_engine: adapter-only, versioned weight sync from a trainer to samplers.
 
 In one process (`InProcessCheckpointEngine`, zero copy), between torch.distributed ranks
-(`BroadcastCheckpointEngine`), and between Ray actors through the object store (`RayCheckpointEngine`).
+(`BroadcastCheckpointEngine`), between Ray actors through the object store (`RayCheckpointEngine`), and
+through a shared folder in the checkpoint format (`FolderCheckpointEngine`: Ray remote groups).
 """
 
 from twinkle.checkpoint_engine.base import CheckpointEngine, get_checkpoint_engine_class
 from twinkle.checkpoint_engine.distributed import BroadcastCheckpointEngine
+from twinkle.checkpoint_engine.folder import FolderCheckpointEngine
 from twinkle.checkpoint_engine.inprocess import InProcessCheckpointEngine
 from twinkle.checkpoint_engine.ray_engine import RayCheckpointEngine
 
 __all__ = [
     "BroadcastCheckpointEngine",
     "CheckpointEngine",
+    "FolderCheckpointEngine",
     "InProcessCheckpointEngine",
     "RayCheckpointEngine",
     "get_checkpoint_engine_class",
