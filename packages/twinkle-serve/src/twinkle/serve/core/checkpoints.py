@@ -33,7 +33,8 @@ _FULL_TEXT = ("no space left on device", "os error 28", "disk quota exceeded", "
 
 class DiskFull(OSError):
     """A checkpoint did not fit on its disk. `client_message` is what the failed future says (the
-    scheduler passes it through instead of "internal error")."""
+    scheduler passes it through instead of "internal error"): the checkpoint and the free space, never
+    the server's folders; the log line (`str`) adds the folder and the writer's own error."""
 
     def __init__(self, path: str, folder: Path, cause: BaseException):
         existing = next((p for p in (folder, *folder.parents) if p.exists()), folder)
@@ -43,14 +44,14 @@ class DiskFull(OSError):
             free = "free space unknown"
         self.client_message = (
             f"saving checkpoint {path} failed: no space left on device (or disk quota exceeded) on the "
-            f"filesystem holding {folder} ({free} after removing the partial files); nothing new was written under "
-            f"that name and a checkpoint already there is unchanged: free space and save again. "
-            f"({type(cause).__name__}: {cause})"
+            f"server's checkpoint storage ({free} after removing the partial files); nothing new was written "
+            "under that name and a checkpoint already there is unchanged: free space and save again"
         )
-        super().__init__(errno.ENOSPC, self.client_message)
+        self.detail = f"{self.client_message} [folder {folder}; {type(cause).__name__}: {cause}]"
+        super().__init__(errno.ENOSPC, self.detail)
 
     def __str__(self) -> str:
-        return self.client_message
+        return self.detail
 
 
 def is_disk_full(e: BaseException) -> bool:
