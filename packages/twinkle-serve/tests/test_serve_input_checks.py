@@ -147,6 +147,25 @@ def test_sampling_sessions_and_checkpoints_count_against_the_key_creation_limits
         server.runtime.limits.overrides.pop(burst, None)
 
 
+def test_a_burst_of_sessions_holds_no_more_than_the_keys_live_cap(server):
+    from twinkle.serve.config import Limits
+
+    burst = f"{TENANT}-sessions"
+    server.runtime.limits.overrides[burst] = Limits(max_live_sessions=3)
+    try:
+        http = _tinker(server, server.create_key(burst))
+        made = [http.post("/create_session", json={"tags": []}) for _ in range(5)]
+        assert [r.status_code for r in made] == [200, 200, 200, 429, 429], [r.text for r in made]
+        assert "limits.max_live_sessions" in made[-1].text and int(made[-1].headers["retry-after"]) == 60
+        first = made[0].json()["session_id"]
+        assert http.post(f"/sessions/{first}/finish", json={}).status_code == 200  # a finished one frees its place
+        assert http.post("/create_session", json={"tags": []}).status_code == 200
+        assert http.post("/create_session", json={"tags": []}).status_code == 429
+        http.close()
+    finally:
+        server.runtime.limits.overrides.pop(burst, None)
+
+
 def _sparse_weights_body(model_id: str, crow: list[int], col: list[int], values: list[float]) -> bytes:
     from twinkle.serve.tinker import wire_proto as pb
 

@@ -90,6 +90,9 @@ class Limits(_Strict):
     # create_model, native add_adapter_to_model), sampling sessions (Tinker create_sampling_session and
     # save_weights_for_sampler's ephemeral samplers) and checkpoints (every save, either API, imports)
     sessions_per_minute: float | None = Field(600, gt=0)
+    # sessions of one key alive at once (not finished, heard from in the last minute: the SDK heartbeats
+    # every 10 s): a burst of creations holds no more rows than this; past it 429, Retry-After 60 s
+    max_live_sessions: int | None = Field(256, ge=1)
     adapters_per_minute: float | None = Field(240, gt=0)
     samplers_per_minute: float | None = Field(600, gt=0)
     checkpoints_per_minute: float | None = Field(240, gt=0)

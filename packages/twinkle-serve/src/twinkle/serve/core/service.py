@@ -20,8 +20,10 @@ from twinkle.serve.core.scheduler import Place
 from twinkle.serve.core.usage import UsageLedger
 from twinkle.serve.core.work import Answer, Call, PassJob
 from twinkle.serve.errors import BadRequest, NotFound
-from twinkle.serve.limits import Hold
+from twinkle.serve.limits import Hold, LimitExceeded
 from twinkle.serve.runtime import Engine, Runtime
+
+LIVE_SESSION_S = 60.0  # a session not heard from for this long no longer counts as live
 
 
 class Service:
@@ -35,6 +37,13 @@ class Service:
     def create_session(self, tenant: str, tags: list | None = None, user_metadata: dict | None = None) -> Session:
         self.rt.limits.created(tenant, "sessions")  # 429 past the key's sessions_per_minute
         now = time.time()
+        cap = self.rt.limits.of(tenant).max_live_sessions
+        if cap is not None and self.store.sessions.live(tenant, now - LIVE_SESSION_S) >= cap:
+            raise LimitExceeded(
+                f"this key has {cap} live sessions (limits.max_live_sessions): finish one (ServiceClient "
+                f"close, POST /sessions/<id>/finish) or let an idle one lapse ({LIVE_SESSION_S:.0f} s without a heartbeat)",
+                LIVE_SESSION_S,
+            )
         session = Session(
             uuid.uuid4().hex[:20], tenant, now, now, tags=list(tags or []), user_metadata=dict(user_metadata or {})
         )

@@ -47,6 +47,14 @@ class Sessions:
         # one, so the row may ride along with the next pass's commit instead of costing a write of its own
         self.db.soon([("UPDATE sessions SET last_heartbeat=? WHERE session_id=?", (time.time(), session_id))])
 
+    def live(self, tenant: str, since: float) -> int:
+        """`tenant`'s sessions not finished and heard from (created or heartbeat) at or after `since`."""
+        row = self.db.one(
+            "SELECT COUNT(*) AS n FROM sessions WHERE tenant=? AND finished_at IS NULL AND last_heartbeat >= ?",
+            (tenant, since),
+        )
+        return row["n"] if row else 0
+
     def finish(self, session_id: str, reason: str) -> None:
         self.db.execute(
             "UPDATE sessions SET finished_at=?, finish_reason=? WHERE session_id=?", (time.time(), reason, session_id)
