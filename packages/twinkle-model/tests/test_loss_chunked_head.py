@@ -85,8 +85,9 @@ def test_chunked_equals_whole_logits(name, trains_head, use_bias):
         _close(g, w)
 
 
-def test_one_sweep_serves_logps_entropy_and_accuracy():
-    hidden, weight, _, targets, _ = _inputs()
+@pytest.mark.parametrize("name", ["GRPOLoss", "GKDLoss"])
+def test_one_sweep_serves_everything_a_loss_and_the_accuracy_read(name):
+    hidden, weight, _, targets, fields = _inputs()
     head = ChunkedHead(hidden.requires_grad_(), weight, chunk_size=7)
     sweeps = {"n": 0}
     original = head._sweep
@@ -96,10 +97,11 @@ def test_one_sweep_serves_logps_entropy_and_accuracy():
         return original(*args)
 
     head._sweep = counting
-    ctx = LossContext(head, targets, _inputs()[4])
-    create_loss("GRPOLoss", entropy_coef=0.1)(ctx).loss.backward()
+    ctx = LossContext(head, targets, fields)
+    create_loss(name, **LOSS_KWARGS[name])(ctx).loss.backward()
     head.correct(targets)
-    assert sweeps["n"] == 1  # never a second unembedding for the entropy or the accuracy
+    assert ctx.logps_B_T.shape == targets.shape  # what forward_only returns
+    assert sweeps["n"] == 1  # never a second unembedding for the entropy, the top-k or the accuracy
     logits = torch.nn.functional.linear(hidden, weight)
     assert torch.equal(head.correct(targets), logits.argmax(-1) == targets)
 

@@ -119,7 +119,7 @@ class Loss:
         missing = [f for f in self.required_fields if f not in ctx.fields]
         if missing:
             raise ValueError(f"{type(self).__name__} needs input fields {missing}; got {sorted(ctx.fields)}")
-        ctx.head.request(self.head_needs(ctx))
+        ctx.head.request(self.head_needs(ctx), ctx.targets_B_T)
         out = self.compute(ctx)
         return out if isinstance(out, LossOutput) else LossOutput(out)
 

@@ -60,8 +60,9 @@ class HeadNeeds:
 class TokenHead:
     """Base: the model's next-token distribution at every (row, position)."""
 
-    def request(self, needs: HeadNeeds) -> None:
-        """A hint: what the coming calls will ask for (a chunked head computes it in the same sweep)."""
+    def request(self, needs: HeadNeeds, targets_B_T: torch.Tensor | None = None) -> None:
+        """A hint: what the coming calls will ask for, and the targets whose log-probs they will ask
+        for (a chunked head computes all of it in one sweep)."""
 
     def target_logps(self, targets_B_T: torch.Tensor) -> torch.Tensor:
         """log p(target) per position; 0 where the target is IGNORE_INDEX."""
@@ -114,14 +115,20 @@ class ChunkedHead(TokenHead):
         self.hidden_B_T_H, self.weight_V_H, self.bias_V = hidden_B_T_H, weight_V_H, bias_V
         self.chunk_size = chunk_size or chunk_positions(weight_V_H.shape[0])
         self.logit_scale = logit_scale
-        self.needs = HeadNeeds()
-        self._swept: dict = {}  # the last sweep's inputs and outputs
+        self.needs, self._targets = HeadNeeds(), None
+        self._swept: dict = {}  # the main sweep's inputs and outputs, which every call reads first
 
-    def request(self, needs: HeadNeeds) -> None:
-        self.needs = needs
+    def request(self, needs: HeadNeeds, targets_B_T: torch.Tensor | None = None) -> None:
+        self.needs, self._targets = needs, targets_B_T
+
+    def _main(self, targets_B_T: torch.Tensor | None) -> dict:
+        if not self._swept or self._swept["targets"] is not targets_B_T:
+            self._swept = self._sweep(targets_B_T, self.needs.entropy, self.needs.index_B_T_K)
+        return self._swept
 
     def _sweep(self, targets_B_T: torch.Tensor | None, entropy: bool, index_B_T_K: torch.Tensor | None) -> dict:
         B, T, H = self.hidden_B_T_H.shape
+        given = targets_B_T
         if targets_B_T is None:
             targets_B_T = torch.full((B, T), IGNORE_INDEX, dtype=torch.long, device=self.hidden_B_T_H.device)
         index_N_K = index_B_T_K.reshape(B * T, -1).long() if index_B_T_K is not None else None
@@ -136,7 +143,7 @@ class ChunkedHead(TokenHead):
             scale=self.logit_scale,
         )
         return {
-            "targets": targets_B_T,
+            "targets": given,
             "logps": logps.view(B, T),
             "entropy": ent.view(B, T) if entropy else None,
             "index": index_B_T_K,
@@ -145,24 +152,24 @@ class ChunkedHead(TokenHead):
         }
 
     def target_logps(self, targets_B_T):
-        if self._swept.get("targets") is not targets_B_T:
-            self._swept = self._sweep(targets_B_T, self.needs.entropy, self.needs.index_B_T_K)
-        return self._swept["logps"]
+        return self._main(targets_B_T)["logps"]
 
     def entropy(self):
-        if self._swept.get("entropy") is None:
-            return self._sweep(None, True, None)["entropy"]  # not requested: a sweep of its own
-        return self._swept["entropy"]
+        swept = self._swept or self._main(self._targets)
+        if swept["entropy"] is None:  # not requested: a sweep of its own
+            return self._sweep(None, True, None)["entropy"]
+        return swept["entropy"]
 
     def logps_at(self, index_B_T_K):
-        if self._swept.get("index") is not index_B_T_K:
+        swept = self._swept or self._main(self._targets)
+        if swept["index"] is not index_B_T_K:
             return self._sweep(None, False, index_B_T_K)["at"]
-        return self._swept["at"]
+        return swept["at"]
 
     def argmax(self):
-        if not self._swept:  # nothing asked yet: a sweep without gradient
+        if not self._swept:  # nothing asked yet: a sweep without gradient, not kept
             with torch.no_grad():
-                self._swept = self._sweep(None, False, None)
+                return self._sweep(None, False, None)["argmax"]
         return self._swept["argmax"]
 
 
