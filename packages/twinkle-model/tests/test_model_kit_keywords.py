@@ -1,4 +1,4 @@
-"""twinkle-kit's keywords on TransformersModel (twinkle.model.kit, twinkle.model.loss_inputs): each one
+"""twinkle-kit's keywords on TransformersModel (twinkle.model.kit, twinkle.data_format.loss_inputs): each one
 does what its name says, checked against the call it stands for, and a keyword that cannot be honoured
 is refused by name."""
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from peft import LoraConfig
 
+from twinkle.data_format.loss_inputs import merge_loss_inputs
 from twinkle.hub import TEST_MODEL
 from twinkle.model import TransformersModel
-from twinkle.model.loss_inputs import merge_loss_inputs
 
 LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
 
@@ -124,3 +124,56 @@ def test_train_configs_optimizer_group_and_task():
     assert m.optimizer_group["default"].cur_step == 0 and m.model is m.hf_model
     with pytest.raises(NotImplementedError, match="task='fused_lm_ce' is not offered"):
         m.forward_backward(inputs=make_rows(2), task="fused_lm_ce")
+
+
+def test_dpo_sft_weight_and_reference_free_by_hand():
+    import torch.nn.functional as F
+
+    from twinkle.loss import DPOLoss, LossContext
+
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 5)
+    targets = torch.tensor([[1, 2, -100], [3, 4, 0]])  # a (chosen, rejected) pair
+    ref = torch.randn(2, 3)
+    ctx = LossContext.from_logits(logits, targets, ref_logprobs=ref)
+    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    mask = (targets != -100).float()
+    s_c, s_r = (logp * mask).sum(1)
+    r_c, r_r = (ref * mask).sum(1)
+    beta, w = 0.5, 2.0
+    expected = -F.logsigmoid(beta * ((s_c - r_c) - (s_r - r_r))) + w * (-s_c / 2)
+    out = DPOLoss(beta=beta, sft_weight=w)(ctx)
+    torch.testing.assert_close(out.loss, expected, rtol=1e-5, atol=1e-6)
+    assert out.metrics["logps_chosen"] == pytest.approx(float(s_c), rel=1e-5)
+    free = DPOLoss(beta=beta, reference_free=True)(LossContext.from_logits(logits, targets))
+    torch.testing.assert_close(free.loss, -F.logsigmoid(beta * (s_c - s_r)), rtol=1e-5, atol=1e-6)
+    assert not DPOLoss(reference_free=True).needs_reference({})
+
+
+def test_grpo_epsilon_clips_both_sides_alike():
+    from twinkle.loss import GRPOLoss
+
+    loss = GRPOLoss(epsilon=0.1)
+    assert (loss.epsilon_low, loss.epsilon_high) == (0.1, 0.1)
+    with pytest.raises(ValueError, match="epsilon or epsilon_low / epsilon_high, not both"):
+        GRPOLoss(epsilon_low=0.3, epsilon=0.1)
+
+
+def test_kit_metrics_report_what_they_measured():
+    from twinkle.metric import METRICS, CompletionRewardMetric, DPOMetric, ForwardRecord, GRPOMetric
+
+    rollout = CompletionRewardMetric()
+    assert rollout.calculate() == {}  # nothing measured: nothing reported
+    rollout.accumulate(None, None, completion_lengths=[4, 6], rewards={"total": [1.0, 0.0, 2.0]})
+    assert rollout.calculate() == {
+        "train/total_reward": 1.0,
+        "train/total_reward_std": 1.0,
+        "train/completion_length": 5.0,
+    }
+    dpo, grpo = METRICS.create("DPOMetric", beta=0.1), METRICS.create("GRPOMetric")
+    assert isinstance(dpo, DPOMetric) and isinstance(grpo, GRPOMetric)
+    for margin in (0.2, 0.4):
+        record = ForwardRecord(1.0, 4, 8, 1, 0.1, 1.0, extras={"reward_margin": margin, "clip_fraction": 0.5})
+        dpo.on_forward(record)
+        grpo.on_forward(record)
+    assert dpo.compute() == {"rewards/margins": pytest.approx(0.3)} and grpo.compute() == {"clip_ratio": 0.5}

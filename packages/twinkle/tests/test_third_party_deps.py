@@ -125,7 +125,12 @@ def third_party_imports(dist: str) -> dict[str, tuple[bool, str]]:
             modules = _imported_modules(node, helpers)
             for module in modules:
                 top = module.split(".")[0]
-                if top in sys.stdlib_module_names or top in ("twinkle", "twinkle_server", "__future__"):
+                if top in sys.stdlib_module_names or top in (
+                    "twinkle",
+                    "twinkle_client",
+                    "twinkle_server",
+                    "__future__",
+                ):
                     continue
                 eager = id(node) not in in_function and str(py.relative_to(ROOT)) not in OPTIONAL_BACKEND_MODULES
                 was_eager = found.get(top, (False, ""))[0]

@@ -12,16 +12,14 @@ server capacity and queue. Server and key from --base-url/--api-key or TWINKLE_B
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 import time
-import zipfile
 from pathlib import Path
 
 import httpx
 
-from twinkle.client.download import fetch_archive
+from twinkle.client.download import download_checkpoint
 from twinkle.client.errors import TwinkleAPIError
 from twinkle.client.http import TwinkleClient
 from twinkle.client.hub_upload import upload_folder
@@ -70,15 +68,9 @@ def cmd_checkpoints(client: TwinkleClient, args) -> str:
 
 
 def cmd_download(client: TwinkleClient, args) -> str:
-    data = fetch_archive(client, args.path)
     out = Path(args.output or args.path.rstrip("/").rsplit("/", 1)[-1])
-    out.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        for member in zf.namelist():
-            if "/" in member or member.startswith("."):  # a flat PEFT folder: refuse anything else
-                raise TwinkleAPIError(f"unexpected archive member {member!r}")
-            (out / member).write_bytes(zf.read(member))
-    return f"downloaded {args.path} -> {out}/ (PEFT folder: {', '.join(sorted(zf.namelist()))})"
+    names = download_checkpoint(client, args.path, out)
+    return f"downloaded {args.path} -> {out}/ (PEFT folder: {', '.join(names)})"
 
 
 def cmd_status(client: TwinkleClient, args) -> str:

@@ -52,10 +52,10 @@ def _messages(row) -> list:
 class LocalEncoder:
     """Encodes chats with twinkle-data's Template for `base_model`, if that works on this machine."""
 
-    def __init__(self, base_model: str, mode: str = "auto"):
+    def __init__(self, base_model: str, mode: str = "auto", template=None):
         if mode not in ("auto", "local", "server"):
             raise ValueError(f"encode must be 'auto', 'local' or 'server', got {mode!r}")
-        self.base_model, self.mode, self._template = base_model, mode, None
+        self.base_model, self.mode, self._template = base_model, mode, template
 
     def template(self):
         if self.mode == "server":

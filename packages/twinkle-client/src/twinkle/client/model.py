@@ -107,6 +107,10 @@ class TransformersModel:
         self._encoder, self._seq, self._lock = LocalEncoder("", "server"), itertools.count(1 << 20), threading.Lock()
         return self
 
+    def set_encoder_template(self, template) -> None:
+        """Encode chats on this machine with `template` (a twinkle.template.Template) from now on."""
+        self._encoder = LocalEncoder(self.base_model or "", "local", template)
+
     def _call(self, op: str, body, parse=None) -> Future:
         with self._lock:  # the sequence number and the submission in one order
             ref = self.client.post(f"/models/{self.model_id}/{op}", body.model_dump(), seq=next(self._seq))
@@ -182,10 +186,17 @@ class TransformersModel:
 
     # ---- checkpoints and curves ----------------------------------------------------------------
     def save(
-        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+        self,
+        path,
+        adapter_name: str | None = None,
+        save_training_state: bool = False,
+        data_position: int | None = None,
+        *,
+        consumed_train_samples: int | None = None,
     ) -> Future:
         """Saved on the server under the last component of `path`; result: its tinker:// path
-        (`twinkle download PATH` fetches the PEFT folder)."""
+        (`twinkle download PATH` fetches the PEFT folder). `consumed_train_samples` (the client's data
+        position in samples) is kept with the training state and returned by resume_from_checkpoint."""
         if data_position is not None:
             raise NotImplementedError(
                 "TransformersModel over HTTP cannot take save(data_position=...): the server "
@@ -194,7 +205,12 @@ class TransformersModel:
         name = PurePosixPath(str(path)).name
         return self._call(
             "save",
-            SaveRequest(adapter_name=adapter_name, name=name, save_training_state=save_training_state),
+            SaveRequest(
+                adapter_name=adapter_name,
+                name=name,
+                save_training_state=save_training_state,
+                consumed_train_samples=consumed_train_samples,
+            ),
             parse=lambda r: CheckpointRef.model_validate(r).path,
         )
 

@@ -19,6 +19,15 @@ def init_twinkle_client(base_url: str | None = None, api_key: str | None = None,
     return _CLIENT
 
 
+def set_client(client: TwinkleClient) -> TwinkleClient:
+    """Make `client` (a TwinkleClient or a subclass) the one proxies use; the previous one is closed."""
+    global _CLIENT
+    if _CLIENT is not None and _CLIENT is not client:
+        _CLIENT.close()
+    _CLIENT = client
+    return client
+
+
 def get_client() -> TwinkleClient:
     if _CLIENT is None:
         if os.environ.get("TWINKLE_BASE_URL"):
@@ -29,13 +38,13 @@ def get_client() -> TwinkleClient:
 
 def init_tinker_client(base_url: str | None = None, api_key: str | None = None) -> dict[str, str]:
     """Point the unmodified Tinker SDK (`pip install tinker`) at a Twinkle server: sets TINKER_BASE_URL
-    and TINKER_API_KEY for this process and returns them. Nothing is patched."""
+    and TINKER_API_KEY for this process (from the arguments, else TWINKLE_BASE_URL / TWINKLE_API_KEY)
+    and returns what it set. Nothing is patched; with neither given nor set, nothing changes (the SDK
+    reads its own TINKER_* settings, or the base_url / api_key a script passes to ServiceClient)."""
     base_url = base_url or os.environ.get("TWINKLE_BASE_URL")
     api_key = api_key or os.environ.get("TWINKLE_API_KEY")
-    if not base_url or not api_key:
-        raise ValueError("init_tinker_client needs base_url and api_key (or TWINKLE_BASE_URL / TWINKLE_API_KEY)")
-    if not api_key.startswith("tml-"):
+    if api_key and not api_key.startswith("tml-"):
         raise ValueError("the Tinker SDK only accepts keys starting with 'tml-' (Twinkle's keys do)")
-    env = {"TINKER_BASE_URL": base_url.rstrip("/"), "TINKER_API_KEY": api_key}
+    env = {k: v for k, v in (("TINKER_BASE_URL", base_url and base_url.rstrip("/")), ("TINKER_API_KEY", api_key)) if v}
     os.environ.update(env)
     return env

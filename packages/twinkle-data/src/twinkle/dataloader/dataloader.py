@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from twinkle.dataloader.mesh import resolve_mesh, slice_for_rank
+from twinkle.dataloader.mesh import check_remote_group, resolve_mesh, slice_for_rank
 from twinkle.dataset.dataset import ERROR_KEY
 from twinkle.dataset.errors import DataError
 
@@ -43,6 +43,10 @@ class DataLoader:
         default: the global mesh, else a single rank.
     max_retries: consecutive bad samples tolerated before giving up with their reasons.
     check: ``row -> reason | None``; a row with a reason is skipped and the reason logged.
+    dataset: a dataset, or a function that builds one (twinkle-kit passes a factory), called here.
+    num_workers: twinkle-kit's worker processes; rows are read here, so only 0 is accepted.
+    remote_group: twinkle-kit's placement of the loader; in ray mode the driver reads the data and the
+        model's group splits each batch, so it must name a DeviceGroup that exists, and changes nothing else.
     """
 
     def __init__(
@@ -56,7 +60,18 @@ class DataLoader:
         max_retries: int = 16,
         shuffle_buffer: int = 1024,
         check: Callable[[dict], str | None] = default_check,
+        *,
+        remote_group: str | None = None,
+        num_workers: int = 0,
     ):
+        if num_workers:
+            raise NotImplementedError(
+                f"num_workers={num_workers}: this DataLoader reads rows in its own process (encode the dataset "
+                "beforehand, or stream it); pass num_workers=0"
+            )
+        if callable(dataset) and not hasattr(dataset, "__iter__"):
+            dataset = dataset()
+        check_remote_group(remote_group)
         self.dataset = dataset
         self.mesh = resolve_mesh(device_mesh)
         world = self.mesh.data_world_size
@@ -152,6 +167,26 @@ class DataLoader:
         return full + (1 if rest and rest >= self.min_batch_size else 0)
 
     # ---- resume --------------------------------------------------------------------------------
+    def get_state(self) -> dict:
+        """twinkle-kit's progress record: ``consumed_train_samples`` (rows of the seeded order read in
+        all epochs so far, bad ones included) beside our ``state_dict``."""
+        done = self.epoch * self._length if self._length is not None else 0
+        return {"consumed_train_samples": done + self.position, **self.state_dict()}
+
+    def resume_from_checkpoint(self, consumed_train_samples: int) -> None:
+        """Continue after ``consumed_train_samples`` rows (what ``get_state`` reported when the model was
+        saved): the same seeded order, from the next unseen row."""
+        if isinstance(consumed_train_samples, bool) or not isinstance(consumed_train_samples, int):
+            raise TypeError(f"consumed_train_samples must be an int, got {consumed_train_samples!r}")
+        if consumed_train_samples < 0:
+            raise ValueError(f"consumed_train_samples must be >= 0, got {consumed_train_samples}")
+        if self._length is None:
+            self.epoch, self.position = 0, consumed_train_samples
+        elif self._length:
+            self.epoch, self.position = divmod(consumed_train_samples, self._length)
+
+    skip_consumed_samples = resume_from_checkpoint  # twinkle-kit's other name for it
+
     def state_dict(self) -> dict:
         return {
             "version": STATE_VERSION,

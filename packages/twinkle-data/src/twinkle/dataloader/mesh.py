@@ -10,21 +10,55 @@ class _SingleRank:
     data_world_size = 1
 
 
+class _WholeBatches:
+    """The ray driver's view of a model mesh: whole global batches, sized in multiples of its data ranks."""
+
+    data_rank = 0
+
+    def __init__(self, data_world_size: int):
+        self.data_world_size = data_world_size
+
+    def slice_for_data_rank(self, rows):
+        return rows
+
+
+def _ray_driver() -> bool:
+    try:
+        from twinkle.mesh.runtime import get_runtime
+    except ImportError:
+        return False
+    runtime = get_runtime()
+    return runtime is not None and runtime.mode == "ray"
+
+
+def check_remote_group(name: str | None) -> None:
+    """A loader's `remote_group` (twinkle-kit's keyword) must name a DeviceGroup of the running ray-mode
+    runtime; the driver reads the data either way (see resolve_mesh)."""
+    if name is None:
+        return
+    from twinkle.mesh.runtime import get_runtime
+
+    runtime = get_runtime()
+    groups = [g.name for g in runtime.groups] if runtime is not None else []
+    if name not in groups:
+        raise ValueError(f"remote_group {name!r} is not a DeviceGroup of twinkle.initialize(mode='ray', ...): {groups}")
+
+
 def resolve_mesh(device_mesh):
     if device_mesh is not None:
         for attr in ("data_rank", "data_world_size"):
             if not hasattr(device_mesh, attr):
                 raise TypeError(f"device_mesh {device_mesh!r} has no {attr!r}; pass a twinkle.mesh.DeviceMesh")
+        if _ray_driver():  # the model's mesh (twinkle-kit passes it): its ranks are actors, not this driver
+            return _WholeBatches(device_mesh.data_world_size)
         return device_mesh
-    try:
-        from twinkle.mesh import get_global_mesh
-        from twinkle.mesh.runtime import get_runtime
-    except ImportError:
-        return _SingleRank()
-    runtime = get_runtime()
-    if runtime is not None and runtime.mode == "ray":
+    if _ray_driver():
         # The Ray driver is no data rank: it feeds whole global batches and the remote groups
         # split them across their ranks (remote_method dispatch='slice').
+        return _SingleRank()
+    try:
+        from twinkle.mesh import get_global_mesh
+    except ImportError:
         return _SingleRank()
     return get_global_mesh() or _SingleRank()
 

@@ -102,16 +102,7 @@ class Dataset:
         a class or name is built with ``init_args`` or ``kwargs``. Rows are always processed in
         batches and a map is never read from a cache, so ``batched`` and ``load_from_cache_file``
         (twinkle-kit's names) change nothing."""
-        from twinkle.preprocessor.base import PREPROCESSORS, FunctionPreprocessor, Preprocessor
-
-        if init_args is not None:
-            if kwargs:
-                raise TypeError(f"map() got both init_args and keyword arguments {sorted(kwargs)}: pass one of them")
-            kwargs = dict(init_args)
-        if callable(preprocessor) and not isinstance(preprocessor, (Preprocessor, type)):
-            preprocessor = FunctionPreprocessor(preprocessor)
-        else:
-            preprocessor = PREPROCESSORS.create(preprocessor, **kwargs)
+        preprocessor = build_preprocessor(preprocessor, init_args, kwargs)
         self._apply(preprocessor, dataset_meta, preprocessor.cache_key())
         return self
 
@@ -161,7 +152,7 @@ class Dataset:
         template = self.template
         for key, part in list(self._parts.items()):
             if isinstance(part, RowStream):
-                self._parts[key] = part.with_op(_lazy_encoder(template, add_generation_prompt, key))
+                self._parts[key] = part.with_op(lazy_encoder(template, add_generation_prompt, key))
                 self._lineage[key] = None
                 continue
             lineage = self._lineage[key] if cache else None
@@ -248,7 +239,22 @@ class Dataset:
         return f"Dataset({sizes}, template={type(self.template).__name__ if self.template else None})"
 
 
-def _lazy_encoder(template, add_generation_prompt: bool, key: str):
+def build_preprocessor(preprocessor, init_args: dict[str, Any] | None = None, kwargs: dict[str, Any] | None = None):
+    """A Preprocessor from an instance, class, registered name or plain ``row -> row`` function; a class
+    or name is built with ``init_args`` or ``kwargs`` (not both)."""
+    from twinkle.preprocessor.base import PREPROCESSORS, FunctionPreprocessor, Preprocessor
+
+    kwargs = kwargs or {}
+    if init_args is not None:
+        if kwargs:
+            raise TypeError(f"map() got both init_args and keyword arguments {sorted(kwargs)}: pass one of them")
+        kwargs = dict(init_args)
+    if callable(preprocessor) and not isinstance(preprocessor, (Preprocessor, type)):
+        return FunctionPreprocessor(preprocessor)
+    return PREPROCESSORS.create(preprocessor, **kwargs)
+
+
+def lazy_encoder(template, add_generation_prompt: bool, key: str):
     """Encode a streamed batch; a row that fails is kept with its reason so the DataLoader can skip
     and log it instead of the stream dying mid-epoch."""
 

@@ -35,3 +35,32 @@ class PreferenceProcessor(Preprocessor):
             raise DataError("PreferenceProcessor: chosen and rejected must each end with an assistant reply")
         extra = {k: v for k, v in row.items() if k not in ("prompt", "chosen", "rejected")}
         return {**extra, "messages": chosen, "rejected_messages": rejected}
+
+
+class EmojiDPOProcessor(Preprocessor):
+    """twinkle-kit's preference format for shareAI-style rows (``prompt``, a chosen and a rejected
+    answer): ``{'positive': {'messages': prompt + chosen}, 'negative': {'messages': prompt + rejected}}``.
+    The Template encodes each side into its own row; a training loop interleaves them (chosen, rejected)
+    for the preference losses."""
+
+    output_columns = ("positive", "negative")
+
+    def __init__(
+        self,
+        system: str | None = None,
+        chosen_key: str = "answer_zh",
+        rejected_key: str = "answer_en",
+        prompt_key: str = "prompt",
+    ):
+        self.system, self.chosen_key, self.rejected_key, self.prompt_key = system, chosen_key, rejected_key, prompt_key
+
+    def process(self, row):
+        missing = [k for k in (self.prompt_key, self.chosen_key, self.rejected_key) if k not in row]
+        if missing:
+            raise DataError(f"EmojiDPOProcessor: the row has no column {missing[0]!r} (it has {', '.join(row)})")
+        prompt = [{"role": "system", "content": self.system}] if self.system else []
+        prompt.append({"role": "user", "content": row[self.prompt_key]})
+        return {
+            "positive": {"messages": [*prompt, {"role": "assistant", "content": row[self.chosen_key]}]},
+            "negative": {"messages": [*prompt, {"role": "assistant", "content": row[self.rejected_key]}]},
+        }

@@ -53,9 +53,12 @@ class GSM8KProcessor(Preprocessor):
     required_columns = ("question", "answer")
     output_columns = ("messages", "ground_truth")
 
-    def __init__(self, system: str | None = GSM8K_SYSTEM, with_answer: bool = False):
+    def __init__(
+        self, system: str | None = GSM8K_SYSTEM, with_answer: bool = False, *, add_assistant: bool | None = None
+    ):
+        """``add_assistant`` is twinkle-kit's name for ``with_answer``."""
         self.system = system
-        self.with_answer = with_answer
+        self.with_answer = with_answer if add_assistant is None else add_assistant
 
     def process(self, row):
         truth = gsm8k_final_answer(row["answer"])
@@ -65,3 +68,28 @@ class GSM8KProcessor(Preprocessor):
         if self.with_answer:
             messages.append({"role": "assistant", "content": row["answer"]})
         return {"messages": messages, "ground_truth": truth}
+
+
+COUNTDOWN_SYSTEM = (
+    "You are a helpful assistant. You first think about the reasoning process and then give the user the answer."
+)
+
+
+class CountdownProcessor(Preprocessor):
+    """Countdown rows (``nums``, ``target``) -> a prompt asking for an equation of the numbers that
+    equals the target, reasoning in <think></think> and the equation in <answer></answer>; the numbers
+    and target travel in ``user_data`` (twinkle-kit's place for them) for the reward."""
+
+    required_columns = ("nums", "target")
+    output_columns = ("messages", "user_data")
+
+    def __init__(self, system: str | None = COUNTDOWN_SYSTEM):
+        self.system = system
+
+    def process(self, row):
+        nums, target = list(row["nums"]), row["target"]
+        question = (
+            f"Using the numbers {nums}, write an equation that equals {target}. Use + - * / and each number "
+            "once. Think inside <think> </think>, then give the equation inside <answer> </answer>."
+        )
+        return {"messages": _prompt(self.system, question), "user_data": [{"target": target, "nums": nums}]}

@@ -31,6 +31,11 @@ class InputProcessor:
     packing: concatenate rows padding-free (see module docs).
     pad_token_id: the id written into pads (masked out, so any valid id works).
     pad_to_multiple_of: round the padded length up (kernels like multiples of 8).
+    padding_free: twinkle-kit's name for ``packing``.
+
+    Rows packed by a PackingDataset (several sequences in one row, with ``lengths``) are split into
+    their sequences and collated padding-free whatever ``packing`` says: padded, their sequences
+    would attend to each other.
     """
 
     name: ClassVar[str] = "InputProcessor"
@@ -41,7 +46,11 @@ class InputProcessor:
         packing: bool = False,
         pad_token_id: int = 0,
         pad_to_multiple_of: int | None = None,
+        *,
+        padding_free: bool | None = None,
     ):
+        if padding_free is not None:
+            packing = packing or padding_free
         if padding_side not in ("right", "left"):
             raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
         self.padding_side = padding_side
@@ -74,6 +83,9 @@ class InputProcessor:
         # pixel_values / image_grid_thw of every image, in row order (packed or padded alike; a packed
         # batch's 3-D rope positions are the model's: twinkle.model.vision.packed_rope_positions)
         images = collate_images(rows)
+        if any(row.get("lengths") for row in rows):
+            ids, labels = _sequences(rows, ids, labels)
+            return {**self.pack(ids, labels), **images}
         batch = self.pack(ids, labels) if self.packing else self.pad(ids, labels)
         return {**batch, **images}
 
@@ -112,6 +124,21 @@ class InputProcessor:
             "labels": torch.tensor(flat_labels, dtype=torch.long)[None],
             "position_ids": position_ids_1_T,
         }
+
+
+def _sequences(rows: list[dict], ids: list[list[int]], labels: list[list[int]]):
+    """The sequences of packed rows (a row without `lengths` is one sequence), in order."""
+    out_ids, out_labels = [], []
+    for i, (row, row_ids, row_labels) in enumerate(zip(rows, ids, labels)):
+        lengths = list(row.get("lengths") or [len(row_ids)])
+        if sum(lengths) != len(row_ids):
+            raise ValueError(f"batch row {i}: lengths {lengths} do not add up to its {len(row_ids)} input_ids")
+        start = 0
+        for n in lengths:
+            out_ids.append(row_ids[start : start + n])
+            out_labels.append(row_labels[start : start + n])
+            start += n
+    return out_ids, out_labels
 
 
 INPUT_PROCESSORS: Registry[InputProcessor] = Registry("input processor", "twinkle.input_processor", InputProcessor)

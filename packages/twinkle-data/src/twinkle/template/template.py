@@ -50,6 +50,8 @@ class Template:
     trained_rounds: ``'all'``, ``'last'`` or assistant round numbers (``[0, -1]``).
     default_system: a system message prepended when a conversation has none.
     chat_template: overrides the tokenizer's template (e.g. one with generation markers).
+    template_kwargs / enable_thinking: variables the chat template renders with (Qwen3's
+        ``enable_thinking``).
     image_processor: for images in messages (see ``twinkle.template.vision``); by default the one in
         the model's folder. Encoded rows then carry ``pixel_values`` and ``image_grid_thw``.
     """
@@ -65,7 +67,11 @@ class Template:
         chat_template: str | None = None,
         template_kwargs: dict | None = None,
         image_processor=None,
+        *,
+        enable_thinking: bool | None = None,
     ):
+        if enable_thinking is not None:  # twinkle-kit's keyword: a chat-template variable like any other
+            template_kwargs = {**(template_kwargs or {}), "enable_thinking": enable_thinking}
         if truncation_strategy not in TRUNCATION_STRATEGIES:
             raise ValueError(f"truncation_strategy must be one of {TRUNCATION_STRATEGIES}, got {truncation_strategy!r}")
         self._model_path: str | None = None  # known when the tokenizer came from model_id's folder
@@ -206,7 +212,10 @@ class Template:
         return ids[cut], (labels[cut] if labels is not None else None)
 
     def batch_encode(self, rows: list, add_generation_prompt: bool = False, first_index: int = 0) -> list[dict | None]:
-        """Encode rows in one tokenizer call; None marks a row deleted by truncation."""
+        """Encode rows in one tokenizer call; None marks a row deleted by truncation. A preference row
+        in twinkle-kit's form (``positive`` / ``negative`` conversations) gets each side encoded."""
+        if rows and all(isinstance(r, dict) and "positive" in r and "negative" in r for r in rows):
+            return self._encode_sides(rows, first_index)
         if add_generation_prompt:
             return [self.encode_prompt(r, index=first_index + i) for i, r in enumerate(rows)]
         texts, spans, extras, images = [], [], [], []
@@ -246,6 +255,17 @@ class Template:
                     continue
                 row.update(rejected_input_ids=rejected["input_ids"], rejected_labels=rejected["labels"])
             out.append(row)
+        return out
+
+    def _encode_sides(self, rows: list[dict], first_index: int) -> list[dict | None]:
+        sides = {
+            side: self.batch_encode([r[side] for r in rows], first_index=first_index)
+            for side in ("positive", "negative")
+        }
+        out: list[dict | None] = []
+        for i, row in enumerate(rows):
+            pos, neg = sides["positive"][i], sides["negative"][i]
+            out.append(None if pos is None or neg is None else {**row, "positive": pos, "negative": neg})
         return out
 
     def encode(self, messages_or_trajectory, index: int | None = None) -> dict | None:

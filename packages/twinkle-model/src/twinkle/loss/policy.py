@@ -132,8 +132,15 @@ class GRPOLoss(Loss):
         beta: float = 0.0,
         entropy_coef: float = 0.0,
         reduction: str = "mean",
+        *,
+        epsilon: float | None = None,
     ):
+        """`epsilon` (twinkle-kit's keyword) clips symmetrically: epsilon_low = epsilon_high = epsilon."""
         super().__init__(reduction)
+        if epsilon is not None:
+            if (epsilon_low, epsilon_high) != (0.2, 0.28):
+                raise ValueError("GRPOLoss takes epsilon or epsilon_low / epsilon_high, not both")
+            epsilon_low = epsilon_high = epsilon
         self.epsilon_low, self.epsilon_high, self.beta, self.entropy_coef = (
             epsilon_low,
             epsilon_high,

@@ -44,27 +44,40 @@ class DPOLoss(PairLoss):
         hinge:   L = max(0, 1 − β·h)
 
     The reference is the `ref_logprobs` input if given, else the same base model with the adapter
-    disabled (computed by the model without gradient).
+    disabled (computed by the model without gradient). `reference_free=True` drops it (S_ref = 0).
+    `sft_weight` w adds w · NLL(y_c), the chosen reply's mean negative log-likelihood per token
+    (twinkle-kit's keywords, both).
     """
 
     aliases = ("dpo",)
     LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 
     def __init__(
-        self, beta: float = 0.1, loss_type: str = "sigmoid", label_smoothing: float = 0.0, reduction: str = "mean"
+        self,
+        beta: float = 0.1,
+        loss_type: str = "sigmoid",
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        *,
+        reference_free: bool = False,
+        sft_weight: float = 0.0,
     ):
         super().__init__(reduction)
         if loss_type not in self.LOSS_TYPES:
             raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected one of {self.LOSS_TYPES}")
         self.beta, self.loss_type, self.label_smoothing = beta, loss_type, label_smoothing
+        self.reference_free, self.sft_weight = reference_free, sft_weight
 
     def needs_reference(self, fields):
-        return "ref_logprobs" not in fields
+        return not self.reference_free and "ref_logprobs" not in fields
 
     def compute(self, ctx: LossContext):
         mask = ctx.mask_B_T
         policy_c, policy_r = _pairs((ctx.logps_B_T * mask).sum(1))
-        ref_c, ref_r = _pairs((ctx.ref_logps().detach() * mask).sum(1))
+        if self.reference_free:
+            ref_c, ref_r = torch.zeros_like(policy_c), torch.zeros_like(policy_r)
+        else:
+            ref_c, ref_r = _pairs((ctx.ref_logps().detach() * mask).sum(1))
         h = (policy_c - ref_c) - (policy_r - ref_r)
         if self.loss_type == "sigmoid":
             losses = -(1 - self.label_smoothing) * F.logsigmoid(self.beta * h) - self.label_smoothing * F.logsigmoid(
@@ -74,7 +87,18 @@ class DPOLoss(PairLoss):
             losses = (h - 1 / (2 * self.beta)) ** 2
         else:
             losses = torch.relu(1 - self.beta * h)
-        return self._finish(losses, self.beta * (policy_c - ref_c).detach(), self.beta * (policy_r - ref_r).detach())
+        if self.sft_weight:
+            tokens_c, _ = _pairs(mask.sum(1))
+            losses = losses + self.sft_weight * (-policy_c / tokens_c.clamp(min=1))
+        chosen, rejected = self.beta * (policy_c - ref_c).detach(), self.beta * (policy_r - ref_r).detach()
+        out = self._finish(losses, chosen, rejected)
+        out.metrics.update(
+            reward_chosen=chosen.mean().item(),
+            reward_rejected=rejected.mean().item(),
+            logps_chosen=policy_c.detach().mean().item(),
+            logps_rejected=policy_r.detach().mean().item(),
+        )
+        return out
 
 
 @register_loss

@@ -2,11 +2,15 @@
 
 from twinkle.metric.base import METRICS, ForwardRecord, Metric, StepRecord, register_metric
 from twinkle.metric.builtin import LossMetric, OptimizerMetric, ThroughputMetric, TokenAccuracy
+from twinkle.metric.kit import CompletionRewardMetric, DPOMetric, GRPOMetric
 from twinkle.metric.mfu import attention_dims, matmul_params, measure_matmul_peak, step_flops
 
 __all__ = [
     "METRICS",
+    "CompletionRewardMetric",
+    "DPOMetric",
     "ForwardRecord",
+    "GRPOMetric",
     "LossMetric",
     "Metric",
     "OptimizerMetric",

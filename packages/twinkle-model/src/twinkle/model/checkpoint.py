@@ -232,6 +232,15 @@ def resume_adapter_state(path, state) -> dict:
     return {k: counters[k] for k in (*RESUMED, "consumed_train_samples") if k in counters}
 
 
+def record_consumed_samples(path, consumed_train_samples: int) -> None:
+    """Add the consumed training samples to a training state already written (a server's save: the
+    engine wrote the state, the client counted the samples)."""
+    folder = Path(path) / STATE_DIR
+    skeleton = json.loads((folder / STATE_JSON).read_text())
+    skeleton["counters"]["consumed_train_samples"] = int(consumed_train_samples)
+    (folder / STATE_JSON).write_text(json.dumps(skeleton))
+
+
 def read_counters(path) -> dict:
     """The counters `save_adapter_state` wrote, restoring nothing (a weights-only resume reports them)."""
     folder = Path(path) / STATE_DIR

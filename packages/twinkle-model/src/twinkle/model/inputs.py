@@ -19,7 +19,8 @@ from twinkle.loss.head import IGNORE_INDEX
 
 # images (twinkle.processor.images): model inputs, concatenated over the batch, not per-row loss inputs
 IMAGE_KEYS = ("pixel_values", "image_grid_thw")
-MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids", *IMAGE_KEYS)
+# `lengths`: the sequences of a packed row (twinkle.dataset.packing), which the InputProcessor splits
+MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids", "lengths", *IMAGE_KEYS)
 FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_ratio_mask", "teacher_topk_logprobs")
 
 
@@ -119,7 +120,7 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
             raise ValueError(f"row {i} has no tokens")
         if "labels" in r and len(r["labels"]) != len(r["input_ids"]):
             raise ValueError(f"row {i}: {len(r['labels'])} labels for {len(r['input_ids'])} input_ids")
-    core = [{k: r[k] for k in ("input_ids", "labels", *IMAGE_KEYS) if k in r} for r in rows]
+    core = [{k: r[k] for k in ("input_ids", "labels", "lengths", *IMAGE_KEYS) if k in r} for r in rows]
     batch = processor(core) if processor is not None else _pad_collate(core)
     B, T = batch["input_ids"].shape
     extra_names = sorted({k for r in rows for k in r} - set(MODEL_KEYS))

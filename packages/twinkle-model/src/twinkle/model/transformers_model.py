@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from twinkle.data_format.loss_inputs import merge_loss_inputs
 from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossContext
 from twinkle.mesh import get_global_mesh, remote_class, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
@@ -25,7 +26,6 @@ from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.kit import KitModelMixin, check_task, progress, save_target
-from twinkle.model.loss_inputs import merge_loss_inputs
 from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
@@ -395,7 +395,7 @@ class TransformersModel(KitModelMixin, TwinkleModel):
     ) -> dict:
         """Forward, loss and backward on one micro-batch; gradients accumulate until the step.
         twinkle-kit's keywords: old_logps / advantages / ref_outputs become the rows' loss inputs
-        (`twinkle.model.loss_inputs`); micro_batch_size runs the rows that many at a time."""
+        (`twinkle.data_format.loss_inputs`); micro_batch_size runs the rows that many at a time."""
         check_task(task)
         inputs = merge_loss_inputs(inputs, old_logps=old_logps, advantages=advantages, ref_outputs=ref_outputs)
         if micro_batch_size is not None and not isinstance(inputs, dict) and len(inputs) > micro_batch_size:

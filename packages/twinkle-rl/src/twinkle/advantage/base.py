@@ -44,9 +44,28 @@ class Advantage:
 
     aliases: ClassVar[tuple[str, ...]] = ()
 
+    def with_scale(self, scale: str) -> Advantage:
+        """This estimator normalising by `scale` (GRPOAdvantage's scale_by); others have no scale."""
+        raise ValueError(f"{type(self).__name__} takes no scale (scale={scale!r}): GRPOAdvantage does")
+
     def __call__(
-        self, rewards, group_size: int | None = None, group_ids: Sequence[Hashable] | None = None, valid=None
+        self,
+        rewards,
+        group_size: int | None = None,
+        group_ids: Sequence[Hashable] | None = None,
+        valid=None,
+        *,
+        num_generations: int | None = None,
+        scale: str | None = None,
     ) -> torch.Tensor:
+        """twinkle-kit's keywords: `num_generations` is `group_size`; `scale` ('group' / 'batch' /
+        'none') is GRPOAdvantage's `scale_by`, for this call."""
+        if num_generations is not None:
+            if group_size is not None and group_size != num_generations:
+                raise ValueError(f"group_size={group_size} and num_generations={num_generations} disagree")
+            group_size = num_generations
+        if scale is not None:
+            return self.with_scale(scale)(rewards, group_size, group_ids, valid)
         rewards_N = torch.as_tensor(getattr(rewards, "values", rewards), dtype=torch.float64).flatten()
         if valid is None and hasattr(rewards, "valid"):
             valid = rewards.valid  # a RewardResult: its failed samples drop out

@@ -33,6 +33,9 @@ class GRPOAdvantage(Advantage):
             raise ValueError(f"scale_by must be 'group', 'batch' or 'none', got {scale_by!r}")
         self.scale_by, self.eps = scale_by, eps
 
+    def with_scale(self, scale: str) -> GRPOAdvantage:
+        return GRPOAdvantage(scale_by=scale, eps=self.eps)
+
     def compute(self, rewards_N, index_N, valid_N):
         mean_N, std_N, _ = _group_mean_std(rewards_N, index_N, valid_N)
         centred_N = rewards_N - mean_N

@@ -9,6 +9,7 @@ from twinkle.reward.answers import (
     parse_number,
 )
 from twinkle.reward.base import REWARDS, Reward, RewardResult, completion_text, create_reward, register_reward
+from twinkle.reward.gsm8k import GSM8KAccuracyReward, GSM8KFormatReward
 from twinkle.reward.shaping import FormatReward, LengthPenalty, WeightedReward
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "AnswerAccuracy",
     "ArithmeticAccuracy",
     "FormatReward",
+    "GSM8KAccuracyReward",
+    "GSM8KFormatReward",
     "LengthPenalty",
     "NumericCloseness",
     "Reward",

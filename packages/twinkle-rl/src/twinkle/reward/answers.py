@@ -21,7 +21,7 @@ _ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
 GROUND_TRUTH_KEYS = ("ground_truth", "answer", "solution")
 
 
-def _boxed(text: str) -> str | None:
+def boxed_content(text: str) -> str | None:
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -39,7 +39,7 @@ def extract_final_answer(text: str) -> str | None:
     if "####" in text:
         tail = text.rsplit("####", 1)[1].strip()
         return tail.splitlines()[0].strip() if tail else None
-    if (boxed := _boxed(text)) is not None:
+    if (boxed := boxed_content(text)) is not None:
         return boxed.strip()
     if (m := _ANSWER_IS.search(text)) is not None:
         stated = m.group(1).strip()

@@ -53,6 +53,13 @@ class RewardResult:
     def __len__(self) -> int:
         return len(self.values)
 
+    # read as the list of totals, as twinkle-kit's rewards return them (zip, sum, indexing)
+    def __iter__(self):
+        return iter(self.values)
+
+    def __getitem__(self, index):
+        return self.values[index]
+
     @property
     def failed(self) -> list[bool]:
         return [i in self.errors for i in range(len(self.values))]
@@ -97,8 +104,10 @@ class Reward:
             raise ValueError(f"{type(self).__name__} keeps no state, got {sorted(state)}")
 
     def __call__(self, completions: Sequence, rows: Sequence[Mapping] | None = None) -> RewardResult:
+        """`rows` omitted (or empty, as twinkle-kit passes `[]`): a completion that is a row itself (a
+        trajectory with `messages`, twinkle-kit's form) is its own context, `user_data` included."""
         completions = list(completions)
-        rows = [{} for _ in completions] if rows is None else [dict(r) for r in rows]
+        rows = [row_context(c) for c in completions] if not rows else [dict(r) for r in rows]
         if len(rows) != len(completions):
             raise ValueError(f"{len(completions)} completions but {len(rows)} rows of context")
         values: list[float] = [self.failure_value] * len(completions)
@@ -127,6 +136,20 @@ class Reward:
                     values[i] = self.failure_value
                     errors[i] = f"{self.name}: {type(exc).__name__}: {exc}"
         return RewardResult(values, {self.name: list(values)}, errors)
+
+
+def row_context(completion) -> dict:
+    """A trajectory's own fields as a reward's context; twinkle-kit's `user_data` (a list of dicts, or
+    of (key, value) pairs) is spread into it. Anything that is not a row has no context."""
+    if not isinstance(completion, Mapping):
+        return {}
+    context = {k: v for k, v in completion.items() if k != "user_data"}
+    for item in completion.get("user_data") or ():
+        if isinstance(item, Mapping):
+            context.update(item)
+        elif isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2:
+            context[str(item[0])] = item[1]
+    return context
 
 
 def _as_float(value) -> float:

@@ -11,13 +11,14 @@ from twinkle.reward.base import Reward, RewardResult, create_reward, register_re
 @register_reward
 class FormatReward(Reward):
     """`reward` if the completion matches `pattern` (`match='search'` anywhere, `'full'` the whole
-    stripped text), else `penalty`."""
+    stripped text), else `penalty`. Without a pattern: a `<think>` block then an `<answer>` block
+    (twinkle-kit's FormatReward())."""
 
     aliases = ("format",)
 
     def __init__(
         self,
-        pattern: str,
+        pattern: str = r"<think>.*?</think>.*?<answer>.*?</answer>",
         match: str = "search",
         flags: int = re.DOTALL,
         reward: float = 1.0,

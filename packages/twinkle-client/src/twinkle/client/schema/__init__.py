@@ -120,6 +120,9 @@ class SaveRequest(_Strict):
     adapter_name: str | None = None
     name: str = Field(min_length=1, description="checkpoint name (no '/')")
     save_training_state: bool = False  # also optimizer, scheduler and counters, for resume
+    # the client's data position in samples (twinkle-kit's DataLoader.get_state()), kept with the training
+    # state and returned by resume; only with save_training_state
+    consumed_train_samples: int | None = Field(None, ge=0)
 
 
 class LoadRequest(_Strict):

@@ -5,6 +5,7 @@ either API can list and load it."""
 from __future__ import annotations
 
 from twinkle.client.schema import CheckpointRef, LoadRequest, SaveRequest
+from twinkle.model.checkpoint import record_consumed_samples
 from twinkle.serve.backend.legacy_checkpoint import has_training_state
 from twinkle.serve.core.checkpoints import check_name
 from twinkle.serve.errors import BadRequest
@@ -18,6 +19,8 @@ class NativeCheckpoints:
 
     def save(self, tenant: str, model_id: str, seq, req: SaveRequest) -> dict:
         name = check_name(req.name)
+        if req.consumed_train_samples is not None and not req.save_training_state:
+            raise BadRequest("consumed_train_samples is kept with the training state: pass save_training_state=true")
         self.svc.admit_save(tenant)
 
         @user_errors
@@ -26,6 +29,8 @@ class NativeCheckpoints:
 
             def fill(staging) -> dict:
                 backend.save_checkpoint(internal, staging, req.save_training_state)
+                if req.consumed_train_samples is not None:
+                    record_consumed_samples(staging, req.consumed_train_samples)
                 return {
                     "native": True,
                     "adapter_name": self.models.label(model_id, internal),
@@ -72,7 +77,12 @@ class NativeCheckpoints:
             out = {"path": req.path, "adapter_name": label, "resumed": False}
             if req.resume:  # the run's curve goes on from the checkpoint's forward_backward count
                 self.compute.fb_counts[(model_id, internal)] = counters["data_position"]
-                out.update(resumed=True, optimizer_steps=counters["optimizer_steps"])
+                out.update(
+                    resumed=True,
+                    optimizer_steps=counters["optimizer_steps"],
+                    data_position=counters["data_position"],
+                    consumed_train_samples=counters.get("consumed_train_samples", 0),
+                )
             return out
 
         return self.models.submit(tenant, model_id, seq, work)

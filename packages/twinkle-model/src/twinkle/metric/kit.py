@@ -1,0 +1,90 @@
+"""twinkle-kit's metric names, ours: RL rollout statistics a loop accumulates itself, and the DPO and
+GRPO losses' own numbers under twinkle-kit's keys. A number that was not measured is absent."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import ClassVar
+
+from twinkle.metric.base import ForwardRecord, Metric, register_metric
+
+
+@register_metric
+class CompletionRewardMetric(Metric):
+    """Completion lengths and named rewards of the rollouts since the last reset:
+    `train/<name>_reward` (mean), `train/<name>_reward_std` (sample std), `train/completion_length` (mean)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.rewards: dict[str, list[float]] = defaultdict(list)
+        self.completion_lengths: list[int] = []
+
+    def accumulate(self, inputs=None, outputs=None, *, completion_lengths=(), rewards=None) -> None:
+        """`inputs` / `outputs` are twinkle-kit's positional slots; this metric reads neither."""
+        for name, values in (rewards or {}).items():
+            self.rewards[name].extend(float(v) for v in values)
+        self.completion_lengths.extend(int(n) for n in completion_lengths)
+
+    def calculate(self) -> dict[str, float]:
+        out = {}
+        for name, values in self.rewards.items():
+            if values:
+                out[f"train/{name}_reward"] = statistics.fmean(values)
+                out[f"train/{name}_reward_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        if self.completion_lengths:
+            out["train/completion_length"] = statistics.fmean(self.completion_lengths)
+        return out
+
+    compute = calculate
+
+
+class _LossNumbers(Metric):
+    """The mean over forward passes of some of the loss's own metrics, renamed."""
+
+    KEYS: ClassVar[dict[str, str]] = {}
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def on_forward(self, record: ForwardRecord) -> None:
+        for ours, theirs in self.KEYS.items():
+            if ours in record.extras:
+                self.sums[theirs] += record.extras[ours]
+                self.counts[theirs] += 1
+
+    def compute(self) -> dict[str, float]:
+        return {k: self.sums[k] / n for k, n in self.counts.items() if n}
+
+
+@register_metric
+class DPOMetric(_LossNumbers):
+    """The DPO loss's rewards and sequence log-probs under TRL's / twinkle-kit's keys. The rewards are
+    as the loss computed them (with the loss's own beta); `beta` here is twinkle-kit's argument and
+    must equal the loss's to mean the same."""
+
+    KEYS: ClassVar[dict[str, str]] = {
+        "reward_accuracy": "rewards/accuracies",
+        "reward_margin": "rewards/margins",
+        "reward_chosen": "rewards/chosen",
+        "reward_rejected": "rewards/rejected",
+        "logps_chosen": "logps/chosen",
+        "logps_rejected": "logps/rejected",
+    }
+
+    def __init__(self, beta: float = 0.1):
+        super().__init__()
+        self.beta = beta
+
+
+@register_metric
+class GRPOMetric(_LossNumbers):
+    """The policy loss's clipped fraction, KL to the reference and entropy, under twinkle-kit's keys."""
+
+    KEYS: ClassVar[dict[str, str]] = {"clip_fraction": "clip_ratio", "kl": "kl", "entropy": "entropy"}
