@@ -177,3 +177,28 @@ def test_kit_metrics_report_what_they_measured():
         dpo.on_forward(record)
         grpo.on_forward(record)
     assert dpo.compute() == {"rewards/margins": pytest.approx(0.3)} and grpo.compute() == {"clip_ratio": 0.5}
+
+
+def test_cpo_and_orpo_by_hand():
+    import math
+
+    import torch.nn.functional as F
+
+    from twinkle.loss import LOSSES, LossContext
+
+    torch.manual_seed(2)
+    logits = torch.randn(2, 4, 6)
+    targets = torch.tensor([[1, 2, 3, -100], [4, 5, -100, -100]])
+    ctx = LossContext.from_logits(logits, targets)
+    logp = torch.log_softmax(logits, -1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+    s = (logp * (targets != -100)).sum(1)
+    a_c, a_r = s[0] / 3, s[1] / 2
+    cpo = LOSSES.create("CPOLoss", beta=0.5, bc_coef=2.0)(ctx).loss
+    torch.testing.assert_close(cpo, -F.logsigmoid(0.5 * (s[0] - s[1])) - 2.0 * a_c, rtol=1e-5, atol=1e-6)
+
+    def odds(a):
+        return a - math.log(1 - math.exp(float(a)))
+
+    orpo = LOSSES.create("orpo", lambda_orpo=0.3)(ctx).loss
+    expected = -a_c - 0.3 * F.logsigmoid(torch.as_tensor(float(odds(a_c) - odds(a_r))))
+    torch.testing.assert_close(orpo, expected.to(orpo.dtype), rtol=1e-5, atol=1e-6)

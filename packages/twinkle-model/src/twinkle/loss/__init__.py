@@ -11,6 +11,7 @@ from twinkle.loss.head import (
     ProjectedHead,
     TokenHead,
 )
+from twinkle.loss.odds import CPOLoss, ORPOLoss
 from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
@@ -21,6 +22,7 @@ __all__ = [
     "LOGITS_BUDGET_BYTES",
     "LOSSES",
     "CISPOLoss",
+    "CPOLoss",
     "ChunkedHead",
     "CrossEntropyLoss",
     "DPOLoss",
@@ -34,6 +36,7 @@ __all__ = [
     "Loss",
     "LossContext",
     "LossOutput",
+    "ORPOLoss",
     "PPOLoss",
     "ProjectedHead",
     "SimPOLoss",
