@@ -52,7 +52,8 @@ def markdown() -> str:
     head = ["engine · mode", *COLUMNS, "samples"]
     lines = [
         f"Max |difference| from local TransformersModel (fp32, twinkle://qwen3-tiny, tolerance {TOLERANCE:g}; "
-        "samples: identical greedy tokens; — : not exposed by that API).",
+        "samples: identical greedy tokens; — : not exposed by that API). DPO rows run a DPO sequence "
+        "(conformance_dpo.py) and are compared with local TransformersModel on that sequence.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

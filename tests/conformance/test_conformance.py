@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conformance_dpo
 import conformance_sequence as sequence
 import pytest
 import torch
@@ -54,7 +55,9 @@ def torchrun_launch(init_folder, tmp_path_factory):
 def test_transformers_local_is_the_reference(reference):
     assert len(reference["losses"]) == sequence.MICRO_BATCHES and len(reference["grad_norms"]) == 4
     assert reference["losses"][-1] < reference["losses"][0]  # it trains
-    assert reference["resumed"] == {"data_position": 4, "optimizer_steps": 2, "micro_step": 0}
+    counters = {"data_position": 4, "optimizer_steps": 2, "micro_step": 0}
+    kit = {"cur_step": 2, "consumed_train_samples": 0, "gradient_accumulation_steps": sequence.GAS}  # twinkle-kit's
+    assert reference["resumed"] == {**counters, **kit}
     assert reference["lrs"][-1] == pytest.approx(0.0, abs=1e-12)  # the schedule reaches its end
     compare("TransformersModel · local", reference, reference)
 
@@ -88,7 +91,7 @@ def torchrun_results(torchrun_launch):
     proc, out = torchrun_launch
     code = proc.wait(timeout=900)
     assert code == 0, (out / "log.txt").read_text()[-6000:]
-    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("ddp", "fsdp2", "tp2")}
+    return {name: json.loads((out / f"{name}.json").read_text()) for name in ("ddp", "fsdp2", "tp2", "multi_lora")}
 
 
 @pytest.mark.parametrize(
@@ -97,6 +100,7 @@ def torchrun_results(torchrun_launch):
         ("ddp", "TransformersModel · torchrun DDP (2)"),
         ("fsdp2", "TransformersModel · torchrun FSDP2 (2)"),
         ("tp2", "TransformersModel · torchrun TP=2"),
+        ("multi_lora", "MultiLoraModel · torchrun (2)"),
     ],
 )
 def test_torchrun(torchrun_results, reference, name, pair):
@@ -122,6 +126,29 @@ def test_ray_group(reference, init_folder, tmp_path, ray_group):
     record = sequence.run(local_mode(make, init_folder, tmp_path))
     built[0].remote_shutdown()
     compare("TransformersModel · Ray group (2 actors)", dataclasses.asdict(record), reference)
+
+
+@pytest.fixture(scope="module")
+def dpo_reference(init_folder, tmp_path_factory):
+    from twinkle.hub import TEST_MODEL
+    from twinkle.model import TransformersModel
+
+    out = tmp_path_factory.mktemp("dpo")
+    return conformance_dpo.run_library(TransformersModel(model_id=TEST_MODEL), init_folder, out)
+
+
+def test_dpo_through_the_server_ray_group(dpo_reference, init_folder, tmp_path, ray_group):
+    """The server's remote backend with its training model on the 2-actor group (data parallel): the same
+    DPO numbers as one process (a mean over pairs, whichever rank holds the longer completions)."""
+    from twinkle.hub import TEST_MODEL, resolve_model_path
+    from twinkle.serve.backend.remote import RemoteBackend
+
+    backend = RemoteBackend(TEST_MODEL, str(resolve_model_path(TEST_MODEL)), remote_group="model")
+    try:
+        record = conformance_dpo.run_backend(backend, init_folder, tmp_path)
+    finally:
+        backend.close()
+    compare("DPO through the server's Ray group (2 actors)", record, dpo_reference, skip=("resumed", "samples"))
 
 
 def _is_refusal(error: Exception) -> bool:

@@ -1,6 +1,6 @@
 """`torchrun --nproc_per_node=2 torchrun_worker.py INIT OUT`: the conformance sequence under DDP,
-FSDP2 and tensor parallel (tp=2) in one launch; rank 0 writes OUT/<mode>.json ({"record"} or
-{"refused": message})."""
+FSDP2 and tensor parallel (tp=2), and MultiLoraModel over two data ranks, in one launch; rank 0 writes
+OUT/<mode>.json ({"record"} or {"refused": message})."""
 
 from __future__ import annotations
 
@@ -14,11 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import conformance_sequence as sequence
 
-# mode -> (mesh sizes, TransformersModel options)
+# mode -> (mesh sizes, engine options; `engine` names the engine, TransformersModel by default)
 MODES = {
     "ddp": (dict(dp_size=2), {}),
     "fsdp2": (dict(dp_size=1, fsdp_size=2), dict(strategy="fsdp2")),
     "tp2": (dict(tp_size=2), {}),
+    "multi_lora": (dict(dp_size=2), dict(engine="MultiLoraModel")),
 }
 
 
@@ -38,15 +39,16 @@ def _tensor_parallel(engine) -> bool:
 
 def run_mode(name: str, init: str, out: Path) -> dict:
     import twinkle.mesh as tm
+    import twinkle.model
     from twinkle.hub import TEST_MODEL
-    from twinkle.model import TransformersModel
 
     sizes, options = MODES[name]
+    engine = getattr(twinkle.model, options.pop("engine", "TransformersModel"))
     mesh = tm.DeviceMesh.from_sizes(**sizes)
     built = []
 
     def make():
-        built.append(TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, **options))
+        built.append(engine(model_id=TEST_MODEL, device_mesh=mesh, **options))
         return built[-1]
 
     data_parallel = mesh.data_world_size > 1

@@ -89,6 +89,9 @@ def test_a_checkpoint_resumes_bit_exact_in_the_other_engine(rows, tmp_path, save
         "data_position": 2,
         "optimizer_steps": 2,
         "micro_step": 0,
+        "cur_step": 2,  # twinkle-kit's keys, from both engines
+        "consumed_train_samples": 0,
+        "gradient_accumulation_steps": 1,
     }
     _assert_same_state(first, other)
     # both train on from the same state: equal up to the engines' summation order

@@ -27,6 +27,7 @@ from twinkle.model import base_dtype as base_dtypes
 from twinkle.model import checkpoint, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
+from twinkle.model.kit import progress
 from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora import heads as head_rule
 from twinkle.model.multi_lora import recompute, vision_tenants
@@ -597,7 +598,8 @@ class MultiLoraModel(TwinkleModel):
         """`load` plus optimizer, scheduler, RNG and counters (set_optimizer / set_lr_scheduler first)."""
         self.load(path, adapter_name)
         state = self._state(adapter_name)
-        return checkpoint.resume_adapter_state(path, state)
+        # the counters with twinkle-kit's keys beside them, as TransformersModel answers
+        return progress(checkpoint.resume_adapter_state(path, state), state.gradient_accumulation_steps)
 
     def run(self, requests, planner=None, on_result=None):
         """Execute queued requests as the planner groups them; yields each Completion as soon as
