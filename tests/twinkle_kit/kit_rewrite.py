@@ -12,7 +12,8 @@
 4. endpoint: a literal `base_url='...'` / `api_key='...'` becomes the test server's
    (`TWINKLE_SERVER_URL` / `TWINKLE_SERVER_TOKEN`, the variables twinkle-kit's scripts read).
 5. sizes: the per-script pairs `(old, new)` replace literal sizes (ranks, mesh sizes, slices, steps,
-   batch sizes) with smaller ones.
+   batch sizes) with smaller ones; for flags (a cookbook .sh's), `rewrite_flags` gives the named flags
+   smaller values, and model / dataset ids in flag values go as in 1 and 2.
 
 Every per-script size pair must match, and a script with nothing to rewrite in a category it declares
 is an error, so a script that changed upstream fails here instead of silently running unrewritten.
@@ -96,3 +97,16 @@ def _close_resolve(text: str) -> str:
         i = k
     out.append(text[i:])
     return "".join(out)
+
+
+def rewrite_flags(flags: list[str], sizes: dict[str, str] | None = None, model: str = MODEL) -> list[str]:
+    """A .sh's flags with hub ids substituted (rules 1-2) and the `sizes` flags given smaller values."""
+    sizes = dict(sizes or {})
+    out, previous = [], None
+    for token in flags:
+        given = sizes.pop(previous) if previous in sizes else _HUB_ID.sub(lambda m: _ids(m, model), f"'{token}'")[1:-1]
+        out.append(given)
+        previous = token
+    if sizes:
+        raise RewriteError(f"size flags {sorted(sizes)} are not among the script's flags")
+    return out

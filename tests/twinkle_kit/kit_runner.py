@@ -42,10 +42,11 @@ def missing_modules(script: KitScript) -> list[str]:
     return [m for m in script.needs if importlib.util.find_spec(m) is None]
 
 
-def command(script: KitScript, path: Path) -> list[str]:
+def command(script: KitScript, path: Path, model: str) -> list[str]:
+    flags = kit_rewrite.rewrite_flags(list(script.args), dict(script.flag_sizes), model=model)
     if script.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(path), *script.args]
-    return [sys.executable, str(path), *script.args]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(path), *flags]
+    return [sys.executable, str(path), *flags]
 
 
 def run(script: KitScript, workdir: Path, model: str, server_env: dict[str, str] | None = None) -> Outcome:
@@ -66,7 +67,7 @@ def run(script: KitScript, workdir: Path, model: str, server_env: dict[str, str]
     }
     env.pop("TWINKLE_MODEL_ID", None)  # the scripts' own default is what the rewrite replaced
     proc = subprocess.run(
-        command(script, path), cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        command(script, path, model), cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     output = proc.stdout + proc.stderr
     if proc.returncode:

@@ -19,6 +19,7 @@ class KitScript:
     launcher: str = "python"  # python | torchrun | ray
     sizes: tuple[tuple[str, str], ...] = ()
     args: tuple[str, ...] = ()  # flags, as twinkle-kit's .sh passes them
+    flag_sizes: tuple[tuple[str, str], ...] = ()  # (flag, smaller value)
     server: bool = False  # talks to a running twinkle-server
     tinker: bool = False  # drives the unmodified Tinker SDK
     saves: tuple[str, ...] = ()  # local folders it must leave behind (relative to where it runs)
@@ -58,6 +59,29 @@ SCRIPTS = [
         sizes=(*SELF_COGNITION_SIZES, ("ranks=8", "ranks=2"), ("fsdp_size=4, dp_size=2", "fsdp_size=2, dp_size=1")),
         saves=("last-checkpoint",),
         trains="local:last-checkpoint",
+    ),
+    KitScript(
+        "cookbook_fsdp2",
+        "cookbook/transformers/fsdp2.py",
+        launcher="torchrun",
+        args=tuple(
+            "--model-id ms://Qwen/Qwen3.5-4B --dataset-id ms://swift/self-cognition --template-cls Qwen3_5Template "
+            "--fsdp-size 2 --dp-size 4 --batch-size 8 --lr 1e-4 --gradient-accumulation-steps 2 --log-interval 20 "
+            "--eval-interval 40 --eval-samples 100 --output-dir ./output/fsdp2 --adapter-name default "
+            "--scheduler-cls CosineWarmupScheduler --num-warmup-steps 5 --train-samples 1000 "
+            "--model-name twinkle大模型 --model-author ModelScope社区".split()
+        ),
+        flag_sizes=(
+            ("--dp-size", "1"),
+            ("--train-samples", "240"),
+            ("--eval-interval", "5"),
+            ("--eval-samples", "16"),
+            ("--log-interval", "5"),
+        ),
+        saves=("output/fsdp2/last-checkpoint",),
+        trains="local:output/fsdp2/last-checkpoint",
+        names=("twinkle大模型", "ModelScope社区"),
+        note="settings through twinkle.cli; Muon; evaluates, keeps the best checkpoint and the last",
     ),
     KitScript(
         "client_self_cognition",
@@ -118,11 +142,6 @@ SCRIPTS = [
 GPU, VLLM, HUB, SANDBOX = "needs a GPU", "needs vLLM", "needs a hub", "needs a sandbox"
 # twinkle-kit scripts this suite does not run, each with the reason (read from the script itself).
 NOT_RUN = [
-    (
-        "cookbook/transformers/fsdp2.py",
-        "not yet",
-        "takes its settings through twinkle.cli.CLI and imports twinkle.kernel / twinkle.utils.framework, which are not mapped yet",
-    ),
     (
         "cookbook/transformers/sp_fsdp_dense.py",
         GPU,

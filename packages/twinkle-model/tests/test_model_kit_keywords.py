@@ -121,7 +121,14 @@ def test_train_configs_optimizer_group_and_task():
     assert (
         f"Trainable params: {trainable:,d}" in text and "Optimizer: AdamW" in text and "Learning rate: 0.0003" in text
     )
-    assert m.optimizer_group["default"].cur_step == 0 and m.model is m.hf_model
+    group = m.optimizer_group["default"]
+    assert group.cur_step == 0 and m.model is m.hf_model
+    for _ in range(2):
+        m.forward_backward(inputs=make_rows(2))
+        m.clip_grad_and_step()
+    assert group.cur_step == 1  # a live view: the loop holds it and reads it after each step
+    m.forward_only(inputs=make_rows(2))
+    assert m.calculate_loss() == m.last_eval_loss is not None  # twinkle-kit's evaluate loop calls it bare
     with pytest.raises(NotImplementedError, match="task='fused_lm_ce' is not offered"):
         m.forward_backward(inputs=make_rows(2), task="fused_lm_ce")
 
@@ -202,3 +209,15 @@ def test_cpo_and_orpo_by_hand():
     orpo = LOSSES.create("orpo", lambda_orpo=0.3)(ctx).loss
     expected = -a_c - 0.3 * F.logsigmoid(torch.as_tensor(float(odds(a_c) - odds(a_r))))
     torch.testing.assert_close(orpo, expected.to(orpo.dtype), rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_and_device_probes_refuse_what_is_not_here():
+    from twinkle.kernel import kernelize, liger_builtin
+    from twinkle.utils.framework import Torch
+
+    model = object()
+    assert kernelize(model, {}) is model and Torch.is_npu_available() is False
+    with pytest.raises(NotImplementedError, match="Liger kernels are not offered"):
+        liger_builtin(model)
+    with pytest.raises(NotImplementedError, match="kernelize takes an empty mapping"):
+        kernelize(model, {"rms_norm": object()})

@@ -6,6 +6,9 @@ twinkle-server keys list [--data-dir DIR]
 twinkle-server keys revoke NAME [--data-dir DIR]
 twinkle-server keys usage [NAME] [--json]           # tokens trained/sampled, checkpoint bytes, per run
 twinkle-server keys set-quota NAME [--tokens-per-day N] [--storage-bytes N] [--adapters N]  # "none" clears
+twinkle-server launch -c server_config.yaml [--data-dir DIR]   # ours, or twinkle-kit's Ray-Serve-style YAML
+twinkle-server check-config -c server_config.yaml               # what it maps to, and each key not honoured
+twinkle-server print-config -c server_config.yaml               # the resulting config, as JSON
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ def _parser() -> argparse.ArgumentParser:
         "Replaces the config file's [[models]] (default: twinkle://qwen3-demo)",
     )
     p.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
-    commands = p.add_subparsers(dest="command", title="commands", metavar="{keys}")
+    commands = p.add_subparsers(dest="command", title="commands", metavar="{keys,launch,check-config,print-config}")
+    for name, helptext in (
+        ("launch", "serve the config file's models (ours, or twinkle-kit's server YAML)"),
+        ("check-config", "validate a config file: what it maps to and each key not honoured"),
+        ("print-config", "print the config a file gives, as JSON"),
+    ):
+        s = commands.add_parser(name, help=helptext, description=helptext)
+        s.add_argument("-c", "--config", required=True, help="TOML/JSON/YAML file: ours or twinkle-kit's")
+        s.add_argument("--data-dir", default=argparse.SUPPRESS, help=DATA_DIR_HELP)
     keys = commands.add_parser(
         "keys", help="manage API keys (one per tenant)", description="Manage API keys (one per tenant)."
     )
@@ -148,10 +159,57 @@ def keys_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_file(path: str):
+    """(ServeConfig, host, port, keys not honoured) from our config file or twinkle-kit's YAML."""
+    from twinkle.serve import ServeConfig
+    from twinkle.serve.config import load_config, read_config_file
+    from twinkle_server.kit_config import from_kit_yaml, is_kit_config
+
+    data = read_config_file(path)
+    if not is_kit_config(data):
+        return load_config(path), None, None, []
+    mapped = from_kit_yaml(data)
+    return ServeConfig.model_validate(mapped.config), mapped.host, mapped.port, mapped.ignored
+
+
+def config_main(args: argparse.Namespace) -> int:
+    try:
+        config, host, port, ignored = _config_file(args.config)
+    except (ValueError, FileNotFoundError, KeyError) as e:
+        print(f"error: {args.config}: {e}", file=sys.stderr)
+        return 2
+    if args.command == "print-config":
+        print(json.dumps({"host": host, "port": port, **config.model_dump(exclude_defaults=True)}, indent=2))
+        return 0
+    if args.command == "check-config":
+        print(
+            f"{args.config}: serves {', '.join(m.name for m in config.models)}" + (f" on {host}:{port}" if port else "")
+        )
+        for line in ignored:
+            print(f"  not honoured: {line}")
+        return 0
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for line in ignored:
+        logging.getLogger("twinkle_server").warning("config key not honoured: %s", line)
+    from twinkle.serve import initialize
+
+    initialize(
+        mode="http",
+        host=host or args.host,
+        port=args.port if port is None else int(port),
+        data_dir=args.data_dir,
+        config=config,
+        log_level=args.log_level,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command == "keys":
         return keys_main(args)
+    if args.command in ("launch", "check-config", "print-config"):
+        return config_main(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from twinkle.serve import ServeConfig, initialize, load_config
 

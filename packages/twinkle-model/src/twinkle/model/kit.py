@@ -14,7 +14,6 @@ import json
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -53,15 +52,18 @@ def progress(counters: dict, gradient_accumulation_steps: int) -> dict:
     }
 
 
-@dataclass(frozen=True)
 class OptimizerGroupView:
-    """twinkle-kit's per-adapter `optimizer_group` entry, read from our adapter state."""
+    """twinkle-kit's per-adapter `optimizer_group` entry: a live view of our adapter state (a loop may
+    hold it and read `cur_step` after every step)."""
 
-    adapter_name: str
-    cur_step: int
-    gradient_accumulation_steps: int
-    optimizer: object
-    lr_scheduler: object
+    def __init__(self, state):
+        self.state = state
+
+    adapter_name = property(lambda self: self.state.name or "default")
+    cur_step = property(lambda self: self.state.optimizer_steps)
+    gradient_accumulation_steps = property(lambda self: self.state.gradient_accumulation_steps)
+    optimizer = property(lambda self: self.state.optimizer)
+    lr_scheduler = property(lambda self: self.state.scheduler)
 
 
 class KitModelMixin:
@@ -73,13 +75,12 @@ class KitModelMixin:
 
     @property
     def optimizer_group(self) -> Mapping[str, OptimizerGroupView]:
+        """By adapter name; the only adapter (or the whole model) also as 'default'."""
         states = self.states  # ty: ignore[unresolved-attribute]
-        return {
-            name: OptimizerGroupView(
-                name or "default", s.optimizer_steps, s.gradient_accumulation_steps, s.optimizer, s.scheduler
-            )
-            for name, s in states.items()
-        } | ({"default": _view_of_only(states)} if "default" not in states and len(states) == 1 else {})
+        views = {name or "default": OptimizerGroupView(s) for name, s in states.items()}
+        if len(states) == 1:
+            views.setdefault("default", next(iter(views.values())))
+        return views
 
     def get_train_configs(self, adapter_name: str | None = None) -> str:
         state = self._state(adapter_name)  # ty: ignore[unresolved-attribute]
@@ -139,13 +140,6 @@ class KitModelMixin:
             raise ValueError("disable_lora=True needs a LoRA adapter: this model trains the whole network")
         with peft.disable_adapter():
             return self.forward_only(inputs, adapter_name)  # ty: ignore[unresolved-attribute]
-
-
-def _view_of_only(states) -> OptimizerGroupView:
-    (name, s), *_ = states.items()
-    return OptimizerGroupView(
-        name or "default", s.optimizer_steps, s.gradient_accumulation_steps, s.optimizer, s.scheduler
-    )
 
 
 def _targets_only(rows, state):

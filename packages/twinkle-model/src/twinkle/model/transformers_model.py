@@ -137,6 +137,7 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         self.peak_flops = measure_matmul_peak(self.device, compute_dtype)
         self._layers, self._q_width = attention_dims(self.hf_model.config)
         self.vocab_size = self.hf_model.get_input_embeddings().num_embeddings
+        self.last_eval_loss: float | None = None  # forward_only's, for calculate_loss() without a context
 
     # -- adapters and per-adapter state -----------------------------------------------------
     @property
@@ -318,7 +319,11 @@ class TransformersModel(KitModelMixin, TwinkleModel):
         ctx.shard = shard
         return ctx
 
-    def calculate_loss(self, ctx: LossContext, adapter_name: str | None = None):
+    def calculate_loss(self, ctx: LossContext | None = None, adapter_name: str | None = None):
+        """The loss of `ctx` (forward's LossContext); without one, as twinkle-kit's evaluation loops call
+        it after forward_only, that call's loss."""
+        if ctx is None:
+            return self.last_eval_loss
         return self._state(adapter_name).loss(ctx)
 
     def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
@@ -435,7 +440,8 @@ class TransformersModel(KitModelMixin, TwinkleModel):
                 logps = ctx.shard.gather(logps)[:, : ctx.batch["input_ids"].shape[1] - 1]
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
         rows = [[0.0, *logps[b, s : s + n - 1].tolist()] for b, s, n in model_inputs.sequence_spans(ctx.batch)]
-        return {"loss": float(out.loss) if out else None, "logprobs": rows}
+        self.last_eval_loss = float(out.loss) if out else None
+        return {"loss": self.last_eval_loss, "logprobs": rows}
 
     @remote_method()
     def clip_grad_norm(

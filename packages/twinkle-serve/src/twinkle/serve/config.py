@@ -185,9 +185,8 @@ class ServeConfig(_Strict):
         return [ModelEntry(name=DEFAULT_MODEL)]
 
 
-def load_config(path: str | Path | None) -> ServeConfig:
-    if path is None:
-        return ServeConfig()
+def read_config_file(path: str | Path) -> dict:
+    """A config file's contents (TOML, YAML or JSON by suffix), before validation."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file {path} does not exist")
@@ -195,13 +194,18 @@ def load_config(path: str | Path | None) -> ServeConfig:
     if path.suffix == ".toml":
         import tomllib
 
-        data = tomllib.loads(text)
-    elif path.suffix in (".yaml", ".yml"):
+        return tomllib.loads(text)
+    if path.suffix in (".yaml", ".yml"):
         import yaml
 
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+        return yaml.safe_load(text) or {}
+    return json.loads(text)
+
+
+def load_config(path: str | Path | None) -> ServeConfig:
+    if path is None:
+        return ServeConfig()
+    data = read_config_file(path)
     try:
         return ServeConfig.model_validate(data)
     except ValidationError as e:

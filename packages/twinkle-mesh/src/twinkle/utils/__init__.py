@@ -1,0 +1,1 @@
+"""twinkle.utils: twinkle-kit's import path for device probes its scripts call (`twinkle.utils.framework`)."""
