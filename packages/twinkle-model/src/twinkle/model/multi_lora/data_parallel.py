@@ -24,14 +24,14 @@ Only dp is implemented: a mesh with fsdp, tp, cp, pp or ep above 1 is refused at
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from twinkle.metric import ForwardRecord
+from twinkle.metric import ForwardRecord, Metric
 from twinkle.model.multi_lora.batch import collate
 from twinkle.model.state import AdapterState
 from twinkle.model.strategy import RankRecord, data_parallel_size, data_parallel_weights, merge_records, sum_gradients
@@ -56,13 +56,16 @@ class _Seen:
     units: float
 
 
-class _Recorder:
+class _Recorder(Metric):
     """Stands in for a tenant's metrics during this rank's pass: keeps its record for the exchange."""
 
     record: ForwardRecord | None = None
 
     def on_forward(self, record: ForwardRecord) -> None:
         self.record = record
+
+    def compute(self) -> dict[str, float]:
+        return {}
 
 
 def _rows(inputs) -> int:
@@ -71,7 +74,7 @@ def _rows(inputs) -> int:
 
 
 @contextmanager
-def _recording(states: list[AdapterState], train: bool) -> Iterator[dict[str, _Recorder]]:
+def _recording(states: list[AdapterState], train: bool) -> Generator[dict[str, _Recorder]]:
     recorders = {s.name: _Recorder() for s in states}
     kept = {s.name: (s.train_metrics, s.eval_metrics) for s in states}
     for s in states:
@@ -139,9 +142,10 @@ class DataParallel:
         dist.all_gather_object(everyone, mine, group=self.group)
         for n in names:
             seen = [rank[n] for rank in everyone]
-            outcomes[n] = self._agree(adapters.get(n), losses.get(n), seen, outcomes.get(n), saved.get(n), train)
-            if return_logprobs and isinstance(outcomes[n], dict):
-                outcomes[n].setdefault("logprobs", [])  # an empty share adds no rows
+            answer = self._agree(adapters.get(n), losses.get(n), seen, outcomes.get(n), saved.get(n), train)
+            if return_logprobs and isinstance(answer, dict):
+                answer.setdefault("logprobs", [])  # an empty share adds no rows
+            outcomes[n] = answer
         if failure is not None:
             raise failure
         return outcomes
@@ -212,7 +216,7 @@ class DataParallel:
         return 1.0 / self.world
 
     @contextmanager
-    def one_writer(self) -> Iterator[bool]:
+    def one_writer(self) -> Generator[bool]:
         """The ranks hold the same adapter: data rank 0 writes a checkpoint, and every rank waits for it."""
         if self.world == 1:
             yield True
