@@ -174,7 +174,8 @@ def test_failures_before_the_first_byte_are_statuses_and_after_it_an_error_event
             received.append(chunk)
     # a fault of the server: said so, with the log's reference, and none of the exception's text
     assert received and "internal error" in err.value.message and "decoder fell over" not in err.value.message
-    assert chat(oai, max_tokens=3).choices[0].finish_reason in ("length", "stop")  # the server serves on
+    # the server serves on (2 steps: the wrapper, still in place, fails every decode at its third)
+    assert chat(oai, max_tokens=2).choices[0].finish_reason in ("length", "stop")
 
 
 @pytest.fixture(scope="module")

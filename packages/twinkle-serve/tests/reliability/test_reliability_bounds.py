@@ -357,3 +357,74 @@ def _slope(points: list[tuple[int, int]]) -> float:
     n = len(points)
     mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
     return sum((x - mx) * (y - my) for x, y in points) / max(sum((x - mx) ** 2 for x, _ in points), 1e-9)
+
+
+def test_requests_over_the_per_request_budget_are_refused_before_queueing(bounded):
+    """caps.max_request_tokens (default 32,768, twinkle.serve.core.cost): a training pass costs rows x
+    longest row, a sampling request prompt + num_samples x max_tokens; over the budget is a 400 on every
+    API naming the cost, the budget and the config key, and nothing is queued. The issue's probes, each
+    accepted before: 2 x 20,000 Tinker training tokens, 5,000 x 40 native rows, 8 x 5,000 samples (also
+    an OpenAI stream, refused before its first byte)."""
+    from harness import fb_body, sft_pair
+
+    f = bounded
+    budget = 1 << 15
+    tinker, native, openai = f["tinker"], f["native"], f["openai"]
+    long = [5 + (7 * i) % 700 for i in range(20_001)]
+    row40 = {"input_ids": [5 + i for i in range(40)], "labels": [5 + i for i in range(40)]}
+    many = {"num_samples": 8, "sampling_params": {"max_tokens": 5_000}}
+    chat = {"model": f["base"], "messages": [{"role": "user", "content": "hi"}], "n": 8, "max_tokens": 5_000}
+    before = _state(f)
+    cases = [
+        (
+            "tinker forward_backward",
+            lambda: tinker.http.post(
+                "/api/v1/forward_backward",
+                content=fb_body(f["model_id"], 90, [sft_pair(long)] * 2),
+                headers={"content-type": "application/x-protobuf"},
+            ),
+            "training request costs 40002 tokens",  # 2 rows of 20,001: the inputs and the last target
+        ),
+        (
+            "tinker asample",
+            lambda: tinker.post(
+                "/asample",
+                {"sampling_session_id": f["sampler"], "prompt": {"chunks": [{"tokens": [5, 6]}]}, **many},
+            ),
+            "sampling request costs 40002 tokens",
+        ),
+        (
+            "native forward_backward",
+            lambda: native.post(f"/models/{f['native_id']}/forward_backward", {"inputs": {"rows": [row40] * 5_000}}),
+            "training request costs 200000 tokens",
+        ),
+        (
+            "native sample",
+            lambda: native.post(
+                "/sample", {"prompts": [[5, 6]], "sampling_params": {"max_tokens": 5_000, "num_samples": 8}}
+            ),
+            "sampling request costs 40002 tokens",
+        ),
+        ("openai chat", lambda: openai.post("/v1/chat/completions", chat), "sampling request costs"),
+        ("openai chat stream", lambda: openai.post("/v1/chat/completions", {**chat, "stream": True}), "costs"),
+        (
+            "openai completions",
+            lambda: openai.post("/v1/completions", {"model": f["base"], "prompt": [5, 6], "n": 8, "max_tokens": 5_000}),
+            "sampling request costs 40002 tokens",
+        ),
+    ]
+    wrong = {}
+    for label, send, words in cases:
+        r = send()
+        body = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+        error = body.get("error")
+        message = error.get("message", "") if isinstance(error, dict) else str(error)
+        named = all(w in message for w in (words, f"budget of {budget} tokens", "caps.max_request_tokens"))
+        if r.status_code != 400 or not named:
+            wrong[label] = (r.status_code, r.text[:300])
+    assert not wrong, wrong
+    assert _state(f) == before  # refused before anything was queued
+    SUMMARY["bounds: requests over the per-request token budget"] = (
+        f"{len(cases)} of {len(cases)} refused with 400 naming cost, budget ({budget}) and caps.max_request_tokens "
+        "(Tinker, native, OpenAI; training and sampling)"
+    )

@@ -59,6 +59,12 @@ class Future:
                 raise TimeoutError(f"request {self.request_id} not done after {timeout} s")
         return self._value
 
+    def cancel(self) -> str:
+        """Ask the server to stop this request: 'cancelled' (it had not started, or it runs in slices,
+        a decode or a long pass, and stops at its next step; `result()` then raises saying so),
+        'running' (it runs whole and finishes) or 'finished'."""
+        return self.client.post(f"/futures/{self.request_id}/cancel")["status"]
+
     async def aresult(self):
         while self._value is _UNSET:
             self._settle(await self.client.arequest("GET", f"/futures/{self.request_id}", params={"timeout": POLL_S}))

@@ -220,7 +220,8 @@ class TorchSampler(Sampler):
         self, inputs, sampling_params=None, adapter_name=None, on_tokens: OnTokens | None = None, images=None
     ) -> list[SampleResponse]:
         """`on_tokens`: called after every decode step with that step's tokens (streaming); an exception it
-        raises ends the sampling there and propagates (how a stream whose reader left stops it).
+        raises ends the sampling there and propagates (how a stream whose reader left stops it). It may
+        run other sampling on this sampler before it returns (the decode routes its rows again after).
         `images`: per prompt its {pixel_values, image_grid_thw} or None (default: what encoded rows carry)."""
         params = SamplingParams.from_dict(sampling_params)
         prompts = self._normalize_inputs(inputs)
@@ -339,7 +340,9 @@ class TorchSampler(Sampler):
                     cache.batch_select_indices(idx)
                     mask_B_T, next_B, next_pos_B = mask_B_T[idx], next_B[idx], next_pos_B[idx]
                     active = [active[b] for b in keep]
-                    self.router.reroute([adapters[r] for r in active], self.device)
+                # routed again at every step: on_tokens may have let other sampling use this sampler
+                # in between (a server runs long decodes in turns), and finished rows leave the batch
+                self.router.reroute([adapters[r] for r in active], self.device)
                 mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(active), 1))], dim=1)
                 out = self.model(
                     input_ids=next_B[:, None],

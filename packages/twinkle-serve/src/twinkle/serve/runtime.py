@@ -122,6 +122,7 @@ class Runtime:
                 name=entry.name,
                 fuse_runner=backend.forward_backward_many,
                 on_pass=functools.partial(self.metrics.observe_pass, entry.name),
+                slice_runner=backend.forward_backward_sliced,
             )
             self.engines[entry.name] = Engine(entry, backend, scheduler)
             self.adapter_memory.manage(backend)  # residency: idle adapters off the model, LRU under the cap

@@ -190,6 +190,12 @@ class Backend(ABC):
         (loss, loss_tokens, finite, metrics, per-row logprobs, mfu), or a UserError failing only that
         request."""
 
+    def forward_backward_sliced(self, passes: list[RowsPass], turn_s: float) -> list:
+        """forward_backward_many of one long pass as micro-batches of about `turn_s` each, equal to the
+        whole pass, with step boundaries between them where other work may run (twinkle.serve.core.
+        slices); a backend that cannot pause in between runs it whole."""
+        return self.forward_backward_many(passes)
+
     @abstractmethod
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         """End the adapter's accumulation window now and take one Adam step with these hyperparameters

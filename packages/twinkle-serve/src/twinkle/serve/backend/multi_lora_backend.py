@@ -189,6 +189,13 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 results[i] = UserError(str(outcome).strip("'\"")) if isinstance(outcome, Exception) else outcome
         return results
 
+    def forward_backward_sliced(self, passes: list[RowsPass], turn_s: float) -> list:
+        # not `exclusive` as a whole: each micro-batch takes the engine lock, none holds it across a pause
+        from twinkle.serve.backend.micro_batches import forward_backward_in_runs
+
+        (item,) = passes
+        return forward_backward_in_runs(self, item, turn_s)
+
     @exclusive
     def optim_step(self, name: str, params: AdamParams) -> dict[str, float]:
         state = self._state(name)

@@ -11,7 +11,10 @@ every sample); a removed snapshot answers a clear error naming what to do.
 
 from __future__ import annotations
 
+import collections
+
 from twinkle.serve.backend.base import SampledSeq, SampleParams, SampleResult, UserError
+from twinkle.serve.core import slices
 
 MAX_SAMPLER_ADAPTERS = 64
 
@@ -65,12 +68,21 @@ class TorchSampling:
         self.__dict__.setdefault("_sampler_use", {}).pop(sampler, None)
 
     def _used(self, sampler) -> None:
-        """Mark `sampler` most recently used; past the cap, remove the least recently used others."""
+        """Mark `sampler` most recently used; past the cap, remove the least recently used others (never
+        one a paused decode is still using: long decodes run in turns, core/slices.py)."""
         use: dict = self.__dict__.setdefault("_sampler_use", {})  # insertion order = recency
+        busy = self._busy()
         use.pop(sampler, None)
         use[sampler] = True
         while len(use) > MAX_SAMPLER_ADAPTERS:
-            self.remove_sampler(next(iter(use)))
+            idle = next((name for name in use if not busy[name]), None)
+            if idle is None:
+                break
+            self.remove_sampler(idle)
+
+    def _busy(self) -> collections.Counter:
+        """Sampler adapters -> decodes using them now."""
+        return self.__dict__.setdefault("_sampler_busy", collections.Counter())
 
     def sampler_adapters(self) -> int:
         return len(self.__dict__.get("_sampler_use", {}))
@@ -145,12 +157,24 @@ class TorchSampling:
                 f"in [0, {self.vocab_size}) or -1"
             )
         pixels = {"images": [images]} if images is not None else {}
+
+        def each_step(tokens) -> None:
+            if on_tokens is not None:
+                on_tokens(tokens)
+            slices.step()  # other tenants' work may run here; the sampler routes its rows again after
+
+        busy = self._busy()
+        busy[sampler] += 1
         try:
-            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=on_tokens, **pixels)
+            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=each_step, **pixels)
         except ValueError as e:
             if not pixels:
                 raise
             raise UserError(str(e)) from None  # the prompt's image tokens and its images disagree
+        finally:
+            busy[sampler] -= 1
+            if not busy[sampler]:
+                del busy[sampler]
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
         result = SampleResult(

@@ -23,6 +23,11 @@ class ServerCaps(BaseModel):
     max_lora_rank: int = Field(128, ge=1)  # also bounded by the base model's widest Linear
     # prompts x num_samples x (prompt + max_tokens) of one sampling request, every API
     max_sample_tokens: int = Field(1 << 18, ge=1)
+    # tokens one request may run through the model, every API (twinkle.serve.core.cost): a training pass's
+    # rows x longest row, a sampling request's prompt + num_samples x max_tokens. One full context of the
+    # embedded models (32,768) by default; within it long work runs in slices (core/slices.py), so this
+    # bounds what no slice splits: one row's pass, one prompt's prefill
+    max_request_tokens: int = Field(1 << 15, ge=1)
     max_prompt_chars: int = Field(1 << 18, ge=1)  # text tokenized on the server (OpenAI, native chats)
     max_json_depth: int = Field(32, ge=2)  # nesting of kwargs / loss_fn_config / custom loss graphs
     # idempotency answers: kept this long, and at most this many rows (oldest dropped first)
@@ -168,8 +173,10 @@ def prompt_chars(field: str, chars: int, caps: ServerCaps) -> None:
 def sample_cost(
     prompt_lens: list[int], n: int, max_tokens: int | None, max_context: int, caps: ServerCaps, field="max_tokens"
 ) -> None:
-    """max_tokens (named `field` on the wire) within the context for every prompt, and tokens x samples
-    under caps.max_sample_tokens."""
+    """max_tokens (named `field` on the wire) within the context for every prompt, tokens x samples
+    under caps.max_sample_tokens, and the request's cost under caps.max_request_tokens."""
+    from twinkle.serve.core import cost
+
     check(B.NUM_SAMPLES, "num_samples", n)
     longest = max(prompt_lens, default=0)
     if max_tokens is not None:
@@ -187,3 +194,4 @@ def sample_cost(
             f"this request would decode up to {total} tokens (prompts x num_samples x (prompt + max_tokens)); "
             f"at most {caps.max_sample_tokens} (caps.max_sample_tokens): lower num_samples or max_tokens"
         )
+    cost.admit(cost.sampling(prompt_lens, n, max_tokens, max_context), caps, "sampling")

@@ -13,6 +13,15 @@ one its benchmark measures): a batch past `fuse_max_tokens` runs alone, and a pa
 `group_max_tokens` padded tokens of which at most `max_padding` is padding. Each job's `finish`
 then answers its own future, so one tenant's bad input fails only that tenant's request.
 
+Long work runs in slices (`slices.py`): a sampling call, and a pass job bigger than a fused pass may be
+(the planner's group_max_tokens; `slice_runner` runs it as micro-batches of about SLICE_S), runs on a
+thread of its own and hands the engine back at its step boundaries whenever other work is due: after
+SLICE_S on its first turn (a short request ends within it), then at once for fresh work (requests that
+have not started: short requests are not held behind long ones), after SLICE_S for another paused job. A
+paused job keeps the head of its queue (its queue's later requests still wait for it) and waits at
+most AGED_S before it goes first again, so a stream of short requests cannot starve it. `cancel`
+stops a running or paused job at its next step boundary.
+
 Work over its tenant's input-token rate waits in its queue, held (`Call.hold`), instead of being
 refused; `where` tells a poll where a pending request is: running, queued behind how many, or held
 by which limit for how long (Tinker's `queue_state` / `queue_state_reason`).
@@ -21,6 +30,7 @@ by which limit for how long (Tinker's `queue_state` / `queue_state_reason`).
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -34,10 +44,14 @@ from typing import Literal
 from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.futures import FutureHub
+from twinkle.serve.core.slices import Cancelled, SlicedJob
 from twinkle.serve.core.work import Answer, Call, PassJob
 from twinkle.serve.errors import internal_error
 
 log = logging.getLogger("twinkle.serve")
+SLICE_S = 0.02  # a sliced job's turn, when only other sliced jobs wait (fresh work gets the engine at once)
+AGED_S = 1.0  # a paused job waiting this long goes before fresh work, for a turn of at least SLICE_S
+PAUSED = -(2**64)  # a paused job's heap key: the head of its queue, before any seq_id
 
 
 class Scheduler:
@@ -49,8 +63,13 @@ class Scheduler:
         max_fuse: int = 8,
         on_pass: Callable[[float, int], None] | None = None,
         planner: FusionPlanner | None = None,
+        slice_runner: Callable | None = None,
     ):
+        """`slice_runner([item], turn_s)`: runs one pass job as micro-batches of about turn_s with step
+        boundaries between them (None: pass jobs run whole); a job bigger than a fused pass goes to it."""
         self.hub = hub
+        self.slice_runner = slice_runner
+        self._jobs: dict[str, SlicedJob] = {}  # request id -> its sliced job, running or paused
         self.on_pass = on_pass  # (seconds, requests served) after every pass: the server's metrics
         self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
         self.planner = planner or FusionPlanner()
@@ -107,14 +126,14 @@ class Scheduler:
                 self._cond.wait(timeout=max(0.0, min(held) - time.monotonic()) if held else None)
             if self._stopping:
                 return None
-            first = due[0]
+            first = self._pick(due)
             self._ready.remove(first)
-            if self._head(first).job is None or self.fuse_runner is None:
+            if self._head(first).job is None or self.fuse_runner is None or self._alone(self._head(first)):
                 taken = [self._pop(first)]
             else:
                 # other models whose next request is a due pass job may join (one request per model:
                 # `first` is back in the ready list when it has more queued)
-                others = [q for q in due[1:] if self._head(q).job is not None]
+                others = [q for q in due if q != first and (h := self._head(q)).job is not None and not self._alone(h)]
                 joined = self._compose(first, others)
                 for queue in joined:
                     self._ready.remove(queue)
@@ -129,6 +148,33 @@ class Scheduler:
 
     def _head(self, queue: str) -> Call:
         return self._queues[queue][0][2]
+
+    def _pick(self, due: list[str]) -> str:
+        """The queue to serve next, round-robin within each class: paused jobs that are cancelled or
+        have waited AGED_S (given a turn of at least SLICE_S), then fresh work, then other paused jobs."""
+        now = time.monotonic()
+
+        def rank(queue: str) -> int:
+            job = self._jobs.get(self._head(queue).request_id)
+            if job is None:
+                return 1
+            return 0 if job.cancelled or now - job.paused_at >= AGED_S else 2
+
+        first = min(due, key=rank)  # the first of the lowest rank, in round-robin order
+        job = self._jobs.get(self._head(first).request_id)
+        if job is not None:
+            job.grace_s = SLICE_S if rank(first) == 0 else 0.0
+        return first
+
+    def _alone(self, call: Call) -> bool:
+        """Runs in slices, on its own: sampling, a paused job, a pass job bigger than a fused pass."""
+        return call.sliced or call.request_id in self._jobs or self._big(call)
+
+    def _big(self, call: Call) -> bool:
+        if call.job is None or self.slice_runner is None:
+            return False
+        rows, longest, _ = call.job.shape
+        return rows * longest > self.planner.group_max_tokens
 
     def _compose(self, first: str, others: list[str]) -> list[str]:
         """The queues among `others` whose head shares `first`'s pass, by the planner's cost model.
@@ -162,10 +208,18 @@ class Scheduler:
             self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(c) for c in taken)))
             if self.on_pass is not None:
                 self.on_pass(time.perf_counter() - started, len(taken))
+        for request_id, job in list(self._jobs.items()):  # paused jobs the drain did not finish: unwound
+            job.cancel("the server is stopping")
+            job.turn()
+            with self.hub.batch():
+                self._finish(request_id, job.outcome)
 
     def _serve(self, taken: list[Call]) -> None:
         if len(taken) == 1:
-            self._finish(taken[0].request_id, taken[0].run)
+            if self._alone(taken[0]):
+                self._turn(taken[0])
+            else:
+                self._finish(taken[0].request_id, taken[0].run)
             return
         self.fused_passes += 1
         jobs = [_job(c) for c in taken]
@@ -179,9 +233,65 @@ class Scheduler:
         for call, job, result in zip(taken, jobs, results):
             self._finish(call.request_id, lambda finish=job.finish, result=result: finish(result))
 
+    def _turn(self, call: Call) -> None:
+        """Give `call`'s sliced job a turn (starting it on its first); paused, it goes back to the head
+        of its queue; ended, its future is answered."""
+        with self._cond:
+            job = self._jobs.get(call.request_id)
+            if job is None:
+                pause = functools.partial(self._should_pause, call.queue)
+                job = self._jobs[call.request_id] = SlicedJob(self._work(call), f"twinkle-{self.name}-job", pause)
+                job.grace_s = SLICE_S  # its first turn: a short request ends within it, unpaused
+        if job.turn():
+            with self._cond:
+                del self._jobs[call.request_id]
+            self._finish(call.request_id, job.outcome)
+            return
+        with self._cond:
+            job.paused_at = time.monotonic()
+            heapq.heappush(self._queues.setdefault(call.queue, []), (PAUSED, next(self._tiebreak), call))
+            if call.queue not in self._ready:
+                self._ready.append(call.queue)
+
+    def _work(self, call: Call) -> Callable[[], Answer]:
+        """What a sliced job runs: the call, or its pass job as micro-batches."""
+        if not self._big(call):
+            return call.run
+        job, runner = _job(call), self.slice_runner
+        assert runner is not None  # _big says there is one
+
+        def passes() -> Answer:
+            try:
+                (outcome,) = runner([job.item], SLICE_S)
+            except Cancelled:
+                raise
+            except Exception as e:  # as a fused pass's failure: the job's finish answers it
+                log.exception("sliced pass failed")
+                outcome = e
+            return job.finish(outcome)
+
+        return passes
+
+    def _should_pause(self, own: str, job: SlicedJob, elapsed: float) -> bool:
+        """At a step boundary of the job serving queue `own`: whether other due work should run now."""
+        with self._cond:
+            if self._stopping:
+                return False
+            now = time.monotonic()
+            for queue in self._ready:
+                head = self._head(queue)
+                if queue == own or not head.due(now):
+                    continue
+                other = self._jobs.get(head.request_id)
+                if elapsed >= (job.grace_s if other is None else 0.0 if other.cancelled else SLICE_S):
+                    return True
+            return False
+
     def _finish(self, request_id: str, fn: Callable[[], Answer]) -> None:
         try:
             answer = fn()
+        except Cancelled as e:
+            self.hub.fail(request_id, str(e), "user")
         except UserError as e:
             self.hub.fail(request_id, str(e), "user")
         except Exception as e:
@@ -202,6 +312,10 @@ class Scheduler:
         with self._cond:
             if request_id in self._running:
                 return Place("active", f"running on {self.name}", 0, 0.0)
+            if request_id in self._jobs:
+                return Place(
+                    "active", f"running in slices on {self.name}, paused while other work takes a turn", 0, 0.0
+                )
             for heap in self._queues.values():
                 mine = next((entry for entry in heap if entry[2].request_id == request_id), None)
                 if mine is None:
@@ -224,10 +338,18 @@ class Scheduler:
                 return Place("active", f"queued: {where}", len(ahead), 0.0)
         return None
 
-    def cancel(self, request_id: str) -> bool:
-        """Drop a queued task that has not started (Tinker `cancel_future`); False if it is running, done,
-        or not queued here."""
+    def cancel(self, request_id: str) -> Literal["dropped", "stopping", "running"] | None:
+        """Cancel a request of this worker: "dropped" if it had not started (its future is the caller's
+        to fail), "stopping" if it runs in slices (it stops at its next step boundary, and its future
+        fails saying so), "running" if it runs whole (it finishes); None if it is not here (done)."""
         with self._cond:
+            job = self._jobs.get(request_id)
+            if job is not None:
+                job.cancel("cancelled by the client")
+                self._cond.notify()
+                return "stopping"
+            if request_id in self._running:
+                return "running"
             for queue, heap in self._queues.items():
                 kept = [entry for entry in heap if entry[2].request_id != request_id]
                 if len(kept) == len(heap):
@@ -239,8 +361,8 @@ class Scheduler:
                     del self._queues[queue]
                     if queue in self._ready:
                         self._ready.remove(queue)
-                return True
-        return False
+                return "dropped"
+        return None
 
 
 @dataclass(frozen=True)

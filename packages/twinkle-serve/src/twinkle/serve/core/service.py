@@ -148,14 +148,32 @@ class Service:
         fn: Callable[[], Answer],
         job: PassJob | None = None,
         hold: Hold | None = None,
+        sliced: bool = False,
     ) -> str:
         """Queue `fn` (or its fusable pass `job`) on the base model's scheduler, not to start before
-        `hold` (admit_tokens'); the future's id."""
+        `hold` (admit_tokens'); `sliced`: work that may run long (sampling), run in turns between
+        other work (core/slices.py). The future's id."""
         if seq_id is not None:  # ordered by the scheduler and stored in SQLite: a signed 64-bit integer
             bounds.check(B.SEQ_ID, "seq_id", seq_id)
         request_id = self.rt.hub.create(tenant)
-        engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job, hold))
+        engine.scheduler.submit(Call(queue, seq_id, request_id, fn, job, hold, sliced))
         return request_id
+
+    def cancel(self, tenant: str, request_id: str) -> str:
+        """Cancel the tenant's request (Tinker cancel_future, the native API's cancel, a stream whose
+        reader left): "cancelled" if it had not started (its future fails now) or runs in slices (it
+        stops at its next step, a decode step or a micro-batch, and its future fails saying how far
+        it got); "running" if it runs whole and will finish; "finished" if it is done."""
+        future = self.store.futures.get(request_id, tenant)
+        if future is None:
+            raise NotFound(f"future {request_id!r} not found")
+        for engine in self.rt.engines.values():
+            outcome = engine.scheduler.cancel(request_id)
+            if outcome == "dropped":
+                self.rt.hub.fail(request_id, "cancelled by the client before it ran", "user")
+            if outcome is not None:
+                return "running" if outcome == "running" else "cancelled"
+        return "finished" if future.status != "pending" else "running"
 
     def where(self, request_id: str) -> Place:
         """Where a pending request is on the workers; on none of them it is finishing (its pass has

@@ -4,7 +4,8 @@ it ends with.
 A facade (Tinker, native, OpenAI) turns its request into a Call and its result into an Answer (a
 content type and the bytes it chose); the core queues, fuses, runs and stores these without reading
 a wire format. A Call over its tenant's rate carries a `Hold` (`twinkle.serve.limits`): it waits in
-its queue until then, and only it and what its queue holds behind it wait. A PassJob's `shape` is what the planner's cost model (`twinkle.model.multi_lora.
+its queue until then, and only it and what its queue holds behind it wait. A `sliced` Call may be
+paused between its steps so other work runs (`slices.py`). A PassJob's `shape` is what the planner's cost model (`twinkle.model.multi_lora.
 planner`) weighs when it decides which runs' passes share one pass over the base weights.
 """
 
@@ -68,6 +69,9 @@ class Call:
     run: Callable[[], Answer]
     job: PassJob | None = None
     hold: Hold | None = None  # over the tenant's rate: not before hold.until
+    # runs on a thread of its own, in turns the scheduler gives it between other work (core/slices.py):
+    # work that may run long (sampling); a pass job over the engine's micro-batch size is sliced anyway
+    sliced: bool = False
 
     def due(self, now: float) -> bool:
         return self.hold is None or self.hold.until <= now

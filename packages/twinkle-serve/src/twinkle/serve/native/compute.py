@@ -9,6 +9,7 @@ import threading
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
+from twinkle.serve.core import cost
 from twinkle.serve.core.curve_names import CurveNames
 from twinkle.serve.core.work import Answer, PassJob
 from twinkle.serve.native.models import NativeModels, user_errors
@@ -109,6 +110,8 @@ class NativeCompute:
         except UserError as e:
             rows, refused = [], e
         tokens = sum(len(r["input_ids"]) for r in rows)
+        if refused is None:  # valid rows over the per-request budget: a 400, before they are queued
+            cost.admit(cost.training([len(r["input_ids"]) for r in rows]), self.rt.config.caps, "training")
         hold = self.svc.admit_tokens(tenant, tokens)
 
         def finish(internal: str, out) -> dict:

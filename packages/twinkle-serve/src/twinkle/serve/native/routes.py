@@ -219,6 +219,14 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
             )
         return FutureResult(request_id=request_id, status="complete", result=payload)
 
+    @r.post(
+        "/futures/{request_id}/cancel",
+        summary="Cancel a request: dropped if queued; stopped at its next step (a decode step or micro-batch) "
+        "if it runs in slices; status 'cancelled', 'running' (it runs whole and finishes) or 'finished'",
+    )
+    def cancel(request_id: str, t: str = Depends(tenant)) -> dict:
+        return {"request_id": request_id, "status": core.cancel(t, request_id)}
+
     @r.get("/runs", response_model=RunList, summary="The caller's training runs (native and Tinker)")
     def runs(limit: int = Query(100, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         return views.runs(t, limit)

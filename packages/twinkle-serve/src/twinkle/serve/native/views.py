@@ -73,6 +73,8 @@ class NativeViews:
             except (UserError, ValueError, KeyError) as e:
                 raise BadRequest(str(e)) from None
             prompts, prompt_images = [ids for ids, _ in encoded], [images for _, images in encoded]
+            lens = [len(p) for p in prompts]  # the chats' tokens, now known: their cost before queueing
+            bounds.sample_cost(lens, sp.num_samples, sp.max_tokens, engine.backend.max_context, self.rt.config.caps)
         else:
             assert req.prompts is not None  # exactly one of prompts / chats, checked above
             prompts, prompt_images = req.prompts, [None] * len(req.prompts)
@@ -115,7 +117,8 @@ class NativeViews:
             except (ValueError, KeyError) as e:
                 raise UserError(str(e)) from None
 
-        return {"request_id": self.svc.submit(tenant, engine, queue, None, guarded), "model_id": req.model_id}
+        request_id = self.svc.submit(tenant, engine, queue, None, guarded, sliced=True)  # decodes in turns
+        return {"request_id": request_id, "model_id": req.model_id}
 
     # ---- runs ----------------------------------------------------------------------------------
     def runs(self, tenant: str, limit: int = 100) -> RunList:

@@ -4,8 +4,8 @@ events while the tokens are decoded (`stream`).
 
 A stream answers only once its first decode step is done (or it failed), so a failure before the first
 byte is still a proper error status; one after it ends the stream with an `{"error": ...}` event. A reader
-who leaves mid-stream stops the decode loop at its next step (StreamClosed), and the tokens decoded
-until then are counted.
+who leaves mid-stream stops the decode loop at its next step (StreamClosed, or the scheduler's cancel when
+the decode is paused for another tenant's turn), and the tokens decoded until then are counted.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from twinkle.serve.backend import SampleParams, SampleResult, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
+from twinkle.serve.core.slices import Cancelled
 from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import internal_error
 from twinkle.serve.openai.errors import OpenAIError, error_body
@@ -68,7 +69,9 @@ class _Job:
 
     def submit(self, run) -> str:
         """Queue `run` on the worker thread, like every other backend call; the future's id."""
-        return self.svc.submit(self.tenant, self.target.engine, f"openai:{self.tenant}", None, run, hold=self.hold)
+        return self.svc.submit(
+            self.tenant, self.target.engine, f"openai:{self.tenant}", None, run, hold=self.hold, sliced=True
+        )
 
 
 def _sampled(result: SampleResult) -> int:
@@ -162,7 +165,7 @@ async def stream(
                 decoded = 0
                 try:
                     result = job.sample(prompt, on_tokens)
-                except StreamClosed:
+                except (StreamClosed, Cancelled):
                     job.count(prompt, decoded)
                     return Answer.json({"closed": True})
                 job.count(prompt, _sampled(result))
@@ -179,11 +182,17 @@ async def stream(
         send("done", chunks.usage(responses.usage(prompts, results)))
         return Answer.json({})
 
-    job.submit(run)
+    request_id = job.submit(run)
+
+    def leave() -> None:
+        """The reader is gone: the decode stops at its next step, also when it is paused for others' turns."""
+        closed.set()
+        svc.cancel(tenant, request_id)
+
     try:
         first = await events.get()
     except BaseException:  # the handler was cancelled before the first step: stop the worker there too
-        closed.set()
+        leave()
         raise
     if first[0] == "error":
         closed.set()
@@ -202,6 +211,8 @@ async def stream(
             e = _as_openai(items)
             yield responses.sse(error_body(e.status, e.message, e.param, e.code))
         finally:  # a reader who disconnected lands here too (the generator is cancelled or closed)
+            if kind == "chunks":
+                leave()
             closed.set()
 
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

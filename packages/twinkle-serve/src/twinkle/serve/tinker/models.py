@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import AdamParams, LoraSpec, RowsPass, UserError
-from twinkle.serve.core import bounds
+from twinkle.serve.core import bounds, cost
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer, PassJob
@@ -200,6 +200,8 @@ class TinkerModels:
             item = datums.training_pass("", data, loss_fn, req.loss_config, forward_only, engine.backend, loss)
         except UserError as e:
             item, refused = RowsPass("", [], forward_only), e
+        else:  # a valid pass over the per-request budget is a 400, before it is queued
+            cost.admit(cost.training([len(r["input_ids"]) for r in item.rows]), self.caps, "training")
 
         def work():
             if refused is not None:

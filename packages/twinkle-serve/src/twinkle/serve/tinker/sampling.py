@@ -95,7 +95,7 @@ class TinkerSampling:
             )
 
         seq = body.get("seq_id")
-        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run, hold=hold)
+        request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run, hold=hold, sliced=True)
         # a clone's seq_ids start at clone * 1e9: the retrieve_futures queue it reads (tinker/sampling_queue.py)
         clone = seq // 10**9 if isinstance(seq, int) and not isinstance(seq, bool) else 0
         self.rt.store.sample_requests.record(request_id, tenant, sampler.sampler_id, clone)

@@ -61,7 +61,8 @@ async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) ->
 
 
 def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
-    """Drop a queued sample request; one already running or finished is left as it is (and said so)."""
+    """Cancel a sample request: a queued one is dropped, a running one stops at its next decode step
+    (its future fails saying how far it got), a finished one is left as it is (and said so)."""
     request_id = body.get("request_id")
     if not isinstance(request_id, str):
         raise BadRequest(f"request_id must be a string, got {type(request_id).__name__}")
@@ -70,14 +71,7 @@ def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
         if rt.store.futures.get(request_id, tenant) is not None:
             raise BadRequest(f"request {request_id!r} is not a sample request: only sampling can be cancelled")
         raise NotFound(f"future {request_id!r} not found")
-    if any(engine.scheduler.cancel(request_id) for engine in rt.engines.values()):
-        rt.hub.fail(request_id, "cancelled by the client (cancel_future) before it ran", "user")
-        return {"request_id": request_id, "status": "cancelled"}
-    future = rt.store.futures.get(request_id, tenant)
-    if future is None:  # owned() said it exists: only a concurrent delete gets here
-        raise NotFound(f"future {request_id!r} not found")
-    status = future.status
-    return {"request_id": request_id, "status": "running" if status == "pending" else "finished"}
+    return {"request_id": request_id, "status": svc.cancel(tenant, request_id)}
 
 
 def join_sampling_session(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
