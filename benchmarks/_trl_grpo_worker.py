@@ -101,7 +101,7 @@ def main():
         beta=0.0,
         entropy_coef=cfg["entropy_coef"],
         scale_rewards="group",
-        reward_weights=[1.0, 0.1],
+        reward_weights=cfg.get("reward_weights", [1.0, 0.1]),
         # set for a CPU, as a competent user would: no bf16 autocast, no activation checkpointing
         bf16=False,
         activation_checkpointing=False,
@@ -124,6 +124,16 @@ def main():
     )
     callback = EvalAndStop(cfg, tokenizer)
     trainer.add_callback(callback)
+    generated = []  # (seconds, completion tokens) of each step's generation: the sampling share of a step
+    generate = trainer._generate
+
+    def timed_generate(prompts):
+        start = time.perf_counter()
+        out = generate(prompts)
+        generated.append((time.perf_counter() - start, sum(len(ids) for ids in out[1])))
+        return out
+
+    trainer._generate = timed_generate
     trainer.train()
     steps = callback.reached
     print(
@@ -133,6 +143,8 @@ def main():
                 "train_s_to_target": sum(callback.step_seconds[:steps]) if steps else None,
                 "curve": callback.curve,
                 "step_seconds": callback.step_seconds,
+                "generate_seconds": [s for s, _ in generated],
+                "generated_tokens": [n for _, n in generated],
                 "prompt_text": tokenizer.apply_chat_template(
                     cfg["train"][0]["prompt"], add_generation_prompt=True, tokenize=False
                 ),

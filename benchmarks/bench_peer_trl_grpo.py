@@ -91,9 +91,11 @@ def run_twinkle(seed: int, args) -> dict:
     return {"steps_to_target": reached, "train_s_to_target": sum(seconds) if reached else None, "curve": curve}
 
 
-def run_trl(seed: int, args, python: Path, model_path: str, train, held_out) -> dict:
+def run_trl(
+    seed: int, args, python: Path, model_path: str, train, held_out, settings=SETTINGS, name="trl-grpo"
+) -> dict:
     cfg = {
-        **SETTINGS,
+        **settings,
         "model_path": model_path,
         "train": [{"prompt": r["messages"], "ground_truth": r["ground_truth"]} for r in train],
         "held_out": [{"prompt": r["messages"], "ground_truth": r["ground_truth"]} for r in held_out],
@@ -102,7 +104,7 @@ def run_trl(seed: int, args, python: Path, model_path: str, train, held_out) -> 
         "eval_every": args.eval_every,
         "target": args.target,
         "threads": args.threads,
-        "out_dir": str(ROOT / "out" / "peer-bench" / f"trl-grpo-seed{seed}"),
+        "out_dir": str(ROOT / "out" / "peer-bench" / f"{name}-seed{seed}"),
     }
     config = Path(cfg["out_dir"]) / "config.json"  # ~1,200 rows: too long for an argument list
     config.parent.mkdir(parents=True, exist_ok=True)

@@ -151,11 +151,13 @@ def main(argv=None) -> dict:
         if rows:
             model.clip_grad_and_step(max_grad_norm=1.0, adapter_name=ADAPTER)
         version = producer.publish(model)  # the sampler applies it before its next batch
-        metrics = {"step": step, **reward_metrics(rewards), "loss": stats.get("loss"), **producer.step_metrics()}
+        metrics = {"step": step, **reward_metrics(rewards), **producer.step_metrics()}
+        metrics.update(loss=stats.get("loss"), clip_fraction=stats.get("clip_fraction"))  # clipped: r far from 1
         metrics["sampled_tokens"] = sum(len(s.tokens) for s in rollout.sequences)
         history.append(metrics)
         print(
             f"step {step}: reward {metrics['reward/mean']:.3f} loss {metrics['loss'] or 0:.4f} "
+            f"clip {metrics['clip_fraction'] or 0:.3f} "
             f"staleness {metrics['async/staleness_mean']:.2f}/{metrics['async/staleness_max']:.0f} "
             f"queue {metrics['async/queue_depth']:.0f} busy sampler {metrics['share/sampler_busy']:.0%} "
             f"trainer {metrics['share/trainer_busy']:.0%} tokens {metrics['sampled_tokens']} [{metrics['time/step']:.2f}s]",
