@@ -26,6 +26,8 @@ LOSS_KWARGS = {  # every option that adds a head quantity on (entropy, a referen
     "StableReinforceLoss": {"ratio_cap": 1.1},
     "DPOLoss": {},
     "SimPOLoss": {},
+    "CPOLoss": {},
+    "ORPOLoss": {},
     "GKDLoss": {"beta": 0.3},
 }
 
