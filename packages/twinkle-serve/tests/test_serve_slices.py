@@ -101,14 +101,12 @@ def test_cancel_stops_running_and_paused_work_at_its_next_step(world):
     scheduler.submit(Call("a", None, ids["running"], running, sliced=True))
     scheduler.submit(Call("b", None, ids["paused"], paused, sliced=True))
     assert running.started.wait(30) and paused.started.wait(30)  # both started: they take turns
-    started = time.monotonic()
     assert scheduler.cancel(ids["running"]) == "stopping" and scheduler.cancel(ids["paused"]) == "stopping"
     for kind in ("running", "paused"):
         status, failure = _outcome(store, ids[kind])
         assert status == "failed" and failure["category"] == "user", failure
         assert failure["error"].startswith("cancelled by the client while it ran: stopped after"), failure
-    assert time.monotonic() - started < 5
-    assert len(running.ran) < 10_000 and len(paused.ran) < 10_000
+    assert len(running.ran) < 10_000 and len(paused.ran) < 10_000  # both stopped long before their end
     assert scheduler.cancel(ids["running"]) is None  # done: nothing left to cancel
     # the engine is free: a new request runs at once
     free = hub.create("t")
