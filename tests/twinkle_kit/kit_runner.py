@@ -49,12 +49,16 @@ def command(script: KitScript, path: Path, model: str) -> list[str]:
     return [sys.executable, str(path), *flags]
 
 
-def run(script: KitScript, workdir: Path, model: str, server_env: dict[str, str] | None = None) -> Outcome:
+def run(
+    script: KitScript, workdir: Path, model: str, server_env: dict[str, str] | None = None, source: str | None = None
+) -> Outcome:
+    """`source`: the script's text when it is not ours (twinkle-kit's own, from its sdist)."""
     workdir.mkdir(parents=True, exist_ok=True)
     missing = missing_modules(script)
     if missing:
         return Outcome("needs", f"needs {', '.join(missing)} installed (the script imports it)", "", workdir)
-    source = (HERE / "scripts" / f"{script.name}.py").read_text()
+    if source is None:
+        source = (HERE / "scripts" / f"{script.name}.py").read_text()
     path = workdir / f"{script.name}.py"
     path.write_text(kit_rewrite.rewrite(source, list(script.sizes), model=model))
     env = {

@@ -218,7 +218,7 @@ NOT_RUN = [
     ("Quick-Start: Ray Training (GRPO)", VLLM, "MegatronModel and vLLMSampler in GPU groups"),
     (
         "Quick-Start: Remote Training (GRPO client)",
-        "refused",
+        "fails upstream",
         "calls .get('sequences') on the list sampler.sample returns: it fails on twinkle-kit too; cookbook/client/twinkle/short_math_grpo.py is the working form (covered)",
     ),
 ]

@@ -63,8 +63,12 @@ class _GroupWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int, threads: int):
+    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int, threads: int, cwd: str = ""):
         def run():
+            # A relative path in a call (model.save('last-checkpoint')) means what it means to the
+            # driver: its working directory, where the actor's node has it (a local cluster's does).
+            if cwd and os.path.isdir(cwd):
+                os.chdir(cwd)
             # As many torch threads as the rank reserved CPUs (not whatever OMP_NUM_THREADS the driver
             # had): ranks sharing a machine must not oversubscribe it.
             os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -200,7 +204,7 @@ class RemoteGroup:
             threads = max(1, int(group.resources_per_rank.get("CPU", 1)))
             self._gather(
                 [
-                    a.setup.remote(self._infos[0]["node_ip"], port, self._mesh, self._seed, threads)
+                    a.setup.remote(self._infos[0]["node_ip"], port, self._mesh, self._seed, threads, os.getcwd())
                     for a in self._actors
                 ],
                 "setup",
