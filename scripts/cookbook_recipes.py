@@ -66,8 +66,10 @@ def run_recipe(name: str, recipe: Recipe, served: server.Served, root: Path, tim
         cmd = server.boot_command(recipe.module, [*recipe.sizes, *args, *recipe.log_args(log)])
         ok, reason = run(cmd, env, work, max(60.0, timeout - (time.time() - start)), root / f"{name}.log")
     result = {"status": "works" if ok else "refused", "reason": reason, "seconds": round(time.time() - start, 1)}
-    if recipe.report and log.exists():
-        result.update(recipe.report(log))
+    if log.exists():
+        result.update(recipe.report(log, work))
+    if ok and result.get("steps_logged") == 0:  # exited 0 but trained nothing
+        result.update(status="refused", reason="exited 0 without logging a training step")
     if recipe.capture:
         import capture_check
 

@@ -141,13 +141,26 @@ def prophet_arena(work: Path) -> list[str]:
     return [f"data_path={path}"]
 
 
+# The language labels of the first 8 lines of the cookbook's multilingual.txt (one sentence in 8
+# languages; Bulgarian is not among the recipe's labels, so 'ot').
+MULTILINGUAL_LABELS = ["ar", "ot", "de", "el", "en", "es", "fr", "hi"]
+
+
 def multilingual(work: Path) -> list[str]:
-    """prompt_distillation's create_data reads ./tinker_cookbook/example_data/multilingual.txt: the
-    cookbook's own file (2,100 sentences), its first 8 lines."""
+    """prompt_distillation: create_data reads ./tinker_cookbook/example_data/multilingual.txt (the
+    cookbook's own file, 2,100 sentences: its first 8 lines here) and keeps the teacher's answers that
+    end in "Final Answer: xx", which the tiny demo model never writes; train then reads the same 8
+    sentences with their labels, in the file format create_data writes."""
     import tinker_cookbook
 
     src = Path(tinker_cookbook.__file__).parent / "example_data" / "multilingual.txt"
+    lines = src.read_text().splitlines()[: len(MULTILINGUAL_LABELS)]
     dst = work / "tinker_cookbook" / "example_data" / "multilingual.txt"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_text("".join(src.read_text().splitlines(keepends=True)[:8]))
-    return []
+    dst.write_text("".join(f"{ln}\n" for ln in lines))
+    labelled = work / "labelled.jsonl"
+    with labelled.open("w") as f:
+        for text, label in zip(lines, MULTILINGUAL_LABELS, strict=True):
+            messages = [{"role": "user", "content": text}, {"role": "assistant", "content": label}]
+            f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+    return [f"file_path={labelled}"]

@@ -1,5 +1,6 @@
-"""The recipes `nox -s cookbook` runs: each with its own defaults, only sizes (batch, group, steps,
-lengths of generated data) and data paths overridden, plus where it logs."""
+"""The recipes `nox -s cookbook` runs: each with its own defaults, only sizes (batch, group, steps, the
+generation budget where a recipe samples thousands of tokens per turn, the local data's size) and data
+paths overridden, plus where it logs."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class Recipe:
     prepare: Callable[[Path], list[str]] | None = None  # writes local data into the working folder -> args
     setup: tuple[str, ...] = ()  # a module run first in the same folder (its args after it)
     log_args: Callable[[Path], list[str]] = lambda log: [f"log_path={log}", "behavior_if_log_dir_exists=delete"]
-    report: Callable[[Path], dict] | None = None  # numbers read from the run's log folder
+    report: Callable[[Path, Path], dict] = lambda log, work: train_steps(log, work)  # numbers (log, work folder)
     capture: bool = False  # inside the cookbook's capture_to_store (tinker_cookbook/capture)
 
 
@@ -29,18 +30,23 @@ def metrics(log: Path) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path else []
 
 
-def sampler_trainer_kl(log: Path) -> dict:
+def sampler_trainer_kl(log: Path, work: Path) -> dict:
     """rl_numerics_check's sampler/trainer KL per step (mean over sampled tokens of sampler - trainer
     log-prob, and half the mean squared difference), as the recipe logs it."""
     rows = [r for r in metrics(log) if "optim/kl_sample_train_v1" in r]
-    return {
+    return train_steps(log, work) | {
         "kl_sample_train_v1": [r["optim/kl_sample_train_v1"] for r in rows],
         "kl_sample_train_v2": [r.get("optim/kl_sample_train_v2") for r in rows],
     }
 
 
-def train_steps(log: Path) -> dict:
+def train_steps(log: Path, work: Path) -> dict:
+    """How many steps the recipe logged (a recipe can exit 0 having trained nothing)."""
     return {"steps_logged": len(metrics(log))}
+
+
+def teacher_rows(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 RL = ("eval_every=0", "save_every=0")
@@ -67,23 +73,23 @@ RECIPES: dict[str, Recipe] = {
     ),
     "prompt_distillation": Recipe(
         "tinker_cookbook.recipes.prompt_distillation.train",
-        ("batch_size=2", "max_steps=2", "eval_every=0", "save_every=0", "file_path=distill.jsonl"),
+        ("batch_size=2", "max_steps=2", "eval_every=0", "save_every=0"),
         prepare=data.multilingual,
         setup=("tinker_cookbook.recipes.prompt_distillation.create_data", "output_file=distill.jsonl"),
+        report=lambda log, work: train_steps(log, work) | {"teacher_rows": teacher_rows(work / "distill.jsonl")},
     ),
     "decisions": Recipe(
         "tinker_cookbook.recipes.decisions.forecasting",
         ("batch_size=2", "max_steps=2", "max_train_questions=4", "max_validation_questions=4", "eval_every=0"),
         prepare=data.prophet_arena,
-        report=train_steps,
     ),
     "verifiers_rl": Recipe(
         "tinker_cookbook.recipes.verifiers_rl.train",
-        ("groups_per_batch=2", "group_size=2", "max_steps=2", "dataset_n=4", *RL),
+        ("groups_per_batch=2", "group_size=2", "max_steps=1", "dataset_n=4", "max_tokens=64", *RL),
     ),
     "sdft": Recipe(
         "tinker_cookbook.recipes.sdft.train",
-        ("groups_per_batch=2", "max_steps=2", *RL),
+        ("groups_per_batch=2", "max_steps=1", "max_tokens=64", *RL),
         prepare=data.sciknoweval,
     ),
     "rl_numerics_check": Recipe(
@@ -95,6 +101,7 @@ RECIPES: dict[str, Recipe] = {
             "task.num_pages_min=2",
             "task.num_pages_max=3",
             "task.page_chars=2000",
+            "max_tokens=64",
             "save_every=0",
         ),
         prepare=data.wikitext,
@@ -102,7 +109,7 @@ RECIPES: dict[str, Recipe] = {
     ),
     "distillation": Recipe(
         "tinker_cookbook.recipes.distillation.on_policy_distillation",
-        ("groups_per_batch=2", "group_size=2", "max_steps=2", *RL),
+        ("groups_per_batch=2", "group_size=2", "max_steps=1", "max_tokens=64", *RL),
         prepare=data.deepmath,
     ),
     "vlm_classifier": Recipe(
@@ -119,7 +126,9 @@ RECIPES: dict[str, Recipe] = {
     "weights": Recipe(
         str(HERE / "weights_check.py"),
         log_args=lambda log: [str(log)],
-        report=lambda log: json.loads((log / "result.json").read_text()) if (log / "result.json").exists() else {},
+        report=lambda log, work: (
+            json.loads((log / "result.json").read_text()) if (log / "result.json").exists() else {}
+        ),
     ),
 }
 
