@@ -45,7 +45,7 @@ class TwinkleClient(http.TwinkleClient):
             Checkpoint(
                 checkpoint_id=c.name,
                 checkpoint_type=c.kind,
-                time=_time(c.created_at),
+                time=datetime.fromtimestamp(c.created_at, tz=UTC),
                 size_bytes=c.size_bytes,
                 twinkle_path=c.path,
                 training_run_id=c.model_id,

@@ -52,7 +52,7 @@ def qwen_tiktoken_path() -> Path:
         ) from None
     for f in dist.files or []:
         if f.name == "qwen.tiktoken":
-            return Path(dist.locate_file(f))
+            return Path(str(dist.locate_file(f)))
     raise FileNotFoundError("qwen.tiktoken not found in the qwen-agent distribution")
 
 

@@ -58,7 +58,7 @@ def shape_config(name: str, tokenizer):
     return Qwen3Config(
         vocab_size=VOCAB_SIZE,
         **fields,
-        rope_theta=1_000_000.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         rms_norm_eps=1e-6,
         bos_token_id=pad,
         eos_token_id=eos,

@@ -34,8 +34,8 @@ class SelfCognitionProcessor(Preprocessor):
                 raise TypeError(f"SelfCognitionProcessor got both {label} and model_{label}: pass one")
             if ours is None and theirs is None:
                 raise TypeError(f"SelfCognitionProcessor needs the model's {label} (or model_{label}=)")
-        self.name = name if name is not None else model_name
-        self.author = author if author is not None else model_author
+        self.name: str = name if name is not None else model_name  # ty: ignore[invalid-assignment] - one is set, checked above
+        self.author: str = author if author is not None else model_author  # ty: ignore[invalid-assignment]
         self.system = system
 
     def _fill(self, text: str) -> str:

@@ -19,8 +19,8 @@ def _level(value: int | str | None) -> int:
         value = os.environ.get("LOG_LEVEL", "INFO")
     if isinstance(value, int):
         return value
-    level = logging.getLevelName(value.upper())
-    if not isinstance(level, int):
+    level = logging.getLevelNamesMapping().get(value.upper())
+    if level is None:
         raise ValueError(f"unknown log level {value!r}; expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
     return level
 

@@ -20,4 +20,4 @@ class Torch:
             return False
         import torch_npu  # noqa: F401 - registers torch.npu
 
-        return bool(torch.npu.is_available())  # ty: ignore[unresolved-attribute] - torch_npu adds it
+        return bool(torch.npu.is_available())  # ty: ignore[missing-attribute] - torch_npu adds it

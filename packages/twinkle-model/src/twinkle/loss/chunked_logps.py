@@ -44,7 +44,7 @@ class _Chunk:
         sum_N = exp_N_V.sum(-1)
         self.lse_N = max_N + sum_N.log()
         self.probs_N_V = exp_N_V.div_(sum_N[:, None])
-        self.entropy_N = None
+        self.entropy_N = logits_N_V.new_empty(0)  # filled only when the entropy is wanted
         if want_entropy:  # H = lse − Σ p z = log Σ − Σ p (z − max)
             self.entropy_N = sum_N.log() - torch.linalg.vecdot(self.probs_N_V, shifted_N_V)
             self.log_probs_N_V = shifted_N_V.sub_(sum_N.log()[:, None])  # log p, in place
@@ -60,12 +60,12 @@ class ChunkedLogps(torch.autograd.Function):
         N = hidden_N_H.shape[0]
         trains_head = weight_V_H.requires_grad or (bias_V is not None and bias_V.requires_grad)
         keep_products = hidden_N_H.requires_grad and not trains_head
-        f32 = dict(dtype=torch.float32, device=hidden_N_H.device)
-        logps_N, argmax_N = torch.empty(N, **f32), torch.empty(N, dtype=torch.long, device=hidden_N_H.device)
-        entropy_N = torch.empty(N if want_entropy else 0, **f32)
-        at_N_K = torch.empty((N, index_N_K.shape[1]) if index_N_K is not None else (0, 0), **f32)
-        pw_N_H = torch.empty(N if keep_products else 0, hidden_N_H.shape[1], **f32)
-        qw_N_H = torch.empty(N if keep_products and want_entropy else 0, hidden_N_H.shape[1], **f32)
+        f32, dev, H = torch.float32, hidden_N_H.device, hidden_N_H.shape[1]
+        logps_N, argmax_N = torch.empty(N, dtype=f32, device=dev), torch.empty(N, dtype=torch.long, device=dev)
+        entropy_N = torch.empty(N if want_entropy else 0, dtype=f32, device=dev)
+        at_N_K = torch.empty((N, index_N_K.shape[1]) if index_N_K is not None else (0, 0), dtype=f32, device=dev)
+        pw_N_H = torch.empty(N if keep_products else 0, H, dtype=f32, device=dev)
+        qw_N_H = torch.empty(N if keep_products and want_entropy else 0, H, dtype=f32, device=dev)
         for s in range(0, N, chunk):
             sl = slice(s, s + chunk)
             index = index_N_K[sl] if index_N_K is not None else None
@@ -73,7 +73,7 @@ class ChunkedLogps(torch.autograd.Function):
             logps_N[sl], argmax_N[sl] = c.target_logps(targets_N[sl]), c.argmax_N
             if want_entropy:
                 entropy_N[sl] = c.entropy_N
-            if index is not None:
+            if c.index_logit_N_K is not None:  # an index was given
                 at_N_K[sl] = c.index_logit_N_K - c.lse_N[:, None]
             if keep_products:  # in the weight's dtype, as autograd would multiply the logits' gradient
                 pw_N_H[sl] = c.probs_N_V.to(weight_V_H.dtype) @ weight_V_H
@@ -91,7 +91,8 @@ class ChunkedLogps(torch.autograd.Function):
         return logps_N, entropy_N, at_N_K, argmax_N
 
     @staticmethod
-    def backward(ctx, g_logps_N, g_entropy_N, g_at_N_K, _g_argmax):
+    def backward(ctx, *grads):
+        g_logps_N, g_entropy_N, g_at_N_K, _ = grads  # one per output; argmax has none that matters
         if ctx.keep_products:
             hidden, weight, _, targets, index, entropy, pw, qw = ctx.saved_tensors
             grad_h = _hidden_grad(
@@ -133,7 +134,7 @@ def _recompute_backward(ctx, g_logps, g_entropy, g_at):
         idx = index[sl] if index is not None else None
         c = _Chunk(_logits(hidden[sl], weight, bias, ctx.scale), targets[sl], idx, ctx.want_entropy)
         # ∂/∂z of Σ g·log p(t) + Σ g_at·log p(k) + Σ g_e·H, with p = softmax(z)
-        coef_N = g_logps[sl] + (g_at[sl].sum(-1) if idx is not None else 0.0)
+        coef_N = g_logps[sl] + (g_at[sl].sum(-1) if idx is not None and g_at is not None else 0.0)
         if ctx.want_entropy:  # ∂H/∂z = −p (log p + H)
             dz_N_V = c.log_probs_N_V.add_(c.entropy_N[:, None]).mul_(-g_entropy[sl, None])
             dz_N_V.sub_(coef_N[:, None]).mul_(c.probs_N_V)

@@ -71,23 +71,23 @@ class KitModelMixin:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self.hf_model  # ty: ignore[unresolved-attribute] - the engine this is mixed into has it
+        return self.hf_model  # ty: ignore[missing-attribute] - the engine this is mixed into has it
 
     @property
     def optimizer_group(self) -> Mapping[str, OptimizerGroupView]:
         """By adapter name; the only adapter (or the whole model) also as 'default'."""
-        states = self.states  # ty: ignore[unresolved-attribute]
+        states = self.states  # ty: ignore[missing-attribute]
         views = {name or "default": OptimizerGroupView(s) for name, s in states.items()}
         if len(states) == 1:
             views.setdefault("default", next(iter(views.values())))
         return views
 
     def get_train_configs(self, adapter_name: str | None = None) -> str:
-        state = self._state(adapter_name)  # ty: ignore[unresolved-attribute]
+        state = self._state(adapter_name)  # ty: ignore[missing-attribute]
         peft = getattr(self, "peft_model", None)
         config = peft.peft_config[state.name].to_dict() if peft is not None and state.name in peft.peft_config else {}
         trainable = sum(p.numel() for p in state.params)
-        total = sum(p.numel() for p in self.hf_model.parameters())  # ty: ignore[unresolved-attribute]
+        total = sum(p.numel() for p in self.hf_model.parameters())  # ty: ignore[missing-attribute]
         optimizer = state.optimizer
         lr = optimizer.param_groups[0]["lr"] if optimizer is not None else None
         lines = [
@@ -107,8 +107,8 @@ class KitModelMixin:
         and the reported loss are the whole batch's, and the call counts as one micro-batch."""
         from twinkle.model.strategy import data_parallel_size
 
-        state = self._state(adapter_name)  # ty: ignore[unresolved-attribute]
-        if data_parallel_size(self.device_mesh) > 1 or self.mixed_precision == "fp16":  # ty: ignore[unresolved-attribute]
+        state = self._state(adapter_name)  # ty: ignore[missing-attribute]
+        if data_parallel_size(self.device_mesh) > 1 or self.mixed_precision == "fp16":  # ty: ignore[missing-attribute]
             raise NotImplementedError(
                 "micro_batch_size under data parallelism or fp16 is not offered: pass whole micro-batches "
                 "(one forward_backward per micro-batch, gradient_accumulation_steps to accumulate)"
@@ -120,8 +120,8 @@ class KitModelMixin:
         total, finite, metrics = 0.0, True, {}
         for i, chunk in enumerate(chunks):
             t0 = time.perf_counter()
-            ctx = self.forward(chunk, adapter_name)  # ty: ignore[unresolved-attribute]
-            out = self.calculate_loss(ctx, adapter_name)  # ty: ignore[unresolved-attribute]
+            ctx = self.forward(chunk, adapter_name)  # ty: ignore[missing-attribute]
+            out = self.calculate_loss(ctx, adapter_name)  # ty: ignore[missing-attribute]
             weight = units[i] / whole if mean and whole > 0 else 1.0
             if bool(torch.isfinite(out.loss.detach()).all()):
                 (out.loss * weight / state.gradient_accumulation_steps).backward()
@@ -129,7 +129,7 @@ class KitModelMixin:
                 finite = False
             total += float(out.loss.detach()) * weight
             metrics = out.metrics
-            self._record(state, ctx, out, time.perf_counter() - t0, training=True)  # ty: ignore[unresolved-attribute]
+            self._record(state, ctx, out, time.perf_counter() - t0, training=True)  # ty: ignore[missing-attribute]
         state.count_micro_batch(finite)
         return {"loss": total if finite else float("nan"), **metrics}
 
@@ -139,7 +139,7 @@ class KitModelMixin:
         if peft is None:
             raise ValueError("disable_lora=True needs a LoRA adapter: this model trains the whole network")
         with peft.disable_adapter():
-            return self.forward_only(inputs, adapter_name)  # ty: ignore[unresolved-attribute]
+            return self.forward_only(inputs, adapter_name)  # ty: ignore[missing-attribute]
 
 
 def _targets_only(rows, state):

@@ -8,7 +8,7 @@ stays registered where it was: state dicts, saving and optimizers never notice.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 
 import torch
@@ -54,7 +54,7 @@ def _identity(hidden_states):
 
 
 @contextmanager
-def skipped(projection: torch.nn.Module, skip: bool) -> Iterator[None]:
+def skipped(projection: torch.nn.Module, skip: bool) -> Generator[None]:
     if not skip:
         yield
         return

@@ -68,7 +68,7 @@ class RolloutProducer:
         self._next_index = start_index + len(self._queue)
         self._produced = len(self._queue)  # batches made or restored: batch p waits for publish p - S
         self._publishes = 0
-        self._published = None  # (version, payload) of the newest publish
+        self._published: tuple[int, object] | None = None  # (version, payload) of the newest publish
         self._applied_version: int | None = None
         self._sampling = self._closed = False
         self._pauses = 0
@@ -123,6 +123,7 @@ class RolloutProducer:
             self._cond.notify_all()
             version = self.policy_version
             self._trainer_wait += time.perf_counter() - start
+        assert version is not None  # a batch exists only after a publish
         behind = [version - v for v in rollout.weight_versions]
         if max(behind) > self.max_staleness:  # the gate makes this impossible while publishes follow steps
             raise RuntimeError(f"a rollout {max(behind)} versions old passed max_staleness={self.max_staleness}")
@@ -216,6 +217,7 @@ class RolloutProducer:
                     self._cond.wait()
                 if self._closed:
                     return
+                assert self._published is not None  # _ready() waits for the first publish
                 index, (version, payload) = self._next_index, self._published  # the newest, taken with the lock
                 self._sampling, self._busy_since = True, time.perf_counter()
             try:
@@ -230,7 +232,7 @@ class RolloutProducer:
                 self._sampling = False
                 self._sampler_busy += time.perf_counter() - self._busy_since
                 self._busy_since = None
-                if failure is not None:
+                if failure is not None or rollout is None:
                     self._error = failure
                 else:
                     self._queue.append(rollout)

@@ -69,7 +69,10 @@ class Rollout:
     @classmethod
     def from_json(cls, data: dict, tokenizer: Decoder | None = None) -> Rollout:
         responses = [
-            SampleResponse(**{**r, "sequences": [SampledSequence(**s) for s in r["sequences"]]})
+            SampleResponse(
+                **{k: v for k, v in r.items() if k != "sequences"},
+                sequences=[SampledSequence(**s) for s in r["sequences"]],
+            )
             for r in data["responses"]
         ]
         return cls(data["prompt_rows"], responses, data["group_size"], tokenizer, dict(data["meta"]))

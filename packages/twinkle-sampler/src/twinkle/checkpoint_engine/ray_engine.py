@@ -66,9 +66,9 @@ class RayCheckpointEngine(CheckpointEngine):
         return _ray().put(adapter_to_payload(weights, self.next_version(adapter_name)))
 
     @staticmethod
-    def apply(sampler, adapter_name: str, payload: dict) -> int:
+    def apply(sampler, adapter_name: str, published: dict) -> int:
         """Serve a published adapter (inside the sampler actor; Ray resolved the ObjectRef already)."""
-        return sampler.set_adapter(adapter_name, payload_to_adapter(payload), version=payload["version"])
+        return sampler.set_adapter(adapter_name, payload_to_adapter(published), version=published["version"])
 
     def sync(self, model, sampler, adapter_name: str, sampler_adapter_name: str | None = None) -> int:
         """`model` and `sampler` are actor handles exposing `publish_adapter(name)` and

@@ -66,7 +66,9 @@ def range_of(model: type[BaseModel], loc: tuple) -> B.Range | None:
             return None
         info = fields[part]
         cls = next((t for t in (info.annotation, *get_args(info.annotation)) if isinstance(t, type)), None)
-    kinds = (info.annotation, *get_args(info.annotation)) if info is not None else ()
+    if info is None:
+        return None
+    kinds = (info.annotation, *get_args(info.annotation))
     if not ({int, float} & set(kinds)) or bool in kinds:
         return None
     ends = {type(m): m for m in info.metadata if isinstance(m, (at.Ge, at.Gt, at.Le, at.Lt))}

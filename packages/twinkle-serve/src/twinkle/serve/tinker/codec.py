@@ -202,7 +202,7 @@ def decode_target_ids(obj, prompt_len: int, vocab_size: int, max_cells: int):
             isinstance(crow, list) and isinstance(col, list) and all(_is_int(c) and abs(c) < 2**62 for c in crow + col)
         )
         crow_a, col_a = (np.asarray(crow, dtype=np.int64), np.asarray(col, dtype=np.int64)) if ints else (None, None)
-        if not ints or not _csr_ok(crow_a, col_a, len(data), shape):
+        if crow_a is None or col_a is None or not _csr_ok(crow_a, col_a, len(data), shape):
             raise UserError(f"{where}: sparse_crow_indices / sparse_col_indices are not a CSR layout of shape {shape}")
         ids[np.repeat(np.arange(rows), np.diff(crow_a)), col_a] = data
         layout = (crow_a, col_a)
