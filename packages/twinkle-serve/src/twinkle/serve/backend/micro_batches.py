@@ -5,7 +5,9 @@ each sized to take about `turn_s` at the speed the previous run went (the first 
 with a step boundary (twinkle.serve.core.slices) between two runs, where the scheduler may serve
 other work or stop a cancelled request. Sized by time, not tokens: another tenant's request arriving
 just after a run began waits about one turn on any machine, however busy, and a fast device still
-runs big micro-batches.
+runs big micro-batches. A run after a boundary where nothing else was waiting is twice as long as
+the last (at most MAX_TURNS turns): alone, a pass pays little for being cut; after another tenant's
+turn, it starts again at one turn (that tenant's next request is likely on its way).
 
 The runs add up to the one pass as data-parallel ranks' shares do (twinkle.model.multi_lora.
 data_parallel, with the same record merge, `strategy.merge_records`): a summed loss is the runs' sum;
@@ -24,6 +26,8 @@ from twinkle.metric import ForwardRecord
 from twinkle.model.strategy import RankRecord, merge_records
 from twinkle.serve.backend.base import RowsPass
 from twinkle.serve.core import slices
+
+MAX_TURNS = 8
 
 
 def next_run(lengths: list[int], start: int, budget: float, group: int = 1) -> int:
@@ -64,7 +68,8 @@ class _Failed(Exception):
 
 
 def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
-    """`backend.forward_backward_many([item])`, run as micro-batches of about `turn_s` each."""
+    """`backend.forward_backward_many([item])`, run as micro-batches of about `turn_s` each (longer while
+    nothing else waits)."""
     engine, lock = backend.engine, backend._engine_lock  # held for each piece, never across a pause
     lengths = [len(r["input_ids"]) for r in item.rows]
     with lock:
@@ -82,12 +87,12 @@ def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
         kept = state.train_metrics, state.eval_metrics
         records = _Records()
         state.train_metrics = state.eval_metrics = [records]
-    outcomes, parts, start, budget = [], [], 0, 0.0  # budget 0: the first run is one group
+    outcomes, parts, start, budget, target = [], [], 0, 0.0, turn_s  # budget 0: the first run is one group
     try:
         while start < len(lengths):
-            if start:
-                slices.step()  # other tenants' work may run here; a cancel stops the pass here
-            stop = next_run(lengths, start, budget, group)
+            if start:  # other tenants' work may run here; a cancel stops the pass here
+                target = turn_s if slices.step() else min(2 * target, MAX_TURNS * turn_s)
+            stop = next_run(lengths, start, budget * target, group)
             rows = item.rows[start:stop]
             units = _units(loss, rows, engine.pad_id)
             weights = {item.adapter: units / total if total else 1.0} if train and loss.reduction == "mean" else None
@@ -97,7 +102,7 @@ def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
             if isinstance(outcome, Exception):
                 raise _Failed(outcome)
             padded = (stop - start) * max(lengths[start:stop])
-            budget = padded * turn_s / max(time.perf_counter() - began, 1e-6)  # the next run: about turn_s
+            budget = padded / max(time.perf_counter() - began, 1e-6)  # padded tokens a second, then a run's worth
             outcomes.append(outcome)
             parts.append((stop - start, units))
             start = stop

@@ -32,12 +32,11 @@ class Cancelled(Exception):
 _local = threading.local()
 
 
-def step() -> None:
+def step() -> bool:
     """A step boundary of long work: pause here if the scheduler wants the engine for other work, stop
-    here (Cancelled) if the request was cancelled. A no-op outside a sliced job."""
+    here (Cancelled) if the request was cancelled; -> whether it paused. A no-op outside a sliced job."""
     job = getattr(_local, "job", None)
-    if job is not None:
-        job.boundary()
+    return job is not None and job.boundary()
 
 
 class SlicedJob:
@@ -95,9 +94,10 @@ class SlicedJob:
                 self.done, self._jobs_turn = True, False
                 self._cond.notify_all()
 
-    def boundary(self) -> None:
+    def boundary(self) -> bool:
         self.steps += 1
-        if self.cancelled is None and self.should_pause(self, time.monotonic() - self._began):
+        paused = self.cancelled is None and self.should_pause(self, time.monotonic() - self._began)
+        if paused:
             with self._cond:
                 self._jobs_turn = False
                 self._cond.notify_all()
@@ -105,3 +105,4 @@ class SlicedJob:
                     self._cond.wait()
         if self.cancelled is not None:
             raise Cancelled(self.cancelled, self.steps)
+        return paused
