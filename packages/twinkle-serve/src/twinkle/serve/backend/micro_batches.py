@@ -70,7 +70,7 @@ class _Failed(Exception):
 def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
     """`backend.forward_backward_many([item])`, run as micro-batches of about `turn_s` each (longer while
     nothing else waits)."""
-    engine, lock = backend.engine, backend._engine_lock  # held for each piece, never across a pause
+    engine, lock = backend.engine, backend.engine_lock  # held for each piece, never across a pause
     lengths = [len(r["input_ids"]) for r in item.rows]
     with lock:
         state = engine.adapter_state(item.adapter) if item.adapter in engine.adapters else None

@@ -27,6 +27,12 @@ class ResidentAdapters:
     _engine_lock: Any
     holds_adapters_here = True
 
+    @property
+    def engine_lock(self):
+        """The lock every engine call holds (`exclusive`): a caller that runs several calls as one unit
+        (a pass split into micro-batches) holds it across them."""
+        return self._engine_lock
+
     def enable_residency(self, spill_dir, make_room) -> None:
         """`make_room(residency, name, pinned)` runs before an adapter is built or brought back."""
         self.engine.enable_spill(spill_dir)
