@@ -3,8 +3,6 @@ names; scripts branch on them to pick kernels and synchronise devices)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 
@@ -15,9 +13,7 @@ class Torch:
 
     @staticmethod
     def is_npu_available() -> bool:
-        """Ascend NPUs need the torch_npu plugin; without it there is no NPU to use."""
-        if importlib.util.find_spec("torch_npu") is None:
-            return False
-        import torch_npu  # noqa: F401 - registers torch.npu
-
-        return bool(torch.npu.is_available())  # ty: ignore[missing-attribute] - torch_npu adds it
+        """Ascend NPUs need the torch_npu plugin, which registers `torch.npu` once the program imports it
+        (no member declares it, so nothing here imports it on the program's behalf)."""
+        npu = getattr(torch, "npu", None)
+        return npu is not None and bool(npu.is_available())

@@ -87,6 +87,12 @@ class AdapterState:
         self.consumed_batches += 1
         self.nonfinite_pending |= not finite
 
+    def count_pass(self, before: Snapshot, finite: bool) -> None:
+        """One forward_backward counted from the window as it was `before` it: a pass run in parts (micro-
+        batches, or data ranks' shares, each of which counted itself) is one micro-batch of the window."""
+        self.micro_step, self.consumed_batches = before.micro_step + 1, before.consumed_batches + 1
+        self.nonfinite_pending = before.nonfinite_pending or not finite
+
     def end_window(self) -> None:
         """The accumulation window ends now, whatever its size, and counts as finite: the Tinker API's
         `optim_step` steps every time, and a non-finite forward_backward there was an error that never

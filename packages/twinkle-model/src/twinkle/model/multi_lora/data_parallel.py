@@ -197,8 +197,7 @@ class DataParallel:
                 for p in state.params:
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
-            state.micro_step, state.consumed_batches = saved.micro_step + 1, saved.consumed_batches + 1
-            state.nonfinite_pending = saved.nonfinite_pending or not merged.finite
+            state.count_pass(saved, merged.finite)
         for metric in state.metrics(train):
             metric.on_forward(merged)
         numbers = {"loss": merged.loss, "loss_tokens": merged.loss_tokens, "finite": merged.finite}

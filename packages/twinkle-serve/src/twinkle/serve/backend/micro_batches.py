@@ -128,8 +128,7 @@ def _merged(backend, state, loss, train: bool, saved, outcomes: list[dict], part
     if train:
         if not record.finite:  # the whole pass never back-propagates, as unsplit
             state.discard_pass(saved)
-        state.micro_step, state.consumed_batches = saved.micro_step + 1, saved.consumed_batches + 1
-        state.nonfinite_pending = saved.nonfinite_pending or not record.finite
+        state.count_pass(saved, record.finite)
     for metric in state.metrics(train):
         metric.on_forward(record)
     out = {

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from twinkle.client.schema import bounds as B
 from twinkle.client.schema.bounds import OutOfRange, Range
+from twinkle.serve.core import cost
 from twinkle.serve.errors import BadRequest
 
 
@@ -175,7 +176,6 @@ def sample_cost(
 ) -> None:
     """max_tokens (named `field` on the wire) within the context for every prompt, tokens x samples
     under caps.max_sample_tokens, and the request's cost under caps.max_request_tokens."""
-    from twinkle.serve.core import cost
 
     check(B.NUM_SAMPLES, "num_samples", n)
     longest = max(prompt_lens, default=0)
@@ -194,4 +194,4 @@ def sample_cost(
             f"this request would decode up to {total} tokens (prompts x num_samples x (prompt + max_tokens)); "
             f"at most {caps.max_sample_tokens} (caps.max_sample_tokens): lower num_samples or max_tokens"
         )
-    cost.admit(cost.sampling(prompt_lens, n, max_tokens, max_context), caps, "sampling")
+    cost.admit(cost.sampling(prompt_lens, n, max_tokens, max_context), caps.max_request_tokens, "sampling")

@@ -14,12 +14,8 @@ bounds what no slice can split: one prompt's prefill, one row's pass.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from twinkle.serve.errors import BadRequest
-
-if TYPE_CHECKING:
-    from twinkle.serve.core.bounds import ServerCaps
 
 KEY = "caps.max_request_tokens"
 
@@ -34,9 +30,9 @@ def sampling(prompt_lens: Sequence[int], n: int, max_tokens: int | None, max_con
     return sum(p + n * (max_tokens if max_tokens is not None else max(max_context - p, 0)) for p in prompt_lens)
 
 
-def admit(tokens: int, caps: ServerCaps, what: str) -> None:
-    """400 when a request of `tokens` is over the per-request budget; `what` says how it was counted."""
-    budget = caps.max_request_tokens
+def admit(tokens: int, budget: int, what: str) -> None:
+    """400 when a request of `tokens` is over the per-request `budget` (the config's caps.max_request_tokens);
+    `what` says how it was counted."""
     if tokens > budget:
         how = "rows x longest row" if what == "training" else "prompt tokens + num_samples x max_tokens"
         raise BadRequest(

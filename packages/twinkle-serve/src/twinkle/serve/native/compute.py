@@ -111,7 +111,9 @@ class NativeCompute:
             rows, refused = [], e
         tokens = sum(len(r["input_ids"]) for r in rows)
         if refused is None:  # valid rows over the per-request budget: a 400, before they are queued
-            cost.admit(cost.training([len(r["input_ids"]) for r in rows]), self.rt.config.caps, "training")
+            cost.admit(
+                cost.training([len(r["input_ids"]) for r in rows]), self.rt.config.caps.max_request_tokens, "training"
+            )
         hold = self.svc.admit_tokens(tenant, tokens)
 
         def finish(internal: str, out) -> dict:

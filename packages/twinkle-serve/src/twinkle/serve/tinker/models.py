@@ -201,7 +201,9 @@ class TinkerModels:
         except UserError as e:
             item, refused = RowsPass("", [], forward_only), e
         else:  # a valid pass over the per-request budget is a 400, before it is queued
-            cost.admit(cost.training([len(r["input_ids"]) for r in item.rows]), self.caps, "training")
+            cost.admit(
+                cost.training([len(r["input_ids"]) for r in item.rows]), self.caps.max_request_tokens, "training"
+            )
 
         def work():
             if refused is not None:
