@@ -100,6 +100,8 @@ ID_WORDS = ("id", "path", "checkpoint", "sampler", "session", "run", "request")
 
 def id_requests(ids: dict, own_session: str, own_native: str):
     """(label, method, route template, concrete path, kwargs) for every id-taking route, aimed at A's objects."""
+    from twinkle.hub import TEST_MODEL as base
+
     mid, run_ckpt, nmid = ids["model"], "weights/a1", ids["native_model"]
     fb = fb_body(mid, 9, [sft_pair(SEQ)])
     proto = {"content": fb, "headers": {"content-type": "application/x-protobuf"}}
@@ -121,7 +123,8 @@ def id_requests(ids: dict, own_session: str, own_native: str):
             "POST",
             "/api/v1/create_model",
             None,
-            {"json": {"session_id": ids["session"], "model_seq_id": 7, "lora_config": {"rank": 4}}},
+            # a whole body, as the SDK sends it: the answer must come from whose session it is, not its shape
+            {"json": {"session_id": ids["session"], "model_seq_id": 7, "base_model": base, "lora_config": {"rank": 4}}},
         ),
         ("model get_info", "POST", "/api/v1/get_info", None, {"json": {"model_id": mid}}),
         ("model forward_backward", "POST", "/api/v1/forward_backward", None, proto),
