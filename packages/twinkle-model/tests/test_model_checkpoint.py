@@ -87,7 +87,15 @@ def test_resume_equals_uninterrupted_loss_trajectory(rows, tmp_path):
     torch.manual_seed(123)  # a different process state: resume must restore the RNG too
     resumed = _configured(gas=2)
     info = resumed.resume_from_checkpoint(tmp_path / "ckpt")
-    assert info == {"data_position": 4, "optimizer_steps": 2, "micro_step": 0}
+    # ours, then twinkle-kit's names for the same progress (cur_step = optimizer steps)
+    assert info == {
+        "data_position": 4,
+        "optimizer_steps": 2,
+        "micro_step": 0,
+        "consumed_train_samples": 0,
+        "cur_step": 2,
+        "gradient_accumulation_steps": 2,
+    }
     assert torch.equal(torch.rand(3), draw_after_save)
     _run(batches[info["data_position"] :], resumed, losses)
     assert losses == full_losses  # bit-exact, not approximately
