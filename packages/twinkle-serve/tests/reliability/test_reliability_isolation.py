@@ -86,7 +86,7 @@ ID_FREE = {
     ("DELETE", "/api/v1/auth/apikey/me"): "revokes the caller's own key",
     ("GET", "/api/v1/billing/usage/events"): "the caller's own usage",
     ("GET", "/api/v1/billing/usage/checkpoints/current"): "the caller's own storage",
-    ("GET", "/api/v1/audit"): "not tracked (404 saying so)",
+    ("GET", "/api/v1/audit"): "the caller's own audit log",
     ("GET", "/api/v1/checkpoint_files/{token}"): "a signed URL: the token is the credential (bad token: 403)",
     ("GET", "/api/v1/session_traces/{token}"): "a signed URL: the token is the credential (bad token: 403)",
 }
