@@ -55,17 +55,25 @@ def run_recipe(name: str, recipe: Recipe, served: server.Served, root: Path, tim
     if recipe.capture:
         env["COOKBOOK_CAPTURE"] = f"{name}={work / 'capture-store'}"
     args = recipe.prepare(work) if recipe.prepare else []
-    ok, reason = True, ""
+    ok, reason, extra = True, "", {}
     if recipe.setup:
-        ok, reason = run(
-            server.boot_command(recipe.setup[0], list(recipe.setup[1:])), env, work, timeout, root / f"{name}.setup.log"
-        )
+        budget = timeout if recipe.needs_setup else timeout / 3  # an optional setup leaves the recipe its time
+        cmd = server.boot_command(recipe.setup[0], list(recipe.setup[1:]))
+        ok, reason = run(cmd, env, work, budget, root / f"{name}.setup.log")
         reason = reason and f"setup {recipe.setup[0].rsplit('.', 1)[-1]}: {reason}"
+        if not ok and not recipe.needs_setup:
+            ok, reason, extra = True, "", {"setup": reason}
     log = root / "logs" / name
     if ok:
         cmd = server.boot_command(recipe.module, [*recipe.sizes, *args, *recipe.log_args(log)])
-        ok, reason = run(cmd, env, work, max(60.0, timeout - (time.time() - start)), root / f"{name}.log")
-    result = {"status": "works" if ok else "refused", "reason": reason, "seconds": round(time.time() - start, 1)}
+        left = timeout - (time.time() - start) if recipe.needs_setup else timeout
+        ok, reason = run(cmd, env, work, max(60.0, left), root / f"{name}.log")
+    result = {
+        "status": "works" if ok else "refused",
+        "reason": reason,
+        "seconds": round(time.time() - start, 1),
+        **extra,
+    }
     if log.exists():
         result.update(recipe.report(log, work))
     if ok and result.get("steps_logged") == 0:  # exited 0 but trained nothing

@@ -20,6 +20,7 @@ class Recipe:
     sizes: tuple[str, ...] = ()
     prepare: Callable[[Path], list[str]] | None = None  # writes local data into the working folder -> args
     setup: tuple[str, ...] = ()  # a module run first in the same folder (its args after it)
+    needs_setup: bool = True  # False: the recipe runs on local data even when its setup fails
     log_args: Callable[[Path], list[str]] = lambda log: [f"log_path={log}", "behavior_if_log_dir_exists=delete"]
     report: Callable[[Path, Path], dict] = lambda log, work: train_steps(log, work)  # numbers (log, work folder)
     capture: bool = False  # inside the cookbook's capture_to_store (tinker_cookbook/capture)
@@ -76,6 +77,7 @@ RECIPES: dict[str, Recipe] = {
         ("batch_size=2", "max_steps=2", "eval_every=0", "save_every=0"),
         prepare=data.multilingual,
         setup=("tinker_cookbook.recipes.prompt_distillation.create_data", "output_file=distill.jsonl"),
+        needs_setup=False,
         report=lambda log, work: train_steps(log, work) | {"teacher_rows": teacher_rows(work / "distill.jsonl")},
     ),
     "decisions": Recipe(
