@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CONTEXT = 262144
+REQUEST_TOKENS = 4 * CONTEXT  # caps.max_request_tokens: what one request may cost (core/cost.py)
 TEXT_NAMES = [  # the text base models the recipes default to (CLIConfig.model_name, teacher, answerer, ...)
     "Qwen/Qwen3.5-9B",
     "Qwen/Qwen3.6-35B-A3B",
@@ -63,8 +64,11 @@ def start(root: Path):
         {"name": TEXT_MODEL, "path": str(text), "aliases": TEXT_NAMES},
         {"name": VISION_MODEL, "path": str(vision), "aliases": VISION_NAMES},
     ]
+    # The recipes' own batches: an RL step of twenty_questions is one training request of ~90K padded
+    # tokens (rows x longest row), past the default per-request budget of 32,768; this operator allows it.
+    config = {"models": models, "caps": {"max_request_tokens": REQUEST_TOKENS}}
     srv = ts.initialize(
-        mode="http", port=0, data_dir=root / "data", config={"models": models}, block=False, log_level="warning"
+        mode="http", port=0, data_dir=root / "data", config=config, block=False, log_level="warning"
     ).wait_ready()
     folders = {n: text for n in TEXT_NAMES} | {n: vision for n in VISION_NAMES}
     return srv, Served(srv.url, srv.create_key("cookbook"), folders)
