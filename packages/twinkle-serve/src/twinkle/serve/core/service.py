@@ -23,7 +23,9 @@ from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.limits import Hold, LimitExceeded
 from twinkle.serve.runtime import Engine, Runtime
 
-LIVE_SESSION_S = 60.0  # a session not heard from for this long no longer counts as live
+# A session not heard from for this long is no longer live (the SDK heartbeats every 10 s): the live-session
+# cap counts only live ones, and the Tinker session listing no longer reports it as running.
+LIVE_SESSION_S = 60.0
 
 
 class Service:

@@ -14,11 +14,10 @@ from datetime import UTC, datetime
 
 from twinkle.client.schema import bounds as B
 from twinkle.serve.core import audit, bounds
-from twinkle.serve.core.service import Service
+from twinkle.serve.core.service import LIVE_SESSION_S, Service
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.tinker.usage import session_metadata
 
-HEARTBEAT_STALE_S = 60  # the SDK heartbeats every 10 s: a minute of silence is no longer "known running"
 STATUSES = {"active", "cancelled", "failed", "client_finished"}
 
 
@@ -33,7 +32,7 @@ def _iso(ts: float) -> str:
 def _status(row: dict) -> dict | None:
     if row["finished_at"] is not None:
         return {"type": "client_finished", "reason": {"type": row["finish_reason"] or "success"}}
-    if row["last_heartbeat"] and time.time() - row["last_heartbeat"] < HEARTBEAT_STALE_S:
+    if row["last_heartbeat"] and time.time() - row["last_heartbeat"] < LIVE_SESSION_S:
         return {"type": "active"}
     return None
 
