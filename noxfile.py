@@ -288,6 +288,9 @@ NUMERICS_SUITES = {
         f"packages/twinkle-model/tests/test_{name}.py"
         for name in (
             "loss_reference",
+            "loss_chunked_head",
+            "model_data_parallel_units",
+            "model_base_dtype",
             "model_training",
             "model_optimizer",
             "model_contract",
@@ -310,7 +313,7 @@ NUMERICS_SUITES = {
     "conformance": ["tests/conformance"],
     "serve": [
         f"packages/twinkle-serve/tests/test_serve_{name}.py"
-        for name in ("training", "sampling", "losses", "fusion", "ray_cluster")
+        for name in ("training", "sampling", "losses", "fusion", "micro_batches", "ray_cluster")
     ],
 }
 
