@@ -25,14 +25,12 @@ def test_init_tinker_client_reads_twinkle_kit_variables_and_patches_nothing(monk
 def test_init_twinkle_client_takes_twinkle_kit_env_names(monkeypatch):
     from twinkle_client import TwinkleClient, init_twinkle_client
 
-    import twinkle
     from twinkle.client import get_client
 
     monkeypatch.setenv("TWINKLE_SERVER_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("TWINKLE_SERVER_TOKEN", "tml-kit")
     client = init_twinkle_client()
     assert isinstance(client, TwinkleClient) and get_client() is client and client.base_url == "http://127.0.0.1:9"
-    assert twinkle.init_twinkle_client is init_twinkle_client
     with pytest.raises(ValueError, match="session_heartbeat_interval must be a positive int"):
         init_twinkle_client(session_heartbeat_interval=0)
 
@@ -62,6 +60,18 @@ def test_the_base_model_reference_stands_for_log_probs_kept_on_the_server():
     assert with_loss_inputs(rows, ref_outputs=ModelResult(result=BASE_MODEL_REFERENCE)) is rows
     with pytest.raises(KeyError, match="stay on the server"):
         BASE_MODEL_REFERENCE["logprobs"]
+
+
+def test_loss_inputs_merge_locally_with_twinkle_data_and_name_it_without():
+    from twinkle_client.inputs import with_loss_inputs
+
+    rows = [{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}]
+    try:
+        import twinkle.data_format  # noqa: F401  (the `local-encoding` extra)
+    except ImportError:  # twinkle-client alone: the error says what to install
+        with pytest.raises(ImportError, match=r"pip install 'twinkle-client\[local-encoding\]'"):
+            with_loss_inputs(rows, advantages=[0.5])
+        return
     assert with_loss_inputs(rows, advantages=[0.5])[0]["advantages"] == 0.5
 
 

@@ -14,6 +14,7 @@ def test_each_source_overrides_the_one_before(tmp_path, monkeypatch):
     )
     monkeypatch.setenv("BATCH_SIZE", "16")
     monkeypatch.setenv("TWINKLE_LR", "2e-3")
+    monkeypatch.setenv("TWINKLE_CACHE", str(tmp_path / "cache"))  # twinkle's own setting, not the script's
     args = CLI.from_args([])
     assert (args.model.model_id, args.optimizer.learning_rate, args.training.batch_size) == (
         "ms://Qwen/Qwen3.5-4B",

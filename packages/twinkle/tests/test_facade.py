@@ -14,6 +14,12 @@ def test_namespace_spans_every_member():
     assert any(p.endswith("twinkle-model/src/twinkle") for p in map(str, twinkle.__path__))
 
 
+def test_twinkle_kit_top_level_names_are_the_members_own():
+    from twinkle_client import init_twinkle_client
+
+    assert twinkle.init_twinkle_client is init_twinkle_client
+
+
 def test_unknown_mode_names_the_modes():
     with pytest.raises(ValueError, match=r"unknown mode 'grpc'; expected one of \['http', 'local', 'ray'\]"):
         twinkle.initialize(mode="grpc")

@@ -4,8 +4,10 @@ file, the environment, a YAML file (`--config`) and command-line flags — twink
 Keys are case-insensitive and `-` / `_` alike: `--model-id`, `MODEL_ID`, `TWINKLE_MODEL_ID` and
 `model_id:` in YAML all set `args.model.model_id`. A key names a field (the primary group's when two
 groups share it), a field alias (`lr`), or `<group>_<field>`; YAML may also nest `group: {field: ...}`.
-The environment is read for `TWINKLE_<KEY>` and for bare keys that name a field. Strings are cast to
-the field's type (a bad value is an error naming the key); a key no group has lands in `args.extra`.
+The environment is read for `TWINKLE_<KEY>` and bare `<KEY>` where the key names a field (other `TWINKLE_*`
+variables, such as `TWINKLE_CACHE`, are settings of twinkle itself, not of the script). Strings are cast to
+the field's type (a bad value is an error naming the key); a key no group has, from a YAML file or a
+flag, lands in `args.extra`.
 """
 
 from __future__ import annotations
@@ -110,10 +112,9 @@ def _env_values(args: Args) -> dict[str, str]:
     index = _field_index(args)
     out = {}
     for key, value in os.environ.items():
-        if key.startswith("TWINKLE_"):
-            out[key[len("TWINKLE_") :]] = value
-        elif _norm(key) in index:
-            out[key] = value
+        name = key[len("TWINKLE_") :] if key.startswith("TWINKLE_") else key
+        if _norm(name) in index:
+            out[name] = value
     return out
 
 

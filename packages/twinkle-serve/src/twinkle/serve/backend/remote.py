@@ -27,7 +27,13 @@ log = logging.getLogger("twinkle.serve")
 
 
 class GroupRebuilt(RuntimeError):
-    """A rank of a remote group died during this request; the group was rebuilt without its state."""
+    """A rank of a remote group died during this request; the group was rebuilt without its state.
+
+    A server fault the tenant must act on (resume from a checkpoint), so its future says it whole."""
+
+    @property
+    def client_message(self) -> str:
+        return str(self)
 
 
 def _raise_user_error(value):
