@@ -54,11 +54,11 @@ def test_data_rank_spans_dp_and_fsdp_and_ep_subdivides_it():
 def test_this_process_rank_comes_from_the_torchrun_environment(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     mesh = DeviceMesh.from_sizes(dp_size=2, tp_size=2)
-    assert (mesh.rank, mesh.dp_rank, mesh.tp_rank, mesh.data_rank) == (3, 1, 1, 1)
-    assert (mesh.tp_world_size, mesh.dp_size, mesh.pp_world_size) == (2, 2, 1)
+    assert (mesh.rank, mesh.get_rank("dp"), mesh.get_rank("tp"), mesh.data_rank) == (3, 1, 1, 1)
+    assert (mesh.get_size("tp"), mesh.get_size("dp"), mesh.get_size("pp")) == (2, 2, 1)
     assert mesh.slice_for_data_rank(list("abcdef")) == ["d", "e", "f"]
-    with pytest.raises(AttributeError):
-        mesh.xx_rank  # noqa: B018
+    with pytest.raises(ValueError, match="unknown mesh dimension 'xx'"):
+        mesh.get_rank("xx")
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(ValueError, match="rank 4 is outside"):
         mesh.coords()

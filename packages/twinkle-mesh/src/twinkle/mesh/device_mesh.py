@@ -158,14 +158,6 @@ class DeviceMesh:
     def data_rank(self) -> int:
         return self.get_rank(DATA_DIMS)
 
-    def __getattr__(self, name: str):
-        # dp_rank, tp_world_size, fsdp_size ... for every dimension, without 18 hand-written properties.
-        for suffix, fn in (("_rank", self.get_rank), ("_world_size", self.get_size), ("_size", self.get_size)):
-            dim = name[: -len(suffix)] if name.endswith(suffix) else None
-            if dim in ALL_DIMS:
-                return fn(dim)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # -- groups --------------------------------------------------------------------------------
     def all_group_ranks(self, dims: str | Sequence[str]) -> list[list[int]]:
         """Every group over `dims` as lists of global ranks, in a fixed order (the same on all ranks)."""
