@@ -29,6 +29,9 @@ LOSS_KWARGS = {  # every option that adds a head quantity on (entropy, a referen
     "CPOLoss": {},
     "ORPOLoss": {},
     "GKDLoss": {"beta": 0.3},
+    "BNPOLoss": {"beta": 0.1, "entropy_coef": 0.05},
+    "DRGRPOLoss": {"beta": 0.1, "max_completion_length": 16},
+    "SAPOLoss": {"beta": 0.1, "entropy_coef": 0.05, "tau_pos": 2.0},
 }
 
 

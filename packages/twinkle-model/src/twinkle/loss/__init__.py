@@ -2,6 +2,7 @@
 
 from twinkle.loss.base import LOSSES, Loss, LossContext, LossOutput, create_loss, register_loss
 from twinkle.loss.distill import GKDLoss
+from twinkle.loss.grpo_variants import BNPOLoss, DRGRPOLoss, SAPOLoss
 from twinkle.loss.head import (
     IGNORE_INDEX,
     LOGITS_BUDGET_BYTES,
@@ -21,11 +22,13 @@ __all__ = [
     "IGNORE_INDEX",
     "LOGITS_BUDGET_BYTES",
     "LOSSES",
+    "BNPOLoss",
     "CISPOLoss",
     "CPOLoss",
     "ChunkedHead",
     "CrossEntropyLoss",
     "DPOLoss",
+    "DRGRPOLoss",
     "DROLoss",
     "GKDLoss",
     "GRPOLoss",
@@ -39,6 +42,7 @@ __all__ = [
     "ORPOLoss",
     "PPOLoss",
     "ProjectedHead",
+    "SAPOLoss",
     "SimPOLoss",
     "StableReinforceLoss",
     "TokenHead",

@@ -154,14 +154,17 @@ class GRPOLoss(Loss):
     def head_needs(self, ctx):
         return HeadNeeds(entropy=bool(self.entropy_coef))
 
+    def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor):
+        """The per-token policy term and where it clipped (None: a loss that never clips); a variant
+        that shapes the ratio otherwise overrides this, the KL and entropy terms stay."""
+        return _clipped_surrogate(ratio_B_T, adv_B_T, 1 - self.epsilon_low, 1 + self.epsilon_high)
+
     def compute(self, ctx):
         logp, mask = ctx.logps_B_T, ctx.mask_B_T
         old = ctx.token_field("logprobs") if ctx.has("logprobs") else logp.detach()
-        per_tok, clipped = _clipped_surrogate(
-            torch.exp(logp - old), ctx.token_field("advantages"), 1 - self.epsilon_low, 1 + self.epsilon_high
-        )
+        per_tok, clipped = self.surrogate(torch.exp(logp - old), ctx.token_field("advantages"))
         n = mask.sum().clamp(min=1)
-        metrics = {"clip_fraction": ((clipped.float() * mask).sum() / n).item()}
+        metrics = {} if clipped is None else {"clip_fraction": ((clipped.float() * mask).sum() / n).item()}
         if self.beta > 0:
             delta = ctx.ref_logps() - logp
             kl = torch.exp(delta) - delta - 1
