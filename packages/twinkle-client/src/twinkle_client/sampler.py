@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 from twinkle.client.http import TwinkleClient
 from twinkle.client.sampler import Sampler
+from twinkle.client.schema import IGNORE_INDEX
 from twinkle_client.inputs import local_template
 from twinkle_client.types import SampledSequence, SampleResponse
 
-IGNORE_INDEX = -100
 PASSED_ON = ("max_tokens", "temperature", "top_k", "top_p", "seed", "stop", "num_samples")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-IGNORE_INDEX = -100
+from twinkle.client.schema import IGNORE_INDEX
 
 
 def _ints(value) -> list[int]:

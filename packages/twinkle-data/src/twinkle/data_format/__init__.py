@@ -2,9 +2,10 @@
 
 The data layer owns the conversation and row shapes (TypedDicts, so plain dicts are valid values):
 `Message`, `Trajectory` (a conversation plus what travels with it), `InputFeature` (an encoded row),
-`ModelOutput` (what forward_only returns), and `merge_loss_inputs` (forward_backward's old_logps /
-advantages / ref_outputs as row fields). The sampling types belong to twinkle-sampler and are
-re-exported from there when it is installed: `SamplingParams`, `SampledSequence`, `SampleResponse`.
+`ModelOutput` (what forward_only returns), `merge_loss_inputs` (forward_backward's old_logps /
+advantages / ref_outputs as row fields) and `IGNORE_INDEX` (the label of a position without loss).
+The sampling types belong to twinkle-sampler and are re-exported from there when it is installed:
+`SamplingParams`, `SampledSequence`, `SampleResponse`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any, TypedDict
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.data_format.loss_inputs import merge_loss_inputs
 
 
@@ -72,6 +74,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "IGNORE_INDEX",
     "InputFeature",
     "LossOutput",
     "Message",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-IGNORE_INDEX = -100
+from twinkle.data_format.labels import IGNORE_INDEX
 
 
 def _plain(value):

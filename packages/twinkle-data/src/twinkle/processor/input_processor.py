@@ -18,10 +18,9 @@ from typing import ClassVar
 
 import torch
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.processor.images import collate_images
 from twinkle.registry import Registry
-
-IGNORE_INDEX = -100
 
 
 class InputProcessor:

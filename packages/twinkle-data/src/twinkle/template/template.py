@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.registry import Registry
 from twinkle.template import vision
@@ -22,7 +23,6 @@ from twinkle.template.spans import marked_spans, per_round_spans, select_trained
 
 logger = logging.getLogger(__name__)
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
-IGNORE_INDEX = -100
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

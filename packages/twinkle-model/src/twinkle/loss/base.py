@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Literal
 
 import torch
 
-from twinkle.loss.head import IGNORE_INDEX, HeadNeeds, LogitsHead, TokenHead
+from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.loss.head import HeadNeeds, LogitsHead, TokenHead
 from twinkle.registry import Registry
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from twinkle.data_format.labels import IGNORE_INDEX
 
 
 def _logits(hidden_N_H, weight_V_H, bias_V, scale: float) -> torch.Tensor:

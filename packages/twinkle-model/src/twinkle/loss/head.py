@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from twinkle.loss.chunked_logps import IGNORE_INDEX, chunked_logps
+from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.loss.chunked_logps import chunked_logps
 
 # Logits beyond this size are never materialised (~55 tokens of Qwen3's 151,936-token vocabulary in
 # fp32, ~9.9K of the embedded models' 850): engines compute the head in chunks instead

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 
 import torch
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss, token_field
-from twinkle.loss.head import IGNORE_INDEX
 
 
 def _weight(fields: Mapping[str, torch.Tensor], mask_B_T: torch.Tensor) -> torch.Tensor:

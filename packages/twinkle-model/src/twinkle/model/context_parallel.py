@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from twinkle.data_format.labels import IGNORE_INDEX
+
 ATTENTION_NAME = "twinkle_cp"
-IGNORE_INDEX = -100
 # The shard the latest forward computed. Set by `Shard.activate` and left in place until the next
 # forward: activation checkpointing recomputes attention during backward, after the forward returned.
 _current: Shard | None = None

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from twinkle.loss.head import IGNORE_INDEX
+from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.processor.images import IMAGE_KEYS
 
-# images (twinkle.processor.images): model inputs, concatenated over the batch, not per-row loss inputs
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+# images (IMAGE_KEYS) are model inputs, concatenated over the batch, not per-row loss inputs;
 # `lengths`: the sequences of a packed row (twinkle.dataset.packing), which the InputProcessor splits
 MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids", "lengths", *IMAGE_KEYS)
 FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_ratio_mask", "teacher_topk_logprobs")

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.sampler import SampledSequence, SampleResponse, SamplingParams
 
-IGNORE_INDEX = -100
 # Keys of a prompt row that are not reward context.
 _NOT_CONTEXT = ("input_ids", "labels", "messages", "tools", "attention_mask", "position_ids")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-IMAGE_KEYS = ("pixel_values", "image_grid_thw")
+from twinkle.processor.images import IMAGE_KEYS
 
 
 def item_images(item) -> dict | None:

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from twinkle.client.schema import bounds as B
 
 PREFIX = "/twinkle/v1"
+# The label of a position without loss: the library's value (twinkle.data_format.labels), kept here too
+# because the client depends on no library member.
+IGNORE_INDEX = -100
 JsonValue = Any  # a JSON scalar, list or object (keyword arguments of registered classes)
 
 

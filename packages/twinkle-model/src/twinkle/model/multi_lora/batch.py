@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.processor.images import collate_images
 
-IGNORE_INDEX = -100
 _RESERVED = {"input_ids", "labels", "attention_mask", "position_ids", "pixel_values", "image_grid_thw"}
 
 

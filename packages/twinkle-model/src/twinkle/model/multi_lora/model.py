@@ -20,6 +20,7 @@ from contextlib import contextmanager
 import torch
 from peft import LoraConfig
 
+from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.loss import Loss, LossContext
 from twinkle.mesh import get_global_mesh
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
@@ -31,7 +32,7 @@ from twinkle.model.kit import progress
 from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora import heads as head_rule
 from twinkle.model.multi_lora import recompute, vision_tenants
-from twinkle.model.multi_lora.batch import IGNORE_INDEX, Batch, collate, fuse, fused_images
+from twinkle.model.multi_lora.batch import Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.data_parallel import DataParallel
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
