@@ -231,3 +231,36 @@ def test_attention_families(family, reuses):
     assert_lps_close(lps, plain.compute_logprobs(scored))
     assert (shapes == [(len(scored), PARAMS.max_tokens)]) == reuses
     assert (cached.prefix_cache_stats().entries > 0) == reuses
+
+
+def test_namespaces_share_no_kv(model_path, trainer, long_prompt):
+    """Two namespaces on one adapter and the same weights (a server's inflight sampling sessions) each
+    reuse only their own prefixes, and say how many prompt tokens came from the cache; new weights,
+    installed or written in place, leave no namespace anything to reuse."""
+    cached = make(model_path, trainer)
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    def sample(namespace):
+        with forwards(cached) as shapes:
+            (resp,) = cached.sample([long_prompt], params, adapter_name="tenant", cache_namespace=namespace)
+        return resp, shapes[0]
+
+    first, fed = sample("a")
+    assert (first.cached_prompt_tokens, fed) == (0, (1, len(long_prompt)))
+    again, fed = sample("a")
+    assert (again.cached_prompt_tokens, fed) == (len(long_prompt) - 1, (1, 1))
+    for namespace in ("b", None):  # another session, and the shared namespace, prefill it all
+        other, fed = sample(namespace)
+        assert (other.cached_prompt_tokens, fed) == (0, (1, len(long_prompt)))
+        assert other.sequences[0].tokens == first.sequences[0].tokens == again.sequences[0].tokens
+    assert cached.prefix_cache_stats().entries == 3
+
+    with torch.no_grad():  # in place, as an in-process sync writes: one lookup drops every namespace's entry
+        for b in cached.router.adapters["tenant"].lora_B.values():
+            b.mul_(-1.0)
+    changed, fed = sample("a")
+    assert (changed.cached_prompt_tokens, fed) == (0, (1, len(long_prompt)))
+    stats = cached.prefix_cache_stats()
+    assert (stats.entries, stats.invalidations) == (1, 3)
+    cached.set_adapter("tenant", extract_adapter(trainer, "other").clone(), version=2)
+    assert cached.prefix_cache_stats().entries == 0

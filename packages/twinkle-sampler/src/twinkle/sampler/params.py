@@ -121,4 +121,5 @@ class SampleResponse:
     weight_version: int = 0
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    cached_prompt_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (its first prefill)
     meta: dict = field(default_factory=dict)

@@ -42,11 +42,14 @@ class Prefilled:
     entries: list[CacheEntry | None]
 
 
-def run(sampler, prompts: list[Prompt], adapters: list, images: list, all_logits: bool) -> Prefilled:
-    """Prefill `prompts` (inside the caller's LoRA routing for `adapters`) and store what it computed."""
+def run(
+    sampler, prompts: list[Prompt], adapters: list, images: list, all_logits: bool, namespace: str | None = None
+) -> Prefilled:
+    """Prefill `prompts` (inside the caller's LoRA routing for `adapters`) and store what it computed,
+    reusing and storing KV only within the prefix cache's `namespace`."""
     cache_store = sampler.prefix_cache
     caching = cache_store.enabled and sampler.kv_cacheable is not False and all(im is None for im in images)
-    by_adapter = {a: sampler.cache_key(a) for a in set(adapters)} if caching else {}
+    by_adapter = {a: sampler.cache_key(a, namespace) for a in set(adapters)} if caching else {}
     keys = [by_adapter[a] for a in adapters] if caching else []
     found = [cache_store.lookup(key, p) for key, p in zip(keys, prompts)] if caching else [(None, 0)] * len(prompts)
     usable = caching and not (all_logits and sampler.head_ok is False)

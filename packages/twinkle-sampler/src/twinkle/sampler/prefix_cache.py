@@ -3,10 +3,11 @@
 An entry is one token sequence that was prefilled: its KV for every layer and, when the model's
 logits are its output head applied to the last hidden state, that hidden state per position (so a
 later call that wants log-probs of the cached positions gets them from one head matmul instead of a
-prefill). Entries are keyed by `(adapter name or None, weights key)`: the weights key holds the
-adapter's weight version and a fingerprint of the tensors behind it (see `TorchSampler.cache_key`),
+prefill). Entries are keyed by `(adapter name or None, weights key, namespace)`: the weights key holds
+the adapter's weight version and a fingerprint of the tensors behind it (see `TorchSampler.cache_key`),
 so KV computed under other weights is never reused, and a tenant, whose adapter names are its own,
-never reads another tenant's KV.
+never reads another tenant's KV. The namespace (None: the shared one) separates callers that must not
+share KV even on the same weights: a server's inflight sampling sessions each have their own.
 
 Lookup is the longest common prefix with any entry of the same key (a linear scan per key: the
 budget keeps the entry count small). Storing a sequence drops the same key's entries that are strict
@@ -26,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-CacheKey = tuple  # (adapter name or None, weights key)
+CacheKey = tuple  # (adapter name or None, weights key, namespace or None)
 
 
 @dataclass
@@ -151,8 +152,9 @@ class PrefixCache:
 
     def _drop_stale(self, key: CacheKey) -> None:
         # The adapter's weights moved on (a new version, or its tensors changed in place): its older
-        # entries can never match again, so they go now rather than when the LRU reaches them.
-        for other in [k for k in self._by_adapter.get(key[0], {}) if k != key]:
+        # entries, in every namespace, can never match again, so they go now rather than when the LRU
+        # reaches them. Other namespaces on the same weights stay.
+        for other in [k for k in self._by_adapter.get(key[0], {}) if k[1] != key[1]]:
             for entry_id in list(self._by_adapter[key[0]][other]):
                 self._remove(entry_id)
                 self._stats.invalidations += 1

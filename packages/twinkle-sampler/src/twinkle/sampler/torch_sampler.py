@@ -4,8 +4,9 @@ Prompts are left-padded into one batch (position ids follow the attention mask, 
 `generate`), prefilled once, then decoded one token per step against the cache. Finished rows leave
 the batch (the cache drops them), so long and short answers do not pay for each other. Each row may
 use its own LoRA adapter (see routing.py); each sequence draws from its own seeded generator.
-A prefix cache (prefix_cache.py, prefill.py) keeps prefilled KV per (adapter, weights, tokens):
-`sample` and `compute_logprobs` prefill only what no earlier call of either already did.
+A prefix cache (prefix_cache.py, prefill.py) keeps prefilled KV per (adapter, weights, namespace,
+tokens): `sample` and `compute_logprobs` prefill only what no earlier call of either in the same
+`cache_namespace` already did.
 """
 
 from __future__ import annotations
@@ -101,14 +102,15 @@ class TorchSampler(Sampler):
         """hits, misses, tokens_reused, bytes_held, entries, evictions, invalidations, budget_bytes."""
         return self.prefix_cache.stats()
 
-    def cache_key(self, adapter: str | None) -> tuple:
-        """What the KV of a prefix under `adapter` depends on besides its tokens. The weight version
+    def cache_key(self, adapter: str | None, namespace: str | None = None) -> tuple:
+        """What the KV of a prefix under `adapter` depends on besides its tokens (and whose KV it may
+        reuse: only its `namespace`'s). The weight version
         alone is not enough: an in-process sync shares storage with the trainer, so an optimizer step
         changes the served weights in place without a new version. Every in-place write bumps a
         tensor's version counter, so their sum moves with the weights (a re-install, whose new tensors
         could repeat the sum, drops the adapter's entries explicitly)."""
         tensors = self._base_params + (self._adapter_tensors[adapter] if adapter is not None else [])
-        return adapter, (self.weight_version(adapter), sum(_tensor_version(t) for t in tensors))
+        return adapter, (self.weight_version(adapter), sum(_tensor_version(t) for t in tensors)), namespace
 
     # ---- adapters --------------------------------------------------------------------------------
     def _install_adapter(self, name: str, weights: AdapterWeights) -> None:
@@ -185,7 +187,9 @@ class TorchSampler(Sampler):
         return list(images)
 
     @torch.no_grad()
-    def compute_logprobs(self, inputs, adapter_name=None, images=None) -> list[list[float | None]]:
+    def compute_logprobs(
+        self, inputs, adapter_name=None, images=None, cache_namespace: str | None = None
+    ) -> list[list[float | None]]:
         result = []
         if not self.prefix_cache.enabled:
             for _, logits, ids_B_T, mask_B_T in self._prefill_chunks(inputs, adapter_name, images):
@@ -197,7 +201,9 @@ class TorchSampler(Sampler):
         for lo in range(0, len(prompts), self.max_batch_size):
             hi = lo + self.max_batch_size
             with self.router.route(adapters[lo:hi], self.device):
-                pre = prefill.run(self, prompts[lo:hi], adapters[lo:hi], images[lo:hi], all_logits=True)
+                pre = prefill.run(
+                    self, prompts[lo:hi], adapters[lo:hi], images[lo:hi], all_logits=True, namespace=cache_namespace
+                )
                 result.extend(prefill.prompt_logprobs(self, pre)[0])
         return result
 
@@ -217,12 +223,19 @@ class TorchSampler(Sampler):
     # ---- sampling --------------------------------------------------------------------------------
     @torch.no_grad()
     def sample(
-        self, inputs, sampling_params=None, adapter_name=None, on_tokens: OnTokens | None = None, images=None
+        self,
+        inputs,
+        sampling_params=None,
+        adapter_name=None,
+        on_tokens: OnTokens | None = None,
+        images=None,
+        cache_namespace: str | None = None,
     ) -> list[SampleResponse]:
         """`on_tokens`: called after every decode step with that step's tokens (streaming); an exception it
         raises ends the sampling there and propagates (how a stream whose reader left stops it). It may
         run other sampling on this sampler before it returns (the decode routes its rows again after).
-        `images`: per prompt its {pixel_values, image_grid_thw} or None (default: what encoded rows carry)."""
+        `images`: per prompt its {pixel_values, image_grid_thw} or None (default: what encoded rows carry).
+        `cache_namespace`: the prefix cache's namespace these prompts reuse and store KV in (None: shared)."""
         params = SamplingParams.from_dict(sampling_params)
         prompts = self._normalize_inputs(inputs)
         adapters = self._normalize_adapters(adapter_name, len(prompts))
@@ -232,12 +245,13 @@ class TorchSampler(Sampler):
         rows = [(p, j) for p in range(len(prompts)) for j in range(params.num_samples)]
         sequences: list[SampledSequence] = []  # in row order: chunks are consecutive
         prompt_lps: dict[int, tuple] = {}
+        cached: dict[int, int] = {}  # prompt -> tokens its first prefill took from the prefix cache
         n = params.num_samples
         # whole groups per chunk when they fit, so a prompt's n samples share one prefill (GRPO groups)
         step = self.max_batch_size - self.max_batch_size % n if n <= self.max_batch_size else self.max_batch_size
         for lo in range(0, len(rows), step):
             chunk = rows[lo : lo + step]
-            seqs, lps = self._decode(
+            seqs, lps, reused = self._decode(
                 [prompts[p] for p, _ in chunk],
                 [adapters[p] for p, _ in chunk],
                 [row_seed(seed, j) for _, j in chunk],
@@ -246,9 +260,11 @@ class TorchSampler(Sampler):
                 group=n if n > 1 and step % n == 0 else 1,
                 on_tokens=on_tokens,
                 first_index=lo,
+                namespace=cache_namespace,
             )
             sequences.extend(seqs)
             for k, (p, _) in enumerate(chunk):
+                cached.setdefault(p, reused[k])
                 if lps is not None:
                     prompt_lps.setdefault(p, (lps[0][k], lps[1][k] if lps[1] is not None else None))
         responses = []
@@ -263,6 +279,7 @@ class TorchSampler(Sampler):
                     weight_version=self.weight_version(adapters[p]),
                     prompt_logprobs=lps,
                     prompt_top_logprobs=tops,
+                    cached_prompt_tokens=cached.get(p, 0),
                 )
             )
         return responses
@@ -277,8 +294,10 @@ class TorchSampler(Sampler):
         on_tokens: OnTokens | None = None,
         first_index: int = 0,
         images: list[dict | None] | None = None,
-    ) -> tuple[list[SampledSequence], tuple | None]:
-        """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None)).
+        namespace: str | None = None,
+    ) -> tuple[list[SampledSequence], tuple | None, list[int]]:
+        """-> (one sequence per row, None or (prompt log-probs per row, prompt top-k per row or None),
+        per row the prompt tokens its prefill took from the prefix cache of `namespace`).
 
         `group` > 1: rows come in runs of `group` equal (prompt, adapter) pairs; each run's prompt is
         prefilled once and its KV cache expanded to the run's rows. `on_tokens` gets each step's tokens,
@@ -295,7 +314,12 @@ class TorchSampler(Sampler):
         prompt_lps = None
         with self.router.route(adapters[::group], self.device):
             pre = prefill.run(
-                self, prompts[::group], adapters[::group], (images or [None] * n)[::group], bool(params.prompt_logprobs)
+                self,
+                prompts[::group],
+                adapters[::group],
+                (images or [None] * n)[::group],
+                bool(params.prompt_logprobs),
+                namespace,
             )
             cache, mask_B_T = pre.cache, pre.mask_B_T
             if params.prompt_logprobs:
@@ -364,7 +388,7 @@ class TorchSampler(Sampler):
             )
             for r in range(n)
         ]
-        return seqs, prompt_lps
+        return seqs, prompt_lps, [k for k in pre.reused for _ in range(group)]
 
 
 def _tensor_version(t: torch.Tensor) -> int:

@@ -130,6 +130,7 @@ class SampleResult:
     topk_prompt_logprobs: list[TopK | None] | None = None  # one row per prompt position (None: not scored)
     target_prompt_logprobs: np.ndarray | None = None  # float32, target_prompt_ids' shape; 0.0 where it has -1
     prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None  # (int64 ids, float32 log-probs) [len - 1, k]
+    prompt_cache_hit_tokens: int = 0  # prompt tokens whose KV came from the sampler's prefix cache
 
 
 @dataclass(frozen=True)
@@ -247,6 +248,11 @@ class Backend(ABC):
 
     @abstractmethod
     def remove_sampler(self, sampler: str) -> None: ...
+
+    def retire_sampler(self, sampler: str) -> None:
+        """Remove `sampler` once no sampling uses it (a newer one replaced it). Where a sample holds
+        the engine until it ends, nothing uses it between calls: removed at once."""
+        self.remove_sampler(sampler)
 
     @abstractmethod
     def sample(

@@ -219,12 +219,15 @@ class RemoteBackend(Backend):
             self._sample("remove_sampler", sampler)
             self._sampler_names.discard(sampler)
 
-    def sample(self, sampler, prompt, num_samples, params, prompt_logprobs, images=None):
+    def sample(self, sampler, prompt, num_samples, params, prompt_logprobs, images=None, cache_namespace=None):
         """`images`: the prompt's {pixel_values, image_grid_thw} (numpy arrays, which travel to a
-        remote sampler rank as they are), its image tokens already in `prompt`."""
+        remote sampler rank as they are), its image tokens already in `prompt`. `cache_namespace`: the
+        prefix cache's namespace on the rank that samples it."""
         if sampler is not None and sampler not in self._sampler_names:
             raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
         extra = {"images": images} if images is not None else {}
+        if cache_namespace is not None:
+            extra["cache_namespace"] = cache_namespace
         return self._sample(
             "sample_one", sampler, prompt, num_samples, params, prompt_logprobs, route=next(self._route), **extra
         )

@@ -6,7 +6,8 @@ source adapter never changes what an existing sampling session sees.
 An RL loop installs one snapshot per step (save_weights_for_sampler), and every sampled checkpoint
 installs one too, so the installed adapters are bounded: past MAX_SAMPLER_ADAPTERS the least recently
 used is removed. One from a checkpoint folder comes back on its next use (it is installed before
-every sample); a removed snapshot answers a clear error naming what to do.
+every sample); a removed snapshot answers a clear error naming what to do. A sampler superseded by a
+newer one (an inflight target's older version) is retired: removed now, or when its last decode ends.
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ class TorchSampling:
             self.sampler.remove_adapter(sampler)
         self.__dict__.setdefault("_sampler_use", {}).pop(sampler, None)
 
+    def retire_sampler(self, sampler):
+        """Remove `sampler` once no decode uses it: a decode paused between its steps (core/slices.py)
+        finishes on the weights it began with."""
+        if self._busy()[sampler]:
+            self._retired().add(sampler)
+        else:
+            self.remove_sampler(sampler)
+
     def _used(self, sampler) -> None:
         """Mark `sampler` most recently used; past the cap, remove the least recently used others (never
         one a paused decode is still using: long decodes run in turns, core/slices.py)."""
@@ -84,6 +93,10 @@ class TorchSampling:
         """Sampler adapters -> decodes using them now."""
         return self.__dict__.setdefault("_sampler_busy", collections.Counter())
 
+    def _retired(self) -> set:
+        """Samplers to remove when their last decode ends (retire_sampler)."""
+        return self.__dict__.setdefault("_sampler_retired", set())
+
     def sampler_adapters(self) -> int:
         return len(self.__dict__.get("_sampler_use", {}))
 
@@ -91,10 +104,19 @@ class TorchSampling:
         return self.sampler.prefix_cache_stats().as_dict()
 
     def sample(
-        self, sampler, prompt, num_samples, params: SampleParams, prompt_logprobs, on_tokens=None, images=None
+        self,
+        sampler,
+        prompt,
+        num_samples,
+        params: SampleParams,
+        prompt_logprobs,
+        on_tokens=None,
+        images=None,
+        cache_namespace=None,
     ) -> SampleResult:
         """`on_tokens`: see TorchSampler.sample (StepToken.index is the sample's index in the result).
-        `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`."""
+        `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`.
+        `cache_namespace`: the prefix cache's namespace (a sampling session that shares KV with no other)."""
         from twinkle.sampler import SamplingParams
 
         if not prompt:
@@ -166,7 +188,9 @@ class TorchSampling:
         busy = self._busy()
         busy[sampler] += 1
         try:
-            (resp,) = self.sampler.sample([prompt], sp, adapter_name=sampler, on_tokens=each_step, **pixels)
+            (resp,) = self.sampler.sample(
+                [prompt], sp, adapter_name=sampler, on_tokens=each_step, cache_namespace=cache_namespace, **pixels
+            )
         except ValueError as e:
             if not pixels:
                 raise
@@ -175,12 +199,16 @@ class TorchSampling:
             busy[sampler] -= 1
             if not busy[sampler]:
                 del busy[sampler]
+                if sampler in self._retired():
+                    self._retired().discard(sampler)
+                    self.remove_sampler(sampler)
         seqs = [SampledSeq(s.tokens, list(s.logprobs or []), s.stop_reason, s.top_logprobs) for s in resp.sequences]
         scored = _from_position(len(prompt) - last_n if last_n is not None else 0)
         result = SampleResult(
             seqs,
             scored(resp.prompt_logprobs) if prompt_logprobs else None,
             scored(resp.prompt_top_logprobs) if params.topk_prompt else None,
+            prompt_cache_hit_tokens=resp.cached_prompt_tokens,
         )
         if targets is not None or params.prompt_alt_tokens_k:
             import torch

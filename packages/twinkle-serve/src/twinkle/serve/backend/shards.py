@@ -191,7 +191,7 @@ class SamplerShard(TorchSampling):
         self.sampler.set_adapter(name, weights)
 
     @remote_method(dispatch=_one_rank, collect=lambda results: next(r for r in results if r is not None))
-    def sample_one(self, *args, route: int = 0, images=None):
+    def sample_one(self, *args, route: int = 0, images=None, cache_namespace=None):
         if route < 0:
             return None
-        return returns_user_errors(self.sample)(*args, images=images)
+        return returns_user_errors(self.sample)(*args, images=images, cache_namespace=cache_namespace)

@@ -15,6 +15,7 @@ from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import CheckpointOps
+from twinkle.serve.core.inflight import InflightTargets
 from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
 from twinkle.serve.core.scheduler import Place
 from twinkle.serve.core.usage import UsageLedger
@@ -33,6 +34,7 @@ class Service:
         self.rt, self.store = rt, rt.store
         self.checkpoints = CheckpointOps(rt)
         self.usage = UsageLedger(rt.store)
+        self.inflight = InflightTargets()  # each training model's inflight sampling target (in memory)
         rt.store.curves.max_points = rt.config.caps.max_curve_points
 
     # ---- sessions ------------------------------------------------------------------------------
@@ -196,6 +198,7 @@ class Service:
                 engine.backend.remove_adapter(adapter)
                 self.rt.adapter_memory.release(adapter)
             self.rt.live.pop(run.model_id)
+            self.inflight.close(engine.backend, run.model_id)
             return Answer.json(finish())
 
         return self.submit(tenant, engine, run.model_id, None, work)

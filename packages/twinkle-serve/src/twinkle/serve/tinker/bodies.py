@@ -13,7 +13,7 @@ extra fields are allowed: the SDK adds new optional ones between releases.
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -137,6 +137,9 @@ class SaveWeightsForSamplerBody(_Body):
     seq_id: int | None = B.SEQ_ID.field(None)
     path: str | None = Field(None, description="a named sampler checkpoint; or give sampling_session_seq_id")
     sampling_session_seq_id: int | None = Field(None, description="an ephemeral sampler on the current weights")
+    kind: Literal["snapshot", "inflight"] = Field(
+        "snapshot", description="snapshot: fixed weights; inflight: the model's shared, updated target"
+    )
     ttl_seconds: int | None = B.TTL_SECONDS.field(None)
     user_metadata: dict[str, str] | None = None
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from twinkle.serve.backend import SampleResult, UserError
-from twinkle.serve.tinker import images
+from twinkle.serve.tinker import dmel, images
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.datums import Datum, ForwardResult
 
@@ -76,6 +76,8 @@ def _datum(i: int, d) -> Datum:
         if kind == "image":
             pieces.append(images.from_proto(chunk.image, sum(p.size for p in parts)))
             continue
+        if kind == dmel.DMEL:
+            raise UserError(dmel.refused(f"datum {i}"))
         if kind != "encoded_text":
             raise UserError(f"datum {i}: {kind or 'empty'} chunks are not supported by this server (text and images)")
         parts.append(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32))
@@ -239,6 +241,7 @@ def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample
         seq.logprobs = np.asarray(s.logprobs, dtype=np.float32).tobytes()
         if topk_sample and s.topk_logprobs is not None:
             _topk(seq.topk_sampled_logprobs, s.topk_logprobs, topk_sample)
+    out.prompt_cache_hit_tokens = result.prompt_cache_hit_tokens
     if result.prompt_logprobs is not None:
         lps = np.array([np.nan if v is None else v for v in result.prompt_logprobs], dtype=np.float32)
         out.prompt_logprobs = lps.tobytes()

@@ -8,7 +8,7 @@ from twinkle.serve.backend import SampleParams, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.bounds import ServerCaps
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.tinker import codec, images
+from twinkle.serve.tinker import codec, dmel, images
 
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
 MAX_TOPK_LOGPROBS = 256
@@ -28,6 +28,8 @@ def prompt_tokens(model_input) -> tuple[list[int], list]:
             pieces.append(images.from_json(c, len(tokens), f"prompt chunk {k}"))
         elif kind == images.ASSET_POINTER:
             raise images.asset_pointer_refused(f"prompt chunk {k}")
+        elif kind == dmel.DMEL:
+            raise BadRequest(dmel.refused(f"prompt chunk {k}"))
         else:
             tokens += _chunk_tokens(c)
     return tokens, pieces

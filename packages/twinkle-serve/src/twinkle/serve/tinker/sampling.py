@@ -1,4 +1,5 @@
-"""Tinker sampling: sampling sessions over a checkpoint, a base model or a training run's snapshot, and asample."""
+"""Tinker sampling: sampling sessions over a checkpoint, a base model, a training run's snapshot or its
+inflight target (core/inflight.py), and asample."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import hashlib
 import time
 import uuid
 
+from twinkle.serve.backend import UserError
 from twinkle.serve.core.checkpoints import sampler_adapter_name
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
@@ -38,10 +40,16 @@ class TinkerSampling:
         self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
-    def install_snapshot(self, tenant: str, engine, session_id: str, seq: int, model_id: str) -> dict:
-        """save_weights_for_sampler without a path: an ephemeral sampler on the run's current weights."""
-        sampler_id = f"{session_id}:sample:{seq}"
-        engine.backend.install_sampler_from_adapter(sampler_name(sampler_id), self.svc.live_adapter(model_id))
+    def install_ephemeral(self, tenant: str, engine, session_id: str, seq: int, model_id: str, kind: str) -> dict:
+        """save_weights_for_sampler without a path: an ephemeral sampler on the run's current weights, a
+        snapshot of them, or (kind "inflight") a session following the run's inflight target, which these
+        weights become the next version of (core/inflight.py)."""
+        sampler_id, live = f"{session_id}:sample:{seq}", self.svc.live_adapter(model_id)
+        if kind == "inflight":
+            steps = self.provenance.version_of(model_id)
+            self.svc.inflight.publish(engine.backend, model_id, live, steps, sampler_id)
+        else:
+            engine.backend.install_sampler_from_adapter(sampler_name(sampler_id), live)
         self.rt.store.samplers.create(
             Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(), ephemeral=True)
         )
@@ -74,8 +82,10 @@ class TinkerSampling:
         sequence_ids = [uuid.uuid4().hex for _ in range(n)]
         # stable_reinforce: what each sequence's loss will need, recorded before the result is visible
         policy = self.provenance.policy(tenant, sampler) if body.get("record_stability_info") else None
-        adapter = folder = None
-        if sampler.model_path:
+        adapter = folder = namespace = None
+        if self.svc.inflight.follows(sampler.sampler_id):
+            namespace = sampler.sampler_id  # the session's own prefix-cache namespace; the adapter is read at run
+        elif sampler.model_path:
             ckpt = self.svc.checkpoints.readable(tenant, sampler.model_path)
             adapter = sampler_adapter_name(ckpt)
             folder = str(self.svc.checkpoints.folder(ckpt))
@@ -86,10 +96,17 @@ class TinkerSampling:
             if folder is not None and adapter is not None:  # set together, from a saved checkpoint
                 engine.backend.install_sampler_from_folder(adapter, folder)
             extra = {"images": pixels} if pixels is not None else {}  # a text prompt asks nothing new of a backend
-            result = engine.backend.sample(adapter, prompt, n, params, want_prompt_lps, **extra)
+            used, policy_now = adapter, policy
+            if namespace is not None:  # inflight: the target's newest version as this sample starts
+                target = self.svc.inflight.newest(sampler.sampler_id)
+                if target is None:
+                    raise UserError("this inflight sampler's training model was unloaded; save weights for it again")
+                used, extra["cache_namespace"] = target.adapter, namespace
+                policy_now = None if policy is None else (target.model_id, target.policy_steps)
+            result = engine.backend.sample(used, prompt, n, params, want_prompt_lps, **extra)
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
-            if policy is not None:
-                self.provenance.record(tenant, sampler, policy, sequence_ids, prompt, result.sequences)
+            if policy_now is not None:
+                self.provenance.record(tenant, sampler, policy_now, sequence_ids, prompt, result.sequences)
             return Answer.proto(
                 codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
             )

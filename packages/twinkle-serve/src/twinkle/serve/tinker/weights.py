@@ -71,6 +71,11 @@ class TinkerWeights:
         run = self.svc.run(tenant, body.get("model_id"))
         engine = self.rt.engine(run.base_model)
         if body.get("path"):
+            if body.get("kind") == "inflight":
+                raise BadRequest(
+                    "kind='inflight' publishes to the model's shared target and returns a sampling session: "
+                    "send it without a path (save_weights_and_get_sampling_client(kind='inflight'))"
+                )
             name = check_name(body["path"])
             self.svc.admit_save(tenant)
 
@@ -86,9 +91,12 @@ class TinkerWeights:
             if not isinstance(seq, int):
                 raise BadRequest("save_weights_for_sampler needs a path (named) or sampling_session_seq_id (ephemeral)")
             self.svc.admit_sampler(tenant)
+            kind = body.get("kind", "snapshot")
 
             def work():
-                return Answer.json(self.sampling.install_snapshot(tenant, engine, run.session_id, seq, run.model_id))
+                return Answer.json(
+                    self.sampling.install_ephemeral(tenant, engine, run.session_id, seq, run.model_id, kind)
+                )
 
         return self._queue(tenant, engine, run, body, work)
 
