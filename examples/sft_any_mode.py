@@ -28,12 +28,22 @@ BASE = os.environ.get("TWINKLE_SFT_MODEL", DEFAULT_MODEL)
 STEPS = int(os.environ.get("TWINKLE_SFT_STEPS", "0")) or None
 LR = float(os.environ.get("TWINKLE_SFT_LR", "1e-4"))
 
+
 # ---- the set-up: the only part that differs between modes ----------------------------------------
+def value(answer):
+    """What a call answered: the value itself here, or (http) what its Future holds once it is done."""
+    return answer
+
+
 if MODE == "http":
     from twinkle.client import init_twinkle_client
     from twinkle.client.model import TransformersModel
 
     init_twinkle_client(base_url=os.environ["TWINKLE_BASE_URL"], api_key=os.environ["TWINKLE_API_KEY"])
+
+    def value(answer):
+        return answer.result()
+
 elif MODE == "ray":
     from twinkle.model import TransformersModel
 
@@ -82,9 +92,9 @@ def train():
         losses.append(model.forward_backward(inputs=batch))  # a dict, or (http) a future of one
         model.clip_grad_and_step()  # steps only on accumulation boundaries
         if step % 4 == 0:
-            print(step, model.calculate_metric(is_training=True))
+            print(step, value(model.calculate_metric(is_training=True)))
     losses = [float(out["loss"]) for out in losses]
-    path = model.save(os.environ.get("TWINKLE_SFT_OUTPUT", "last-checkpoint"))
+    path = value(model.save(os.environ.get("TWINKLE_SFT_OUTPUT", "last-checkpoint")))
     print("saved", path)
     out = os.environ.get("TWINKLE_CURVE_OUT")
     rank = int(os.environ.get("RANK", "0"))

@@ -1,8 +1,10 @@
 """Futures: every proxy call returns one at once; `.result()` (or `await`) waits for the server.
 
-A Future also stands in for its value — indexing, iterating, `float()`, `str()` wait for the result
-first — so a loop written for local objects (`out["loss"]`, `print(metrics)`) runs unchanged, while
-calls whose result is never looked at stay pipelined.
+Reading a Future's value as a mapping or a number (`out["loss"]`, `out.get(...)`, `"loss" in out`,
+iterating, `float(out)`, `dict(out)`) waits for the result first, so a loop written for local objects
+runs unchanged while calls whose result is never looked at stay pipelined. Nothing Python calls on its
+own waits: `==` is identity, `str()` / `repr()` show the value when it is known and "pending" otherwise,
+and a Future is always true (no `__len__`), so logging one or testing `if out:` never blocks.
 """
 
 from __future__ import annotations
@@ -92,22 +94,11 @@ class Future:
     def __iter__(self):
         return iter(self.result())
 
-    def __len__(self):
-        return len(self.result())
-
     def __contains__(self, item):
         return item in self.result()
 
     def __float__(self):
         return float(self.result())
-
-    def __eq__(self, other):
-        return self.result() == (other.result() if isinstance(other, Future) else other)
-
-    __hash__ = object.__hash__
-
-    def __str__(self):
-        return str(self.result())
 
     def __repr__(self):
         state = repr(self._value) if self._value is not _UNSET else "pending"
