@@ -1,6 +1,6 @@
 """Generate the Tinker SDK compatibility table: every public method of every client class the installed
-`tinker` SDK exports (0.38: ServiceClient, TrainingClient, SamplingClient, RestClient, AdminClient), and
-every `tinker` CLI subcommand, called
+`tinker` SDK exports (0.38: ServiceClient, TrainingClient, SamplingClient, RestClient, AdminClient), every
+value of a sampler save's `kind` and the `DmelChunk` input (`sdk_options`), and every `tinker` CLI subcommand, called
 against a real twinkle server (the embedded tiny model on loopback) and recorded as works / refused (with
 the server's reason) / not applicable (with why). The table goes into docs/tinker.md between the markers.
 
@@ -31,6 +31,8 @@ TABLE_DOC = ROOT / "docs" / "tinker.md"
 BEGIN, END = "<!-- tinker-compat:begin -->", "<!-- tinker-compat:end -->"
 PROMPT = [5, 12, 19, 26, 33, 40]
 
+_KIND = 'TrainingClient.save_weights_and_get_sampling_client(kind="{}")'
+_DMEL = "ModelInput chunk: DmelChunk"
 _JWT = (
     "the SDK asks for the hosted service's JWT sign-in, which this server reports as disabled: it "
     "authenticates `tml-` API keys (`auth/apikey/me` answers who a key is)"
@@ -59,6 +61,10 @@ HOW = {
     "loads `AutoTokenizer.from_pretrained(base_model.split(':')[0])` and asks the server nothing, so a "
     "`twinkle://` name becomes the hub repo `twinkle`: the call sends no request, so nothing the server "
     "answers can change that without an SDK patch; a model served under a hub id loads the hub's (or the local hub cache's) tokenizer, as on Tinker",
+    _KIND.format("inflight"): "honoured: the client follows the run's one mutable target, which each later "
+    "inflight save updates (checked: after a step and a save its log-probs are a new snapshot's); each "
+    "client has its own KV namespace (docs/training.md)",
+    _KIND.format("snapshot"): "honoured: the client's weights never change (checked after a step and a save)",
 }
 
 
@@ -200,6 +206,41 @@ TARGETS = {
     "AdminClient": "admin",
 }
 
+
+def _lps(c: Context, sc) -> list[float]:
+    return sc.compute_logprobs(c.types.ModelInput.from_ints([*PROMPT, 47, 54])).result()[1:]
+
+
+def _kind_honoured(kind: str):
+    """A call that fails unless `kind` is honoured: after a training step and a later save of the same kind, an
+    inflight client samples the new weights (a new snapshot's log-probs), a snapshot client the old ones."""
+
+    def call(c: Context) -> None:
+        import math
+
+        client = c.tc.save_weights_and_get_sampling_client(kind=kind).result()
+        before = _lps(c, client)
+        c.tc.forward_backward([c.datum], "cross_entropy").result()
+        c.tc.optim_step(c.types.AdamParams(learning_rate=0.1)).result()
+        c.tc.save_weights_and_get_sampling_client(kind=kind).result()
+        now = _lps(c, c.tc.save_weights_and_get_sampling_client().result())
+        got, want = _lps(c, client), now if kind == "inflight" else before
+        moved = any(not math.isclose(a, b, rel_tol=1e-3) for a, b in zip(now, before))
+        if not moved or not all(math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5) for a, b in zip(got, want)):
+            raise AssertionError(f"kind={kind!r} not honoured: log-probs {got} after the update, want {want}")
+
+    return call
+
+
+def _dmel_sample(c: Context) -> None:
+    audio = c.types.DmelChunk(dmel=bytes([0, 2, 4, 80]) + bytes(320))  # a TensorContainer: uint8 [4, 80]
+    prompt = c.types.ModelInput(chunks=[c.types.EncodedTextChunk(tokens=PROMPT), audio])
+    c.sc.sample(prompt, 1, c.types.SamplingParams(max_tokens=2)).result()
+
+
+OPTIONS = {_KIND.format("inflight"): _kind_honoured("inflight"), _KIND.format("snapshot"): _kind_honoured("snapshot")}
+OPTIONS[_DMEL] = _dmel_sample
+
 CLI = {  # subcommand -> arguments (ctx -> list)
     "auth login": lambda c: [],
     "auth status": lambda c: [],
@@ -242,6 +283,31 @@ def sdk_methods() -> list[str]:
                 continue
             names.append(f"{cls}.{name}")
     return sorted(names)
+
+
+def sdk_options() -> list[str]:
+    """Rows for what the SDK defines beyond its methods: each value of `types.SamplingClientKind` (a kind the
+    SDK adds shows up here, and fails the table's test until it has a call written) and `DmelChunk` input."""
+    import typing
+
+    from tinker import types
+
+    kinds = [_KIND.format(k) for k in typing.get_args(types.SamplingClientKind)]
+    return kinds + ([_DMEL] if hasattr(types, "DmelChunk") else [])
+
+
+def call_option(c: Context, name: str) -> Row:
+    call = OPTIONS.get(name)
+    if call is None:
+        return Row(name, "fails", "no call written for it in scripts/tinker_compat.py")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call(c)
+    except Exception as e:
+        status = getattr(e, "status_code", None)
+        return Row(name, "refused" if status and 400 <= status < 500 else "fails", _reason(e))
+    return Row(name, "works", HOW.get(name, ""))
 
 
 def cli_commands() -> list[str]:
@@ -340,6 +406,7 @@ def survey(url: str, key: str, base_model: str, only: set[str] | None = None) ->
         for name in methods:
             if only is None or name in only:
                 rows.append(call_method(c, name))
+        rows += [call_option(c, name) for name in sdk_options() if only is None or name in only]
         with tempfile.TemporaryDirectory() as home:
             for command in cli_commands():
                 if only is None or f"cli: {command}" in only:

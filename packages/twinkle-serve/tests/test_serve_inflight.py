@@ -187,5 +187,5 @@ def test_dmel_chunks_are_refused_by_name(tc):
         with pytest.raises(tinker.BadRequestError) as err:
             call()
         message = str(err.value)
-        assert "DmelChunk input (audio as DMel tokens) is not served here" in message, name
-        assert "only speech model families trained on DMel audio tokens take it" in message, name
+        assert "DmelChunk (audio as DMel tokens) is refused" in message, name
+        assert "only speech model families trained on DMel tokens take it, and this server serves none" in message

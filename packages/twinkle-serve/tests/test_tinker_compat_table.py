@@ -24,7 +24,8 @@ def recorded() -> dict[str, str]:
 
 
 def test_the_table_covers_the_installed_sdk(recorded):
-    current = set(tinker_compat.sdk_methods()) | {f"cli: {c}" for c in tinker_compat.cli_commands()}
+    current = set(tinker_compat.sdk_methods()) | set(tinker_compat.sdk_options())
+    current |= {f"cli: {c}" for c in tinker_compat.cli_commands()}
     assert set(recorded) == current, (
         "the SDK and docs/tinker.md's table differ: run `uv run python scripts/tinker_compat.py`"
         f" (missing {sorted(current - set(recorded))}, "

@@ -10,7 +10,6 @@ DMEL = "dmel"  # the chunk's `type` in JSON and its field name in the protobuf C
 
 def refused(where: str) -> str:
     return (
-        f"{where}: DmelChunk input (audio as DMel tokens) is not served here: only speech model families "
-        "trained on DMel audio tokens take it, and none is served by this server (its model families take "
-        "text tokens, EncodedTextChunk, and images, ImageChunk, where the model is a vision-language one)"
+        f"{where}: DmelChunk (audio as DMel tokens) is refused: only speech model families trained on DMel "
+        "tokens take it, and this server serves none (it serves text and vision-language families)"
     )
