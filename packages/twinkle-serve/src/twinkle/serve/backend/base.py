@@ -7,7 +7,6 @@ called from the scheduler's worker thread, one at a time, so a backend needs no 
 
 from __future__ import annotations
 
-import functools
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -20,19 +19,6 @@ logger = logging.getLogger(__name__)
 
 class UserError(Exception):
     """The request is wrong (bad tokens, shapes, loss name, NaN loss): fails only its own future."""
-
-
-def library_errors(fn):
-    """The libraries' complaints about a request (bad name, kwargs, shapes) are the caller's errors."""
-
-    @functools.wraps(fn)
-    def run(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UserError(str(e).strip("'\"")) from None
-
-    return run
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from twinkle.serve.backend.base import (
-    AdamParams,
-    Backend,
-    LoraSpec,
-    RowsPass,
-    UserError,
-    library_errors,
-)
+from twinkle.registry import UnknownNameError
+from twinkle.serve.backend.base import AdamParams, Backend, LoraSpec, RowsPass, UserError
 from twinkle.serve.backend.resident import ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.errors import server_path_as
@@ -98,14 +92,16 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             self.engine.remove_adapter(name)
 
     # ---- the native API's adapters ------------------------------------------------------------------
-    @library_errors
     @exclusive
     def add_lora(self, name: str, config, gradient_accumulation_steps: int, seed: int | None) -> int:
         from twinkle.serve.backend.lora_init import peft_like_init
 
         if name in self.engine.adapters:
             raise UserError(f"adapter {name!r} already exists")
-        self.engine.add_adapter_to_model(name, config, gradient_accumulation_steps, seed=seed)
+        try:
+            self.engine.add_adapter_to_model(name, config, gradient_accumulation_steps, seed=seed)
+        except ValueError as e:  # the engine's refusal of the client's LoraConfig (modules it matches nothing in)
+            raise UserError(f"lora_config: {e}") from None
         if seed is not None:
             peft_like_init(self.engine, name, seed)
         return self.engine.adapters[name].spec.rank
@@ -114,33 +110,33 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         state = self.engine.adapters.get(name)
         return None if state is None else state.spec.rank
 
-    @library_errors
     @exclusive
     def configure_adapter(self, name: str, what: str, component: str, kwargs: dict, is_training: bool = True) -> None:
+        from twinkle.metric import METRICS
+
         state = self._state(name)
-        if what == "loss":
-            state.set_loss(component, **kwargs)
-        elif what == "optimizer":
-            state.set_optimizer(component, **kwargs)
-        elif what == "lr_scheduler":  # the local TransformersModel's scheduler classes: one lr schedule in both modes
-            state.set_scheduler(component, **kwargs)
-        elif what == "metric":
-            from twinkle.metric import METRICS
-
-            state.metrics(is_training).append(METRICS.create(component, **kwargs))
-        else:
+        build = {
+            "loss": state.set_loss,
+            "optimizer": state.set_optimizer,
+            # the local TransformersModel's scheduler classes: one lr schedule in both modes
+            "lr_scheduler": state.set_scheduler,
+            "metric": lambda component, **kw: state.metrics(is_training).append(METRICS.create(component, **kw)),
+        }.get(what)
+        if build is None:
             raise UserError(f"cannot configure {what!r}; expected loss, optimizer, lr_scheduler or metric")
+        try:
+            build(component, **kwargs)
+        except UnknownNameError as e:
+            raise UserError(str(e)) from None
+        except (TypeError, ValueError) as e:  # the client's class refused the client's kwargs
+            raise UserError(f"{what} {component!r}: {e}") from None
 
-    @library_errors
     @exclusive
     def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
-        self._state(name)
-        try:
-            return self.engine.clip_grad_and_step(max_grad_norm=max_grad_norm, adapter_name=name)
-        except RuntimeError as e:  # no gradients: forward_backward was not called
-            raise UserError(str(e)) from None
+        if self._state(name).optimizer is None:
+            raise UserError("no optimizer: call set_optimizer(...) before clip_grad_and_step")
+        return self.engine.clip_grad_and_step(max_grad_norm=max_grad_norm, adapter_name=name)
 
-    @library_errors
     @exclusive
     def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:
         self._state(name)
@@ -161,8 +157,10 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     @exclusive
     def forward_backward_many(self, passes: list[RowsPass], loss_weights: dict[str, float] | None = None) -> list:
         """Several adapters' passes (one each, whichever API sent them) in one fused pass per kind
-        (train / forward-only): per pass the engine's outcome, or a UserError failing only that request.
-        `loss_weights`: an adapter's training loss scaled by its weight (a data rank's share of the batch)."""
+        (train / forward-only): per pass the engine's outcome, or the exception failing only that request:
+        a UserError where the engine refused its input (its rows or loss inputs: the engine's ValueError),
+        any other as the engine raised it (a fault of the server's). `loss_weights`: an adapter's training
+        loss scaled by its weight (a data rank's share of the batch)."""
         results: list = [None] * len(passes)
         groups: dict[bool, dict[str, int]] = {True: {}, False: {}}
         for i, item in enumerate(passes):
@@ -186,7 +184,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 )
             for name, i in group.items():
                 outcome = outcomes[name]
-                results[i] = UserError(str(outcome).strip("'\"")) if isinstance(outcome, Exception) else outcome
+                results[i] = UserError(str(outcome)) if isinstance(outcome, ValueError) else outcome
         return results
 
     def forward_backward_sliced(self, passes: list[RowsPass], turn_s: float) -> list:

@@ -6,16 +6,26 @@ from __future__ import annotations
 
 from twinkle.client.schema import CheckpointRef, LoadRequest, SaveRequest
 from twinkle.model.checkpoint import record_consumed_samples
+from twinkle.serve.backend import UserError
 from twinkle.serve.backend.legacy_checkpoint import has_training_state
 from twinkle.serve.core.checkpoints import check_name
-from twinkle.serve.errors import BadRequest
-from twinkle.serve.native.compute import NativeCompute
-from twinkle.serve.native.models import NativeModels, internal_name, user_errors
+from twinkle.serve.errors import BadRequest, server_path_as
+from twinkle.serve.native.models import NativeModels, internal_name
+
+
+def folder_config(folder, path: str):
+    """The LoraConfig a checkpoint folder holds; one peft cannot read is a 400 naming the checkpoint."""
+    from peft import LoraConfig
+
+    try:
+        return LoraConfig.from_pretrained(str(folder))
+    except (ValueError, OSError) as e:  # a missing or malformed adapter_config.json, unknown fields
+        raise UserError(server_path_as(str(e).strip("'\""), folder, path)) from None
 
 
 class NativeCheckpoints:
-    def __init__(self, models: NativeModels, compute: NativeCompute):
-        self.models, self.compute, self.svc = models, compute, models.svc
+    def __init__(self, models: NativeModels):
+        self.models, self.svc = models, models.svc
 
     def save(self, tenant: str, model_id: str, seq, req: SaveRequest) -> dict:
         name = check_name(req.name)
@@ -23,7 +33,6 @@ class NativeCheckpoints:
             raise BadRequest("consumed_train_samples is kept with the training state: pass save_training_state=true")
         self.svc.admit_save(tenant)
 
-        @user_errors
         def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
 
@@ -56,13 +65,8 @@ class NativeCheckpoints:
         run = self.models.model(tenant, model_id)
         label = req.adapter_name or "default"
         if not self.models.has(model_id, label):  # a new adapter from the folder's own LoraConfig: counted
-            from peft import LoraConfig
+            self.models.reserve(run, internal_name(model_id, label), folder_config(folder, req.path), req.path)
 
-            self.models.reserve(
-                run, internal_name(model_id, label), user_errors(LoraConfig.from_pretrained)(str(folder))
-            )
-
-        @user_errors
         def work(backend, run):
             new = not self.models.has(model_id, label)
             internal = internal_name(model_id, label) if new else self.models.adapter(model_id, label)
@@ -75,8 +79,7 @@ class NativeCheckpoints:
                     self.models.forget_adapter(backend, run, label, internal)
                 raise
             out = {"path": req.path, "adapter_name": label, "resumed": False}
-            if req.resume:  # the run's curve goes on from the checkpoint's forward_backward count
-                self.compute.fb_counts[(model_id, internal)] = counters["data_position"]
+            if req.resume:
                 out.update(
                     resumed=True,
                     optimizer_steps=counters["optimizer_steps"],

@@ -3,16 +3,21 @@ base model's scheduler), clip_grad_and_step, metrics, and client-logged curve po
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
 from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
-from twinkle.serve.core import cost
 from twinkle.serve.core.curve_names import CurveNames
-from twinkle.serve.core.work import Answer, PassJob
-from twinkle.serve.native.models import NativeModels, user_errors
+from twinkle.serve.core.passes import Pass, submit_pass
+from twinkle.serve.core.work import Answer
+from twinkle.serve.native.models import NativeModels
+
+T = TypeVar("T")
 
 
 def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
@@ -37,10 +42,19 @@ def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
                 raise UserError(f"row {i}: {key} has {len(value)} values for {n} input_ids (shape mismatch)")
 
 
+def encoded_chat(encode: Callable[[dict], T], messages: list[dict], where: str) -> T:
+    """The chat template's encoding of a client's chat; what the template refuses in it is a 400 naming it."""
+    from twinkle.dataset.errors import DataError  # loaded with the template already
+
+    try:
+        return encode({"messages": messages})
+    except DataError as e:
+        raise UserError(f"{where}: {e}") from None
+
+
 class NativeCompute:
     def __init__(self, models: NativeModels):
         self.models, self.svc, self.rt = models, models.svc, models.rt
-        self.fb_counts: dict[tuple[str, str], int] = {}  # (model, adapter) -> forward_backward calls (curve step)
         self.curve_names = CurveNames(self.rt.store.curves, self.rt.config.caps)  # what `log` may name
         self._templates: dict[str, object] = {}
         self._lock = threading.Lock()
@@ -66,7 +80,7 @@ class NativeCompute:
 
         out = []
         for i, messages in enumerate(self.resolve(backend, chats, "chat")):
-            encoded = self.template(backend).encode_prompt({"messages": messages})
+            encoded = encoded_chat(self.template(backend).encode_prompt, messages, f"chat {i}")
             if "pixel_values" not in encoded:
                 out.append((encoded["input_ids"], None))
                 continue
@@ -93,7 +107,7 @@ class NativeCompute:
         assert inputs.trajectories is not None  # exactly one of the two, checked above
         chats = self.resolve(backend, [t.messages for t in inputs.trajectories], "trajectory")
         for i, (traj, messages) in enumerate(zip(inputs.trajectories, chats)):
-            encoded = template.encode({"messages": messages})
+            encoded = encoded_chat(template.encode, messages, f"trajectory {i}")
             if encoded is None:
                 raise UserError(f"trajectory {i} is longer than the template's max_length")
             check_encoded(messages, encoded, backend, f"trajectory {i}")
@@ -103,56 +117,29 @@ class NativeCompute:
 
     def forward(self, tenant: str, model_id: str, seq, req: ForwardRequest, backward: bool) -> dict:
         run = self.models.model(tenant, model_id)
-        backend = self.models.engine_of(run).backend
+        backend = self.rt.engine(run.base_model).backend
         try:  # checked before any compute, but answered on the future, like every request's outcome
-            rows, refused = user_errors(self.rows)(backend, req), None
-            user_errors(check_rows)(rows, backend.vocab_size, backend.max_context)
+            rows = self.rows(backend, req)
+            check_rows(rows, backend.vocab_size, backend.max_context)
+            item: RowsPass | UserError = RowsPass("", rows, not backward)
         except UserError as e:
-            rows, refused = [], e
+            rows, item = [], e
+
+        def encode(out: dict) -> Answer:  # a forward's non-finite loss is None; it returns the log-probs
+            loss = out["loss"] if backward or out.get("finite") else None
+            logprobs = None if backward else [[0.0, *lps] for lps in out["logprobs"]]
+            return Answer.json(ForwardResult(loss=loss, metrics=out.get("metrics", {}), logprobs=logprobs).model_dump())
+
         tokens = sum(len(r["input_ids"]) for r in rows)
-        if refused is None:  # valid rows over the per-request budget: a 400, before they are queued
-            cost.admit(
-                cost.training([len(r["input_ids"]) for r in rows]), self.rt.config.caps.max_request_tokens, "training"
-            )
-        hold = self.svc.admit_tokens(tenant, tokens)
-
-        def finish(internal: str, out) -> dict:
-            if isinstance(out, Exception):
-                raise UserError(str(out).strip("'\"")) if not isinstance(out, UserError) else out
-            self.rt.throughput.count_tokens(tokens)
-            self.svc.count_training(run, tokens)  # usage, as the Tinker billing routes report it
-            if not backward:
-                return ForwardResult(
-                    loss=out["loss"] if out.get("finite") else None,
-                    metrics=out.get("metrics", {}),
-                    logprobs=[[0.0, *lps] for lps in out["logprobs"]],
-                ).model_dump()
-            key = (model_id, internal)
-            self.fb_counts[key] = step = self.fb_counts.get(key, 0) + 1
-            # tokens: the pass's input tokens, the dashboard's tokens/s (the loss is already per token: mean)
-            point = {"loss": out["loss"], "tokens": tokens, "mfu": out.get("mfu")} if out.get("finite") else {}
-            self.rt.store.curves.add(model_id, tenant, step, point)
-            return ForwardResult(loss=out["loss"], metrics=out.get("metrics", {})).model_dump()
-
-        def work(_, run):
-            if refused is not None:
-                raise refused
-            internal = self.models.adapter(model_id, req.adapter_name)
-            (out,) = backend.forward_backward_many([RowsPass(internal, rows, not backward)])
-            return finish(internal, out)
-
-        job = None
-        internal = self.models.peek_adapter(model_id, req.adapter_name)
-        if internal is not None and refused is None:  # the adapter exists: this pass may run fused with other tenants'
-            job = PassJob(
-                RowsPass(internal, rows, not backward), lambda out: Answer.json(finish(internal, out)), "native"
-            )
-        return self.models.submit(tenant, model_id, seq, work, job, run=run, hold=hold)
+        adapter = functools.partial(self.models.adapter, model_id, req.adapter_name)
+        request_id = submit_pass(
+            self.svc, tenant, run, self.models.seq(model_id, seq), Pass(item, adapter, tokens, encode, "native")
+        )
+        return {"request_id": request_id, "model_id": model_id}
 
     def clip_grad_and_step(self, tenant: str, model_id: str, seq, req: StepRequest) -> dict:
         from twinkle.client.schema import StepResult
 
-        @user_errors
         def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
             out = backend.clip_grad_and_step(internal, req.max_grad_norm)
@@ -167,7 +154,6 @@ class NativeCompute:
         return self.models.submit(tenant, model_id, seq, work)
 
     def calculate_metric(self, tenant: str, model_id: str, seq, req: MetricRequest) -> dict:
-        @user_errors
         def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
             return backend.calculate_metric(internal, req.is_training)

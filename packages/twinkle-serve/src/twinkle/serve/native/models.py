@@ -16,20 +16,15 @@ import time
 
 from twinkle.client.schema import AddAdapterRequest, CreateModelRequest, ModelInfo, NamedComponent
 from twinkle.serve.backend import UserError
-from twinkle.serve.backend.base import library_errors
 from twinkle.serve.core import bounds, lora_configs
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest
-from twinkle.serve.limits import Hold
 
 
 def internal_name(model_id: str, adapter: str) -> str:
     return "n" + hashlib.sha1(f"{model_id}/{adapter}".encode()).hexdigest()[:16]
-
-
-user_errors = library_errors  # library complaints about a request are the caller's errors
 
 
 def _scheduler_kwargs(name: str, kwargs: dict) -> None:
@@ -62,28 +57,23 @@ class NativeModels:
     def engine_of(self, run: Run):
         return self.rt.engine(run.base_model)
 
-    def submit(
-        self,
-        tenant: str,
-        model_id: str,
-        seq: int | None,
-        fn,
-        job: PassJob | None = None,
-        run: Run | None = None,
-        hold: Hold | None = None,
-    ) -> dict:
+    def submit(self, tenant: str, model_id: str, seq: int | None, fn) -> dict:
         """Queue `fn(backend, run)` (the base model's Backend and the run) on the model's queue; a
-        FutureRef. `run`: the tenant's run when the caller has already looked it up; `hold`: its
-        tenant's rate holds it until then (Service.admit_tokens)."""
-        run = run or self.model(tenant, model_id)
+        FutureRef. (A forward pass goes through `core.passes.submit_pass` instead.)"""
+        run = self.model(tenant, model_id)
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
-        if seq is None:  # no client numbering: arrival order
-            seq = next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
         request_id = self.svc.submit(
-            tenant, engine, model_id, seq, lambda: Answer.json(fn(engine.backend, run)), job, hold
+            tenant, engine, model_id, self.seq(model_id, seq), lambda: Answer.json(fn(engine.backend, run))
         )
         return {"request_id": request_id, "model_id": model_id}
+
+    def seq(self, model_id: str, seq: int | None) -> int:
+        """The request's place in its model's order: the client's number, or arrival order without one."""
+        if seq is not None:
+            return seq
+        with self._lock:
+            return next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
 
     def adapter(self, model_id: str, name: str | None) -> str:
         with self._lock:
@@ -131,9 +121,13 @@ class NativeModels:
         lora = {**run.lora, "rank": rank, "adapters": labels}
         self.rt.store.runs.set_lora(run.model_id, lora)
 
-    def reserve(self, run: Run, internal: str, config) -> None:
-        """Count a new adapter against max_adapter_memory_mb before it is built (409 when full)."""
-        user_errors(self.rt.adapter_memory.reserve)(internal, self.engine_of(run).backend, config)
+    def reserve(self, run: Run, internal: str, config, where: str) -> None:
+        """Count a new adapter against max_adapter_memory_mb before it is built (409 when full); `where`
+        names the LoraConfig for a 400 when its target_modules select nothing of the base model."""
+        try:
+            self.rt.adapter_memory.reserve(internal, self.engine_of(run).backend, config)
+        except ValueError as e:  # the estimate matches the config's modules as the engine will
+            raise UserError(f"{where}: {e}") from None
 
     def forget_adapter(self, backend, run: Run, label: str, internal: str) -> None:
         if backend.adapter_rank(internal) is not None:
@@ -179,9 +173,8 @@ class NativeModels:
         if self.has(model_id, req.adapter_name):
             raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
         self.svc.admit_adapter(tenant)
-        self.reserve(run, internal, config)
+        self.reserve(run, internal, config, "lora_config")
 
-        @user_errors
         def work(backend, run):
             if backend.adapter_rank(internal) is not None:
                 raise UserError(f"adapter {req.adapter_name!r} already exists on model {model_id!r}")
@@ -202,7 +195,6 @@ class NativeModels:
         elif what == "lr_scheduler":
             _scheduler_kwargs(req.name, req.kwargs)
 
-        @user_errors
         def work(backend, run):
             internal = self.adapter(model_id, req.adapter_name)
             backend.configure_adapter(internal, what, req.name, req.kwargs, getattr(req, "is_training", True))

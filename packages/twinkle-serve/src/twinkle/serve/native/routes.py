@@ -53,7 +53,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     rt, auth = core.rt, Auth(core.rt)
     models = NativeModels(core)
     compute = NativeCompute(models)
-    saving, views = NativeCheckpoints(models, compute), NativeViews(compute)
+    saving, views = NativeCheckpoints(models), NativeViews(compute)
     # submissions are metered; reads and polling (GET) are not
     tenant, ready = auth.unmetered, auth.ready
 

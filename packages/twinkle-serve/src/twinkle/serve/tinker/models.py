@@ -6,18 +6,19 @@ model id (peft adapter names end up in module paths: no ':' or '.').
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from dataclasses import replace
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.backend import AdamParams, LoraSpec, RowsPass, UserError
-from twinkle.serve.core import bounds, cost
+from twinkle.serve.backend import AdamParams, LoraSpec, UserError
+from twinkle.serve.core import bounds
+from twinkle.serve.core.passes import Pass, submit_pass
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, custom_loss_service, datums, images, model_names
-from twinkle.serve.tinker.program_loss import tinker_metrics
+from twinkle.serve.tinker.program_loss import PROGRAM_LOSS, tinker_metrics
 from twinkle.serve.tinker.provenance import Provenance
 
 
@@ -165,58 +166,36 @@ class TinkerModels:
             raise BadRequest(str(e)) from None
         model_id, loss_fn, forward_only = req.model_id, req.loss_fn, req.forward_only
         run = self.svc.run(tenant, model_id)
-        engine = self.rt.engine(run.base_model)
-        data = images.expand_datums(req.data, engine.backend, run.base_model, self.caps)
-        hold = self.svc.admit_tokens(tenant, sum(len(d.tokens) for d in data))
-        self.rt.store.runs.touch(model_id)
+        backend = self.rt.engine(run.base_model).backend
+        data = images.expand_datums(req.data, backend, run.base_model, self.caps)
         loss, extra = None, {}
         if loss_fn == "custom":  # a loss uploaded with create_custom_loss, run inside the pass: tinker/program_loss.py
             program = self.custom_losses.get(tenant, run.session_id, req.loss_config.get("loss_id"))
             data, loss = custom_loss_service.prepare(program, data)
         elif loss_fn == "stable_reinforce":  # the sampler's log-probs, from the records the spans name
             data, extra = self.provenance.resolve(tenant, run, data, req.provenance)
+        # Checked and shifted once, here; a bad request still fails its own future, in its seq_id place.
+        try:
+            item = datums.training_pass("", data, loss_fn, req.loss_config, forward_only, backend, loss)
+        except UserError as e:
+            item = e
 
-        def finish(outcome):
+        def encode(outcome: dict) -> Answer:
             result = datums.forward_result(outcome)
             if loss is not None:
                 result.metrics = tinker_metrics(result.metrics, forward_only)
             result.metrics.update(extra)
-            self.rt.throughput.count_tokens(sum(len(d.tokens) for d in data))
-            self.svc.count_training(run, sum(len(d.tokens) for d in data))
-            if not forward_only:  # the run's curve, as the dashboard shows native runs'
-                # loss_tokens: what loss:sum sums over (cross_entropy's weights), so the dashboard shows it per token
-                weighted = loss_fn == "cross_entropy"
-                counted = sum(
-                    float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens)
-                    for d in data
-                )
-                point = {"loss": result.metrics.get("loss:sum"), "loss_tokens": counted, "mfu": result.mfu}
-                self.svc.record_step(run, {**point, "tokens": sum(len(d.tokens) for d in data)})
             return Answer.proto(codec.encode_forward_result(result))
 
-        # Checked and shifted once, here; a bad request still fails its own future, in its seq_id place.
-        refused = None
-        try:
-            item = datums.training_pass("", data, loss_fn, req.loss_config, forward_only, engine.backend, loss)
-        except UserError as e:
-            item, refused = RowsPass("", [], forward_only), e
-        else:  # a valid pass over the per-request budget is a 400, before it is queued
-            cost.admit(
-                cost.training([len(r["input_ids"]) for r in item.rows]), self.caps.max_request_tokens, "training"
-            )
-
-        def work():
-            if refused is not None:
-                raise refused
-            passes = [replace(item, adapter=self.svc.live_adapter(model_id))]
-            return finish(engine.backend.forward_backward_many(passes)[0])
-
-        live = self.rt.live.get(model_id)
-        job = None
-        if live is not None and refused is None:  # fusable once the adapter exists (create_model already ran)
-            job = PassJob(replace(item, adapter=live.adapter), finish, "tinker")
-        request_id = self.svc.submit(tenant, engine, model_id, req.seq_id, work, job, hold)
-        return {"request_id": request_id, "model_id": model_id}
+        # loss_tokens: what loss:sum sums over (cross_entropy's weights), so the dashboard shows it per token
+        weighted = loss_fn == "cross_entropy"
+        counted = sum(
+            float(d.inputs["weights"].sum()) if weighted and "weights" in d.inputs else len(d.tokens) for d in data
+        )
+        adapter = functools.partial(self.svc.live_adapter, model_id)
+        tokens = sum(len(d.tokens) for d in data)
+        p = Pass(item, adapter, tokens, encode, "tinker", counted, PROGRAM_LOSS if loss is not None else None)
+        return {"request_id": submit_pass(self.svc, tenant, run, req.seq_id, p), "model_id": model_id}
 
     def optim_step(self, tenant: str, body: dict) -> dict:
         run = self.svc.run(tenant, body.get("model_id"))
