@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import twinkle.mesh as tm
-from twinkle.mesh import DeviceGroup, DeviceMesh, remote_class, remote_method
+from twinkle.mesh import DeviceGroup, DeviceMesh, RemoteClass, remote_method
 
 
 def make_rows(n: int, length: int, vocab: int, seed: int) -> list[dict]:
@@ -27,8 +27,7 @@ def make_rows(n: int, length: int, vocab: int, seed: int) -> list[dict]:
     return [{"input_ids": torch.randint(3, vocab, (length,), generator=g).tolist()} for _ in range(n)]
 
 
-@remote_class
-class BenchTrainer:
+class BenchTrainer(metaclass=RemoteClass):
     """Plain torch + peft LoRA step; the loss is the global-batch token mean on every layout."""
 
     def __init__(self, model_id: str, device_mesh: DeviceMesh | None = None, threads: int = 2):

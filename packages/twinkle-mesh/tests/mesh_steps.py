@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from twinkle.mesh import DeviceMesh, get_global_mesh, remote_class, remote_method
+from twinkle.mesh import DeviceMesh, RemoteClass, get_global_mesh, remote_method
 
 STEPS = 3
 GLOBAL_BATCH = 4
@@ -102,8 +102,7 @@ def lora_weights(model) -> dict[str, torch.Tensor]:
     return out
 
 
-@remote_class
-class LoraTrainer:
+class LoraTrainer(metaclass=RemoteClass):
     """The step as a component: `parallel` picks how the data ranks share it."""
 
     def __init__(self, device_mesh: DeviceMesh | None = None, parallel: str = "ddp"):

@@ -134,8 +134,7 @@ def test_ray_remote_failure_names_the_rank_and_carries_the_traceback(ray_trainer
     assert ray_trainer.fail_on_rank(5) == "ok"  # the group survives a failed call
 
 
-@tm.remote_class
-class FailsToBuildOnRank1:
+class FailsToBuildOnRank1(metaclass=tm.RemoteClass):
     def __init__(self, device_mesh=None):
         if tm.get_global_mesh().rank == 1:
             raise RuntimeError("no room on rank 1")

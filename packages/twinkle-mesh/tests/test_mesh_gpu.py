@@ -26,8 +26,7 @@ def test_one_rank_cuda_mesh_uses_nccl():
         dist.destroy_process_group()
 
 
-@tm.remote_class
-class CudaProbe:
+class CudaProbe(metaclass=tm.RemoteClass):
     @tm.remote_method(collect="all")
     def where(self) -> dict:
         x = torch.ones(4, device="cuda")

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 import twinkle.mesh as tm
-from twinkle.mesh import DeviceGroup, DeviceMesh, remote_class, remote_method
+from twinkle.mesh import DeviceGroup, DeviceMesh, RemoteClass, remote_method
 from twinkle.mesh import runtime as rt_module
 from twinkle.mesh.device_group import assign_devices
 from twinkle.mesh.dispatch import collect_results, dispatch_args, method_spec
@@ -160,8 +160,7 @@ def test_ray_mode_without_ray_names_the_extra(monkeypatch):
         tm.initialize(mode="ray", groups=[DeviceGroup("model", 2)])
 
 
-@remote_class
-class Counter:
+class Counter(metaclass=RemoteClass):
     def __init__(self, start: int = 0):
         self.value = start
 
@@ -176,20 +175,13 @@ class LabelledCounter(Counter):
         self.label = label
 
 
-@remote_class
-class KnowsItsGroup:
-    def __init__(self, remote_group=None):
-        self.remote_group = remote_group
-
-
 def test_remote_group_is_accepted_and_ignored_outside_ray_mode():
     tm.initialize(mode="local", groups=[DeviceGroup("model", 1)])
     counter = Counter(5, remote_group="model")
     assert type(counter) is Counter and counter.value == 5
     assert counter.double([1, 2]) == [2, 4]  # the method itself is untouched
     sub = LabelledCounter("a", start=2, remote_group="model")
-    assert (type(sub), sub.label, sub.value) == (LabelledCounter, "a", 2)
-    assert KnowsItsGroup(remote_group="model").remote_group == "model"
+    assert (type(sub), sub.label, sub.value) == (LabelledCounter, "a", 2)  # its __init__ never sees the keyword
     assert method_spec(Counter, "double") == ("slice", "flatten")
     assert method_spec(LabelledCounter, "__init__") == ("all", "first")
     with pytest.raises(ValueError, match="dispatch='scatter'"):

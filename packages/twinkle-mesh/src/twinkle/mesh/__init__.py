@@ -3,13 +3,14 @@
 DeviceMesh.from_sizes(dp_size=2, tp_size=2)     # topology of one component over its ranks
 DeviceGroup(name="model", ranks=2, device_type="cpu")
 initialize(mode="local" | "ray", global_device_mesh=..., groups=[...], seed=42, address=None)
-@remote_class / @remote_method(dispatch=..., collect=...)   # Ray actor groups in ray mode
+class Trainer(metaclass=RemoteClass): ...        # Trainer(..., remote_group="model"): Ray actors in ray mode
+@remote_method(dispatch=..., collect=...)          # how a call fans out over them, how answers come back
 """
 
 from twinkle.mesh.device_group import DeviceGroup
 from twinkle.mesh.device_mesh import DeviceMesh
 from twinkle.mesh.logger import get_logger
-from twinkle.mesh.remote import RemoteError, WorkerDied, remote_class, remote_method
+from twinkle.mesh.remote import RemoteClass, RemoteError, WorkerDied, remote_method
 from twinkle.mesh.runtime import (
     Runtime,
     get_device_placement,
@@ -25,6 +26,7 @@ from twinkle.mesh.runtime import (
 __all__ = [
     "DeviceGroup",
     "DeviceMesh",
+    "RemoteClass",
     "RemoteError",
     "Runtime",
     "WorkerDied",
@@ -35,7 +37,6 @@ __all__ = [
     "initialize",
     "rank_generator",
     "rank_seed",
-    "remote_class",
     "remote_method",
     "seed_everything",
     "shutdown",

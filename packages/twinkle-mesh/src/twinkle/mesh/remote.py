@@ -1,22 +1,26 @@
-"""remote_class / remote_method: one component class, local object or Ray actor group.
+"""RemoteClass / remote_method: one component class, local object or Ray actor group.
 
-`@remote_class` adds a `remote_group=` keyword to construction. In ray mode it returns a
-RemoteGroup (twinkle.mesh.ray_group) over one actor per rank of that DeviceGroup; anywhere else
-(local mode, torchrun, inside an actor) the keyword is accepted and ignored and a plain object is
-built. `@remote_method` declares how a call fans out and how the answers come back; undeclared
-public methods run on every rank and return rank 0's answer (SPMD ranks agree).
+A class built with `metaclass=RemoteClass` takes a `remote_group=` keyword at construction: in ray
+mode `Cls(..., remote_group='model')` is a RemoteGroup (twinkle.mesh.ray_group) over one actor per
+rank of that DeviceGroup; anywhere else (local mode, torchrun, inside an actor) the keyword is
+ignored and a plain object is built. `@remote_method` declares how a call fans out and how the
+answers come back; undeclared public methods run on every rank and return rank 0's answer (SPMD
+ranks agree).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
+from abc import ABCMeta
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from twinkle.mesh.dispatch import COLLECT, DISPATCH, SPEC_ATTR, RemoteError, WorkerDied, method_spec
+from twinkle.mesh.runtime import get_runtime
 
-__all__ = ["RemoteError", "WorkerDied", "method_spec", "remote_class", "remote_method"]
+if TYPE_CHECKING:  # ray_group imports Ray, an optional extra
+    from twinkle.mesh.ray_group import RemoteGroup
+
+__all__ = ["RemoteClass", "RemoteError", "WorkerDied", "method_spec", "remote_method"]
 
 
 def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "first"):
@@ -39,61 +43,24 @@ def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "f
     return mark
 
 
-C = TypeVar("C", bound=type)
+T = TypeVar("T")
 
 
-def _wrap_init(cls: type) -> None:
-    """Make cls.__init__ swallow `remote_group` unless it declares it itself."""
-    init = cls.__init__
-    if getattr(init, "__twinkle_wrapped__", False):
-        return
-    try:
-        takes_it = "remote_group" in inspect.signature(init).parameters
-    except (TypeError, ValueError):
-        takes_it = False
+class RemoteClass(ABCMeta):
+    """The metaclass of a component that can run as a Ray actor group (ABCMeta's subclass, so an
+    abstract base can use it too). Constructing such a class is this `__call__`: with
+    `remote_group='name'` in ray mode it builds a RemoteGroup whose actors each construct the class
+    from the other arguments; otherwise the object is built here as by any class. Subclasses
+    inherit it, and no `__init__` ever receives `remote_group`."""
 
-    @functools.wraps(init)
-    def __init__(self, *args, remote_group=None, **kwargs):
-        if takes_it:
-            kwargs["remote_group"] = remote_group
-        init(self, *args, **kwargs)
+    @overload
+    def __call__(cls: type[T], *args: Any, remote_group: str | None, **kwargs: Any) -> T | RemoteGroup: ...
+    @overload
+    def __call__(cls: type[T], *args: Any, **kwargs: Any) -> T: ...
+    def __call__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
+        runtime = get_runtime()
+        if remote_group is not None and runtime is not None and runtime.mode == "ray":
+            from twinkle.mesh.ray_group import RemoteGroup
 
-    # setattr: patching a class's methods at decoration time is dynamic by nature
-    setattr(__init__, "__twinkle_wrapped__", True)
-    setattr(cls, "__init__", __init__)
-
-
-def remote_class(cls: C) -> C:
-    """Class decorator: `Cls(..., remote_group='model')` is an actor group in ray mode. Subclasses
-    inherit the behaviour (their own __init__ need not know about `remote_group`)."""
-    if not isinstance(cls, type):
-        raise TypeError(f"remote_class decorates classes, got {cls!r}")
-    _wrap_init(cls)
-    base_new = cls.__new__
-
-    def __new__(klass, *args, remote_group=None, **kwargs):
-        if remote_group is not None:
-            from twinkle.mesh.runtime import get_runtime
-
-            rt = get_runtime()
-            if rt is not None and rt.mode == "ray":
-                from twinkle.mesh.ray_group import RemoteGroup
-
-                return RemoteGroup(klass, rt.group(remote_group), args, kwargs)
-        if base_new is object.__new__:
-            return object.__new__(klass)
-        return base_new(klass, *args, **kwargs)
-
-    setattr(cls, "__new__", staticmethod(__new__))
-    parent_hook = cls.__dict__.get("__init_subclass__")
-
-    def __init_subclass__(sub, **kwargs):
-        if parent_hook is not None:
-            parent_hook.__func__(sub, **kwargs)
-        else:
-            super(cls, sub).__init_subclass__(**kwargs)  # ty: ignore[invalid-super-argument] - cls is a class (C is bound to type); ty does not see a TypeVar as one
-        _wrap_init(sub)
-
-    setattr(cls, "__init_subclass__", classmethod(__init_subclass__))
-    setattr(cls, "__twinkle_remote_class__", True)
-    return cls
+            return RemoteGroup(cls, runtime.group(remote_group), args, kwargs)
+        return super().__call__(*args, **kwargs)

@@ -17,7 +17,7 @@ import torch
 
 from twinkle.data_format.loss_inputs import merge_loss_inputs
 from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossContext
-from twinkle.mesh import get_global_mesh, remote_class, remote_method
+from twinkle.mesh import RemoteClass, get_global_mesh, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
 from twinkle.model import checkpoint, context_parallel, output_projection, vision
@@ -74,8 +74,7 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
     return model_cls.from_pretrained(path, config=config, dtype=torch_dtype or "auto", **kwargs), path
 
 
-@remote_class
-class TransformersModel(KitModelMixin, TwinkleModel):
+class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
     def __init__(
         self,
         model_id: str | None = None,

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
-from twinkle.mesh import remote_class, remote_method
+from twinkle.mesh import RemoteClass, remote_method
 from twinkle.mesh.device_mesh import split_bounds
 from twinkle.sampler.adapters import AdapterWeights, extract_adapter, load_adapter_folder
 from twinkle.sampler.params import SampleResponse, SamplingParams
@@ -58,8 +58,8 @@ def split_prompts(adapter_position: int):
     return dispatch
 
 
-@remote_class  # `Sampler(..., remote_group='sampler')` is a Ray actor group in ray mode
-class Sampler(ABC):
+# RemoteClass: `Sampler(..., remote_group='sampler')` is a Ray actor group in ray mode
+class Sampler(ABC, metaclass=RemoteClass):
     """`sample(inputs, sampling_params, adapter_name=None)` -> one SampleResponse per prompt.
 
     `inputs`: a list of token ids (one prompt), a list of those, an encoded row (`{"input_ids": ...}`),

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import twinkle.model.megatron.convert as convert
 from twinkle.loss import LogitsHead, LossContext, create_loss
-from twinkle.mesh import get_global_mesh, remote_class, remote_method
+from twinkle.mesh import RemoteClass, get_global_mesh, remote_method
 from twinkle.metric import ForwardRecord
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
@@ -83,8 +83,7 @@ def _read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-@remote_class
-class MegatronModel(TwinkleModel):
+class MegatronModel(TwinkleModel, metaclass=RemoteClass):
     def __init__(self, model_id: str, device_mesh=None, mixed_precision: str | None = None, seed: int = 42):
         require_megatron()
         from megatron.core import parallel_state as ps

@@ -69,14 +69,14 @@ class RemoteBackend(Backend):
 
         self.base_model, self.tokenizer_path = base_model, model_path
         # the operator's trust_remote_code travels to every rank with the other construction options
-        # remote_group= is the argument remote_class adds to every constructor
+        # remote_group= is the keyword RemoteClass (the shards' metaclass) adds to their construction
         self.trainer = TrainShard(
             base_model,
             shard_model_path,
             dtype=dtype,
             trust_remote_code=trust_remote_code,
             activation_checkpointing=activation_checkpointing,
-            remote_group=remote_group,  # ty: ignore[unknown-argument]
+            remote_group=remote_group,
         )
         self.samplers = SamplerShard(
             base_model,
@@ -84,7 +84,7 @@ class RemoteBackend(Backend):
             dtype=dtype,
             max_batch_size=max_batch_size,
             trust_remote_code=trust_remote_code,
-            remote_group=sampler_remote_group,  # ty: ignore[unknown-argument]
+            remote_group=sampler_remote_group,
         )
         for part in (self.trainer, self.samplers):  # a frozen rank fails the call like a dead one
             if isinstance(part, RemoteGroup):
@@ -110,7 +110,7 @@ class RemoteBackend(Backend):
             self._adapters.clear()
             log.error("%s (%d adapters lost); rebuilding", e, len(lost))
             started = time.monotonic()
-            self.trainer.remote_rebuild()  # ty: ignore[missing-attribute] - a RemoteGroup proxy's method
+            self.trainer.remote_rebuild()  # ty: ignore[missing-union-attribute] - only a RemoteGroup raises WorkerDied
             log.warning("remote group rebuilt in %.1f s", time.monotonic() - started)
             raise GroupRebuilt(why) from None
 
@@ -120,7 +120,7 @@ class RemoteBackend(Backend):
         except WorkerDied as e:
             self._sampler_names.clear()
             log.error("%s; rebuilding the sampler group", e)
-            self.samplers.remote_rebuild()  # ty: ignore[missing-attribute] - a RemoteGroup proxy's method
+            self.samplers.remote_rebuild()  # ty: ignore[missing-union-attribute] - only a RemoteGroup raises WorkerDied
             raise GroupRebuilt(f"{e}; the sampler group was rebuilt: save weights for a sampler again") from None
 
     def _check(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """The ranks of the remote backend: `TrainShard` (the training model) and `SamplerShard` (the sampler).
 
-Both are `@remote_class`es: built with `remote_group='name'` after `twinkle.mesh.initialize(mode='ray')`
+Both have `metaclass=RemoteClass`: built with `remote_group='name'` after `twinkle.mesh.initialize(mode='ray')`
 they are Ray actor groups, built with `remote_group=None` plain objects in this process. They place
 work; the data parallelism itself is the model layer's:
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from twinkle.mesh import remote_class, remote_method
+from twinkle.mesh import RemoteClass, remote_method
 from twinkle.mesh.device_mesh import split_bounds
 from twinkle.serve.backend.base import UserError
 from twinkle.serve.backend.multi_lora_backend import MultiLoraBackend
@@ -84,8 +84,7 @@ def merge_rank_results(per_rank: list[list]) -> list:
     return merged
 
 
-@remote_class
-class TrainShard(MultiLoraBackend):
+class TrainShard(MultiLoraBackend, metaclass=RemoteClass):
     """One data-parallel rank of the training model (MultiLoraModel, no sampler of its own)."""
 
     def __init__(
@@ -156,8 +155,7 @@ def _one_rank(args, kwargs, mesh, rank):
     return (), {"route": -1}
 
 
-@remote_class
-class SamplerShard(TorchSampling):
+class SamplerShard(TorchSampling, metaclass=RemoteClass):
     """One replica of the sampler (TorchSampler on its own copy of the base weights)."""
 
     def __init__(
