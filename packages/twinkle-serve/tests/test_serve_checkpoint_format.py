@@ -5,9 +5,7 @@
   checkpoint bit for bit (the server's engine is MultiLoraModel; versus TransformersModel's own next
   step the difference is the engines' summation order, as in twinkle-model's interop test);
 - a checkpoint either API saved resumes in TransformersModel and loads with
-  peft.AutoPeftModelForCausalLM from its folder alone;
-- checkpoints in the formats servers wrote before (native `training_state.pt`, Tinker
-  `optimizer.safetensors`) still resume, their optimizer moments intact.
+  peft.AutoPeftModelForCausalLM from its folder alone.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import shutil
 import pytest
 import torch
 from peft import LoraConfig
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from twinkle.hub import TEST_MODEL, resolve_model_path
 from twinkle.model import TransformersModel
@@ -219,108 +217,6 @@ def test_a_tinker_checkpoint_loads_locally(server, clients, rows, sft):
     folder = folder_of(server, training.save_state("tinker-out").result().path)
     assert LoraConfig.from_pretrained(str(folder)).lora_alpha == 32  # the Tinker adapter's own config
     check_loads_locally(folder, rows, 1, scheduler=False)
-
-
-# ---- the formats servers wrote before twinkle.model.checkpoint ---------------------------------------
-def old_adapter_folder(folder, engine, name):
-    """The pre-checkpoint-module Tinker writer: a dict-literal adapter_config.json naming twinkle://."""
-    folder.mkdir(parents=True)
-    save_file(
-        {k: v.detach().clone() for k, v in engine.adapter_state_dict(name).items()},
-        str(folder / "adapter_model.safetensors"),
-    )
-    (folder / "adapter_config.json").write_text(
-        json.dumps(
-            {
-                "peft_type": "LORA",
-                "task_type": "CAUSAL_LM",
-                "r": 4,
-                "lora_alpha": 8,
-                "lora_dropout": 0.0,
-                "bias": "none",
-                "target_modules": ["q_proj", "v_proj"],
-                "base_model_name_or_path": TEST_MODEL,
-            }
-        )
-    )
-
-
-def trained_engine(rows):
-    engine = MultiLoraModel(TEST_MODEL)
-    engine.add_adapter_to_model("old", LoraConfig(**LORA))
-    configure(engine)
-    for _ in range(3):
-        engine.forward_backward(inputs=rows)
-        engine.clip_grad_and_step()
-    return engine
-
-
-def resaved_moments(server, path):
-    """The optimizer state of `path` as the server saves it again (current format), read locally."""
-    engine = MultiLoraModel(TEST_MODEL)
-    folder = folder_of(server, path)
-    engine.load(folder, "x")
-    engine.set_optimizer("AdamW", **OPTIMIZER)
-    engine.set_lr_scheduler("CosineWarmupScheduler", **SCHEDULER)
-    counters = engine.resume_from_checkpoint(folder, "x")
-    return counters, engine.adapters["x"].optimizer.state_dict()["state"]
-
-
-def test_old_native_training_state_pt_still_resumes(server, clients, rows, tmp_path):
-    from twinkle.client.model import TransformersModel as Remote
-
-    engine = trained_engine(rows)
-    state = engine.adapters["old"]
-    old = tmp_path / "old-native"
-    old_adapter_folder(old, engine, "old")
-    torch.save(
-        {
-            "optimizer": state.optimizer.state_dict(),
-            "scheduler": state.scheduler.state_dict(),
-            "optimizer_steps": 3,
-            "step_calls": 0,
-            "fb_count": 3,
-        },
-        old / "training_state.pt",
-    )
-    path = give_tenant(server, clients[0], "old-native", old)
-
-    remote = Remote(model_id=TEST_MODEL, client=clients[0])
-    remote.load(path).result()
-    configure(remote)
-    assert remote.resume_from_checkpoint(path).result()["optimizer_steps"] == 3
-    counters, moments = resaved_moments(server, remote.save("old-native-resaved", save_training_state=True).result())
-    kit = {"cur_step": 3, "consumed_train_samples": 0, "gradient_accumulation_steps": 1}  # twinkle-kit's keys
-    assert counters == {"data_position": 3, "optimizer_steps": 3, "micro_step": 0, **kit}
-    for index, expected in state.optimizer.state_dict()["state"].items():
-        assert all(torch.equal(moments[index][k], v) for k, v in expected.items())
-    assert_bit_equal(weights(folder_of(server, path)), engine.adapter_state_dict("old"))
-
-
-def test_old_tinker_optimizer_safetensors_still_resumes(server, clients, rows, tmp_path):
-    engine = trained_engine(rows)
-    state = engine.adapters["old"]
-    old = tmp_path / "old-tinker"
-    old_adapter_folder(old, engine, "old")
-    moments = {}
-    for module in state.module_names:
-        layer = engine.base.get_submodule(module)
-        for which in ("lora_A", "lora_B"):
-            adam = state.optimizer.state[getattr(layer, which)["old"].weight]
-            moments.update(
-                {
-                    f"{module}.{which}.exp_avg": adam["exp_avg"],
-                    f"{module}.{which}.exp_avg_sq": adam["exp_avg_sq"],
-                    f"{module}.{which}.step": adam["step"].reshape(1).float(),
-                }
-            )
-    save_file(moments, str(old / "optimizer.safetensors"))
-    path = give_tenant(server, clients[0], "old-tinker", old)
-
-    training = clients[1].create_training_client_from_state_with_optimizer(path)
-    _, resaved = resaved_moments(server, training.save_state("old-tinker-resaved").result().path)
-    for index, expected in state.optimizer.state_dict()["state"].items():
-        assert all(torch.equal(resaved[index][k], v) for k, v in expected.items())
 
 
 def test_a_hub_model_s_adapters_name_the_hub_id(tmp_path):

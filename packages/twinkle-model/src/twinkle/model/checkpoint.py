@@ -241,6 +241,11 @@ def record_consumed_samples(path, consumed_train_samples: int) -> None:
     (folder / STATE_JSON).write_text(json.dumps(skeleton))
 
 
+def has_training_state(path) -> bool:
+    """Whether the folder holds what `save_training_state` writes (a checkpoint that can resume)."""
+    return (Path(path) / STATE_DIR / STATE_JSON).is_file()
+
+
 def read_counters(path) -> dict:
     """The counters `save_adapter_state` wrote, restoring nothing (a weights-only resume reports them)."""
     folder = Path(path) / STATE_DIR

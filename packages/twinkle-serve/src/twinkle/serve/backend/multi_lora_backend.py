@@ -243,11 +243,10 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     @exclusive
     def load_checkpoint(self, name: str, folder, training_state: bool, implicit_adam: bool = False) -> dict:
         """Weights from a LoRA folder into adapter `name` (built from the folder's own LoraConfig when it
-        does not exist yet); with `training_state`, the optimizer, scheduler and counters too (the
-        current format, or one a server wrote before it). `implicit_adam`: the adapter trains with the
+        does not exist yet); with `training_state`, the optimizer, scheduler and counters too.
+        `implicit_adam`: the adapter trains with the
         Tinker API's Adam, whose lr arrives with every step: it is made when missing, and a saved lr
         schedule has nothing to drive. -> the resumed counters ({} without)."""
-        import twinkle.serve.backend.legacy_checkpoint as legacy_checkpoint
         from twinkle.model import checkpoint
 
         created = name not in self.engine.adapters
@@ -256,8 +255,6 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             if not training_state:
                 return {}
             state = self._state(name)
-            if legacy_checkpoint.is_legacy(folder):
-                return legacy_checkpoint.resume_legacy(self.engine, name, folder)
             if implicit_adam:
                 state.ensure_optimizer()
             skipped = implicit_adam and state.scheduler is None

@@ -5,9 +5,8 @@ either API can list and load it."""
 from __future__ import annotations
 
 from twinkle.client.schema import CheckpointRef, LoadRequest, SaveRequest
-from twinkle.model.checkpoint import record_consumed_samples
+from twinkle.model.checkpoint import has_training_state, record_consumed_samples
 from twinkle.serve.backend import UserError
-from twinkle.serve.backend.legacy_checkpoint import has_training_state
 from twinkle.serve.core.checkpoints import check_name
 from twinkle.serve.errors import BadRequest, server_path_as
 from twinkle.serve.native.models import NativeModels, internal_name
