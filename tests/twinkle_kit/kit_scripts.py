@@ -24,6 +24,9 @@ class KitScript:
     tinker: bool = False  # drives the unmodified Tinker SDK
     saves: tuple[str, ...] = ()  # local folders it must leave behind (relative to where it runs)
     trains: str | None = None  # 'local:<folder>' or 'server:<checkpoint name>': an adapter that must beat the base
+    server_saves: tuple[str, ...] = ()  # checkpoint names it must leave on the server (downloadable adapters)
+    # patterns over its output, each with a group `down` (or `up`): the last value below (above) the first
+    learns: tuple[str, ...] = ()
     names: tuple[str, str] = ("twinkle LLM", "ModelScope Community")  # the self-cognition identity it trains
     needs: tuple[str, ...] = ()  # third-party modules the script itself imports
     note: str = ""
@@ -137,6 +140,31 @@ SCRIPTS = [
         tinker=True,
         needs=("dotenv", "modelscope"),
     ),
+    KitScript(
+        "tinker_grpo",
+        "cookbook/client/tinker/short_math_grpo.py",
+        server=True,
+        tinker=True,
+        sizes=(
+            ("MAX_NEW_TOKENS = 4096", "MAX_NEW_TOKENS = 16"),
+            ("MAX_STEPS = 1000", "MAX_STEPS = 2"),
+            ("DATA_NUM = 2000", "DATA_NUM = 4"),
+        ),
+        server_saves=("gsm8k-grpo-final",),
+        note="the untrained model earns no reward, so each group's advantages are 0: its steps train on the "
+        "sampled Datums and change nothing (twinkle-kit's skips such a step)",
+    ),
+    KitScript(
+        "tinker_dpo",
+        "cookbook/client/tinker/dpo.py",
+        server=True,
+        tinker=True,
+        sizes=(("range(5000)", "range(16)"),),
+        server_saves=("dpo-lora-final",),
+        learns=(r"\] loss=(?P<down>[-\d.]+)", r"'reward_margin:mean': (?P<up>[-\d.e]+)"),
+        note="twinkle-kit's conventions on the Tinker API: forward with disable_lora answers the base model's "
+        "log-probs, importance_sampling with ref_logps is DPO (tinker/kit_dpo.py); its optional SwanLab logging is left out",
+    ),
 ]
 
 GPU, VLLM, HUB, SANDBOX = "needs a GPU", "needs vLLM", "needs a hub", "needs a sandbox"
@@ -200,12 +228,6 @@ NOT_RUN = [
         "not run",
         "samples from a checkpoint path on the maintainers' own server (no rewrite names one)",
     ),
-    (
-        "cookbook/client/tinker/short_math_grpo.py",
-        "not yet",
-        "GRPO through the Tinker SDK ('importance_sampling'); its dataset substitutes; not covered yet",
-    ),
-    ("cookbook/client/tinker/dpo.py", "not yet", "imports swanlab (a third-party logger) at the top; not covered yet"),
     ("cookbook/client/tinker/multi_modal.py", HUB, "a hub image dataset"),
     ("cookbook/client/tinker/upload_to_hub.py", HUB, "uploads to ModelScope"),
     (

@@ -4,6 +4,7 @@ loss below the base model's), and does what docs/twinkle-kit-compat.md records."
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import kit_runner
@@ -46,6 +47,20 @@ def test_script_runs_trains_and_saves(script, recorded, judge, request, tmp_path
         )
         tuned, base = judge.losses(folder, judge.rows(script.names))
         assert tuned < base, f"the saved adapter did not learn: loss {tuned:.4f} vs the base model's {base:.4f}"
+    for name in script.server_saves:
+        folder = server_checkpoint(**_server(env), name=name, into=tmp_path / "saved" / name)
+        assert (folder / "adapter_model.safetensors").is_file(), f"the server's {name!r} holds no adapter"
+    for pattern in script.learns:
+        _assert_learns(pattern, out.output)
+
+
+def _assert_learns(pattern: str, output: str) -> None:
+    """The values `pattern` finds in the output, one per step, move the way its group's name says."""
+    found = list(re.finditer(pattern, output))
+    assert len(found) >= 2, f"{pattern!r}: fewer than 2 steps logged"
+    way = "down" if "down" in found[0].groupdict() else "up"
+    first, last = float(found[0][way]), float(found[-1][way])
+    assert (last < first) if way == "down" else (last > first), f"{pattern!r} did not go {way}: {first} -> {last}"
 
 
 def _server(env: dict) -> dict:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from twinkle.serve.backend.base import RowsPass, UserError
+from twinkle.serve.tinker import kit_dpo
 
 # Losses a Tinker client may name, and the loss_fn_inputs each needs besides target_tokens.
 TINKER_LOSSES = {
@@ -117,8 +118,12 @@ def training_pass(
 ) -> RowsPass:
     """A Tinker forward(_backward) as the engine's pass: checked datums shifted onto rows, scored by the
     loss the request names (`loss`: one built already, a custom loss with its per-datum inputs).
-    `weights` are cross-entropy's: another loss reads them from nowhere, so they are not sent on."""
-    check_datums(data, loss_fn, backend.vocab_size, backend.max_context)
+    `weights` are cross-entropy's: another loss reads them from nowhere, so they are not sent on.
+    twinkle-kit's conventions (a base-model forward, DPO by `ref_logps`) are tinker/kit_dpo.py's."""
+    kit = kit_dpo.loss_for(loss_fn, loss_config, data, forward_only) if loss is None else None
+    check_datums(data, "cross_entropy" if kit is not None else loss_fn, backend.vocab_size, backend.max_context)
+    if kit is not None:
+        return RowsPass(adapter, kit_dpo.rows_for(kit, rows(data)), forward_only, kit)
     if loss is None:
         loss = make_loss(loss_fn, loss_config)
     if loss_fn != "cross_entropy":
