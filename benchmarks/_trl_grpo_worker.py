@@ -58,11 +58,13 @@ class EvalAndStop(TrainerCallback):
         truths = [r["ground_truth"] for r in self.cfg["held_out"]]
         return sum(accuracy(texts, truths)) / len(texts)
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
+    # ARG002: transformers' TrainerCallback signature
+    def on_train_begin(self, args, state, control, model=None, **kwargs):  # noqa: ARG002
         self.curve.append((0, self.evaluate(model)))
         self.t0 = time.perf_counter()
 
-    def on_step_end(self, args, state, control, model=None, **kwargs):
+    # ARG002: transformers' TrainerCallback signature
+    def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ARG002
         self.step_seconds.append(time.perf_counter() - self.t0)
         if state.global_step % self.cfg["eval_every"] == 0:
             acc = self.evaluate(model)

@@ -41,11 +41,11 @@ class Paced(TrainerCallback):
         self.todo = json.loads(line)["steps"]
         self.t0 = time.perf_counter()
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ARG002 - transformers' TrainerCallback signature
         print(json.dumps({"ready": True}), flush=True)
         self._next_request(control)
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ARG002 - transformers' TrainerCallback signature
         self.seconds.append(time.perf_counter() - self.t0)
         self.losses.append(float(self.trainer.last_loss))
         self.todo -= 1

@@ -41,7 +41,7 @@ def sampler_trainer_kl(log: Path, work: Path) -> dict:
     }
 
 
-def train_steps(log: Path, work: Path) -> dict:
+def train_steps(log: Path, work: Path) -> dict:  # noqa: ARG001 - every recipe's report(log, work)
     """How many steps the recipe logged (a recipe can exit 0 having trained nothing)."""
     return {"steps_logged": len(metrics(log))}
 
@@ -128,7 +128,7 @@ RECIPES: dict[str, Recipe] = {
     "weights": Recipe(
         str(HERE / "weights_check.py"),
         log_args=lambda log: [str(log)],
-        report=lambda log, work: (
+        report=lambda log, work: (  # noqa: ARG005 - every recipe's report(log, work)
             json.loads((log / "result.json").read_text()) if (log / "result.json").exists() else {}
         ),
     ),

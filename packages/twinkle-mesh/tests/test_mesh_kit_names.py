@@ -7,7 +7,7 @@ import pytest
 from twinkle.mesh import DeviceGroup, get_logger
 
 
-@pytest.mark.parametrize(("given", "kept"), [("GPU", "cuda"), ("gpu", "cuda"), ("CPU", "cpu"), ("cuda", "cuda")])
+@pytest.mark.parametrize("given, kept", [("GPU", "cuda"), ("gpu", "cuda"), ("CPU", "cpu"), ("cuda", "cuda")])
 def test_device_type_spellings(given, kept):
     assert DeviceGroup("model", 2, given).device_type == kept
 

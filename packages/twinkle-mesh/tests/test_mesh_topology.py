@@ -23,7 +23,6 @@ def fresh_runtime(monkeypatch):
     monkeypatch.setattr(rt_module, "_RUNTIME", None)
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    yield
 
 
 def test_coordinates_and_groups_follow_pp_dp_fsdp_cp_tp_row_major():

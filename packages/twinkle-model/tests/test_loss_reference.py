@@ -248,7 +248,7 @@ def test_chunked_head_equals_full_logits_for_every_quantity():
 
 
 def test_unknown_loss_name_lists_the_registered_ones():
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(ValueError, match="NoSuchLoss") as err:
         create_loss("NoSuchLoss")
     for name in ("CrossEntropyLoss", "GRPOLoss", "DPOLoss", "GKDLoss", "SimPOLoss", "GSPOLoss"):
         assert name in str(err.value)

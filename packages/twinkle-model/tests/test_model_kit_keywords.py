@@ -45,7 +45,7 @@ def test_loss_inputs_land_on_the_completion_positions():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    "kwargs, message",
     [
         ({"old_logps": [[-0.5], [-2.0, -3.0]]}, r"old_logps: row 0 has 1 values but 2 completion tokens"),
         ({"advantages": [1.0]}, r"advantages must have one entry per row \(2 rows\)"),

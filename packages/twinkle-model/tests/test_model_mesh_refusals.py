@@ -21,7 +21,7 @@ from twinkle.model import TransformersModel
     ids=["pp", "ep", "dp-tp-pp"],
 )
 def test_unimplemented_dims_point_to_megatron(sizes, what):
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(ValueError, match="TransformersModel does not implement") as e:
         TransformersModel(model_id=TEST_MODEL, device_mesh=DeviceMesh.from_sizes(**sizes))
     assert f"TransformersModel does not implement {what}" in str(e.value)
     assert "would only repeat the work" in str(e.value) and "Use MegatronModel" in str(e.value)

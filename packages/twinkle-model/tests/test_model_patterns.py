@@ -127,7 +127,7 @@ def test_work_is_linear_in_the_name(pattern):
 
 
 @pytest.mark.parametrize(
-    ("pattern", "named"),
+    "pattern, named",
     [
         (r"(a)\1", r"the escape \1 (a backreference"),
         (r"(?P<x>a)(?P=x)", "named backreference"),

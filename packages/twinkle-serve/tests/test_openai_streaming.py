@@ -169,7 +169,7 @@ def test_failures_before_the_first_byte_are_statuses_and_after_it_an_error_event
     assert "exceeds the context" in err.value.body["message"]
     Decoding(server, monkeypatch, fail_at=3)
     received = []
-    with pytest.raises(openai.APIError) as err:
+    with pytest.raises(openai.APIError) as err:  # noqa: PT012 - the stream fails part-way: the chunks before it arrive
         for chunk in chat(oai, temperature=1.0, stream=True):
             received.append(chunk)
     # a fault of the server: said so, with the log's reference, and none of the exception's text

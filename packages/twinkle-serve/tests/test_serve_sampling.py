@@ -302,7 +302,7 @@ def raw(server, keys):
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    "override, message",
     [
         ({"sampling_params": {"stop": [""]}}, "sampling_params.stop must be"),
         ({"sampling_params": {"stop": ["x", 3]}}, "sampling_params.stop must be"),

@@ -82,6 +82,39 @@ def _limits(mapped: Mapped, where: str, queue: dict | None) -> None:
         mapped.ignored.append(f"{where}.queue_config.{key}: not a limit this server has")
 
 
+def _model_app(mapped: Mapped, where: str, args: dict, listed: list[str], models: dict[str, dict]) -> None:
+    if args.get("backend", "transformers") != "transformers":
+        mapped.ignored.append(f"{where}.args.backend: {args['backend']!r} (only transformers is served here)")
+        return
+    name = args["model_id"]
+    # what clients may send for it: the hub-free id (twinkle-kit's clients strip the prefix)
+    aliases = sorted(({m for m in listed if _prefix(m) == _prefix(name)} | {_prefix(name)}) - {name})
+    entry: dict[str, Any] = {"name": name, "aliases": aliases}
+    group = _group(mapped, where, args.get("device_group"))
+    if group:
+        entry["remote_group"] = group
+    models[_prefix(name)] = entry
+    mapped.config["models"].append(entry)
+    _limits(mapped, where, args.get("queue_config"))
+    timeout = (args.get("adapter_config") or {}).get("adapter_timeout")
+    if timeout is not None:
+        mapped.config["adapter_idle_offload_s"] = float(timeout)
+    for key in sorted(set(args) & set(IGNORED_MODEL_ARGS)):
+        mapped.ignored.append(f"{where}.args.{key}: {IGNORED_MODEL_ARGS[key]}")
+
+
+def _sampler_app(mapped: Mapped, where: str, args: dict, models: dict[str, dict]) -> None:
+    target = models.get(_prefix(args.get("model_id", "")))
+    if target is None:
+        mapped.ignored.append(f"{where}: samples a model no model app serves ({args.get('model_id')!r})")
+        return
+    group = _group(mapped, where, args.get("device_group"))
+    if group:
+        target["sampler_remote_group"] = group
+    for key in sorted(set(args) & set(IGNORED_SAMPLER_ARGS)):
+        mapped.ignored.append(f"{where}.args.{key}: {IGNORED_SAMPLER_ARGS[key]}")
+
+
 def from_kit_yaml(data: dict) -> Mapped:
     mapped = Mapped(config={"models": []})
     http = data.get("http_options") or {}
@@ -102,34 +135,9 @@ def from_kit_yaml(data: dict) -> Mapped:
             if limit is not None:
                 mapped.config.setdefault("limits", {})["max_models"] = int(limit)
         elif kind == "model":
-            if args.get("backend", "transformers") != "transformers":
-                mapped.ignored.append(f"{where}.args.backend: {args['backend']!r} (only transformers is served here)")
-                continue
-            name = args["model_id"]
-            # what clients may send for it: the hub-free id (twinkle-kit's clients strip the prefix)
-            aliases = sorted(({m for m in listed if _prefix(m) == _prefix(name)} | {_prefix(name)}) - {name})
-            entry: dict[str, Any] = {"name": name, "aliases": aliases}
-            group = _group(mapped, where, args.get("device_group"))
-            if group:
-                entry["remote_group"] = group
-            models[_prefix(name)] = entry
-            mapped.config["models"].append(entry)
-            _limits(mapped, where, args.get("queue_config"))
-            timeout = (args.get("adapter_config") or {}).get("adapter_timeout")
-            if timeout is not None:
-                mapped.config["adapter_idle_offload_s"] = float(timeout)
-            for key in sorted(set(args) & set(IGNORED_MODEL_ARGS)):
-                mapped.ignored.append(f"{where}.args.{key}: {IGNORED_MODEL_ARGS[key]}")
+            _model_app(mapped, where, args, listed, models)
         elif kind == "sampler":
-            target = models.get(_prefix(args.get("model_id", "")))
-            if target is None:
-                mapped.ignored.append(f"{where}: samples a model no model app serves ({args.get('model_id')!r})")
-                continue
-            group = _group(mapped, where, args.get("device_group"))
-            if group:
-                target["sampler_remote_group"] = group
-            for key in sorted(set(args) & set(IGNORED_SAMPLER_ARGS)):
-                mapped.ignored.append(f"{where}.args.{key}: {IGNORED_SAMPLER_ARGS[key]}")
+            _sampler_app(mapped, where, args, models)
         elif kind == "processor":
             mapped.ignored.append(f"{where}: datasets are built on the client (twinkle_client.dataset), not here")
         else:

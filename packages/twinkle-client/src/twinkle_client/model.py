@@ -131,7 +131,7 @@ class MultiLoraTransformersModel:
         *,
         save_optimizer: bool = False,
         consumed_train_samples: int | None = None,
-        is_sampler: bool = False,
+        is_sampler: bool = False,  # noqa: ARG002 - twinkle-kit's keyword, see the docstring
     ) -> SaveResponse:
         """`is_sampler`: twinkle-kit replaces the previous sampler copy; ours keeps every checkpoint,
         each a path a sampler can read, so nothing needs replacing."""
@@ -162,7 +162,11 @@ class MultiLoraTransformersModel:
         return {**out, "cur_step": out.get("optimizer_steps", 0)}
 
     def upload_to_hub(
-        self, checkpoint_dir, hub_model_id: str, hub_token: str | None = None, async_upload: bool = True
+        self,
+        checkpoint_dir,
+        hub_model_id: str,
+        hub_token: str | None = None,
+        async_upload: bool = True,  # noqa: ARG002 - twinkle-kit's keyword, see the docstring
     ) -> str:
         """Download the checkpoint here and upload it from this machine (`ms://` unless `hub_model_id`
         names `hf://`): twinkle.client.hub_upload. Returns the hub's URL; `async_upload` changes nothing

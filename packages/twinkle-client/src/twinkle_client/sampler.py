@@ -42,7 +42,8 @@ class vLLMSampler:
         self.template = None
         self._adapters: dict[str, str] = {}
 
-    def set_template(self, template_cls="Template", adapter_name: str = "", *, model_id: str | None = None, **kwargs):
+    # ARG002: twinkle-kit's signature; one template
+    def set_template(self, template_cls="Template", adapter_name: str = "", *, model_id: str | None = None, **kwargs):  # noqa: ARG002
         self.template = local_template(template_cls, model_id or self.model_id, kwargs)
 
     def _prompt(self, row):

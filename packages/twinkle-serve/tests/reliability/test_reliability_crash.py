@@ -154,7 +154,7 @@ class Survivor:
                 if lost_model_error(e):
                     self.resent += 1
                     continue
-                assert says_restarted(e), (run.name, item.kind, item.step, repr(e))
+                assert says_restarted(e), (run.name, item.kind, item.step, repr(e))  # noqa: PT017 - sorting a run's outcomes
                 self.in_flight["failed clearly"] += 1
                 continue
             if item.kind == "forward_backward":  # a completed result must be the right one

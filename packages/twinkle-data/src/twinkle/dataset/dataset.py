@@ -94,8 +94,8 @@ class Dataset:
         dataset_meta: DatasetMeta | str | None = None,
         init_args: dict[str, Any] | None = None,
         *,
-        batched: bool = True,
-        load_from_cache_file: bool = True,
+        batched: bool = True,  # noqa: ARG002 - twinkle-kit's keyword, see the docstring
+        load_from_cache_file: bool = True,  # noqa: ARG002 - twinkle-kit's keyword, see the docstring
         **kwargs: Any,
     ) -> Dataset:
         """Apply a Preprocessor (instance, class, registered name or plain ``row -> row`` function);
@@ -136,7 +136,7 @@ class Dataset:
         cache: bool = True,
         num_proc: int = 1,
         *,
-        batched: bool = True,
+        batched: bool = True,  # noqa: ARG002 - twinkle-kit's keyword: rows are encoded in batches
         load_from_cache_file: bool | None = None,
     ) -> Dataset:
         """Tokenize every row with the template: ``input_ids`` and ``labels`` (or, with

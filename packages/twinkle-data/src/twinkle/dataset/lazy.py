@@ -37,11 +37,11 @@ class LazyDataset(Dataset):
     def encode(
         self,
         add_generation_prompt: bool = False,
-        cache: bool = True,
-        num_proc: int = 1,
+        cache: bool = True,  # noqa: ARG002 - Dataset.encode's signature; nothing is cached
+        num_proc: int = 1,  # noqa: ARG002 - Dataset.encode's signature; rows encode as read
         *,
-        batched: bool = True,
-        load_from_cache_file: bool | None = None,
+        batched: bool = True,  # noqa: ARG002 - Dataset.encode's signature
+        load_from_cache_file: bool | None = None,  # noqa: ARG002 - Dataset.encode's signature
     ) -> LazyDataset:
         """Records the encoder; rows are encoded one at a time as they are read (nothing is cached)."""
         if self.template is None:

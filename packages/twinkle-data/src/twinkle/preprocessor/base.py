@@ -94,7 +94,8 @@ class Filter:
     def reset(self) -> None:
         pass
 
-    def __call__(self, rows: list[dict], first_index: int = 0) -> list[dict]:
+    # ARG002: Preprocessor's signature; a filter keeps no index
+    def __call__(self, rows: list[dict], first_index: int = 0) -> list[dict]:  # noqa: ARG002
         return [row for row in rows if self.keep(row)]
 
     def cache_key(self) -> str | None:

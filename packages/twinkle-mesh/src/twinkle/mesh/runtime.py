@@ -57,7 +57,7 @@ def initialize(
     seed: int = 42,
     address: str | None = None,
     *,
-    lazy_collect: bool = False,
+    lazy_collect: bool = False,  # noqa: ARG001 - twinkle-kit's keyword, see the docstring
     **ray_init_kwargs,
 ) -> Runtime:
     """Start Twinkle in this process.

@@ -151,7 +151,7 @@ class GRPOLoss(Loss):
     def needs_reference(self, fields):
         return self.beta > 0 and "ref_logprobs" not in fields
 
-    def head_needs(self, ctx):
+    def head_needs(self, ctx):  # noqa: ARG002 - Loss.head_needs' signature
         return HeadNeeds(entropy=bool(self.entropy_coef))
 
     def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor):

@@ -22,7 +22,8 @@ class CompletionRewardMetric(Metric):
         self.rewards: dict[str, list[float]] = defaultdict(list)
         self.completion_lengths: list[int] = []
 
-    def accumulate(self, inputs=None, outputs=None, *, completion_lengths=(), rewards=None) -> None:
+    # ARG002: Metric.accumulate's signature
+    def accumulate(self, inputs=None, outputs=None, *, completion_lengths=(), rewards=None) -> None:  # noqa: ARG002
         """`inputs` / `outputs` are twinkle-kit's positional slots; this metric reads neither."""
         for name, values in (rewards or {}).items():
             self.rewards[name].extend(float(v) for v in values)

@@ -58,7 +58,8 @@ def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
 class TensorBoardTracker:
     """Event files under `{logging_dir}/tensorboard/{run_name}` (`tensorboard --logdir` on the parent)."""
 
-    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None):
+    # ARG002: every tracker's constructor signature
+    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None):  # noqa: ARG002
         writer_cls = _require("torch.utils.tensorboard", "tensorboard", "tensorboard").SummaryWriter
         self.log_dir = Path(logging_dir) / "tensorboard" / run_name
         self.writer = writer_cls(log_dir=str(self.log_dir))
@@ -136,7 +137,7 @@ class TrackioTracker:
     """A trackio run in project `project`, stored where trackio stores (TRACKIO_DIR, read by trackio
     at import); `trackio show --project NAME` opens its dashboard."""
 
-    def __init__(self, logging_dir, run_name, project, config):
+    def __init__(self, logging_dir, run_name, project, config):  # noqa: ARG002 - every tracker's constructor signature
         trackio = _require("trackio", "trackio", "trackio")
         self.run = trackio.init(project=project, name=run_name, config=dict(config or {}), embed=False)
 

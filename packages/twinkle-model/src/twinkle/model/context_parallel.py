@@ -74,7 +74,8 @@ class _GatherSequence(torch.autograd.Function):
         return grad.chunk(shard.size, dim=2)[shard.rank].contiguous(), None
 
 
-def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+# ARG001: transformers' attention-function signature
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # noqa: ARG001
     """transformers' attention-function signature; query/key/value are [B, H, T_local, D]."""
     shard = _current
     if shard is None:

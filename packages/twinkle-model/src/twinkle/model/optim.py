@@ -252,7 +252,8 @@ def _cpu_kernels(cls, params: list[torch.Tensor], signature) -> dict:
     return {"foreach": True} if "foreach" in signature else {}
 
 
-def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+# ARG001: torch's optimizer pre-hook signature
+def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args, kwargs) -> None:  # noqa: ARG001
     """Before each step of a fused CPU optimizer: torch's fused CPU kernels (Adam, AdamW, SGD,
     Adagrad; torch 2.15) read a non-contiguous gradient or parameter as if it were contiguous and
     apply a wrong update without an error (a transposed gradient: AdamW off by 0.4 in one step).

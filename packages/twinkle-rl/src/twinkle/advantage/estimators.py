@@ -81,7 +81,8 @@ class REINFORCEAdvantage(Advantage):
     def load_state_dict(self, state: dict) -> None:
         self.baseline = state.get("baseline")
 
-    def compute(self, rewards_N, index_N, valid_N):
+    # ARG002: Advantage.compute's signature; REINFORCE needs no groups
+    def compute(self, rewards_N, index_N, valid_N):  # noqa: ARG002
         if self.baseline_kind == "none":
             return rewards_N.clone()
         n = int(valid_N.sum())

@@ -140,8 +140,9 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         if adapter_name not in (None, FULL_MODEL):
             raise ValueError(f"MegatronModel trains the whole model; it has no adapter {adapter_name!r}")
 
+    # ARG002: TwinkleModel's signature; refused
     @remote_method()
-    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
+    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:  # noqa: ARG002
         raise refuse(self, "train LoRA adapters (it trains full parameters)", "use TransformersModel or MultiLoraModel")
 
     @remote_method()
@@ -383,7 +384,11 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
 
     @remote_method()
     def save(
-        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+        self,
+        path,
+        adapter_name: str | None = None,
+        save_training_state: bool = False,
+        data_position: int | None = None,  # noqa: ARG002 - TwinkleModel's signature
     ) -> str:
         """An HF folder (`AutoModelForCausalLM.from_pretrained` loads it); training state is not saved."""
         from safetensors.torch import save_file
@@ -411,8 +416,9 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         if self.optimizer is not None:
             self.optimizer.reload_model_params()  # refresh fp32 main weights from the loaded ones
 
+    # ARG002: TwinkleModel's signature
     @remote_method()
-    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:
+    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:  # noqa: ARG002
         raise refuse(
             self,
             "resume training state (it saves weights only)",
