@@ -136,7 +136,9 @@ def test_a_cancel_between_micro_batches_leaves_the_adapter_as_before(backend):
     counters = (state.micro_step, state.consumed_batches)
     paused = threading.Event()
 
-    def pause(job, elapsed):  # hand back at the first boundary: the test cancels it there
+    def pause(job, elapsed):  # hand back at the first boundary between micro-batches: the test cancels it there
+        if not job.steps:  # the points inside the first micro-batch's pass (twinkle.model.preemption)
+            return False
         paused.set()
         return True
 
@@ -150,3 +152,33 @@ def test_a_cancel_between_micro_batches_leaves_the_adapter_as_before(backend):
         job.outcome()
     _assert_grads_equal(_grads(backend, adapter), before)
     assert (state.micro_step, state.consumed_batches) == counters
+
+
+@pytest.mark.parametrize("at", ["forward", "backward"])
+def test_a_cancel_inside_one_rows_pass_leaves_the_adapter_as_before(backend, at):
+    """One row is one pass no micro-batch can cut: it pauses at points inside its forward and backward
+    (decoder layers, attention chunks); cancelled there, it leaves the adapter as before."""
+    (adapter, _) = _twins(backend, f"inside-{at}")
+    loss = CrossEntropyLoss(reduction="sum")
+    (row,) = _rows()[:1]
+    backend.forward_backward_many([RowsPass(adapter, [row], False, loss)])
+    before, state = _grads(backend, adapter), backend.engine.adapter_state(adapter)
+    counters = (state.micro_step, state.consumed_batches)
+    seen = []
+
+    def pause(job, elapsed):  # the first point in forward (grad on) or in backward (grad off)
+        seen.append(torch.is_grad_enabled())
+        return seen[-1] == (at == "forward")
+
+    job = SlicedJob(
+        lambda: backend.forward_backward_sliced([RowsPass(adapter, [row], False, loss)], TURN_S), "t", pause
+    )
+    assert not job.turn()
+    job.cancel("cancelled by the client")
+    assert job.turn()
+    with pytest.raises(Cancelled, match="stopped after 0 steps"):
+        job.outcome()
+    assert (False in seen) == (at == "backward")
+    _assert_grads_equal(_grads(backend, adapter), before)
+    assert (state.micro_step, state.consumed_batches) == counters
+    assert not backend.engine.residency.in_use

@@ -16,6 +16,7 @@ from itertools import groupby
 
 from torch import nn
 
+from twinkle.model import preemption
 from twinkle.model.multi_lora import experts as expert_lora
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
 from twinkle.model.structure import describe
@@ -131,9 +132,15 @@ class LoRARouter:
         """Inside the block, row i of every forward uses adapter `row_adapters[i]` (None: base)."""
         self._build_plan(list(row_adapters))
         try:
-            yield self
+            # another tenant's decode may run while a long prefill pauses (twinkle.model.preemption)
+            with preemption.preserving(self._saved_routing):
+                yield self
         finally:
             self.routing.clear()
+
+    def _saved_routing(self):
+        state = self.routing.state()
+        return lambda: self.routing.load(state)
 
     def reroute(self, row_adapters: list[str | None], device=None) -> None:
         """Change the row assignment mid-block (after finished rows leave the batch)."""

@@ -15,6 +15,8 @@ import inspect
 
 import torch
 
+from twinkle.model import preemption
+from twinkle.model.structure import decoder_layer_list
 from twinkle.sampler import prefill, vision
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler, prompt_items
@@ -75,6 +77,7 @@ class TorchSampler(Sampler):
         self.device = next(self.model.parameters()).device
         self.max_batch_size = max_batch_size
         self.router = LoRARouter(self.model)
+        preemption.enable(self.model, decoder_layer_list(self.model))  # a long prefill may pause (served)
         gen = getattr(self.model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         if eos is None:

@@ -25,7 +25,7 @@ from twinkle.loss import Loss, LossContext
 from twinkle.mesh import get_global_mesh
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import checkpoint, vision
+from twinkle.model import checkpoint, preemption, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.kit import progress
@@ -39,6 +39,7 @@ from twinkle.model.multi_lora.memory import IdleTrimmer, limit_malloc_arenas
 from twinkle.model.multi_lora.residency import LIVE, Residency
 from twinkle.model.multi_lora.spec import AdapterSpec, check_adapter_name
 from twinkle.model.state import AdapterState
+from twinkle.model.structure import decoder_layer_list
 
 
 class MultiLoraModel(TwinkleModel):
@@ -82,6 +83,7 @@ class MultiLoraModel(TwinkleModel):
         self._hold_base(model, torch_dtype, base_dtype, loaded=self.model_path is not None)
         recompute.refuse_foreign_checkpointing(model)
         model.requires_grad_(False)  # the base is frozen for every tenant
+        preemption.enable(model, decoder_layer_list(model))  # a served long row may pause mid-pass
         self.model_id = model_id or getattr(model, "name_or_path", None)
         self.base = model
         self.device = next(model.parameters()).device
@@ -424,9 +426,28 @@ class MultiLoraModel(TwinkleModel):
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[name] = error
         if work:
-            outcomes.update(self._pass(work, train, return_logprobs, weights, losses))
+            names = [state.name for state, _ in work]
+            with preemption.preserving(lambda: self._paused(names)):  # what a pause lets other passes change
+                outcomes.update(self._pass(work, train, return_logprobs, weights, losses))
             self._worked()
         return outcomes
+
+    def _paused(self, names: list[str]):
+        """A pass of `names` pauses (twinkle.model.preemption): its adapters stay resident; -> what puts
+        back the routing and train/eval mode other passes may set meanwhile."""
+        routed, training = self.routing.state(), self.base.training
+        self.residency.in_use.update(names)
+
+        def resumed():
+            self.routing.load(routed)
+            if self.base.training != training:
+                self.base.train(training)
+            for name in names:
+                self.residency.in_use[name] -= 1
+                if not self.residency.in_use[name]:
+                    del self.residency.in_use[name]
+
+        return resumed
 
     @contextmanager
     def _routed(self, segments: list[tuple[str | None, Batch]], train: bool):

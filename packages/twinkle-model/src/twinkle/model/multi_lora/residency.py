@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +73,8 @@ class Residency:
         self.stats = SwapStats()
         self._used: OrderedDict[str, float] = OrderedDict()  # live adapters, least recently used first
         self._away: dict[str, _Away] = {}
+        # adapters of a pass paused mid-way (twinkle.model.preemption): its graph holds their tensors
+        self.in_use: Counter[str] = Counter()
 
     # ---- queries ------------------------------------------------------------------------------------
     def tier(self, name: str) -> str:
@@ -90,8 +92,8 @@ class Residency:
 
     def least_recent(self, tier: str = LIVE) -> list[str]:
         """Adapters in `tier`, least recently used first."""
-        if tier == LIVE:
-            return [n for n in self._used if n not in self._away]
+        if tier == LIVE:  # not those a paused pass is using: never offered to be parked
+            return [n for n in self._used if n not in self._away and n not in self.in_use]
         return sorted((n for n in self._away if self.tier(n) == tier), key=lambda n: self._away[n].since)
 
     def idle_for(self, name: str) -> float:

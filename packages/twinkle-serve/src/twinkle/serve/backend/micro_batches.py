@@ -14,7 +14,8 @@ data_parallel, with the same record merge, `strategy.merge_records`): a summed l
 a mean loss is scaled in each run by the run's share of its units (`Loss.units`: loss tokens, or
 pairs); gradients accumulate in place; the adapter's accumulation window counts the pass once and its
 metrics see one record of the whole pass. A failure, a cancel or a non-finite loss in any run leaves
-the gradients as they were before the pass.
+the gradients as they were before the pass. A run of one row still pauses inside its forward and
+backward when it is long (twinkle.model.preemption), releasing the engine lock while it waits.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
         loss = item.loss if item.loss is not None else getattr(state, "loss", None)
         group = 2 if getattr(loss, "unit", "token") == "pair" else 1
         if state is None or loss is None or len(lengths) <= group:
-            return backend.forward_backward_many([item])
+            return _whole(backend, item, state)
         train = not item.forward_only
         try:
             total = _units(loss, item.rows, engine.pad_id)
@@ -118,6 +119,19 @@ def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
         state.train_metrics, state.eval_metrics = kept
         ranked = [RankRecord(r, n, u) for r, (n, u) in zip(records.records, parts)]
         return [_merged(backend, state, loss, train, saved, outcomes, ranked)]
+
+
+def _whole(backend, item: RowsPass, state) -> list:
+    """One pass that cannot be cut into runs (one row, one pair): it still pauses inside its forward and
+    backward (twinkle.model.preemption); a cancel there leaves the gradients as before the pass."""
+    saved = state.snapshot() if state is not None and not item.forward_only else None
+    try:
+        return backend.forward_backward_many([item])
+    except BaseException:
+        if saved is not None:
+            with backend.engine_lock:
+                backend.engine.adapter_state(item.adapter).restore(saved)
+        raise
 
 
 def _merged(backend, state, loss, train: bool, saved, outcomes: list[dict], parts: list[RankRecord]) -> dict:

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import math
 import random
-import threading
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from twinkle.model import preemption
 from twinkle.registry import UnknownNameError
 from twinkle.serve.backend.base import AdamParams, Backend, LoraSpec, RowsPass, UserError
-from twinkle.serve.backend.resident import ResidentAdapters, exclusive
+from twinkle.serve.backend.resident import EngineLock, ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.errors import server_path_as
 
@@ -65,7 +65,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 share_frozen_with=hf,
             )
         self.engine.release_memory_when_idle(TRIM_AFTER_IDLE_S)  # freed activations go back once the queue is quiet
-        self._engine_lock = threading.RLock()
+        self._engine_lock = EngineLock()
 
     # ---- adapters ----------------------------------------------------------------------------------
     @exclusive
@@ -176,12 +176,14 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 continue
             batches = {name: passes[i].rows for name, i in group.items()}
             losses = {name: passes[i].loss for name, i in group.items() if passes[i].loss is not None}
-            if forward_only:
-                outcomes = self.engine.forward_fused(batches, raise_errors=False, losses=losses)
-            else:
-                outcomes = self.engine.forward_backward_fused(
-                    batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights, losses=losses
-                )
+            # a long row's pass may pause mid-way: the work run meanwhile needs the lock
+            with preemption.preserving(self._engine_lock.let_go):
+                if forward_only:
+                    outcomes = self.engine.forward_fused(batches, raise_errors=False, losses=losses)
+                else:
+                    outcomes = self.engine.forward_backward_fused(
+                        batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights, losses=losses
+                    )
             for name, i in group.items():
                 outcome = outcomes[name]
                 results[i] = UserError(str(outcome)) if isinstance(outcome, ValueError) else outcome

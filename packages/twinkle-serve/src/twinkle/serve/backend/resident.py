@@ -8,7 +8,46 @@ runs on its own thread, parks or spills adapters only between two operations, ne
 from __future__ import annotations
 
 import functools
+import threading
+from collections.abc import Callable
 from typing import Any
+
+
+class EngineLock:
+    """A re-entrant lock that the thread holding it can let go of whole while its pass waits for its
+    next turn (twinkle.model.preemption), however deeply it holds it, and take back as it was."""
+
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._owner: int | None = None
+        self._depth = 0  # how deeply the owner holds it; changed only by the owner
+
+    def __enter__(self) -> EngineLock:
+        self._lock.acquire()
+        self._owner = threading.get_ident()
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if not self._depth:
+            self._owner = None
+        self._lock.release()
+
+    def let_go(self) -> Callable[[], None]:
+        """Release it entirely if this thread holds it; -> what takes it back to the same depth."""
+        if self._owner != threading.get_ident():
+            return lambda: None
+        depth, self._depth, self._owner = self._depth, 0, None
+        for _ in range(depth):
+            self._lock.release()
+
+        def take_back() -> None:
+            for _ in range(depth):
+                self._lock.acquire()
+            self._owner, self._depth = threading.get_ident(), depth
+
+        return take_back
 
 
 def exclusive(method):

@@ -7,8 +7,9 @@ native and OpenAI facades alike.
   prompt (decoded), max_tokens unset counting as the rest of the context.
 
 Over the budget is a 400 naming the request's cost, the budget and the config key that raises it.
-Within it, long work still runs in slices between other tenants' work (core/slices.py); the budget
-bounds what no slice can split: one prompt's prefill, one row's pass.
+Within it, long work runs in slices between other tenants' work (core/slices.py), down to points
+inside one row's forward and backward and one prompt's prefill (twinkle.model.preemption): the budget
+bounds what one request holds (its KV cache and activations) and how long its own queue waits behind it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Exactly one of the scheduler's worker and its jobs runs at any moment: the worke
 called one operation at a time, as by one thread; a paused job's thread only keeps its place (its
 Python and autograd stack) until its next turn. A step boundary is `step()`, called by the backend
 between decode steps and between micro-batches; outside a job (a library caller, a test) it returns
-at once. Whatever a step boundary lets run in between (another tenant's decode re-routes the sampler's
+at once. Inside one forward and backward, a long row pauses at the points of twinkle.model.preemption
+(decoder layers, attention chunks), which call `pause_point` without counting a step. Whatever a step boundary lets run in between (another tenant's decode re-routes the sampler's
 LoRA layers) is set back by the code that calls `step()` before its next step.
 """
 
@@ -79,8 +80,12 @@ class SlicedJob:
     def _main(self) -> None:
         import torch
 
+        from twinkle.model import preemption
+
         torch.set_num_threads(torch.get_num_threads())  # this thread's OpenMP team sized as the worker's
         _local.job = self
+        # inside one pass too: a long row's layers and attention chunks (twinkle.model.preemption)
+        preemption.handler(self.pause_point)
         with self._cond:
             while not self._jobs_turn:
                 self._cond.wait()
@@ -90,19 +95,29 @@ class SlicedJob:
             self._error = e
         finally:
             _local.job = None
+            preemption.handler(None)
             with self._cond:
                 self.done, self._jobs_turn = True, False
                 self._cond.notify_all()
 
     def boundary(self) -> bool:
+        from twinkle.model import preemption
+
         self.steps += 1
+        return self.pause_point(preemption.pausing)
+
+    def pause_point(self, pausing) -> bool:
+        """Pause here if other work is due (True once resumed); raise Cancelled if cancelled. `pausing()`
+        runs right before the wait and returns what runs once resumed (twinkle.model.preemption)."""
         paused = self.cancelled is None and self.should_pause(self, time.monotonic() - self._began)
         if paused:
+            resumed = pausing()
             with self._cond:
                 self._jobs_turn = False
                 self._cond.notify_all()
                 while not self._jobs_turn:
                     self._cond.wait()
+            resumed()
         if self.cancelled is not None:
             raise Cancelled(self.cancelled, self.steps)
         return paused

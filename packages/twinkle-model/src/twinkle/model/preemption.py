@@ -1,0 +1,164 @@
+"""Points inside one forward and backward pass where long work may hand the engine to other work.
+
+A server runs one tenant's long pass on a thread of its own and lets other tenants' work run between
+its steps (twinkle.serve.core.slices). Between micro-batches is not enough when a single row is
+long: one 32K-token row's pass is one forward and one backward. So the pass itself has points where
+it may pause: the start of every decoder layer, forward and backward, and the attention of a long
+row, computed in query chunks of bounded work with a point between chunks (their backward too).
+
+A thread that may pause installs a handler (`handler(fn)`): at each point, `fn(pausing)` decides
+whether to pause and, if it does, calls `pausing()` right before it waits and what that returned once
+resumed. Elsewhere every point is a no-op and attention is transformers' sdpa, call for call: a
+library user's numbers do not change. `pausing()` runs the `save()` of every `preserving(save)`
+context open on the thread, and each returns what puts its part back: what other work may change
+while this pass waits (the multi-LoRA routing, the train/eval mode), and what it must let go of
+while it waits (the engine's lock, its adapters kept resident).
+
+Chunked attention is exact per query row (each row's softmax is over the same keys, masked the same
+way); only the order of floating-point sums inside a kernel may differ from one sdpa call.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+
+import torch
+
+NAME = "twinkle_preemptible"
+# Multiply-accumulates of one attention chunk (queries x keys x heads x head_dim, forward): ~20 ms
+# of fp32 on two cores, the slice a server gives work before others may run.
+CHUNK_MACS = 2**28
+MIN_CHUNK = 16
+
+_local = threading.local()
+_enabled: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()  # model -> chunked
+
+
+Pausing = Callable[[], Callable[[], None]]
+
+
+def handler(fn: Callable[[Pausing], bool] | None) -> None:
+    """Install (None: remove) this thread's pause handler."""
+    _local.handler = fn
+    _local.savers = []
+
+
+def active() -> bool:
+    return getattr(_local, "handler", None) is not None
+
+
+@contextmanager
+def preserving(save: Callable[[], Callable[[], None]]) -> Generator[None]:
+    """While open, a pause on this thread calls `save()` first and what it returned after."""
+    savers = getattr(_local, "savers", None)
+    if savers is None:
+        yield
+        return
+    savers.append(save)
+    try:
+        yield
+    finally:
+        savers.remove(save)
+
+
+def pausing() -> Callable[[], None]:
+    """Before this thread waits: every open `preserving` context's save; -> what undoes them all."""
+    restores = [save() for save in getattr(_local, "savers", ())]
+
+    def resumed() -> None:
+        for restore in restores:
+            restore()
+
+    return resumed
+
+
+def point() -> None:
+    """A place the running pass may pause (and raise the handler's error: a cancel)."""
+    fn = getattr(_local, "handler", None)
+    if fn is not None:
+        fn(pausing)
+
+
+def _point_in_backward(grad):
+    point()
+    return grad
+
+
+def _pause_before_backward_of(t: torch.Tensor) -> None:
+    if t.requires_grad and torch.is_grad_enabled():
+        t.register_hook(_point_in_backward)
+
+
+def _layer_pre_hook(module, args, kwargs):
+    point()
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if isinstance(hidden, torch.Tensor):
+        _pause_before_backward_of(hidden)  # its gradient is ready once this layer's backward is done
+
+
+def _chunkable(module, query, kwargs) -> bool:
+    return (
+        active()
+        and bool(kwargs.get("is_causal", getattr(module, "is_causal", False)))
+        and query.shape[2] > MIN_CHUNK
+        and not any(kwargs.get(k) is not None for k in ("position_bias", "s_aux", "sinks", "softcap"))
+    )
+
+
+def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention-function signature, over sdpa ([B, H, T, D] in, [B, T, H, D] out)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    L, S = query.shape[2], key.shape[2]
+    rows = max(MIN_CHUNK, CHUNK_MACS // max(1, S * query.shape[1] * query.shape[3]))
+    if not _chunkable(module, query, kwargs) or rows >= L:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    offset = S - L  # the cache before these queries: query i is position offset + i
+    kwargs.pop("is_causal", None)  # each chunk's causality is its mask
+    outs = []
+    for lo in range(0, L, rows):
+        hi = min(L, lo + rows)
+        keys = offset + hi  # causal: nothing past the chunk's last query is seen
+        if attention_mask is None:
+            q_pos = torch.arange(offset + lo, offset + hi, device=query.device)
+            mask = torch.arange(keys, device=query.device)[None, :] <= q_pos[:, None]
+        else:
+            mask = attention_mask[:, :, lo:hi, :keys]
+        out, _ = sdpa_attention_forward(
+            module,
+            query[:, :, lo:hi],
+            key[:, :, :keys],
+            value[:, :, :keys],
+            mask,
+            dropout,
+            scaling,
+            is_causal=False,
+            **kwargs,
+        )
+        _pause_before_backward_of(out)
+        outs.append(out)
+        point()
+    return torch.cat(outs, dim=1), None
+
+
+def enable(hf_model, layers: list[torch.nn.Module]) -> bool:
+    """Give `hf_model` its pause points: the decoder `layers`' starts and, where it runs sdpa, chunked
+    attention (registered once, by name, with sdpa's masks). -> whether attention is chunked."""
+    if hf_model in _enabled:
+        return _enabled[hf_model]
+    for layer in layers:
+        layer.register_forward_pre_hook(_layer_pre_hook, with_kwargs=True)
+    chunked = getattr(hf_model.config, "_attn_implementation", None) == "sdpa"  # eager / flash: layer starts only
+    _enabled[hf_model] = chunked
+    if not chunked:
+        return False
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    hf_model.set_attn_implementation(NAME)
+    return True
