@@ -92,7 +92,7 @@ def _pause_before_backward_of(t: torch.Tensor) -> None:
         t.register_hook(_point_in_backward)
 
 
-def _layer_pre_hook(module, args, kwargs):
+def _layer_pre_hook(_module, args, kwargs):
     point()
     hidden = args[0] if args else kwargs.get("hidden_states")
     if isinstance(hidden, torch.Tensor):
