@@ -16,10 +16,12 @@ raises the same `UnknownNameError`, listing the names that are known.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 T = TypeVar("T")
+C = TypeVar("C", bound=type)
 logger = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class UnknownNameError(KeyError, ValueError):
     """No class of this kind is registered under the name. A KeyError for lookups, a ValueError for
     arguments: callers of either convention catch it."""
 
-    def __init__(self, kind: str, name: object, group: str, known: list[str]):
+    def __init__(self, kind: str, name: object, group: str, known: list[str]) -> None:
         self.kind, self.name, self.known = kind, name, known
         super().__init__(
             f"unknown {kind} {name!r}; known: {', '.join(known) or 'none'} "
@@ -41,7 +43,7 @@ class UnknownNameError(KeyError, ValueError):
 class Registry(Generic[T]):
     """Classes of one kind by name. Entry points of `group` load on the first lookup that needs them."""
 
-    def __init__(self, kind: str, group: str, base: type[T]):
+    def __init__(self, kind: str, group: str, base: type[T]) -> None:
         self.kind, self.group, self.base = kind, group, base
         self._classes: dict[str, type[T]] = {}
         self._entry_points_loaded = False
@@ -51,12 +53,18 @@ class Registry(Generic[T]):
             raise TypeError(f"{cls!r} is not a {self.base.__name__} subclass, so it cannot be a {self.kind}")
         return cls
 
-    def register(self, cls: type[T] | None = None, *, name: str | None = None):
+    # C, not T: a decorated class keeps its own type (its constructor) for type checkers
+    @overload
+    def register(self, cls: C, *, name: str | None = None) -> C: ...
+    @overload
+    def register(self, cls: None = None, *, name: str | None = None) -> Callable[[C], C]: ...
+    def register(self, cls: C | None = None, *, name: str | None = None) -> C | Callable[[C], C]:
         """Class decorator (bare or with `name=`): registers the class under its name and its `aliases`."""
 
-        def add(c: type[T]) -> type[T]:
-            for key in (name or c.__name__, *getattr(self._check(c), "aliases", ())):
-                self._classes[key] = c
+        def add(c: C) -> C:
+            checked = self._check(c)
+            for key in (name or c.__name__, *getattr(checked, "aliases", ())):
+                self._classes[key] = checked
             return c
 
         return add(cls) if cls is not None else add

@@ -27,7 +27,7 @@ class DeviceGroup:
     resources_per_rank: dict[str, float] = field(default_factory=dict)
     placement: str = "pack"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"DeviceGroup name must be a non-empty string, got {self.name!r}")
         device_type = DEVICE_ALIASES.get(str(self.device_type).lower())

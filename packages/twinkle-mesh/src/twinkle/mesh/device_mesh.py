@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh as TorchDeviceMesh
 
 MESH_DIMS = ("pp", "dp", "fsdp", "cp", "tp")
 DATA_DIMS = ("dp", "fsdp")
@@ -57,7 +60,7 @@ class DeviceMesh:
     """Sizes per dimension plus this process's place in them (read live from torch.distributed or
     the torchrun environment, so a mesh pickled to another process answers for that process)."""
 
-    def __init__(self, sizes: dict[str, int], ep_size: int = 1, device_type: str | None = None):
+    def __init__(self, sizes: dict[str, int], ep_size: int = 1, device_type: str | None = None) -> None:
         for name, size in {**sizes, "ep": ep_size}.items():
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
                 raise ValueError(f"DeviceMesh {name}_size must be a positive integer, got {size!r}")
@@ -176,7 +179,7 @@ class DeviceMesh:
         rank = self.rank if rank is None else rank
         return next(g for g in self.all_group_ranks(dims) if rank in g)
 
-    def get_group(self, dims: str | Sequence[str]):
+    def get_group(self, dims: str | Sequence[str]) -> dist.ProcessGroup | None:
         """The torch.distributed process group of this rank over `dims` (e.g. 'dp', ('dp', 'fsdp'),
         'data'). Collective the first time: every rank must ask for the same dims in the same order."""
         dims = _normalize_dims(dims)
@@ -193,7 +196,7 @@ class DeviceMesh:
                 self._groups[dims] = mine
         return self._groups[dims]
 
-    def to_torch(self):
+    def to_torch(self) -> TorchDeviceMesh:
         """This mesh as a `torch.distributed.DeviceMesh` with dims (pp, dp, fsdp, cp, tp); slice it
         as usual (`mesh.to_torch()["fsdp"]`, `["dp", "fsdp"]` for HSDP)."""
         if self._torch_mesh is None:
@@ -208,7 +211,7 @@ class DeviceMesh:
         return self.device_type or ("cuda" if torch.cuda.is_available() else "cpu")
 
     # -- data ----------------------------------------------------------------------------------
-    def slice_for_data_rank(self, global_items, data_rank: int | None = None) -> list:
+    def slice_for_data_rank(self, global_items: Sequence, data_rank: int | None = None) -> list:
         """The contiguous share of a global batch for `data_rank` (default: this rank's). An uneven
         batch gives the first `len % data_world_size` data ranks one item more."""
         data_rank = self.data_rank if data_rank is None else data_rank
@@ -218,19 +221,19 @@ class DeviceMesh:
         return list(global_items[start:stop])
 
     # -- value semantics -----------------------------------------------------------------------
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # Process groups and torch meshes belong to one process; the receiver rebuilds its own.
         state = dict(self.__dict__)
         state["_torch_mesh"], state["_groups"] = None, {}
         return state
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, DeviceMesh) and (self.sizes, self.ep_size) == (other.sizes, other.ep_size)
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((self.shape, self.ep_size))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         sizes = ", ".join(f"{d}_size={s}" for d, s in self.sizes.items() if s > 1) or "dp_size=1"
         return f"DeviceMesh({sizes}{f', ep_size={self.ep_size}' if self.ep_size > 1 else ''})"
 

@@ -6,7 +6,8 @@ this module, so neither imports the other at module level."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -15,12 +16,15 @@ from twinkle.mesh.device_mesh import DeviceMesh, split_bounds
 DISPATCH = ("all", "slice")
 COLLECT = ("first", "all", "mean", "flatten", "merge")
 SPEC_ATTR = "__twinkle_remote__"
+# a callable dispatch: (args, kwargs, mesh, rank) -> the (args, kwargs) that rank receives
+Dispatch = Callable[[tuple, dict, DeviceMesh, int], tuple[tuple, dict]]
+Collect = Callable[[list], Any]  # a callable collect: the ranks' results -> the call's result
 
 
 class RemoteError(RuntimeError):
     """A call failed on one or more ranks of a remote group; carries the remote traceback."""
 
-    def __init__(self, message: str, rank: int, remote_traceback: str, exc_type: str):
+    def __init__(self, message: str, rank: int, remote_traceback: str, exc_type: str) -> None:
         super().__init__(message)
         self.rank, self.remote_traceback, self.exc_type = rank, remote_traceback, exc_type
 
@@ -39,34 +43,36 @@ def method_spec(cls: type, name: str) -> tuple:
 
 
 # -- fan-out and fan-in ---------------------------------------------------------------------------
-def _sliceable(value) -> bool:
+def _sliceable(value: object) -> bool:
     if isinstance(value, (list, tuple, torch.Tensor)):
         return not (isinstance(value, torch.Tensor) and value.dim() == 0)
     return isinstance(value, Mapping) and bool(value) and all(_sliceable(v) for v in value.values())
 
 
-def _cut(value, data_rank: int, parts: int):
+def _cut(value: Any, data_rank: int, parts: int) -> Any:
     if isinstance(value, Mapping):
         return type(value)({k: _cut(v, data_rank, parts) for k, v in value.items()})
     start, stop = split_bounds(len(value), parts, data_rank)
     return value[start:stop]
 
 
-def dispatch_args(dispatch, args: tuple, kwargs: dict, mesh: DeviceMesh, rank: int) -> tuple[tuple, dict]:
+def dispatch_args(
+    dispatch: str | Dispatch, args: tuple, kwargs: dict, mesh: DeviceMesh, rank: int
+) -> tuple[tuple, dict]:
     """The arguments rank `rank` receives."""
-    if callable(dispatch):
+    if not isinstance(dispatch, str):
         return dispatch(args, kwargs, mesh, rank)
     if dispatch == "all":
         return args, kwargs
     data_rank, parts = mesh.get_rank("data", rank), mesh.data_world_size
 
-    def cut(v):
+    def cut(v: Any) -> Any:
         return _cut(v, data_rank, parts) if _sliceable(v) else v
 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _mean(values: list):
+def _mean(values: list) -> Any:
     first = values[0]
     if isinstance(first, Mapping):
         return {k: _mean([v[k] for v in values]) for k in first}
@@ -77,7 +83,7 @@ def _mean(values: list):
     raise TypeError(f"collect='mean' needs numbers, tensors or dicts of them, got {type(first).__name__}")
 
 
-def collect_results(collect, results: list):
+def collect_results(collect: str | Collect, results: list) -> Any:
     if callable(collect):
         return collect(results)
     if collect == "first":

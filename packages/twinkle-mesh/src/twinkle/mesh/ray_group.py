@@ -21,6 +21,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from twinkle.mesh.dispatch import RemoteError, WorkerDied, collect_results, disp
 from twinkle.mesh.runtime import get_runtime, ray_runtime, require_ray
 
 ray = require_ray()
-from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
 PLACEMENT_TIMEOUT_S = float(os.environ.get("TWINKLE_PLACEMENT_TIMEOUT_S", "120"))
@@ -41,10 +42,10 @@ class _GroupWorker:
     """One rank. Every method answers ("ok", value) or ("err", type, message, traceback), so the
     driver reports the rank and the real remote traceback rather than Ray's wrapper."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size, self.instance = rank, world_size, None
 
-    def _guard(self, fn, *args, **kwargs):
+    def _guard(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple:
         try:
             return ("ok", fn(*args, **kwargs))
         except BaseException as e:
@@ -63,8 +64,10 @@ class _GroupWorker:
             s.bind(("", 0))
             return s.getsockname()[1]
 
-    def setup(self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int, threads: int, cwd: str = ""):
-        def run():
+    def setup(
+        self, master_addr: str, master_port: int, mesh: DeviceMesh, seed: int, threads: int, cwd: str = ""
+    ) -> tuple:
+        def run() -> None:
             # A relative path in a call (model.save('last-checkpoint')) means what it means to the
             # driver: its working directory, where the actor's node has it (a local cluster's does).
             if cwd and os.path.isdir(cwd):
@@ -89,13 +92,13 @@ class _GroupWorker:
 
         return self._guard(run)
 
-    def construct(self, cls, args, kwargs):
-        def run():
+    def construct(self, cls: type, args: tuple, kwargs: dict) -> tuple:
+        def run() -> None:
             self.instance = cls(*args, **kwargs)
 
         return self._guard(run)
 
-    def call(self, name: str, payload):
+    def call(self, name: str, payload: tuple[tuple, dict]) -> tuple:
         args, kwargs = payload
         return self._guard(lambda: getattr(self.instance, name)(*args, **kwargs))
 
@@ -123,7 +126,7 @@ def _pickle_class_by_value_if_needed(cls: type) -> None:
         ray.cloudpickle.register_pickle_by_value(module)
 
 
-def group_placement(group: DeviceGroup):
+def group_placement(group: DeviceGroup) -> PlacementGroup:
     """The Ray placement group reserving `group`'s devices (one bundle per rank: 1 CPU, plus 1 GPU
     for cuda, plus `resources_per_rank`; `placement='spread'`: each bundle on its own node), made on
     first use and shared by its components."""
@@ -167,7 +170,7 @@ def _this_node_ip() -> str | None:
 class RemoteGroup:
     """Proxy for `cls` built on every rank of `group`. Methods keep their names and signatures."""
 
-    def __init__(self, cls: type, group: DeviceGroup, args: tuple, kwargs: dict):
+    def __init__(self, cls: type, group: DeviceGroup, args: tuple, kwargs: dict) -> None:
         rt = ray_runtime()
         n = group.world_size
         mesh = kwargs.get("device_mesh")
@@ -299,7 +302,7 @@ class RemoteGroup:
                 results[rank] = out[1]
         return [results[r] for r in range(len(refs))]
 
-    def _call(self, name: str, args: tuple, kwargs: dict):
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         if not self._actors:  # a rebuild failed part-way (e.g. no node to place a rank on yet)
             raise WorkerDied(
                 f"{self._cls.__name__}.{name}: remote group {self._group.name!r} has no live actors; "
@@ -320,7 +323,7 @@ class RemoteGroup:
         what = f"{self._cls.__name__}.{name}"
         return collect_results(collect, self._gather(refs, what, timeout=self.remote_call_timeout_s))
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Callable[..., Any]:
         if name.startswith("_"):
             raise AttributeError(name)
         attr = inspect.getattr_static(self._cls, name, None)
@@ -332,7 +335,7 @@ class RemoteGroup:
             )
 
         @functools.wraps(fn)
-        def method(*args, **kwargs):
+        def method(*args: Any, **kwargs: Any) -> Any:
             return self._call(name, args, kwargs)
 
         self.__dict__[name] = method
@@ -372,5 +375,5 @@ class RemoteGroup:
         if rt is not None and self in rt.remote_groups.get(self._group.name, []):
             rt.remote_groups[self._group.name].remove(self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"RemoteGroup({self._cls.__name__} on {self._group.name!r}, {len(self._actors)} ranks, {self._mesh!r})"

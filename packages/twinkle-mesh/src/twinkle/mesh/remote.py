@@ -14,7 +14,7 @@ from abc import ABCMeta
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from twinkle.mesh.dispatch import COLLECT, DISPATCH, SPEC_ATTR, RemoteError, WorkerDied, method_spec
+from twinkle.mesh.dispatch import COLLECT, DISPATCH, SPEC_ATTR, Collect, Dispatch, RemoteError, WorkerDied, method_spec
 from twinkle.mesh.runtime import get_runtime
 
 if TYPE_CHECKING:  # ray_group imports Ray, an optional extra
@@ -23,7 +23,10 @@ if TYPE_CHECKING:  # ray_group imports Ray, an optional extra
 __all__ = ["RemoteClass", "RemoteError", "WorkerDied", "method_spec", "remote_method"]
 
 
-def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "first"):
+F = TypeVar("F", bound=Callable)
+
+
+def remote_method(dispatch: str | Dispatch = "all", collect: str | Collect = "first") -> Callable[[F], F]:
     """dispatch: 'all' (every rank gets the same arguments) or 'slice' (every list, tuple, tensor,
     or dict of those is cut along its first axis by data rank; scalars go to everyone), or a
     callable (args, kwargs, mesh, rank) -> (args, kwargs).
@@ -36,7 +39,7 @@ def remote_method(dispatch: str | Callable = "all", collect: str | Callable = "f
     if not callable(collect) and collect not in COLLECT:
         raise ValueError(f"remote_method collect={collect!r}; expected one of {COLLECT} or a callable")
 
-    def mark(fn):
+    def mark(fn: F) -> F:
         setattr(fn, SPEC_ATTR, (dispatch, collect))
         return fn
 

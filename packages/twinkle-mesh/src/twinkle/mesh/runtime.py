@@ -6,6 +6,8 @@ import os
 import random
 from dataclasses import dataclass, field
 from datetime import timedelta
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +29,7 @@ class Runtime:
     nproc_per_node: int | None = None
     # ray mode: group name -> live remote groups built on it (for get_device_placement)
     remote_groups: dict[str, list] = field(default_factory=dict)
-    placements: dict[str, object] = field(default_factory=dict)  # ray mode: group name -> placement group
+    placements: dict[str, Any] = field(default_factory=dict)  # ray mode: group name -> placement group
 
     def group(self, name: str) -> DeviceGroup:
         for g in self.groups:
@@ -41,7 +43,7 @@ class Runtime:
 _RUNTIME: Runtime | None = None
 
 
-def require_ray():
+def require_ray() -> ModuleType:
     try:
         import ray
     except ImportError as e:
@@ -58,7 +60,7 @@ def initialize(
     address: str | None = None,
     *,
     lazy_collect: bool = False,  # noqa: ARG001 - twinkle-kit's keyword, see the docstring
-    **ray_init_kwargs,
+    **ray_init_kwargs: Any,
 ) -> Runtime:
     """Start Twinkle in this process.
 
@@ -107,7 +109,9 @@ def _init_local(mesh: DeviceMesh | None) -> DeviceMesh:
     return mesh
 
 
-def _init_ray(groups, nproc_per_node, address, ray_init_kwargs) -> None:
+def _init_ray(
+    groups: list[DeviceGroup], nproc_per_node: int | None, address: str | None, ray_init_kwargs: dict[str, Any]
+) -> None:
     ray = require_ray()
     if ray.is_initialized():
         return

@@ -168,7 +168,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         eps: float = 1e-8,
         momentum: float = 0.0,
         max_grad_norm: float = 1.0,
-    ) -> None:
+    ) -> None:  # ty: ignore[incompatible-method-override] - a keyword it does not implement is a TypeError naming it
         """Megatron's optimizer ('AdamW'/'Adam' -> megatron adam, 'SGD'); fp32 main weights under bf16."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 

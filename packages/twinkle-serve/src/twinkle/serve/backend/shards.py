@@ -141,8 +141,8 @@ class TrainShard(MultiLoraBackend, metaclass=RemoteClass):
             return super().load_checkpoint(name, folder, training_state, implicit_adam)
 
     @remote_method(dispatch=slice_items, collect=merge_rank_results)
-    def forward_backward_many(self, items) -> list:
-        return super().forward_backward_many(items)
+    def forward_backward_many(self, passes) -> list:
+        return super().forward_backward_many(passes)
 
     optim_step = returns_user_errors(MultiLoraBackend.optim_step)
     clip_grad_and_step = returns_user_errors(MultiLoraBackend.clip_grad_and_step)
