@@ -112,3 +112,20 @@ def test_a_library_refusing_the_tenants_input_names_that_input(native):
     r = native.post(f"/models/{model_id}/clip_grad_and_step", json={})
     out = _outcome(native, r)
     assert out["category"] == "user" and "call set_optimizer" in out["error"], out
+
+
+def test_a_native_models_named_adapters_live_in_the_cores_one_registry(server, native):
+    live = server.runtime.live
+    model_id, _ = _model(native)
+    second = native.post(f"/models/{model_id}/add_adapter_to_model", json={"adapter_name": "b", "lora_config": LORA})
+    assert _outcome(native, second)["status"] == "complete"
+    assert list(live.named(model_id)) == ["default", "b"]
+    assert live.get(model_id) == live.named(model_id)["default"]  # the run's adapter: the first it holds
+    assert server.runtime.store.runs.get(model_id).lora["adapters"] == ["b", "default"]
+    out = _fb(native, model_id)
+    assert out["category"] == "user" and "['b', 'default']: pass adapter_name" in out["error"], out
+    rows = [{"input_ids": TOKENS, "labels": TOKENS}]
+    r = native.post(f"/models/{model_id}/forward_backward", json={"inputs": {"rows": rows}, "adapter_name": "b"})
+    assert _outcome(native, r)["status"] == "complete"
+    assert _outcome(native, native.delete(f"/models/{model_id}"))["result"]["adapters"] == ["b", "default"]
+    assert live.get(model_id) is None and live.named(model_id) == {}

@@ -98,8 +98,10 @@ class Service:
             )
         return live.adapter
 
-    def set_live(self, model_id: str, engine: Engine, adapter: str, replace: bool = True) -> None:
-        self.rt.live.put(model_id, LiveAdapter(engine.entry.name, adapter), replace)
+    def set_live(self, model_id: str, engine: Engine, adapter: str, name: str = "") -> None:
+        """The run holds `adapter` on `engine`'s backend, as its adapter `name` (a native run's; a
+        Tinker run's one adapter is unnamed)."""
+        self.rt.live.put(model_id, LiveAdapter(engine.entry.name, adapter), name)
 
     def record_step(self, run: Run, metrics: dict, same_step: bool = False) -> int:
         """Add a training step's numbers to the run's curves (both APIs' runs show on the dashboard)."""

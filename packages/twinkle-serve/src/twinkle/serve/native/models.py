@@ -3,8 +3,9 @@
 A native model is a training run in the same store as Tinker's (`api='native'`, id
 `{session}:train:0`), so runs, checkpoints, limits, futures and the dashboard see both APIs alike.
 It holds any number of named LoRA adapters on the base model's backend (through the typed `Backend`
-operations, so in this process or on a Ray remote group alike); every operation runs on the
-scheduler's worker thread in the client's order (`seq`), and completes a future.
+operations, so in this process or on a Ray remote group alike), registered under their names in the
+core's one registry of live adapters (`core/live.py`, where a Tinker run's one adapter is too); every
+operation runs on the scheduler's worker thread in the client's order (`seq`), and completes a future.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ def _scheduler_kwargs(name: str, kwargs: dict) -> None:
 class NativeModels:
     def __init__(self, svc: Service):
         self.svc, self.rt = svc, svc.rt
-        self._adapters: dict[str, dict[str, str]] = {}  # model_id -> {adapter name -> engine adapter}
         self._seqs: dict[str, itertools.count] = {}
         self._lock = threading.Lock()
         self._started_at = time.time()  # adapters of models created before this are gone (kept in memory only)
@@ -75,9 +75,12 @@ class NativeModels:
         with self._lock:
             return next(self._seqs.setdefault(model_id, itertools.count(1 << 40)))
 
+    def adapters(self, model_id: str) -> dict[str, str]:
+        """The model's adapters: the client's name -> the engine's (core's registry, `rt.live`)."""
+        return {label: live.adapter for label, live in self.rt.live.named(model_id).items()}
+
     def adapter(self, model_id: str, name: str | None) -> str:
-        with self._lock:
-            adapters = dict(self._adapters.get(model_id, {}))
+        adapters = self.adapters(model_id)
         if not adapters:
             run = self.rt.store.runs.get(model_id)
             if run and run.created_at < self._started_at:
@@ -98,27 +101,15 @@ class NativeModels:
             )
         return adapters[name]
 
-    def peek_adapter(self, model_id: str, name: str | None) -> str | None:
-        """The adapter if it exists now (a pass may then fuse), else None (it may be queued)."""
-        try:
-            return self.adapter(model_id, name)
-        except UserError:
-            return None
-
     def label(self, model_id: str, internal: str) -> str:
-        with self._lock:
-            return next(k for k, v in self._adapters.get(model_id, {}).items() if v == internal)
+        return next(k for k, v in self.adapters(model_id).items() if v == internal)
 
     def has(self, model_id: str, label: str) -> bool:
-        with self._lock:
-            return label in self._adapters.get(model_id, {})
+        return label in self.adapters(model_id)
 
     def register(self, run: Run, rank: int, label: str, internal: str) -> None:
-        with self._lock:
-            self._adapters.setdefault(run.model_id, {})[label] = internal
-            labels = sorted(self._adapters[run.model_id])
-        self.svc.set_live(run.model_id, self.rt.engine(run.base_model), internal, replace=False)
-        lora = {**run.lora, "rank": rank, "adapters": labels}
+        self.svc.set_live(run.model_id, self.rt.engine(run.base_model), internal, label)
+        lora = {**run.lora, "rank": rank, "adapters": sorted(self.adapters(run.model_id))}
         self.rt.store.runs.set_lora(run.model_id, lora)
 
     def reserve(self, run: Run, internal: str, config, where: str) -> None:
@@ -133,18 +124,8 @@ class NativeModels:
         if backend.adapter_rank(internal) is not None:
             backend.remove_adapter(internal)
         self.rt.adapter_memory.release(internal)
-        with self._lock:
-            adapters = self._adapters.get(run.model_id, {})
-            if adapters.get(label) == internal:
-                del adapters[label]
-            rest = list(adapters.values())
-            if not rest:
-                self._adapters.pop(run.model_id, None)
-        live = self.rt.live.get(run.model_id)
-        if not rest:
-            self.rt.live.pop(run.model_id)
-        elif live is not None and live.adapter == internal:  # the run stays live on an adapter it still has
-            self.svc.set_live(run.model_id, self.rt.engine(run.base_model), rest[0])
+        if self.adapters(run.model_id).get(label) == internal:  # the run stays live on the adapters it still has
+            self.rt.live.remove(run.model_id, label)
 
     # ---- models and adapters -------------------------------------------------------------------
     def create_model(self, tenant: str, req: CreateModelRequest) -> ModelInfo:
@@ -206,8 +187,7 @@ class NativeModels:
         """Free the model's adapters once its queued work has run (the run and its checkpoints stay)."""
 
         def work(backend, run):
-            with self._lock:
-                adapters = self._adapters.pop(model_id, {})
+            adapters = self.adapters(model_id)
             for internal in adapters.values():
                 backend.remove_adapter(internal)
                 self.rt.adapter_memory.release(internal)
