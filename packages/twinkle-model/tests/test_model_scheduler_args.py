@@ -37,7 +37,7 @@ def test_arguments_that_break_a_schedule_are_refused_naming_them(name, kwargs, f
     with pytest.raises(SchedulerArgumentError) as err:
         build_scheduler(name, _optimizer(), **kwargs)
     assert err.value.field == field
-    assert isinstance(err.value, ValueError)  # a caller's error (the server's library_errors answers it as one)
+    assert isinstance(err.value, ValueError)  # a caller's error (the server answers it as the user's at the call)
     assert (f"{field} = " in str(err.value)) or field == "name", str(err.value)
 
 
