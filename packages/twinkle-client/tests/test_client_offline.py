@@ -170,5 +170,7 @@ def test_keep_alive_connection_is_reused_and_a_closed_one_replaced():
         client.wire._local.conn.sock.shutdown(2)  # as if the server had dropped the idle connection
         assert client.get("/c") == {"ok": True}
         assert peers[2] != peers[0]
+        client.close()
     finally:
         server.shutdown()
+        server.server_close()
