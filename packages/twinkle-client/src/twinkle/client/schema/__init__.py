@@ -106,7 +106,6 @@ class AddMetricRequest(NamedComponent):
 class ForwardRequest(_Strict):
     adapter_name: str | None = None
     inputs: Inputs
-    seq_id: int | None = None
 
 
 class StepRequest(_Strict):
