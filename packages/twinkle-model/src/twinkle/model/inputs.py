@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.processor import InputProcessor
 from twinkle.processor.images import IMAGE_KEYS
 
 # images (IMAGE_KEYS) are model inputs, concatenated over the batch, not per-row loss inputs;
@@ -73,22 +74,6 @@ def _expand_pair(row: dict) -> list[dict]:
     return [row, rejected]
 
 
-def _pad_collate(rows: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-padding collate of input_ids/labels (used when no twinkle.processor is installed)."""
-    T = max(len(r["input_ids"]) for r in rows)
-    B = len(rows)
-    input_ids = torch.zeros(B, T, dtype=torch.long)
-    labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros(B, T, dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(r["input_ids"])
-        input_ids[i, :n] = torch.as_tensor(r["input_ids"], dtype=torch.long)
-        labels[i, :n] = torch.as_tensor(r.get("labels", r["input_ids"]), dtype=torch.long)
-        attention_mask[i, :n] = 1
-    position_ids = torch.arange(T).expand(B, T).clone()
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "position_ids": position_ids}
-
-
 def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
     first = values[0]
     dtype = torch.float32 if name in FLOAT_FIELDS else None
@@ -109,7 +94,8 @@ def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
 
 
 def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(model tensors, loss-input fields) for a batch of encoded rows."""
+    """(model tensors, loss-input fields) for a batch of encoded rows; `processor` (default: a right-
+    padding InputProcessor) makes the model tensors."""
     if isinstance(rows, dict):  # already collated
         batch = {k: v for k, v in rows.items() if k in MODEL_KEYS}
         if "labels" not in batch:
@@ -121,7 +107,7 @@ def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Te
         if "labels" in r and len(r["labels"]) != len(r["input_ids"]):
             raise ValueError(f"row {i}: {len(r['labels'])} labels for {len(r['input_ids'])} input_ids")
     core = [{k: r[k] for k in ("input_ids", "labels", "lengths", *IMAGE_KEYS) if k in r} for r in rows]
-    batch = processor(core) if processor is not None else _pad_collate(core)
+    batch = (processor if processor is not None else InputProcessor())(core)
     B, T = batch["input_ids"].shape
     extra_names = sorted({k for r in rows for k in r} - set(MODEL_KEYS))
     fields = {}
