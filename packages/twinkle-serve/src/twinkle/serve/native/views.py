@@ -70,7 +70,7 @@ class NativeViews:
         if req.chats is not None:  # templated and its images decoded here, not on the engine's thread
             try:
                 encoded = self.compute.chat_prompts(engine.backend, req.chats)
-            except (UserError, ValueError, KeyError) as e:
+            except UserError as e:  # the template's and the image checks' refusals, naming the chat
                 raise BadRequest(str(e)) from None
             prompts, prompt_images = [ids for ids, _ in encoded], [images for _, images in encoded]
             lens = [len(p) for p in prompts]  # the chats' tokens, now known: their cost before queueing
@@ -111,13 +111,7 @@ class NativeViews:
                     backend.remove_sampler(sampler)
             return Answer.json(SampleResult(outputs=outputs).model_dump())
 
-        def guarded():
-            try:
-                return run()
-            except (ValueError, KeyError) as e:
-                raise UserError(str(e)) from None
-
-        request_id = self.svc.submit(tenant, engine, queue, None, guarded, sliced=True)  # decodes in turns
+        request_id = self.svc.submit(tenant, engine, queue, None, run, sliced=True)  # decodes in turns
         return {"request_id": request_id, "model_id": req.model_id}
 
     # ---- runs ----------------------------------------------------------------------------------
