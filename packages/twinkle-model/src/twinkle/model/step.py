@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from twinkle.metric import StepRecord
+from twinkle.metric import StepRecord, ThroughputMetric
 from twinkle.model.state import AdapterState
 
 logger = logging.getLogger("twinkle.model")
@@ -67,7 +67,7 @@ def finish_step(
     for metric in state.train_metrics:
         metric.on_step(record)
     if logger.isEnabledFor(logging.INFO):
-        throughput = next((m for m in state.train_metrics if hasattr(m, "peak_flops")), None)
+        throughput = next((m for m in state.train_metrics if isinstance(m, ThroughputMetric)), None)
         if throughput is not None:
             logger.info("adapter %r step %d: %s", state.name, state.optimizer_steps, throughput.compute())
     return {"stepped": not skipped, "skipped": skipped, "grad_norm": grad_norm, "lr": lr, "step": state.optimizer_steps}
