@@ -12,6 +12,8 @@ import pytest
 from _util_isolation import NativeWire, native_row
 from harness import SUMMARY, Wire, fb_body, sft_pair
 
+from twinkle.hub import TEST_MODEL
+
 BODY_LIMIT = 64 * 1024
 
 
@@ -87,7 +89,10 @@ def test_adapter_memory_cap_refuses_a_new_adapter_clearly(limited):
     sid = w.session()
     made = 0
     for seq in range(10):  # other tests' adapters share the cap: fill what is left
-        r = w.post("/create_model", {"session_id": sid, "model_seq_id": seq, "lora_config": {"rank": 8}})
+        r = w.post(
+            "/create_model",
+            {"session_id": sid, "model_seq_id": seq, "base_model": TEST_MODEL, "lora_config": {"rank": 8}},
+        )
         if r.status_code != 200:
             break
         w.done(r)
@@ -100,7 +105,10 @@ def test_adapter_memory_cap_refuses_a_new_adapter_clearly(limited):
     sid2 = w.session()
     deadline = time.monotonic() + 60
     while (
-        r := w.post("/create_model", {"session_id": sid2, "model_seq_id": 0, "lora_config": {"rank": 8}})
+        r := w.post(
+            "/create_model",
+            {"session_id": sid2, "model_seq_id": 0, "base_model": TEST_MODEL, "lora_config": {"rank": 8}},
+        )
     ).status_code == 409:
         assert time.monotonic() < deadline, r.text
         time.sleep(0.2)
@@ -141,13 +149,18 @@ def test_native_adapters_count_against_the_same_cap(limited):
     assert loaded.status_code == 409 and "adapter memory is full" in loaded.json()["error"], loaded.text
     # one account across both APIs: a Tinker adapter is refused while the native ones hold the memory
     sid = w.session()
-    tinker = w.post("/create_model", {"session_id": sid, "model_seq_id": 0, "lora_config": {"rank": 8}})
+    tinker = w.post(
+        "/create_model", {"session_id": sid, "model_seq_id": 0, "base_model": TEST_MODEL, "lora_config": {"rank": 8}}
+    )
     assert tinker.status_code == 409 and "adapter memory is full" in tinker.json()["error"], tinker.text
     # closing the native model frees its adapters' share: the Tinker adapter fits again
     n.done(n.http.delete(f"/twinkle/v1/models/{mid}"))
     w.done(
         _wait_until_admitted(
-            lambda: w.post("/create_model", {"session_id": sid, "model_seq_id": 0, "lora_config": {"rank": 8}})
+            lambda: w.post(
+                "/create_model",
+                {"session_id": sid, "model_seq_id": 0, "base_model": TEST_MODEL, "lora_config": {"rank": 8}},
+            )
         )
     )
     w.ok(w.post(f"/sessions/{sid}/finish", {}))

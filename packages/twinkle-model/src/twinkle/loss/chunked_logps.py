@@ -57,6 +57,8 @@ class _Chunk:
 class ChunkedLogps(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_N_H, weight_V_H, bias_V, targets_N, index_N_K, want_entropy, chunk, scale):
+        from twinkle.model.preemption import point  # a served long row may pause between chunks
+
         N = hidden_N_H.shape[0]
         trains_head = weight_V_H.requires_grad or (bias_V is not None and bias_V.requires_grad)
         keep_products = hidden_N_H.requires_grad and not trains_head
@@ -80,6 +82,7 @@ class ChunkedLogps(torch.autograd.Function):
                 if want_entropy:
                     qw_N_H[sl] = c.log_probs_N_V.mul_(c.probs_N_V).to(weight_V_H.dtype) @ weight_V_H
             del c
+            point()
         ctx.mark_non_differentiable(argmax_N)
         ctx.want_entropy, ctx.chunk, ctx.scale, ctx.keep_products = want_entropy, chunk, scale, keep_products
         ctx.has_index = index_N_K is not None
@@ -123,6 +126,8 @@ def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, 
 
 def _recompute_backward(ctx, g_logps, g_entropy, g_at):
     """A trained head: each chunk's logits again, their gradient, then the input, weight and bias grads."""
+    from twinkle.model.preemption import point
+
     hidden, weight, bias, targets, index = ctx.saved_tensors
     needs_h, needs_w, needs_b = ctx.needs_input_grad[:3]
     grad_h = torch.empty_like(hidden) if needs_h else None
@@ -152,6 +157,7 @@ def _recompute_backward(ctx, g_logps, g_entropy, g_at):
         if grad_b is not None:
             grad_b.add_(dz_N_V.sum(0))
         del c, dz_N_V
+        point()
     grad_w = grad_w.to(weight.dtype) if grad_w is not None else None
     grad_b = grad_b.to(bias.dtype) if grad_b is not None else None
     return grad_h, grad_w, grad_b, None, None, None, None, None

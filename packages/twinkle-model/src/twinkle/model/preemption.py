@@ -3,8 +3,10 @@
 A server runs one tenant's long pass on a thread of its own and lets other tenants' work run between
 its steps (twinkle.serve.core.slices). Between micro-batches is not enough when a single row is
 long: one 32K-token row's pass is one forward and one backward. So the pass itself has points where
-it may pause: the start of every decoder layer, forward and backward, and the attention of a long
-row, computed in query chunks of bounded work with a point between chunks (their backward too).
+it may pause: the start of every decoder layer, forward and backward; and where a long row's work
+is large, it is cut into chunks of bounded work with a point between chunks (and between their
+backward steps): attention by query rows, a dense MLP by tokens, and the log-prob head by tokens
+(twinkle.loss.chunked_logps). The other per-layer work (norms, attention projections) stays whole.
 
 A thread that may pause installs a handler (`handler(fn)`): at each point, `fn(pausing)` decides
 whether to pause and, if it does, calls `pausing()` right before it waits and what that returned once
@@ -28,9 +30,9 @@ from contextlib import contextmanager
 import torch
 
 NAME = "twinkle_preemptible"
-# Multiply-accumulates of one attention chunk (queries x keys x heads x head_dim, forward): ~20 ms
-# of fp32 on two cores, the slice a server gives work before others may run.
-CHUNK_MACS = 2**28
+# Multiply-accumulates of one chunk's forward (attention: queries x keys x heads x head_dim; MLP: tokens
+# x its weights): a few ms of fp32 on two cores, its backward ~2-4x that; a server's slice is 20 ms.
+CHUNK_MACS = 2**25
 MIN_CHUNK = 16
 
 _local = threading.local()
@@ -144,6 +146,34 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return torch.cat(outs, dim=1), None
 
 
+def dense_mlp(layer) -> torch.nn.Module | None:
+    """The layer's MLP when it works token by token with no routing across tokens (not a mixture of experts)."""
+    mlp = getattr(layer, "mlp", None)
+    if mlp is None or not hasattr(mlp, "down_proj") or any(hasattr(mlp, a) for a in ("experts", "gate", "router")):
+        return None
+    return mlp
+
+
+def _chunk_tokens(mlp: torch.nn.Module) -> None:
+    """`mlp`'s forward, over [B, T, H], in token chunks with a point between them while a handler is on."""
+    whole = mlp.forward
+    per_token = sum(p.numel() for p in mlp.parameters())  # multiply-accumulates per token, forward
+
+    def forward(x, *args, **kwargs):
+        tokens = max(MIN_CHUNK, CHUNK_MACS // max(1, per_token * x.shape[0]))
+        if not active() or args or kwargs or x.dim() != 3 or tokens >= x.shape[1]:
+            return whole(x, *args, **kwargs)
+        outs = []
+        for lo in range(0, x.shape[1], tokens):
+            out = whole(x[:, lo : lo + tokens])
+            _pause_before_backward_of(out)
+            outs.append(out)
+            point()
+        return torch.cat(outs, dim=1)
+
+    mlp.forward = forward
+
+
 def enable(hf_model, layers: list[torch.nn.Module]) -> bool:
     """Give `hf_model` its pause points: the decoder `layers`' starts and, where it runs sdpa, chunked
     attention (registered once, by name, with sdpa's masks). -> whether attention is chunked."""
@@ -151,6 +181,9 @@ def enable(hf_model, layers: list[torch.nn.Module]) -> bool:
         return _enabled[hf_model]
     for layer in layers:
         layer.register_forward_pre_hook(_layer_pre_hook, with_kwargs=True)
+        mlp = dense_mlp(layer)
+        if mlp is not None:
+            _chunk_tokens(mlp)
     chunked = getattr(hf_model.config, "_attn_implementation", None) == "sdpa"  # eager / flash: layer starts only
     _enabled[hf_model] = chunked
     if not chunked:

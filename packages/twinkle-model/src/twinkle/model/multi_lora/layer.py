@@ -160,6 +160,7 @@ class MultiLoraLinear(nn.Module):
         p = self.dropout[name]
         if not p or not self.routing.training:
             return None
+        length = min(length, x_seg.shape[1]) if x_seg.dim() == 3 else length  # a chunk of the time axis
         shape = (x_seg.shape[0], length, *x_seg.shape[2:]) if x_seg.dim() == 3 else x_seg.shape
         keep = (torch.rand(shape, generator=self.generators[name], device=x_seg.device) >= p).to(x_seg.dtype)
         if keep.shape != x_seg.shape:  # padded positions: whatever they get is masked out downstream

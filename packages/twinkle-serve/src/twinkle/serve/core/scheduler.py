@@ -208,11 +208,11 @@ class Scheduler:
             self.recent_passes.append((time.monotonic(), len(taken), sum(_rows(c) for c in taken)))
             if self.on_pass is not None:
                 self.on_pass(time.perf_counter() - started, len(taken))
-        for request_id, job in list(self._jobs.items()):  # paused jobs the drain did not finish: unwound
+        # Paused jobs the drain did not finish: unwound (nothing of them is kept), their futures left pending
+        # like queued work the drain did not reach, which a restart answers "may or may not have run".
+        for job in list(self._jobs.values()):
             job.cancel("the server is stopping")
             job.turn()
-            with self.hub.batch():
-                self._finish(request_id, job.outcome)
 
     def _serve(self, taken: list[Call]) -> None:
         if len(taken) == 1:
