@@ -107,6 +107,8 @@ class ChunkedLogps(torch.autograd.Function):
 
 def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, g_entropy, g_at) -> torch.Tensor:
     """The frozen-head backward: per position a sum of stored [H] vectors and gathered head rows."""
+    from twinkle.model.preemption import point
+
     grad_N_H = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
     g_logps = g_logps.masked_fill(targets == IGNORE_INDEX, 0.0)
     for s in range(0, hidden.shape[0], ctx.chunk):
@@ -121,6 +123,7 @@ def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, 
         if ctx.want_entropy:
             g.sub_((qw[sl] + entropy[sl, None] * pw[sl]) * g_entropy[sl, None])
         grad_N_H[sl] = g.mul_(ctx.scale) if ctx.scale != 1.0 else g
+        point()
     return grad_N_H
 
 

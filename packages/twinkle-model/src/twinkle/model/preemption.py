@@ -5,8 +5,9 @@ its steps (twinkle.serve.core.slices). Between micro-batches is not enough when 
 long: one 32K-token row's pass is one forward and one backward. So the pass itself has points where
 it may pause: the start of every decoder layer, forward and backward; and where a long row's work
 is large, it is cut into chunks of bounded work with a point between chunks (and between their
-backward steps): attention by query rows, a dense MLP by tokens, and the log-prob head by tokens
-(twinkle.loss.chunked_logps). The other per-layer work (norms, attention projections) stays whole.
+backward steps): attention by query rows; a dense MLP, the attention projections (their base GEMMs;
+a multi-LoRA layer's low-rank update stays whole) and the log-prob head (twinkle.loss.chunked_logps)
+by tokens. Norms, rotary embeddings and residual adds stay whole.
 
 A thread that may pause installs a handler (`handler(fn)`): at each point, `fn(pausing)` decides
 whether to pause and, if it does, calls `pausing()` right before it waits and what that returned once
@@ -34,6 +35,7 @@ NAME = "twinkle_preemptible"
 # x its weights): a few ms of fp32 on two cores, its backward ~2-4x that; a server's slice is 20 ms.
 CHUNK_MACS = 2**25
 MIN_CHUNK = 16
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 
 _local = threading.local()
 _enabled: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()  # model -> chunked
@@ -184,6 +186,11 @@ def enable(hf_model, layers: list[torch.nn.Module]) -> bool:
         mlp = dense_mlp(layer)
         if mlp is not None:
             _chunk_tokens(mlp)
+        attn = getattr(layer, "self_attn", None)
+        for name in PROJECTIONS:
+            projection = getattr(attn, name, None)
+            if isinstance(projection, torch.nn.Linear):  # token by token: chunked like the MLP
+                _chunk_tokens(projection)
     chunked = getattr(hf_model.config, "_attn_implementation", None) == "sdpa"  # eager / flash: layer starts only
     _enabled[hf_model] = chunked
     if not chunked:
