@@ -68,6 +68,7 @@ def test_capabilities_json_carries_caps_and_arch(server, tenant_key):
     ).json()
     row = next(m for m in body["supported_models"] if m["model_name"] == TEST_MODEL)
     assert row["arch"] == "qwen3" and row["max_topk_logprobs"] >= 20
+    assert row["base_dtype"] == "fp32"  # 'auto' keeps a model this small in fp32 (twinkle.model.base_dtype)
 
 
 LLAMA_ALIAS = "Org/Hub-Llama-70B"  # a hub id a script hard-codes, served by the tiny llama
