@@ -88,6 +88,7 @@ def test_operator_summary_needs_an_operator_key(server, run):
     assert "dash-api" in snap["tenants"] and any(r["model_id"] == model_id for r in snap["runs"])
     assert set(snap["queue"]) == {"depth", "pending_futures", "oldest_waiting_s"}
     assert snap["adapters"]["adapters"]["live"] >= 1 and snap["rss_bytes"] > 0
+    assert set(snap["base_dtypes"].values()) == {"fp32"}  # the test model: 'auto' keeps it in fp32
     # an operator key is also a tenant key: its own (empty) dashboard works
     assert httpx.get(f"{server.url}/twinkle/v1/dashboard/summary", headers={"X-API-Key": op}).json()["runs"] == []
 

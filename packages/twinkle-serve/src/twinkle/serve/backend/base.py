@@ -164,6 +164,11 @@ class Backend(ABC):
         no sampler runs in this process."""
         return {}
 
+    def base_dtype(self) -> str | None:
+        """The frozen base's dtype where this process holds it ('bf16', 'fp32'; twinkle.model.base_dtype);
+        None where a remote group does."""
+        return None
+
     # ---- adapters (one per training model) ----
     @abstractmethod
     def create_adapter(self, name: str, spec: LoraSpec) -> None: ...

@@ -189,6 +189,9 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
                 results[i] = UserError(str(outcome)) if isinstance(outcome, ValueError) else outcome
         return results
 
+    def base_dtype(self) -> str | None:
+        return self.engine.get_info()["base_dtype"]
+
     def forward_backward_sliced(self, passes: list[RowsPass], turn_s: float) -> list:
         # not `exclusive` as a whole: each micro-batch takes the engine lock, none holds it across a pause
         from twinkle.serve.backend.micro_batches import forward_backward_in_runs

@@ -115,4 +115,6 @@ def snapshot(rt) -> dict:
         "adapters": rt.adapter_memory.report(),
         "rss_bytes": rss_bytes(),
         "routes": _routes(rt.metrics),
+        # each base model's frozen weights: bf16 halves what they hold where the hardware multiplies it fast
+        "base_dtypes": {name: e.backend.base_dtype() for name, e in engines.items()},
     }

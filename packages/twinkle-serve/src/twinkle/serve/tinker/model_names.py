@@ -86,14 +86,6 @@ def arch(eng) -> str | None:
     return _model_type(str(folder)) if folder else None
 
 
-def base_dtype(eng) -> str | None:
-    """The frozen base's dtype as the in-process engine holds it (twinkle.model.base_dtype: bf16 where
-    the device multiplies it fast and the model is big enough to gain); None for a remote group."""
-    engine = getattr(eng.backend, "engine", None)
-    get_info = getattr(engine, "get_info", None)
-    return get_info()["base_dtype"] if callable(get_info) else None
-
-
 def capabilities(rt) -> list[dict]:
     """get_server_capabilities' rows: each base model with its real context and caps."""
     caps = getattr(rt.config, "caps", None)  # per-request bounds, where this server has them
@@ -106,7 +98,7 @@ def capabilities(rt) -> list[dict]:
             "sampleable": True,
             "arch": arch(eng),
             "max_topk_logprobs": min(eng.backend.vocab_size, MAX_TOPK_LOGPROBS),
-            "base_dtype": base_dtype(eng),
+            "base_dtype": eng.backend.base_dtype(),
         }
         if caps is not None and getattr(caps, "max_lora_rank", None):
             width = bounds.model_width(eng.backend)  # no LoRA on this model can use a higher rank

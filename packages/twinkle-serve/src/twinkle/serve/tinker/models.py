@@ -152,7 +152,7 @@ class TinkerModels:
             "is_lora": True,
             "lora_rank": run.lora.get("rank"),
             "model_name": run.base_model,
-            "base_dtype": model_names.base_dtype(engine),  # an extra field: the SDK's response models allow them
+            "base_dtype": engine.backend.base_dtype(),  # an extra field: the SDK's response models allow them
             "model_data": {
                 "arch": model_names.arch(engine),  # the config's model_type
                 "model_name": run.base_model,
