@@ -34,7 +34,7 @@ class Decoding:
         self.go, self.closed = threading.Event(), threading.Event()
         real = sampler.sample
 
-        def sample(inputs, params, adapter_name=None, on_tokens=None):
+        def sample(inputs, params, adapter_name=None, on_tokens=None, **options):  # options: cache_namespace
             self.steps = []
 
             def hook(step):
@@ -45,7 +45,9 @@ class Decoding:
                 if len(self.steps) == pause_at and not self.go.wait(WAIT_S):
                     raise AssertionError("the reader never released the decode loop")
 
-            responses = real(inputs, params, adapter_name=adapter_name, on_tokens=hook if on_tokens else None)
+            responses = real(
+                inputs, params, adapter_name=adapter_name, on_tokens=hook if on_tokens else None, **options
+            )
             self.tokens.append([s.tokens for s in responses[0].sequences])
             return responses
 
@@ -132,7 +134,7 @@ def test_a_reader_who_leaves_stops_the_decode_loop_and_the_server_serves_on(serv
     inner = sampler.sample
     stopped = threading.Event()
 
-    def sample(inputs, params, adapter_name=None, on_tokens=None):
+    def sample(inputs, params, adapter_name=None, on_tokens=None, **options):
         def hook(step):
             on_tokens(step)
             if len(decoding.steps) == 1 and not decoding.go.is_set():
@@ -146,7 +148,7 @@ def test_a_reader_who_leaves_stops_the_decode_loop_and_the_server_serves_on(serv
                         raise
                     threading.Event().wait(0.01)
 
-        return inner(inputs, params, adapter_name=adapter_name, on_tokens=hook if on_tokens else None)
+        return inner(inputs, params, adapter_name=adapter_name, on_tokens=hook if on_tokens else None, **options)
 
     monkeypatch.setattr(sampler, "sample", sample)
     used = server.runtime.store.usage.totals(TENANT).get("sampling_sample", 0)
