@@ -18,8 +18,10 @@ Long work runs in slices (`slices.py`): a sampling call, and a pass job bigger t
 thread of its own and hands the engine back at its step boundaries whenever other work is due: after
 SLICE_S on its first turn (a short request ends within it), then at once for fresh work (requests that
 have not started: short requests are not held behind long ones), after SLICE_S for another paused job. A
-paused job keeps the head of its queue (its queue's later requests still wait for it) and waits at
-most AGED_S before it goes first again, so a stream of short requests cannot starve it. `cancel`
+paused job keeps the head of its queue (its queue's later requests still wait for it). Once every
+AGED_S, the paused jobs, taking this in turns, go before fresh work for one turn, so a stream of short
+requests cannot starve them; once for all of them, not for each, so that one tenant's several long
+requests do not take several such turns a second from the others' short ones. `cancel`
 stops a running or paused job at its next step boundary.
 
 Work over its tenant's input-token rate waits in its queue, held (`Call.hold`), instead of being
@@ -50,7 +52,7 @@ from twinkle.serve.errors import internal_error
 
 log = logging.getLogger("twinkle.serve")
 SLICE_S = 0.02  # a sliced job's turn, when only other sliced jobs wait (fresh work gets the engine at once)
-AGED_S = 1.0  # a paused job waiting this long goes before fresh work, for a turn of at least SLICE_S
+AGED_S = 1.0  # paused jobs get one turn (of at least SLICE_S) before fresh work this often, taking turns
 PAUSED = -(2**64)  # a paused job's heap key: the head of its queue, before any seq_id
 
 
@@ -150,8 +152,9 @@ class Scheduler:
         return self._queues[queue][0][2]
 
     def _pick(self, due: list[str]) -> str:
-        """The queue to serve next, round-robin within each class: paused jobs that are cancelled or
-        have waited AGED_S (given a turn of at least SLICE_S), then fresh work, then other paused jobs."""
+        """The queue to serve next, round-robin within each class: paused jobs that are cancelled or whose
+        aged turn it is (one of them every AGED_S, given a turn of at least SLICE_S), then fresh work, then
+        other paused jobs."""
         now = time.monotonic()
 
         def rank(queue: str) -> int:
@@ -163,7 +166,11 @@ class Scheduler:
         first = min(due, key=rank)  # the first of the lowest rank, in round-robin order
         job = self._jobs.get(self._head(first).request_id)
         if job is not None:
-            job.grace_s = SLICE_S if rank(first) == 0 else 0.0
+            aged = rank(first) == 0
+            job.grace_s = SLICE_S if aged else 0.0
+            if aged and not job.cancelled:  # the paused jobs' turn before fresh work: the next one is AGED_S away
+                for other in self._jobs.values():
+                    other.paused_at = max(other.paused_at, now)
         return first
 
     def _alone(self, call: Call) -> bool:
