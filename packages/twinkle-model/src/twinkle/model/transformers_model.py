@@ -20,7 +20,7 @@ from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossConte
 from twinkle.mesh import RemoteClass, get_global_mesh, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import checkpoint, context_parallel, output_projection, vision
+from twinkle.model import checkpoint, compact_heap, context_parallel, output_projection, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
@@ -132,6 +132,7 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         # a pass whose logits would be larger runs its unembedding in chunks (twinkle.loss.ChunkedHead)
         self.logits_budget_bytes = LOGITS_BUDGET_BYTES
         self.states: dict[str, AdapterState] = {}
+        self._grad_arenas: dict[str, compact_heap.GradArena] = {}  # gradients kept in one buffer per adapter
         compute_dtype = PRECISIONS[mixed_precision] or next(self.hf_model.parameters()).dtype
         self.peak_flops = measure_matmul_peak(self.device, compute_dtype)
         self._layers, self._q_width = attention_dims(self.hf_model.config)
@@ -339,7 +340,8 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
             if state.grad_scaler is None:
                 state.grad_scaler = torch.amp.GradScaler(self.device.type)
             scaled = state.grad_scaler.scale(scaled)
-        scaled.backward()
+        with compact_heap.gradients_in_one_buffer(self._grad_arenas, state.name, state.params, self._wrapped):
+            scaled.backward()
         return True
 
     def _record(self, state, ctx, out, seconds, training: bool) -> None:

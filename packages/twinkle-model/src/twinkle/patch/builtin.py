@@ -9,16 +9,20 @@ from twinkle.patch.base import Patch, register_patch
 class GradientCheckpointing(Patch):
     """Recompute each decoder layer's activations in backward instead of keeping them.
 
-    Uses the non-reentrant checkpoint, which needs no `requires_grad` on the inputs, so it works
-    with a frozen embedding under LoRA. transformers recomputes only in training mode, which
-    `forward_backward` runs in (evaluation keeps nothing to recompute). Reverting restores the
-    previous setting."""
+    A model trained in one process, not compiled, uses the reentrant checkpoint: the layer's forward
+    builds no autograd graph, so nothing small outlives the activations around it and fragments the
+    heap (`twinkle.model.compact_heap`; transformers makes the embedding's output require grad, so it
+    works with a frozen embedding under LoRA); data/tensor/context-parallel and compiled models keep
+    the non-reentrant one. transformers recomputes only in training mode, which `forward_backward`
+    runs in (evaluation keeps nothing to recompute). Reverting restores the previous setting."""
 
     aliases = ("gradient_checkpointing",)
 
     def apply(self, model):
+        from twinkle.model.compact_heap import reentrant_checkpointing_fits
+
         hf = model.hf_model
-        kwargs = {"use_reentrant": False}
+        kwargs = {"use_reentrant": reentrant_checkpointing_fits(model)}
         # transformers 5 renamed the methods and the flag and warns on the old names; older releases have only those
         if hasattr(type(hf), "activation_checkpointing_enable"):
             self._was_on = bool(hf.is_activation_checkpointing)
