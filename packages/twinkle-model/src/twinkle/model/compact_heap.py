@@ -50,23 +50,24 @@ class GradArena:
     not stepped)."""
 
     def __init__(self, params: list[torch.nn.Parameter]):
-        self.params = params
+        self.params = params  # the list it was built for (a new list means new parameters)
+        self.trained = [p for p in params if p.requires_grad]  # a frozen one never gets a gradient
         self.slots: list[torch.Tensor] = []
         buffers: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
         sizes: dict[tuple[torch.dtype, torch.device], int] = {}
-        for p in params:
+        for p in self.trained:
             key = (p.dtype, p.device)
             sizes[key] = sizes.get(key, 0) + p.numel()
         for key, n in sizes.items():
             buffers[key] = torch.zeros(n, dtype=key[0], device=key[1])
         offsets = dict.fromkeys(sizes, 0)
-        for p in params:
+        for p in self.trained:
             key = (p.dtype, p.device)
             self.slots.append(buffers[key][offsets[key] : offsets[key] + p.numel()].view_as(p))
             offsets[key] += p.numel()
         self.touched: set[int] = set()
         self._fresh: list[torch.nn.Parameter] = []
-        self._hooks = [p.register_post_accumulate_grad_hook(self._touch) for p in params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._touch) for p in self.trained]
 
     def close(self) -> None:
         for hook in self._hooks:
@@ -77,7 +78,7 @@ class GradArena:
 
     def attach(self) -> None:
         self._fresh = []
-        for p, slot in zip(self.params, self.slots):
+        for p, slot in zip(self.trained, self.slots):
             if p.grad is None:
                 p.grad = slot.zero_()
                 self._fresh.append(p)
