@@ -436,16 +436,13 @@ class MultiLoraModel(TwinkleModel):
         """A pass of `names` pauses (twinkle.model.preemption): its adapters stay resident; -> what puts
         back the routing and train/eval mode other passes may set meanwhile."""
         routed, training = self.routing.state(), self.base.training
-        self.residency.in_use.update(names)
+        release = self.residency.hold(names)
 
         def resumed():
             self.routing.load(routed)
             if self.base.training != training:
                 self.base.train(training)
-            for name in names:
-                self.residency.in_use[name] -= 1
-                if not self.residency.in_use[name]:
-                    del self.residency.in_use[name]
+            release()
 
         return resumed
 

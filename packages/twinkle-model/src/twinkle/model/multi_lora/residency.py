@@ -77,6 +77,18 @@ class Residency:
         self.in_use: Counter[str] = Counter()
 
     # ---- queries ------------------------------------------------------------------------------------
+    def hold(self, names: list[str]):
+        """Keep `names` from being parked (a pass paused mid-way uses them); -> what lets them go."""
+        self.in_use.update(names)
+
+        def release() -> None:
+            self.in_use.subtract(names)
+            for name in names:
+                if self.in_use[name] <= 0:
+                    del self.in_use[name]
+
+        return release
+
     def tier(self, name: str) -> str:
         away = self._away.get(name)
         return LIVE if away is None else (PARKED if away.folder is None else SPILLED)
