@@ -2,10 +2,12 @@
 
 from twinkle.advantage.base import ADVANTAGES, Advantage, create_advantage, group_index, register_advantage
 from twinkle.advantage.estimators import GRPOAdvantage, REINFORCEAdvantage, RLOOAdvantage
+from twinkle.advantage.gae import GAEAdvantage
 
 __all__ = [
     "ADVANTAGES",
     "Advantage",
+    "GAEAdvantage",
     "GRPOAdvantage",
     "REINFORCEAdvantage",
     "RLOOAdvantage",
