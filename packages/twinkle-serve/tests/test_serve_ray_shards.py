@@ -73,10 +73,19 @@ def test_rank_results_merge_in_row_order_and_fail_together():
     assert tiny == r0  # a request smaller than the group: the empty rank adds no rows
 
 
-def test_remote_backends_come_from_the_one_registry():
-    from twinkle.serve.backend import BACKENDS, create_backend
+def test_the_remote_backend_is_chosen_in_config_from_the_one_registry():
+    from twinkle.serve.backend import BACKENDS
     from twinkle.serve.backend.remote import RemoteBackend
+    from twinkle.serve.config import ServeConfig
 
     assert BACKENDS.get("multi_lora_remote") is RemoteBackend
-    with pytest.raises(ValueError, match="'other' does not run on Ray remote groups; multi_lora does"):
-        create_backend(TEST_MODEL, "unused", backend="other", remote_group="model")
+    ray = {"ray": {"groups": [{"name": "model", "ranks": 2}]}}
+    entries = [
+        {"name": TEST_MODEL, "remote_group": "model"},  # a config written before the backend was named
+        {"name": "b", "sampler_remote_group": "model", "backend": "multi_lora_remote"},
+        {"name": "c"},
+    ]
+    config = ServeConfig.model_validate({**ray, "models": entries})
+    assert [m.backend for m in config.models] == ["multi_lora_remote", "multi_lora_remote", "multi_lora"]
+    with pytest.raises(ValueError, match="backend 'multi_lora' does not run on Ray remote groups .remote_group.; "):
+        ServeConfig.model_validate({**ray, "models": [{**entries[0], "backend": "multi_lora"}]})

@@ -25,7 +25,9 @@ class ModelEntry(_Strict):
     # hub id a script hard-codes, served by a local model. Runs and samplers record `name`.
     aliases: list[str] = Field(default_factory=list)
     path: str | None = None  # a local folder; default: twinkle.hub.resolve_model_path(name)
-    backend: str = "multi_lora"  # a name in twinkle.serve.backend.BACKENDS
+    # A name in twinkle.serve.backend.BACKENDS; unset: "multi_lora", or "multi_lora_remote" where the
+    # entry names a remote group (the backend that places its parts on them).
+    backend: str = "multi_lora"
     dtype: Literal["float32", "bfloat16"] = "float32"
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
@@ -45,6 +47,24 @@ class ModelEntry(_Strict):
 
         BACKENDS.get(value)  # an unknown name fails here, at config load, listing the known ones
         return value
+
+    @model_validator(mode="after")
+    def _remote_backend(self):
+        """A remote group is placed by a backend built on remote groups, chosen here by name."""
+        from twinkle.serve.backend import BACKENDS
+
+        keys = [k for k in ("remote_group", "sampler_remote_group") if getattr(self, k) is not None]
+        if not keys:
+            return self
+        if "backend" not in self.model_fields_set:
+            self.backend = "multi_lora_remote"
+        elif not BACKENDS.get(self.backend).runs_on_remote_groups:
+            remote = [n for n in BACKENDS.names() if BACKENDS.get(n).runs_on_remote_groups]
+            raise ValueError(
+                f"model {self.name!r}: backend {self.backend!r} does not run on Ray remote groups "
+                f"({', '.join(keys)}); set backend to one that does: {', '.join(repr(n) for n in remote)}"
+            )
+        return self
 
 
 class RayGroup(_Strict):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -135,9 +136,12 @@ class RowsPass:
 class Backend(ABC):
     """What the service asks of a base model's training/sampling backend.
 
-    Capabilities are declared, never probed: every backend has a tokenizer, samplers it can install
-    and remove, the native API's adapter operations, and `close()`; `base_module` (for the
-    adapter-memory estimate) is None where the base model is not in this process.
+    Everything the server calls on a backend is declared here (a guard test, test_backend_contract,
+    fails on a call to anything else), so no caller asks whether a method exists: every backend has
+    a tokenizer, samplers it can install and remove, the native API's adapter operations, the
+    residency hooks and `close()`. Where a backend cannot do something the default answers what is
+    true of it: `base_module` (the adapter-memory estimate) is None where the base model is not in
+    this process, and the residency hooks say "no adapters here" where they live on remote ranks.
     """
 
     base_model: str  # the name clients use
@@ -146,10 +150,9 @@ class Backend(ABC):
     vocab_size: int
     max_context: int
     base_module: object | None = None
-    # Declared capabilities (a subclass that has one says True): callers read these, never probe.
-    streams_tokens: bool = False  # sample() takes on_tokens, each decode step's tokens as they come
-    holds_adapters_here: bool = False  # adapters live in this process: the server's residency policy
-    #                                    parks and spills them (enable_residency and the tier reports)
+    # Built with `remote_group=` / `sampler_remote_group=` (twinkle.mesh groups): the config accepts a
+    # model entry naming remote groups only for such a backend (ServeConfig reads it at load).
+    runs_on_remote_groups: ClassVar[bool] = False
 
     def __init__(self, base_model: str, model_path: str, **options) -> None:  # noqa: B027 - optional to override
         """Every backend is built from a model entry: the name clients use, a local folder, the entry's options."""
@@ -168,6 +171,22 @@ class Backend(ABC):
         """The frozen base's dtype where this process holds it ('bf16', 'fp32'; twinkle.model.base_dtype);
         None where a remote group does."""
         return None
+
+    # ---- adapter residency (twinkle.serve.core.adapter_memory): the server parks and spills the adapters
+    # a backend holds in this process; one whose adapters live elsewhere answers "none here" ----
+    def enable_residency(self, spill_dir, make_room) -> bool:
+        """Let the server's policy park and spill this backend's adapters: spilled ones go under
+        `spill_dir`, and `make_room(residency, name, pinned)` runs before an adapter is built or brought
+        back. -> False where no adapter lives in this process (nothing for the policy to move)."""
+        return False
+
+    def with_residency(self, fn) -> None:  # noqa: B027 - optional to override
+        """Run `fn(residency)` (twinkle.model.multi_lora.residency) between two engine operations; nothing
+        to run where no adapter lives in this process."""
+
+    def residency_report(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(adapters per tier, swap counters) of the adapters in this process; empty where there are none."""
+        return {}, {}
 
     # ---- adapters (one per training model) ----
     @abstractmethod
@@ -247,8 +266,23 @@ class Backend(ABC):
 
     @abstractmethod
     def sample(
-        self, sampler: str | None, prompt: list[int], num_samples: int, params: SampleParams, prompt_logprobs: bool
-    ) -> SampleResult: ...
+        self,
+        sampler: str | None,
+        prompt: list[int],
+        num_samples: int,
+        params: SampleParams,
+        prompt_logprobs: bool,
+        *,
+        on_tokens: Callable[[list], None] | None = None,
+        images: dict | None = None,
+        cache_namespace: str | None = None,
+    ) -> SampleResult:
+        """`num_samples` continuations of `prompt` from sampler adapter `sampler` (None: the base model).
+        `on_tokens(step)`: each decode step's tokens (twinkle.sampler.decoding.StepToken, `index` the
+        sample's) as they come, where the decode runs in this process; a backend whose sampler runs on
+        remote ranks never calls it (the result holds every token). Raising in it stops the decode.
+        `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`.
+        `cache_namespace`: the prefix cache's namespace (a sampling session that shares KV with no other)."""
 
     def close(self) -> None:  # noqa: B027 - optional to override
         """Release what the backend started (remote actors); an in-process backend holds nothing to stop."""

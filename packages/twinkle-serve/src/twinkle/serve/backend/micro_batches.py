@@ -22,11 +22,24 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any, Protocol
 
 from twinkle.metric import ForwardRecord
 from twinkle.model.strategy import RankRecord, merge_records
 from twinkle.serve.backend.base import RowsPass
 from twinkle.serve.core import slices
+
+
+class EngineBackend(Protocol):
+    """The in-process backend whose engine runs the pieces (MultiLoraBackend): what this module uses of it."""
+
+    engine: Any  # a twinkle.model.multi_lora.MultiLoraModel
+
+    @property
+    def engine_lock(self) -> Any: ...
+
+    def forward_backward_many(self, passes: list[RowsPass], loss_weights: dict[str, float] | None = None) -> list: ...
+
 
 MAX_TURNS = 8
 
@@ -68,7 +81,7 @@ class _Failed(Exception):
         self.outcome = outcome
 
 
-def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
+def forward_backward_in_runs(backend: EngineBackend, item: RowsPass, turn_s: float) -> list:
     """`backend.forward_backward_many([item])`, run as micro-batches of about `turn_s` each (longer while
     nothing else waits)."""
     engine, lock = backend.engine, backend.engine_lock  # held for each piece, never across a pause
@@ -121,7 +134,7 @@ def forward_backward_in_runs(backend, item: RowsPass, turn_s: float) -> list:
         return [_merged(backend, state, loss, train, saved, outcomes, ranked)]
 
 
-def _whole(backend, item: RowsPass, state) -> list:
+def _whole(backend: EngineBackend, item: RowsPass, state) -> list:
     """One pass that cannot be cut into runs (one row, one pair): it still pauses inside its forward and
     backward (twinkle.model.preemption); a cancel there leaves the gradients as before the pass."""
     saved = state.snapshot() if state is not None and not item.forward_only else None
@@ -134,7 +147,9 @@ def _whole(backend, item: RowsPass, state) -> list:
         raise
 
 
-def _merged(backend, state, loss, train: bool, saved, outcomes: list[dict], parts: list[RankRecord]) -> dict:
+def _merged(
+    backend: EngineBackend, state, loss, train: bool, saved, outcomes: list[dict], parts: list[RankRecord]
+) -> dict:
     """The runs' outcomes as the one pass's: its loss, metrics, per-row log-probs; the adapter's window
     and metrics as after one pass."""
     record = merge_records(parts, loss)

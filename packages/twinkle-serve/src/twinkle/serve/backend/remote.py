@@ -49,6 +49,8 @@ class RemoteBackend(Backend):
     model is `base_module`; with training on a remote group the engine lives on the actors and
     `base_module` is None. Either way both APIs drive it through the Backend operations."""
 
+    runs_on_remote_groups = True
+
     def __init__(
         self,
         base_model: str,
@@ -219,10 +221,21 @@ class RemoteBackend(Backend):
             self._sample("remove_sampler", sampler)
             self._sampler_names.discard(sampler)
 
-    def sample(self, sampler, prompt, num_samples, params, prompt_logprobs, images=None, cache_namespace=None):
-        """`images`: the prompt's {pixel_values, image_grid_thw} (numpy arrays, which travel to a
-        remote sampler rank as they are), its image tokens already in `prompt`. `cache_namespace`: the
-        prefix cache's namespace on the rank that samples it."""
+    def sample(
+        self,
+        sampler,
+        prompt,
+        num_samples,
+        params,
+        prompt_logprobs,
+        *,
+        on_tokens=None,  # noqa: ARG002 - the contract's; a rank's decode steps do not reach this process
+        images=None,
+        cache_namespace=None,
+    ):
+        """Backend.sample on a sampler rank: `images` (numpy arrays) travel to it as they are, the
+        prefix cache of `cache_namespace` is that rank's. `on_tokens` is never called: a step's tokens
+        stay on the rank, and a stream gets the whole answer at its end."""
         if sampler is not None and sampler not in self._sampler_names:
             raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
         extra = {"images": images} if images is not None else {}

@@ -64,7 +64,6 @@ class ResidentAdapters:
 
     engine: Any
     _engine_lock: Any
-    holds_adapters_here = True
 
     @property
     def engine_lock(self):
@@ -72,10 +71,11 @@ class ResidentAdapters:
         (a pass split into micro-batches) holds it across them."""
         return self._engine_lock
 
-    def enable_residency(self, spill_dir, make_room) -> None:
+    def enable_residency(self, spill_dir, make_room) -> bool:
         """`make_room(residency, name, pinned)` runs before an adapter is built or brought back."""
         self.engine.enable_spill(spill_dir)
         self.engine.residency.make_room = functools.partial(make_room, self.engine.residency)
+        return True
 
     @exclusive
     def with_residency(self, fn) -> None:

@@ -23,7 +23,6 @@ MAX_SAMPLER_ADAPTERS = 64
 class TorchSampling:
     vocab_size: int
     max_context: int
-    streams_tokens = True  # sample() takes on_tokens: each decode step's tokens as they come (SSE streaming)
 
     def _init_sampler(
         self,
@@ -110,13 +109,12 @@ class TorchSampling:
         num_samples,
         params: SampleParams,
         prompt_logprobs,
+        *,
         on_tokens=None,
         images=None,
         cache_namespace=None,
     ) -> SampleResult:
-        """`on_tokens`: see TorchSampler.sample (StepToken.index is the sample's index in the result).
-        `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`.
-        `cache_namespace`: the prefix cache's namespace (a sampling session that shares KV with no other)."""
+        """Backend.sample on TorchSampler, which calls `on_tokens` at every decode step."""
         from twinkle.sampler import SamplingParams
 
         if not prompt:

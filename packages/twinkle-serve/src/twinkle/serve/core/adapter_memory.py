@@ -86,6 +86,7 @@ class AdapterMemory:
         self._live: set[str] = set()  # the reserved adapters counted against the cap: live on their model
         self._lock = threading.Lock()
         self._backends: weakref.WeakSet = weakref.WeakSet()
+        self._parkable: weakref.WeakSet = weakref.WeakSet()  # those whose adapters the policy parks (offload)
         self._sweeper: threading.Thread | None = None
         self._shapes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # base module -> _BaseShape
 
@@ -142,7 +143,7 @@ class AdapterMemory:
             return
         rank = spec.rank if isinstance(spec, LoraSpec) else spec.r
         # an adapter of a model whose adapters can be parked counts once it is live (make_room)
-        resident = backend in self._backends and self.offload
+        resident = backend in self._parkable
         with self._lock:
             used = sum(self._held[k] for k in self._live if k != key and k in self._held)
             if need > self.cap if resident else used + need > self.cap:
@@ -176,10 +177,8 @@ class AdapterMemory:
 
     # ---- residency (with offload): called on a backend's worker, under its engine lock --------------
     def manage(self, backend) -> None:
-        """Keep `backend`'s live adapters under the cap (a multi-LoRA backend in this process)."""
-        if not backend.holds_adapters_here:
-            return
-        self._backends.add(backend)  # reported on (tiers), and with offload kept under the cap
+        """Keep `backend`'s live adapters under the cap (those it holds in this process)."""
+        self._backends.add(backend)  # reported on: its tiers (none where its adapters live on remote ranks)
         if backend.base_module is not None:
             self._shape(backend.base_module)  # read here, on the worker, before any adapter wraps it
         if not self.offload:
@@ -187,7 +186,9 @@ class AdapterMemory:
         spill_dir = self.spill_dir or Path(tempfile.mkdtemp(prefix="twinkle-adapter-spill-"))
         folder = spill_dir / re.sub(r"[^A-Za-z0-9_.-]", "_", backend.base_model)
         shutil.rmtree(folder, ignore_errors=True)  # the server's own: nothing spilled outlives a restart
-        backend.enable_residency(folder, self.make_room)
+        if not backend.enable_residency(folder, self.make_room):
+            return  # its adapters live on remote ranks: reserved against the cap, never parked
+        self._parkable.add(backend)
         timers = [t for t in (self.idle_park_s, self.idle_spill_s) if t is not None]
         if timers and self._sweeper is None:
             period = min(max(min(timers) / 4, 0.05), 5.0)
@@ -229,8 +230,8 @@ class AdapterMemory:
     def _sweep_loop(self, period: float) -> None:
         while True:
             time.sleep(period)
-            for backend in list(self._backends):
-                backend.with_residency(self._sweep)  # only backends with offload: the sweeper starts with it
+            for backend in list(self._parkable):
+                backend.with_residency(self._sweep)
 
     def _sweep(self, residency) -> None:
         """Idle live adapters to host memory, long-parked ones to disk."""

@@ -91,8 +91,7 @@ class NativeViews:
             try:
                 outputs = []
                 for prompt, images in zip(prompts, prompt_images):
-                    extra = {"images": images} if images else {}  # a text prompt asks nothing new of a backend
-                    result = backend.sample(sampler, list(prompt), sp.num_samples, params, False, **extra)
+                    result = backend.sample(sampler, list(prompt), sp.num_samples, params, False, images=images or None)
                     outputs.append(
                         SampleOutput(
                             sequences=[

@@ -57,12 +57,11 @@ class _Job:
             self.target.engine.backend.install_sampler_from_folder(self.target.adapter, self.folder)
 
     def sample(self, prompt: list[int], on_tokens=None) -> SampleResult:
-        backend = self.target.engine.backend
-        # a backend that cannot hand out tokens per step (a remote one) streams its whole answer at the end
-        more = {"on_tokens": on_tokens} if on_tokens is not None and backend.streams_tokens else {}
-        if self.images is not None:
-            more["images"] = self.images
-        return backend.sample(self.target.adapter, prompt, self.n, self.params, False, **more)
+        # a backend that cannot hand out tokens per step (a remote one) never calls on_tokens: the whole
+        # answer streams at the end
+        return self.target.engine.backend.sample(
+            self.target.adapter, prompt, self.n, self.params, False, on_tokens=on_tokens, images=self.images
+        )
 
     def count(self, prompt: list[int], sampled: int) -> None:
         self.svc.count_sampling(self.usage, len(prompt), sampled)

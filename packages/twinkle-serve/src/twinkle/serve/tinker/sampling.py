@@ -95,15 +95,16 @@ class TinkerSampling:
         def run():
             if folder is not None and adapter is not None:  # set together, from a saved checkpoint
                 engine.backend.install_sampler_from_folder(adapter, folder)
-            extra = {"images": pixels} if pixels is not None else {}  # a text prompt asks nothing new of a backend
             used, policy_now = adapter, policy
             if namespace is not None:  # inflight: the target's newest version as this sample starts
                 target = self.svc.inflight.newest(sampler.sampler_id)
                 if target is None:
                     raise UserError("this inflight sampler's training model was unloaded; save weights for it again")
-                used, extra["cache_namespace"] = target.adapter, namespace
+                used = target.adapter
                 policy_now = None if policy is None else (target.model_id, target.policy_steps)
-            result = engine.backend.sample(used, prompt, n, params, want_prompt_lps, **extra)
+            result = engine.backend.sample(
+                used, prompt, n, params, want_prompt_lps, images=pixels, cache_namespace=namespace
+            )
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             if policy_now is not None:
                 self.provenance.record(tenant, sampler, policy_now, sequence_ids, prompt, result.sequences)
