@@ -61,6 +61,12 @@ class LossContext:
     def has(self, name: str) -> bool:
         return name in self.fields
 
+    def scored_logps(self) -> torch.Tensor:
+        """What a pass reports per position: log p(target) [B, T], or with a `target_ids` input [B, T, K]
+        (K ids scored at each position) log p of each of those ids, [B, T, K]."""
+        ids_B_T_K = self.fields.get("target_ids")
+        return self.logps_B_T if ids_B_T_K is None else self.head.logps_at(ids_B_T_K)
+
     def token_field(self, name: str, default: float | None = None) -> torch.Tensor:
         """A per-token float field [B, T]; per-row fields broadcast; `default` fills a missing one."""
         return token_field(self.fields, name, self.mask_B_T, default)
@@ -95,8 +101,9 @@ class Loss:
 
     def head_needs(self, ctx: LossContext) -> HeadNeeds:
         """What this loss asks of the head beyond target log-probs (entropy, log-probs at given ids):
-        a chunked head computes them in the same sweep over the vocabulary."""
-        return HeadNeeds()
+        a chunked head computes them in the same sweep over the vocabulary. By default: the ids of a
+        `target_ids` input, whose log-probs the pass reports (`LossContext.scored_logps`)."""
+        return HeadNeeds(index_B_T_K=ctx.fields.get("target_ids"))
 
     def units(self, targets_B_T: torch.Tensor, fields: Mapping[str, torch.Tensor]) -> float:
         """This batch's loss units (`unit`), from its shifted targets and loss inputs: what a 'mean'

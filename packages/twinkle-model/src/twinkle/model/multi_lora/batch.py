@@ -3,7 +3,8 @@
 A row is a dict with `input_ids` (list of ints), optional `labels` (same length, -100 where no
 loss; default: the input ids, i.e. language modelling), and optional loss inputs: a number is a
 per-row field, a list of numbers as long as `input_ids` a per-token field aligned with `labels`
-(so it is shifted together with them). Image rows carry `pixel_values` and `image_grid_thw`
+(so it is shifted together with them), a [len(input_ids), K] array K values per token (K ids
+scored at each position, twinkle.loss.sft). Image rows carry `pixel_values` and `image_grid_thw`
 (twinkle.processor.images). Anything else a row carries along is ignored.
 A dict of tensors (`input_ids` [B, T], optional `attention_mask`, `labels`, fields) is accepted too.
 Padding is on the right, so every real token keeps positions 0..len-1 whatever the batch.
@@ -27,7 +28,7 @@ class Batch:
     input_ids_B_T: torch.Tensor
     attention_mask_B_T: torch.Tensor
     labels_B_T: torch.Tensor
-    fields: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] per token or [B] per row
+    fields: dict[str, torch.Tensor] = field(default_factory=dict)  # [B, T] or [B, T, K] per token, [B] per row
     images: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values / image_grid_thw, rows' order
 
     @property
@@ -42,15 +43,19 @@ class Batch:
     def tokens(self) -> int:
         return int(self.attention_mask_B_T.sum())
 
+    def shifted_fields(self) -> dict[str, torch.Tensor]:
+        """The loss inputs as the shifted targets `labels_B_T[:, 1:]` see them: per-token ones shifted."""
+        return {k: (v[:, 1:] if v.dim() >= 2 else v) for k, v in self.fields.items()}
+
     def padded_to(self, length: int, pad_id: int) -> Batch:
         extra = length - self.length
         if extra == 0:
             return self
 
-        def pad(t, value):
-            return torch.nn.functional.pad(t, (0, extra), value=value)
+        def pad(t, value):  # along dim 1, the time
+            return torch.nn.functional.pad(t, (0, 0) * (t.dim() - 2) + (0, extra), value=value)
 
-        fields = {k: pad(v, 0.0) if v.dim() == 2 else v for k, v in self.fields.items()}
+        fields = {k: pad(v, 0.0) if v.dim() >= 2 else v for k, v in self.fields.items()}
         return Batch(
             pad(self.input_ids_B_T, pad_id),
             pad(self.attention_mask_B_T, 0),
@@ -66,9 +71,9 @@ def _is_number(v) -> bool:
 
 def _is_number_sequence(v) -> bool:
     if isinstance(v, torch.Tensor):
-        return v.dim() == 1 and v.numel() > 0
+        return v.dim() in (1, 2) and v.numel() > 0
     if isinstance(v, np.ndarray):  # a server's decoded arrays: made a tensor once, in collate
-        return v.ndim == 1 and v.size > 0 and v.dtype.kind in "iuf"
+        return v.ndim in (1, 2) and v.size > 0 and v.dtype.kind in "iuf"
     return isinstance(v, (list, tuple)) and len(v) > 0 and all(_is_number(x) for x in v)
 
 
@@ -87,6 +92,9 @@ def _row_fields(rows: list[dict]) -> dict[str, torch.Tensor | list]:
                         "input_ids (per-token fields are aligned with labels)"
                     )
             out[name] = [torch.as_tensor(v, dtype=torch.float32) for v in values]
+            widths = {tuple(t.shape[1:]) for t in out[name]}
+            if len(widths) > 1:
+                raise ValueError(f"field {name!r} has per-token widths {sorted(widths)}: one K for all rows")
         elif any(_is_number(v) for v in values):
             raise ValueError(f"field {name!r} is a number in some rows and not in others")
     return out
@@ -113,7 +121,7 @@ def collate(inputs, pad_id: int) -> Batch:
     labels = torch.full((B, T), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((B, T), dtype=torch.long)
     fields = _row_fields(inputs)
-    per_token = {k: torch.zeros((B, T)) for k, v in fields.items() if isinstance(v, list)}
+    per_token = {k: torch.zeros((B, T, *v[0].shape[1:])) for k, v in fields.items() if isinstance(v, list)}
     for i, row in enumerate(inputs):
         n = len(row["input_ids"])
         ids[i, :n] = torch.as_tensor(row["input_ids"], dtype=torch.long)

@@ -158,7 +158,7 @@ class DataParallel:
             batch = collate(inputs, pad_id)
         except (ValueError, KeyError, TypeError):
             return 0.0  # the pass refuses these rows, and so fails on every rank
-        fields = {k: (v[:, 1:] if v.dim() == 2 else v) for k, v in batch.fields.items()}
+        fields = batch.shifted_fields()
         return (loss or state.loss).units(batch.labels_B_T[:, 1:], fields)
 
     def _weights(self, adapters, names: list[str], units: dict, weights: dict, losses: dict) -> dict[str, float]:

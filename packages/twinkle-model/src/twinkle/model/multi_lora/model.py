@@ -352,7 +352,7 @@ class MultiLoraModel(TwinkleModel):
         state = self._state(adapter_name)
         batch = collate(inputs, self.pad_id)
         (head,) = self._heads([(state.name, batch)], train=True)
-        fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
+        fields = {k: v.to(self.device) for k, v in batch.shifted_fields().items()}
         return LossContext(head, batch.labels_B_T[:, 1:].to(self.device), fields)
 
     def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
@@ -497,7 +497,7 @@ class MultiLoraModel(TwinkleModel):
         outcomes, records, total = {}, {}, None
         for (state, batch), head in zip(work, pass_heads):
             targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
-            fields = {k: (v[:, 1:] if v.dim() == 2 else v).to(self.device) for k, v in batch.fields.items()}
+            fields = {k: v.to(self.device) for k, v in batch.shifted_fields().items()}
             try:
                 ctx = LossContext(head, targets_B_T, fields, refs.get(state.name))
                 has_targets = bool((targets_B_T != IGNORE_INDEX).any())
@@ -531,7 +531,7 @@ class MultiLoraModel(TwinkleModel):
             }
             if return_logprobs:
                 lengths = batch.attention_mask_B_T.sum(1).tolist()
-                logps = ctx.logps_B_T.detach().cpu()
+                logps = ctx.scored_logps().detach().cpu()  # [B, T] or [B, T, K]
                 result["logprobs"] = [logps[i, : int(L) - 1].tolist() for i, L in enumerate(lengths)]
             outcomes[state.name] = result
         if total is not None:

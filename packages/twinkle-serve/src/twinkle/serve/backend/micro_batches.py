@@ -72,7 +72,7 @@ def _units(loss, rows: list[dict], pad_id: int) -> float:
     from twinkle.model.multi_lora.batch import collate
 
     batch = collate(rows, pad_id)
-    fields = {k: (v[:, 1:] if v.dim() == 2 else v) for k, v in batch.fields.items()}
+    fields = batch.shifted_fields()
     return loss.units(batch.labels_B_T[:, 1:], fields)
 
 

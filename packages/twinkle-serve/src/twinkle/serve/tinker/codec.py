@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -146,16 +147,21 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardInput:
 
 
 def encode_forward_result(result: ForwardResult) -> bytes:
+    """The datums' log-probs as ArrayRecords: one per run of datums with the same trailing shape ([N] or
+    [N, K]: K may differ between datums), each one float32 array with per-datum byte offsets and the
+    trailing shape the SDK reshapes by."""
     out = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord")
-    record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(result.logprobs))
-    # the datums' log-probs as one float32 array and its byte offsets (the SDK splits it per datum)
-    arrays = [np.asarray(a, dtype=np.float32).reshape(-1) for a in result.logprobs]
-    flat = np.concatenate(arrays) if arrays else np.zeros(0, np.float32)
-    offsets = np.concatenate([[0], np.cumsum([a.size for a in arrays], dtype=np.int64)]).astype(np.int64) * 4
-    field = record.fields["logprobs"]
-    field.data = flat.tobytes()
-    field.offsets = offsets.tobytes()
-    field.dtype = pb.DTYPE_FLOAT32
+    arrays = [np.asarray(a, dtype=np.float32) for a in result.logprobs]
+    runs = [list(run) for _, run in itertools.groupby(arrays, key=lambda a: a.shape[1:])] or [[]]
+    for run in runs:
+        record = out.loss_fn_outputs.add(type_tag="ArrayRecord", num_datums=len(run))
+        flat = np.concatenate([a.reshape(-1) for a in run]) if run else np.zeros(0, np.float32)
+        offsets = np.concatenate([[0], np.cumsum([a.size for a in run], dtype=np.int64)]).astype(np.int64) * 4
+        field = record.fields["logprobs"]
+        field.data = flat.tobytes()
+        field.offsets = offsets.tobytes()
+        field.dtype = pb.DTYPE_FLOAT32
+        field.trailing_shape.extend(run[0].shape[1:] if run else ())
     for k, v in result.metrics.items():
         out.metrics[k] = float(v)
     return out.SerializeToString()

@@ -203,9 +203,9 @@ def _parse_inputs(inputs) -> tuple[tuple[str, int], ...]:
         ):
             raise LossGraphError(f"inputs[{i}] must be {{name: lowercase identifier, rank: 0|1|2}}, got {item!r}")
         out.append((name, rank))
-    if out[0] != ("logprobs", 1):
+    if out[0] not in (("logprobs", 1), ("logprobs", 2)):
         raise LossGraphError(
-            f"the first input must be logprobs with rank 1 (this server trains on [T] target tokens), got {out[0]}"
+            f"the first input must be logprobs with rank 1 ([T] target tokens) or 2 ([T, K]), got {out[0]}"
         )
     if len({n for n, _ in out}) != len(out):
         raise LossGraphError("input names must be distinct")

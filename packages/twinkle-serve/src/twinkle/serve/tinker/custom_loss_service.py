@@ -68,6 +68,12 @@ def prepare(program: LossProgram, data: list[Datum]) -> tuple[list[Datum], Progr
             raise BadRequest(
                 f"datum {i} has no loss_fn_inputs['target_tokens'], which loss {program.name!r} needs for its logprobs"
             )
+        targets = d.inputs["target_tokens"]
+        if targets.ndim != program.inputs[0][1]:
+            raise BadRequest(
+                f"datum {i} loss_fn_inputs['target_tokens'] has shape {list(targets.shape)}, but loss "
+                f"{program.name!r} declared logprobs with rank {program.inputs[0][1]} (the targets' rank)"
+            )
         row = []
         for name, rank in program.inputs[1:]:
             if name not in d.inputs:
@@ -84,5 +90,6 @@ def prepare(program: LossProgram, data: list[Datum]) -> tuple[list[Datum], Progr
                 )
             row.append(torch.from_numpy(arr.copy()))  # the body's buffer is read-only
         inputs.append(row)
-        scored.append(Datum(d.tokens, {"target_tokens": d.inputs["target_tokens"]}, d.images))
-    return scored, ProgramLoss(program, inputs)
+        scored.append(Datum(d.tokens, {"target_tokens": targets}, d.images))
+    widths = [int(d.inputs["target_tokens"].shape[1]) if program.inputs[0][1] == 2 else None for d in data]
+    return scored, ProgramLoss(program, inputs, widths)

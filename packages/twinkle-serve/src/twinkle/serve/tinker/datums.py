@@ -7,6 +7,13 @@ The shift: `input_ids = tokens + [last target]`, `labels = [-100] + target_token
 inputs prefixed by one 0. The engine predicts labels[t+1] from input_ids[:t+1], which is exactly
 Tinker's "position t predicts target_tokens[t]" (the appended token only feeds a position whose logits
 are dropped).
+
+`target_tokens` of shape [N, K] score K ids at each position (a teacher's top-K, a decision's K
+choices): cross_entropy is then -Σ_t Σ_k weights[t, k] · log p(target_tokens[t, k]) with `weights`
+of the same shape, and the pass answers log-probs [N, K]. They travel as the engine's `target_ids`
+field [N + 1, K] (twinkle.loss.sft), `weights` beside them, every datum padded to the request's widest
+K with weight 0; the labels are the first column (every position scored). The per-token policy losses
+are defined on the one sampled token per position, and refuse K > 1.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ TINKER_LOSSES = {
     # logprobs (and sampled_mask) come from the server's records: tinker/provenance.py
     "stable_reinforce": ("logprobs", "advantages"),
 }
+# The most ids one position may score: a [N, K] request costs K gathered log-probs per position (and, in
+# a chunked head's backward, K head rows per position); Tinker's top-K prompt log-probs go to 20
+MAX_TARGET_IDS = 64
 
 
 @dataclass
@@ -45,7 +55,7 @@ class Datum:
 
 @dataclass
 class ForwardResult:
-    logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N]
+    logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N], or [N, K] for [N, K] targets
     metrics: dict[str, float]  # keys `name:reduction`
     mfu: float | None = None  # this request's share of the pass as a fraction of the matmul peak (run curves)
 
@@ -62,6 +72,48 @@ def make_loss(loss_fn: str, config: dict):
         raise UserError(f"bad loss_fn_config for {loss_fn!r}: {e}") from None
 
 
+def target_width(d: Datum) -> int | None:
+    """K for a datum whose target_tokens are [N, K], None for [N]."""
+    targets = d.inputs.get("target_tokens")
+    return int(targets.shape[1]) if targets is not None and targets.ndim == 2 else None
+
+
+def _check_shapes(i: int, d: Datum, loss_fn: str) -> None:
+    n, k = len(d.tokens), target_width(d)
+    if k is None or (k == 1 and loss_fn in TINKER_LOSSES and loss_fn != "cross_entropy"):
+        for key, arr in d.inputs.items():  # a policy loss's [N, 1] targets are its [N]
+            if arr.size != n:
+                raise UserError(
+                    f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
+                    f"input of {n} tokens (shape mismatch)"
+                )
+        return
+    shape = list(d.inputs["target_tokens"].shape)
+    if shape[0] != n:
+        raise UserError(
+            f"datum {i}: loss_fn_inputs['target_tokens'] has shape {shape} for a model input of {n} tokens "
+            f"(shape mismatch: [{n}] or [{n}, K])"
+        )
+    if not 1 <= k <= MAX_TARGET_IDS:
+        raise UserError(
+            f"datum {i}: loss_fn_inputs['target_tokens'] has shape {shape}: K = {k} ids per position, "
+            f"outside [1, MAX_TARGET_IDS = {MAX_TARGET_IDS}]"
+        )
+    if loss_fn in TINKER_LOSSES and loss_fn != "cross_entropy":
+        raise UserError(
+            f"datum {i}: loss {loss_fn!r} is defined per sampled token and takes target_tokens of shape [{n}], "
+            f"got {shape}; [N, K] targets train with 'cross_entropy' or a custom loss"
+        )
+    for key, arr in d.inputs.items():
+        if key in ("target_tokens", "weights") and list(arr.shape) != shape:
+            raise UserError(
+                f"datum {i}: loss_fn_inputs[{key!r}] has shape {list(arr.shape)}; with target_tokens of "
+                f"shape {shape} it needs that shape"
+            )
+        if key not in ("target_tokens", "weights") and arr.size != n:
+            raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for {n} tokens")
+
+
 def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: int) -> None:
     if not data:
         raise UserError("forward_backward needs at least one datum")
@@ -75,12 +127,8 @@ def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: 
         for key in needed:
             if key not in d.inputs:
                 raise UserError(f"datum {i}: loss {loss_fn!r} needs loss_fn_inputs[{key!r}]")
+        _check_shapes(i, d, loss_fn)
         for key, arr in d.inputs.items():
-            if arr.size != n:
-                raise UserError(
-                    f"datum {i}: loss_fn_inputs[{key!r}] has {arr.size} values for a model "
-                    f"input of {n} tokens (shape mismatch)"
-                )
             if key != "target_tokens" and not np.all(np.isfinite(arr)):
                 raise UserError(f"datum {i}: loss_fn_inputs[{key!r}] contains NaN or inf")
         for label, arr in (
@@ -92,17 +140,35 @@ def check_datums(data: list[Datum], loss_fn: str, vocab_size: int, max_context: 
                 raise UserError(f"datum {i}: {label} token {int(bad[0])} is outside the vocabulary [0, {vocab_size})")
 
 
+def _shifted(arr: np.ndarray) -> np.ndarray:
+    """A per-token input prefixed by one zero position (of its width), as float32."""
+    arr = arr.astype(np.float32)
+    return np.concatenate([np.zeros((1, *arr.shape[1:]), np.float32), arr])
+
+
+def _padded(arr: np.ndarray, k: int) -> np.ndarray:
+    return np.pad(arr, ((0, 0), (0, k - arr.shape[1])))
+
+
 def rows(data: list[Datum]) -> list[dict]:
     """The shift as arrays (input ids, labels, per-token fields): the engine's collate makes each a
-    tensor once."""
+    tensor once. [N, K] targets become the `target_ids` field with their weights (ones when none were
+    sent), both padded to the widest K with weight 0."""
+    widest = max((target_width(d) or 0) for d in data) if data else 0
     out = []
     for d in data:
-        targets = d.inputs["target_tokens"].astype(np.int64).reshape(-1)
-        ids = np.concatenate([np.asarray(d.tokens, dtype=np.int64), targets[-1:]])
-        row = {"input_ids": ids, "labels": np.concatenate([[-100], targets]), **(d.images or {})}
+        targets = d.inputs["target_tokens"].astype(np.int64)
+        k = target_width(d)
+        if k is not None and "weights" not in d.inputs:
+            d = Datum(d.tokens, {**d.inputs, "weights": np.ones(targets.shape, np.float32)}, d.images)
+        first = targets[:, 0] if k is not None else targets.reshape(-1)
+        ids = np.concatenate([np.asarray(d.tokens, dtype=np.int64), first[-1:]])
+        row = {"input_ids": ids, "labels": np.concatenate([[-100], first]), **(d.images or {})}
+        if k is not None:  # ids as float32 are exact below 2**24, far past any vocabulary
+            row["target_ids"] = _shifted(_padded(targets, widest))
         for key, arr in d.inputs.items():
             if key != "target_tokens":
-                row[key] = np.concatenate([np.zeros(1, np.float32), arr.astype(np.float32).reshape(-1)])
+                row[key] = _shifted(_padded(arr, widest) if k is not None and key == "weights" else arr.reshape(-1))
         out.append(row)
     return out
 
@@ -123,23 +189,38 @@ def training_pass(
     kit = kit_dpo.loss_for(loss_fn, loss_config, data, forward_only) if loss is None else None
     check_datums(data, "cross_entropy" if kit is not None else loss_fn, backend.vocab_size, backend.max_context)
     if kit is not None:
+        if any(target_width(d) is not None for d in data):
+            raise UserError("twinkle-kit's base-model forward and DPO take target_tokens of shape [N], not [N, K]")
         return RowsPass(adapter, kit_dpo.rows_for(kit, rows(data)), forward_only, kit)
     if loss is None:
         loss = make_loss(loss_fn, loss_config)
     if loss_fn != "cross_entropy":
-        data = [Datum(d.tokens, {k: v for k, v in d.inputs.items() if k != "weights"}, d.images) for d in data]
+        data = [_without_weights(d, flat=loss_fn in TINKER_LOSSES) for d in data]
     return RowsPass(adapter, rows(data), forward_only, loss)
 
 
-def forward_result(outcome) -> ForwardResult:
-    """The engine's outcome of a Tinker pass as the SDK reads it: per-datum log-probs, the summed loss as
-    `loss:sum`, a loss's own metrics as token means unless it names its reduction (a custom loss's)."""
+def _without_weights(d: Datum, flat: bool) -> Datum:
+    """A datum for a loss other than cross_entropy; `flat`: a policy loss's [N, 1] targets (checked) as [N]."""
+    inputs = {k: v for k, v in d.inputs.items() if k != "weights"}
+    if flat:
+        inputs["target_tokens"] = inputs["target_tokens"].reshape(-1)
+    return Datum(d.tokens, inputs, d.images)
+
+
+def forward_result(outcome, data: list[Datum] | None = None) -> ForwardResult:
+    """The engine's outcome of a Tinker pass as the SDK reads it: per-datum log-probs ([N, K] for a datum
+    of [N, K] targets, cut back from the request's widest K), the summed loss as `loss:sum`, a loss's own
+    metrics as token means unless it names its reduction (a custom loss's)."""
     if isinstance(outcome, Exception):  # the backend's UserError for this request, or the pass's own failure
         raise outcome
     if not outcome["finite"]:
         # not back-propagated by the engine: the adapter's gradients are untouched
         raise UserError(f"loss is {outcome['loss']} (not finite): no gradient was applied")
     logprobs = [np.asarray(lp, dtype=np.float32) for lp in outcome["logprobs"]]
+    for i, d in enumerate(data or []):
+        k = target_width(d)
+        if k is not None:
+            logprobs[i] = logprobs[i].reshape(len(d.tokens), -1)[:, :k]
     metrics = {"loss:sum": float(outcome["loss"])}
     metrics.update(
         {k if k.endswith((":sum", ":mean")) else f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()}
@@ -152,4 +233,4 @@ def train(backend, adapter: str, data: list[Datum], loss_fn: str, loss_config: d
     (outcome,) = backend.forward_backward_many(
         [training_pass(adapter, data, loss_fn, loss_config, forward_only, backend)]
     )
-    return forward_result(outcome)
+    return forward_result(outcome, data)

@@ -182,7 +182,7 @@ class TinkerModels:
             item = e
 
         def encode(outcome: dict) -> Answer:
-            result = datums.forward_result(outcome)
+            result = datums.forward_result(outcome, data)
             if loss is not None:
                 result.metrics = tinker_metrics(result.metrics, forward_only)
             result.metrics.update(extra)

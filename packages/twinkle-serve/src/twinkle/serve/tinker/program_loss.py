@@ -24,40 +24,43 @@ PROGRAM_LOSS = "custom_loss:sum"  # the program's own value, beside the surrogat
 
 class ProgramLoss(Loss):
     """`program` over each datum's target log-probs and its own inputs (`inputs[i]`, tensors of the
-    ranks the program declared), rows in datum order."""
+    ranks the program declared), rows in datum order. `widths[i]`: K of datum i's [T, K] targets (the
+    pass scores the request's widest K), None for [T] targets."""
 
-    def __init__(self, program: LossProgram, inputs: list[list[torch.Tensor]]):
+    def __init__(self, program: LossProgram, inputs: list[list[torch.Tensor]], widths: list[int | None]):
         super().__init__(reduction="sum")
-        self.program, self.inputs = program, inputs
+        self.program, self.inputs, self.widths = program, inputs, widths
 
     def sliced(self, start: int, stop: int) -> ProgramLoss:
         """The loss of datums [start, stop): a data-parallel rank's share of the request."""
-        return ProgramLoss(self.program, self.inputs[start:stop])
+        return ProgramLoss(self.program, self.inputs[start:stop], self.widths[start:stop])
 
     def metric_merge(self, key: str) -> str:
         """The SDK reduces a custom loss's metrics over datums: `…:sum` adds up, the rest are datum means."""
         return "sum" if key.endswith(":sum") else "row_mean"
 
     def compute(self, ctx: LossContext) -> LossOutput:
-        logps_B_T, mask_B_T = ctx.logps_B_T, ctx.mask_B_T
+        logps, mask_B_T = ctx.scored_logps(), ctx.mask_B_T  # logps [B, T] or [B, T, K]
         lengths = [int(n) for n in mask_B_T.sum(1).tolist()]  # Tinker targets are never -100: a prefix per row
         if len(lengths) != len(self.inputs):
             raise ValueError(f"loss {self.program.name!r} got {len(lengths)} rows for {len(self.inputs)} datums")
+        cells = [(slice(None, n), slice(None, k)) if k else (slice(None, n),) for n, k in zip(lengths, self.widths)]
         with torch.enable_grad():  # also under a forward-only pass's no_grad: g is needed for nothing but metrics
-            leaves = [logps_B_T[i, :n].detach().clone().requires_grad_(True) for i, n in enumerate(lengths)]
-            device = logps_B_T.device
+            leaves = [logps[i][cell].detach().clone().requires_grad_(True) for i, cell in enumerate(cells)]
+            device = logps.device
             inputs = [[t.to(device) for t in row] for row in self.inputs]
             loss, metrics = run_per_datum(self.program, leaves, inputs)
             grads = torch.autograd.grad(loss, leaves, allow_unused=True)
-        weights_B_T = torch.zeros_like(logps_B_T, requires_grad=False)
-        for i, (n, g) in enumerate(zip(lengths, grads, strict=True)):
+        weights = torch.zeros_like(logps, requires_grad=False)
+        for i, (cell, g) in enumerate(zip(cells, grads, strict=True)):
             if g is None:
                 raise ValueError(
                     f"loss {self.program.name!r} does not depend on the logprobs of datum {i}: no gradient"
                 )
-            weights_B_T[i, :n] = -g
+            weights[i][cell] = -g
         # cross-entropy's per-token value and reduction (twinkle.loss.sft), so the fallback's second pass agrees
-        surrogate = ((-weights_B_T * logps_B_T) * mask_B_T).sum()
+        per_token = -weights * logps
+        surrogate = ((per_token.sum(-1) if per_token.dim() == 3 else per_token) * mask_B_T).sum()
         return LossOutput(surrogate, {**metrics, PROGRAM_LOSS: float(loss.detach())})
 
 
