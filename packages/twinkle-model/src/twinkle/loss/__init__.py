@@ -12,11 +12,14 @@ from twinkle.loss.head import (
     ProjectedHead,
     TokenHead,
 )
+from twinkle.loss.infonce import InfonceLoss
 from twinkle.loss.odds import CPOLoss, ORPOLoss
+from twinkle.loss.pass_heads import EmbeddingHead, ValueHead
 from twinkle.loss.policy import CISPOLoss, DROLoss, GRPOLoss, GSPOLoss, ImportanceSamplingLoss, PPOLoss
 from twinkle.loss.preference import DPOLoss, SimPOLoss
 from twinkle.loss.sft import CrossEntropyLoss
 from twinkle.loss.stable import StableReinforceLoss
+from twinkle.loss.value import MSELoss, PPOValueLoss
 
 __all__ = [
     "IGNORE_INDEX",
@@ -30,22 +33,27 @@ __all__ = [
     "DPOLoss",
     "DRGRPOLoss",
     "DROLoss",
+    "EmbeddingHead",
     "GKDLoss",
     "GRPOLoss",
     "GSPOLoss",
     "HeadNeeds",
     "ImportanceSamplingLoss",
+    "InfonceLoss",
     "LogitsHead",
     "Loss",
     "LossContext",
     "LossOutput",
+    "MSELoss",
     "ORPOLoss",
     "PPOLoss",
+    "PPOValueLoss",
     "ProjectedHead",
     "SAPOLoss",
     "SimPOLoss",
     "StableReinforceLoss",
     "TokenHead",
+    "ValueHead",
     "create_loss",
     "register_loss",
 ]

@@ -82,6 +82,19 @@ class TokenHead:
         """Whether the most likely token is the target, per position (token accuracy)."""
         return self.argmax() == targets_B_T
 
+    # What a pass without a next-token distribution gives instead (twinkle.loss.pass_heads); a token
+    # head has neither, and says which pass does.
+    def values(self) -> torch.Tensor:
+        """A value head's estimate per position [B, T], aligned with the targets."""
+        raise ValueError(
+            "this loss reads per-token values, which only a model with a value head gives: "
+            "train it on twinkle.model.TransformersValueModel"
+        )
+
+    def embeddings(self) -> torch.Tensor:
+        """One L2-normalised embedding per input sequence [N, H], in row order."""
+        raise ValueError("this loss reads pooled sequence embeddings: call forward_backward(..., task='embedding')")
+
 
 class LogitsHead(TokenHead):
     def __init__(self, logits_B_T_V: torch.Tensor):

@@ -1,5 +1,6 @@
-"""twinkle.model: the one training contract (TwinkleModel) and its engines: TransformersModel,
-MultiLoraModel, MegatronModel. `num_training_steps` gives a scheduler the optimizer steps a run takes."""
+"""twinkle.model: the one training contract (TwinkleModel) and its engines: TransformersModel (and its
+value-model form, TransformersValueModel), MultiLoraModel, MegatronModel. `num_training_steps` gives a
+scheduler the optimizer steps a run takes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ _LAZY = {
     "MODELS": "twinkle.model.base",
     "MultiLoraModel": "twinkle.model.multi_lora.model",
     "TransformersModel": "twinkle.model.transformers_model",
+    "TransformersValueModel": "twinkle.model.value_model",
     "MegatronModel": "twinkle.model.megatron.model",  # needs the megatron extra when built
     "AdapterState": "twinkle.model.state",
     "CosineWarmupScheduler": "twinkle.model.optim",

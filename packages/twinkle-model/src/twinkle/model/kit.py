@@ -19,7 +19,7 @@ import torch
 
 from twinkle.model.strategy import mean_units
 
-TASKS = ("causal_lm",)
+TASKS = ("causal_lm", "embedding")  # 'embedding': twinkle.model.embedding_pass
 
 
 def check_task(task: str) -> None:

@@ -16,16 +16,17 @@ from pathlib import Path
 import torch
 
 from twinkle.data_format.loss_inputs import merge_loss_inputs
-from twinkle.loss import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, LossContext
+from twinkle.loss import LOGITS_BUDGET_BYTES, EmbeddingHead, LogitsHead, LossContext, TokenHead
 from twinkle.mesh import RemoteClass, get_global_mesh, remote_method
 from twinkle.metric import METRICS, ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import checkpoint, compact_heap, context_parallel, output_projection, vision
+from twinkle.model import checkpoint, compact_heap, context_parallel, embedding_pass, output_projection, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
-from twinkle.model.kit import KitModelMixin, check_task, progress, save_target
+from twinkle.model.embedding_pass import EmbeddingTaskMixin
+from twinkle.model.kit import KitModelMixin, progress, save_target
 from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
@@ -74,7 +75,7 @@ def _load_hf_model(model_id, model_cls, config, torch_dtype, **kwargs):
     return model_cls.from_pretrained(path, config=config, dtype=torch_dtype or "auto", **kwargs), path
 
 
-class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
+class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metaclass=RemoteClass):
     def __init__(
         self,
         model_id: str | None = None,
@@ -259,7 +260,7 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         dtype = PRECISIONS[self.mixed_precision]
         return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def _run(self, module, batch, drop_last: bool = True) -> LogitsHead | ChunkedHead:
+    def _run(self, module, batch, drop_last: bool = True, task: str = "causal_lm") -> TokenHead:
         model_kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
         if "pixel_values" in batch:
             model_kwargs.update(model_inputs.image_kwargs(batch, self.hf_model.config))
@@ -267,8 +268,10 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         B, T = batch["input_ids"].shape
         chunk = self.head_chunk_size or output_projection.default_chunk(self.hf_model, B * T, self.logits_budget_bytes)
         proj = self.hf_model.get_output_embeddings()
-        with self._autocast(), output_projection.skipped(proj, chunk is not None):
+        with self._autocast(), output_projection.skipped(proj, chunk is not None or task == "embedding"):
             out = module(**model_kwargs, use_cache=False)
+        if task == "embedding":  # the final hidden states, pooled per sequence: no vocabulary at all
+            return EmbeddingHead.pooled(out.logits, model_inputs.sequence_spans(batch))
         # the last position predicts nothing, except on a cp shard (whose targets are already shifted)
         logits = out.logits[:, :-1] if drop_last else out.logits
         if chunk is None:
@@ -297,7 +300,9 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
             batch, targets, fields, mesh.get_group("cp"), mesh.get_rank("cp"), self.cp_size
         )
 
-    def forward(self, inputs, adapter_name: str | None = None, *, _grad: bool = True) -> LossContext:
+    def forward(
+        self, inputs, adapter_name: str | None = None, *, _grad: bool = True, task: str = "causal_lm"
+    ) -> LossContext:
         """Run the network; returns the LossContext (per-token log-probs etc.) the loss will read."""
         state = self._state(adapter_name)
         batch, fields = self._prepare(inputs, state)
@@ -312,7 +317,7 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         # evaluation (forward_only, sampling) never draws dropout
         module.train(_grad)
         with torch.set_grad_enabled(_grad):
-            head = self._run(module, run_batch, drop_last=shard is None)
+            head = self._run(module, run_batch, drop_last=shard is None, task=task)
         ref = self._reference_logps(module, run_batch, targets) if state.loss.needs_reference(fields) else None
         ctx = LossContext(head, targets, shifted, ref)
         ctx.batch = batch  # the whole rows (forward_only reads their spans)
@@ -402,8 +407,8 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         """Forward, loss and backward on one micro-batch; gradients accumulate until the step.
         twinkle-kit's keywords: old_logps / advantages / ref_outputs become the rows' loss inputs
         (`twinkle.data_format.loss_inputs`); micro_batch_size runs the rows that many at a time."""
-        check_task(task)
         inputs = merge_loss_inputs(inputs, old_logps=old_logps, advantages=advantages, ref_outputs=ref_outputs)
+        inputs = embedding_pass.task_inputs(task, inputs)
         if micro_batch_size is not None and not isinstance(inputs, dict) and len(inputs) > micro_batch_size:
             return self.micro_batched_forward_backward(list(inputs), adapter_name, micro_batch_size)
         state = self._state(adapter_name)
@@ -411,7 +416,7 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         accumulate = state.micro_step + 1 < state.gradient_accumulation_steps  # not the window's last
         wrapped = self._activate(state)  # wrapped before the first micro-batch, so it too skips the sync
         with no_sync(wrapped, accumulate):
-            ctx = self.forward(inputs, adapter_name)
+            ctx = self.forward(inputs, adapter_name, task=task)
             out = self.calculate_loss(ctx, adapter_name)
             # under DDP/FSDP2: this rank's share of the global micro-batch loss, which is reported
             local, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
@@ -420,11 +425,16 @@ class TransformersModel(KitModelMixin, TwinkleModel, metaclass=RemoteClass):
         return {"loss": float(out.loss.detach()), **out.metrics}
 
     @remote_method(dispatch="slice", collect="merge")
-    def forward_only(self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False) -> dict:
+    def forward_only(
+        self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
+    ) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
         where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
         On data-parallel ranks the loss is the global batch's and the rows come back in rank order.
-        `disable_lora=True` runs the base model (the adapter switched off): a LoRA run's reference."""
+        `disable_lora=True` runs the base model (the adapter switched off): a LoRA run's reference.
+        `task='embedding'`: each row's embedding instead (twinkle.model.embedding_pass)."""
+        if task != "causal_lm":
+            return self.embedding_forward_only(inputs, adapter_name, task)
         if disable_lora:
             return self.forward_only_base(inputs, adapter_name)
         state = self._state(adapter_name)

@@ -1,0 +1,77 @@
+"""twinkle-kit's `task='embedding'` on TransformersModel: a pass whose output is one embedding per input
+sequence (`twinkle.loss.EmbeddingHead`: the last real token's final hidden state, L2-normalised), for
+contrastive losses (`InfonceLoss`). The model runs with its output projection skipped, so no logits
+exist at all.
+
+twinkle-kit's embedding rows carry one number as `labels`: 1 on a group's anchor, 0 on its positive and
+negatives. Here that number becomes the row's `group_start` and the row has no token targets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch
+
+from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.model.kit import check_task
+
+EMBEDDING = "embedding"
+
+
+def task_inputs(task: str, inputs):
+    """`inputs` as the pass of `task` reads them (refusing a task not offered)."""
+    check_task(task)
+    if task != EMBEDDING:
+        return inputs
+    if isinstance(inputs, Mapping):
+        return _collated(inputs)
+    return [_row(row, i) for i, row in enumerate(inputs)]
+
+
+def _row(row, i: int) -> dict:
+    if not isinstance(row, Mapping) or "input_ids" not in row:
+        raise ValueError(f"task='embedding' takes encoded rows (dicts with input_ids); row {i} is not one")
+    out = dict(row)
+    if "group_start" not in out:
+        label = out.pop("labels", None)
+        label = label.tolist() if isinstance(label, torch.Tensor) else label
+        label = label if not isinstance(label, (list, tuple)) else (label[0] if len(label) == 1 else None)
+        if label is None:
+            raise ValueError(
+                f"embedding row {i}: its `labels` must be one number (1 on a group's anchor, 0 on the "
+                "rest), or the row gives `group_start`"
+            )
+        out["group_start"] = int(label)
+    out["labels"] = [IGNORE_INDEX] * len(out["input_ids"])
+    return out
+
+
+def _collated(batch: Mapping) -> dict:
+    ids_N_T = torch.as_tensor(batch["input_ids"])
+    out = dict(batch)
+    if "group_start" not in out:
+        out["group_start"] = torch.as_tensor(out.pop("labels")).reshape(-1).long()
+    if out["group_start"].numel() != ids_N_T.shape[0]:
+        raise ValueError(f"{out['group_start'].numel()} group marks for {ids_N_T.shape[0]} rows")
+    out["labels"] = torch.full_like(ids_N_T, IGNORE_INDEX)
+    return out
+
+
+class EmbeddingTaskMixin:
+    """Mixed into TransformersModel: `forward_only(inputs, task='embedding')`."""
+
+    def embedding_forward_only(self, inputs, adapter_name: str | None, task: str) -> dict:
+        """Each row's embedding, and the loss when the set loss is an embedding loss (it reads
+        `group_start`) and the rows mark their groups."""
+        inputs = task_inputs(task, inputs)  # refuses a task not offered
+        state = self._state(adapter_name)  # ty: ignore[missing-attribute] - the engine's
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ctx = self.forward(inputs, adapter_name, _grad=False, task=task)  # ty: ignore[missing-attribute]
+            wanted = "group_start" in state.loss.required_fields and "group_start" in ctx.fields
+            out = self.calculate_loss(ctx, adapter_name) if wanted else None  # ty: ignore[missing-attribute]
+        self._record(state, ctx, out, time.perf_counter() - t0, training=False)  # ty: ignore[missing-attribute]
+        self.last_eval_loss = float(out.loss) if out is not None else None
+        return {"loss": self.last_eval_loss, "embeddings": ctx.head.embeddings().tolist()}

@@ -1,0 +1,91 @@
+"""TransformersValueModel (twinkle-kit's name): a causal LM whose unembedding is a scalar value head, for
+PPO's critic. Its pass gives V_t per position ([B, T], aligned with the targets: the value of the prefix
+before target t) through `twinkle.loss.ValueHead`, which the value losses (MSELoss, PPOValueLoss) read;
+no vocabulary-sized logits are ever computed.
+
+The head is a Linear(hidden, 1) with a bias, zero at the start (every value 0), replacing the output
+projection where it was, so it saves and loads as part of the model. Trained in full (as twinkle-kit's
+critic is) it is one of the model's parameters; with a LoRA adapter (which twinkle-kit refuses) it is
+trained beside the adapter as the adapter's own full copy (peft's `modules_to_save`), written into and
+read back from the adapter folder.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+
+from twinkle.loss import LogitsHead, TokenHead, ValueHead
+from twinkle.mesh import remote_method
+from twinkle.model import inputs as model_inputs
+from twinkle.model.base import MODELS
+from twinkle.model.transformers_model import TransformersModel
+
+
+def install_value_head(hf_model) -> str:
+    """Replace `hf_model`'s output projection by a zeroed Linear(hidden, 1); returns its module name."""
+    old = hf_model.get_output_embeddings()
+    if not isinstance(old, torch.nn.Linear):
+        raise ValueError(f"a value head replaces a Linear output projection; this model has {type(old).__name__}")
+    head = torch.nn.Linear(old.in_features, 1, bias=True, device=old.weight.device, dtype=old.weight.dtype)
+    torch.nn.init.zeros_(head.weight)
+    torch.nn.init.zeros_(head.bias)
+    name = next(n for n, m in hf_model.named_modules() if m is old)
+    hf_model.set_output_embeddings(head)
+    # the input embeddings no longer share the head's weight: saving and loading must keep both
+    hf_model.config.tie_word_embeddings = False
+    return name
+
+
+@MODELS.register
+class TransformersValueModel(TransformersModel):
+    """A value model: `forward_only` returns per-row values aligned with labels; `forward_backward`
+    trains the value head (and the adapter or the whole model) on a value loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.value_head_name = install_value_head(self.hf_model)
+
+    @remote_method()
+    def add_adapter_to_model(
+        self, adapter_name: str, config, gradient_accumulation_steps: int = 1, *, train_vision=()
+    ) -> None:
+        """A LoRA adapter whose value head is its own trained copy (saved with it)."""
+        saved = list(config.modules_to_save or [])
+        if self.value_head_name not in saved:
+            config = copy.copy(config)
+            config.modules_to_save = [*saved, self.value_head_name]
+        super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, train_vision=train_vision)
+
+    def _run(self, module, batch, drop_last: bool = True, task: str = "causal_lm") -> TokenHead:
+        if task != "causal_lm":
+            raise ValueError(f"a value model runs task='causal_lm' only, got task={task!r}")
+        head = super()._run(module, batch, drop_last)
+        if not isinstance(head, LogitsHead):  # a one-wide head is never chunked, unless a patch forces it
+            raise ValueError("a value model's head cannot be computed in chunks (ChunkedCrossEntropy patch)")
+        return ValueHead(head.logits_B_T_V[..., 0].float())
+
+    @remote_method(dispatch="slice", collect="merge")
+    def forward_only(
+        self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
+    ) -> dict:
+        """Per row, V before each token (aligned with labels, 0 at position 0), and the loss when it is
+        a value loss whose inputs (`returns`, ...) the rows carry."""
+        if disable_lora:
+            raise ValueError("a value model has no reference pass: disable_lora=True is for a policy's LoRA")
+        state = self._state(adapter_name)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            ctx = self.forward(inputs, adapter_name, _grad=False, task=task)
+            needed = state.loss.required_fields
+            out = self.calculate_loss(ctx, adapter_name) if needed and set(needed) <= set(ctx.fields) else None
+        self._record(state, ctx, out, time.perf_counter() - t0, training=False)
+        values_B_T = ctx.head.values()
+        spans = model_inputs.sequence_spans(ctx.batch)
+        self.last_eval_loss = float(out.loss) if out is not None else None
+        return {
+            "loss": self.last_eval_loss,
+            "values": [[0.0, *values_B_T[b, s : s + n - 1].tolist()] for b, s, n in spans],
+        }
