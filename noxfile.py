@@ -229,7 +229,9 @@ def all_members(session: nox.Session) -> None:
 
 @nox.session(name="gpu", default=False)
 def gpu(session: nox.Session) -> None:
-    """The CUDA-only checks (tests marked `gpu`), for a machine with a GPU: Megatron, nccl, Ray on CUDA."""
+    """The CUDA-only checks (tests marked `gpu`), for a machine with a GPU: Megatron, nccl, Ray on CUDA;
+    then LoRA SFT at the Qwen3 0.6B / 1.7B / 8B shapes against a hand loop, with MFU (benchmarks/gpu_scale_sft.py,
+    which says so and measures nothing where there is no CUDA device)."""
     _sync(session, "--all-packages", "--extra", "megatron")
     with _cold_caches() as caches:
         session.run(
@@ -243,6 +245,7 @@ def gpu(session: nox.Session) -> None:
             env=caches,
             success_codes=[0, 5],
         )
+        session.run("python", "benchmarks/gpu_scale_sft.py", env=caches)
 
 
 @nox.session(name="vllm", venv_backend="venv")
@@ -392,6 +395,21 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
         env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"},
     )
+
+
+# The benchmarks at the size people train (issue 47): random weights at the Qwen3-0.6B shape, so they
+# measure speed and memory, not quality; tens of minutes and up to ~9 GiB, hence not in the default run.
+SHAPE_BENCHMARKS = ["bench_scale_sft", "bench_scale_fused", "bench_scale_sampling", "bench_scale_serve_memory"]
+
+
+@nox.session(name="shape", default=False)
+def shape(session: nox.Session) -> None:
+    """The Qwen3-0.6B-shape benchmarks through the runner (LoRA SFT against TRL and a hand loop, four
+    fused tenants against one adapter, SDK group sampling against HF generate, the server's memory with
+    1, 4 and 8 tenants), recorded in the Results table."""
+    _sync(session, "--all-packages", "--group", "examples")
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "TOKENIZERS_PARALLELISM": "false"}
+    session.run("python", "benchmarks/run.py", *(session.posargs or SHAPE_BENCHMARKS), env=env)
 
 
 # What tinker-cookbook 0.6.1's recipes import beyond this workspace (its registry dependency list names

@@ -13,8 +13,10 @@ nothing trimmed or collected by the benchmark.
 - ideal: the base model's parameter bytes + every tenant's LoRA factors and AdamW state
   (exp_avg, exp_avg_sq, step), computed by building the same adapters locally.
 Final line: JSON with `ratio` = the larger of (RSS - runtime) / ideal at 8 and 32 tenants (goal <= 1.2).
+`--model twinkle://qwen3-0.6b-shape --tenants 1,4,8` measures it at the size people train (issue 47):
+the base then counts at the dtype the server holds it in (bf16 where the CPU multiplies bf16 fast).
 
-    uv run python benchmarks/bench_serve_memory.py [--tenants 8,32]
+    uv run python benchmarks/bench_serve_memory.py [--tenants 8,32] [--model twinkle://qwen3-demo]
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def rank_of(i: int) -> int:
 
 
 def served_rss(model: str, tenants: int) -> int:
+    """The server's RSS serving `model` after `tenants` tenants' STEPS steps and its idle release."""
     import tinker
     from tinker import types
 
@@ -82,7 +85,7 @@ def served_rss(model: str, tenants: int) -> int:
         proc.wait(30)
 
 
-def ideal_bytes(tenants: int) -> tuple[int, int]:
+def ideal_bytes(model: str, tenants: int) -> tuple[int, int]:
     """(base parameter bytes, adapters + AdamW state bytes) for the same tenants, built locally."""
     import torch
     from peft import LoraConfig
@@ -91,11 +94,11 @@ def ideal_bytes(tenants: int) -> tuple[int, int]:
     from twinkle.serve.backend.base import LoraSpec
     from twinkle.serve.backend.multi_lora_backend import LORA_ALPHA
 
-    engine = MultiLoraModel(MODEL)
+    engine = MultiLoraModel(model)
     base = sum(p.numel() * p.element_size() for p in engine.base.parameters())
     names = [f"t{i}" for i in range(tenants)]
     for i, name in enumerate(names):
-        targets = LoraSpec(rank=rank_of(i)).target_modules()
+        targets = LoraSpec(rank=rank_of(i)).target_modules(engine.base)
         engine.add_adapter_to_model(name, LoraConfig(r=rank_of(i), lora_alpha=LORA_ALPHA, target_modules=targets))
         engine.set_optimizer("AdamW", adapter_name=name, lr=1e-4)
     engine.forward_backward_fused({n: [{"input_ids": list(range(3, 3 + SEQ))}] for n in names})
@@ -109,14 +112,15 @@ def ideal_bytes(tenants: int) -> tuple[int, int]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tenants", default="8,32")
+    parser.add_argument("--model", default=MODEL)
     args = parser.parse_args()
     mib = 1 << 20
     runtime = served_rss(RUNTIME_MODEL, 1)
-    result = {"benchmark": "serve_memory", "model": MODEL, "runtime_rss_mib": round(runtime / mib, 1)}
+    result = {"benchmark": "serve_memory", "model": args.model, "runtime_rss_mib": round(runtime / mib, 1)}
     ratios = []
     for tenants in (int(t) for t in args.tenants.split(",")):
-        rss = served_rss(MODEL, tenants)
-        base, adapters = ideal_bytes(tenants)
+        rss = served_rss(args.model, tenants)
+        base, adapters = ideal_bytes(args.model, tenants)
         ratio = (rss - runtime) / (base + adapters)
         ratios.append(ratio)
         result[f"tenants_{tenants}"] = {
