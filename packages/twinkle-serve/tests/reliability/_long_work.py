@@ -6,6 +6,7 @@ records how its requests ended (done, or the server's "stopped after k steps")."
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from collections import defaultdict
@@ -15,6 +16,56 @@ from _util_isolation import NativeWire
 from harness import Wire
 
 POLL_S = 0.2
+
+
+class LongWorkProcess:
+    """LongWork in a process of its own, as another tenant's client is: its stream reading and polling
+    do not take the test process's GIL (and a core) from tenant B's client, whose steps are measured."""
+
+    def __init__(self, *args, **kwargs):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_long_work_child, args=(child, args, kwargs), daemon=True)
+        self._proc.start()
+        self.sampler = self._call("ready")  # its Tinker sampling session
+
+    def _call(self, command: str):
+        if command != "ready":
+            self._conn.send(command)
+        if not self._conn.poll(120):
+            raise TimeoutError(f"the long-work process did not answer {command!r}")
+        return self._conn.recv()
+
+    def start(self) -> None:
+        self._call("start")
+
+    def load(self, on: bool) -> None:
+        """Load on (each kind sends its long request, again as each ends), or off (each cancels and idles)."""
+        self._call("on" if on else "off")
+
+    def close(self) -> dict[str, list[str]]:
+        """Stops the process; -> how each kind's requests ended."""
+        ended = self._call("close")
+        self._proc.join(timeout=60)
+        return ended
+
+
+def _long_work_child(conn, args, kwargs) -> None:
+    work = LongWork(*args, **kwargs)
+    conn.send(work.sampler)
+    while True:
+        command = conn.recv()
+        if command == "start":
+            work.start()
+        elif command == "on":
+            work.on.set()
+        elif command == "off":
+            work.off()
+        elif command == "close":
+            work.close()
+            conn.send(dict(work.ended))
+            return
+        conn.send(None)
 
 
 class LongWork:

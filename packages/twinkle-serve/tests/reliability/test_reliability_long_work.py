@@ -40,13 +40,15 @@ def test_one_tenants_long_work_does_not_hold_the_engine(world):
     import threading
     import time
 
-    from _long_work import LongWork
+    from _long_work import LongWorkProcess
+    from _util_isolation import NativeWire
+    from harness import Wire
     from test_reliability_baddata import _good_tenant as trainer
 
     from twinkle.hub import TEST_MODEL
 
     srv, keys, _ = world
-    a = LongWork(srv.url, keys["alice"], TEST_MODEL, rows=1, length=ROW_TOKENS, max_tokens=SAMPLE_TOKENS)
+    a = LongWorkProcess(srv.url, keys["alice"], TEST_MODEL, rows=1, length=ROW_TOKENS, max_tokens=SAMPLE_TOKENS)
     stop, steps = threading.Event(), []
     b = threading.Thread(target=trainer, args=(srv.url, keys["bob"], 7, stop, steps), daemon=True)
     b.start()
@@ -62,7 +64,7 @@ def test_one_tenants_long_work_does_not_hold_the_engine(world):
         windows = []
         for i in range(2 * PREEMPT_PAIRS + 1):  # C L C L ... C
             phase = "load" if i % 2 else "clean"
-            a.on.set() if phase == "load" else a.off()
+            a.load(phase == "load")
             t0 = time.monotonic()
             time.sleep(PREEMPT_WINDOW_S)
             windows.append((phase, t0, time.monotonic()))
@@ -74,29 +76,31 @@ def test_one_tenants_long_work_does_not_hold_the_engine(world):
             break
 
     # A's long sample, cancelled mid-decode: the engine is free at once
+    tinker, native = Wire(srv.url, keys["alice"]), NativeWire(srv.url, keys["alice"])
     body = {
         "sampling_session_id": a.sampler,
         "prompt": {"chunks": [{"tokens": [5, 6, 7]}]},
         "num_samples": 8,
         "sampling_params": {"max_tokens": SAMPLE_TOKENS, "stop": [], "temperature": 1.0},
     }
-    request_id = a.tinker.ok(a.tinker.post("/asample", body))["request_id"]
+    request_id = tinker.ok(tinker.post("/asample", body))["request_id"]
     time.sleep(1.0)  # well into its decode
     cancelled = time.monotonic()
-    assert a.tinker.ok(a.tinker.post("/cancel_future", {"request_id": request_id}))["status"] == "cancelled"
-    out = a.native.wait(request_id, deadline_s=60)
+    assert tinker.ok(tinker.post("/cancel_future", {"request_id": request_id}))["status"] == "cancelled"
+    out = native.wait(request_id, deadline_s=60)
     freed_s = time.monotonic() - cancelled
     stop.set()
     b.join(timeout=120)
-    a.close()
+    tinker.close(), native.close()
+    a_ended = a.close()
 
     clean, load = attempts[-1]["clean"][0], attempts[-1]["load"][0]
-    ended = {kind: [e for e in a.ended[kind] if e != "done"] for kind in ("train", "sample", "stream")}
+    ended = {kind: [e for e in a_ended[kind] if e != "done"] for kind in ("train", "sample", "stream")}
     figures = ", ".join(f"{x['clean'][0] * 1000:.0f} / {x['load'][0] * 1000:.0f} ms" for x in attempts)
     print(
         f"\nlong work: B's p99 step clean / under A's load {figures} (attempts; {attempts[-1]['clean'][1]} / "
         f"{attempts[-1]['load'][1]} steps in {PREEMPT_PAIRS} window pairs, under load); A's requests done "
-        f"{ {k: a.ended[k].count('done') for k in ended} }, stopped by cancel {ended}; "
+        f"{ {k: a_ended[k].count('done') for k in ended} }, stopped by cancel {ended}; "
         f"cancelled sample freed the engine in {freed_s * 1000:.0f} ms: {out.get('error')}"
     )
     SUMMARY["one tenant's long work (one 32K-token row, 8 x 32K sample, n=8 x 32K stream)"] = (
