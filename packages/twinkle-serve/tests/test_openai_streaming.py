@@ -191,14 +191,14 @@ def tokenizer():
 
 def stream_text(tokenizer, text: str, stop: list[str] | None, eos: bool = False):
     """Feed `text`'s tokens to a ChoiceText one by one -> (the deltas sent, the final rendering)."""
+    from twinkle.sampler import SampledSequence
     from twinkle.sampler.decoding import StepToken
-    from twinkle.serve.backend import SampledSeq
     from twinkle.serve.openai.streaming import ChoiceText
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if eos else [])
     choice = ChoiceText(tokenizer, stop)
     deltas = [choice.add(StepToken(0, t, -0.5, None))[0] for t in ids]
-    rest, lo, hi, final = choice.finish(SampledSeq(ids, [-0.5] * len(ids), "stop" if eos else "length", None))
+    rest, lo, hi, final = choice.finish(SampledSequence(ids, [-0.5] * len(ids), "stop" if eos else "length"))
     return [*deltas, rest], final, (lo, hi)
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from twinkle.hub import TEST_MODEL, resolve_model_path
-from twinkle.serve.backend import AdamParams, LoraSpec, SampleParams, UserError
+from twinkle.sampler import SamplingParams
+from twinkle.serve.backend import AdamParams, LoraSpec, UserError
 from twinkle.serve.tinker.datums import Datum, train
 
 
@@ -41,7 +42,7 @@ def test_in_process_shards_equal_plain_backend(backends):
             losses.append(train(b, "t1", [datum(s) for s in SEQS], "cross_entropy", {}, False).metrics["loss:sum"])
             b.optim_step("t1", AdamParams(learning_rate=5e-2))
         b.install_sampler_from_adapter("s1", "t1")
-        sample = b.sample("s1", SEQS[0][:5], 2, SampleParams(max_tokens=4, seed=3), False)
+        sample = b.sample("s1", SEQS[0][:5], SamplingParams(max_tokens=4, seed=3, num_samples=2))
         results.append((losses, [s.tokens for s in sample.sequences]))
     (plain_losses, plain_tokens), (remote_losses, remote_tokens) = results
     np.testing.assert_allclose(remote_losses, plain_losses, rtol=1e-6)
@@ -57,7 +58,7 @@ def test_user_errors_come_back_as_user_errors(backends):
     with pytest.raises(UserError, match="lora rank"):
         remote.create_adapter("t2", LoraSpec(rank=0))
     with pytest.raises(UserError, match="weights are gone"):
-        remote.sample("never-installed", [1, 2], 1, SampleParams(max_tokens=2), False)
+        remote.sample("never-installed", [1, 2], SamplingParams(max_tokens=2))
 
 
 def test_rank_results_merge_in_row_order_and_fail_together():

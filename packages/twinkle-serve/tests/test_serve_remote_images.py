@@ -45,7 +45,7 @@ def _hand(path, prompt):
 
 
 def test_remote_backend_samples_from_an_image_prompt_like_transformers(setup):
-    from twinkle.serve.backend.base import SampleParams
+    from twinkle.sampler import SamplingParams
     from twinkle.serve.backend.remote import RemoteBackend
 
     path, prompt, _ = setup
@@ -54,12 +54,12 @@ def test_remote_backend_samples_from_an_image_prompt_like_transformers(setup):
         "image_grid_thw": np.asarray(prompt["image_grid_thw"], np.int64),
     }
     backend = RemoteBackend(VL_TEST_MODEL, str(path))
-    params = SampleParams(max_tokens=4, temperature=0.0, stop=[])
-    result = backend.sample(None, list(prompt["input_ids"]), 1, params, True, images=images)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, prompt_logprobs=True)
+    result = backend.sample(None, list(prompt["input_ids"]), params, images=images)
     want_lps, want_tokens = _hand(path, prompt)
     got = np.asarray(result.prompt_logprobs[1:], np.float64)
     np.testing.assert_allclose(got, want_lps, rtol=1e-4, atol=1e-5 * np.abs(want_lps).max())
     assert result.sequences[0].tokens == want_tokens
     blank = {**images, "pixel_values": np.zeros_like(images["pixel_values"])}
-    other = backend.sample(None, list(prompt["input_ids"]), 1, params, True, images=blank)
+    other = backend.sample(None, list(prompt["input_ids"]), params, images=blank)
     assert not np.allclose(np.asarray(other.prompt_logprobs[1:], np.float64), got, rtol=1e-4)  # pixels used

@@ -376,10 +376,11 @@ def test_a_one_token_prompt_has_no_scored_positions(eos_trained):
 def test_prompt_alt_tokens_at_a_subnormal_temperature_are_the_argmax_not_nan():
     import torch
 
-    from twinkle.serve.backend.sampling import _draw_alternatives
+    from twinkle.serve.tinker.prompt_scores import score_table
 
     table_T_V = torch.log_softmax(torch.tensor([[0.0, 3.0, 1.0], [2.0, -1.0, 0.5]]), dim=-1)
-    ids_T_K, logprobs_T_K = _draw_alternatives(table_T_V, 4, 5e-324, seed=7)  # 5e-324 is 0 in float32
+    scores, (ids_T_K, logprobs_T_K) = score_table(table_T_V, None, 4, 5e-324, seed=7)  # 5e-324 is 0 in float32
+    assert scores is None
     assert ids_T_K.tolist() == [[1] * 4, [0] * 4]
     assert np.isfinite(logprobs_T_K).all()
 

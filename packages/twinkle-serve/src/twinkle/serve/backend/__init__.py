@@ -6,9 +6,6 @@ from twinkle.serve.backend.base import (
     Backend,
     LoraSpec,
     RowsPass,
-    SampledSeq,
-    SampleParams,
-    SampleResult,
     UserError,
 )
 
@@ -18,9 +15,6 @@ __all__ = [
     "Backend",
     "LoraSpec",
     "RowsPass",
-    "SampleParams",
-    "SampleResult",
-    "SampledSeq",
     "UserError",
     "create_backend",
 ]

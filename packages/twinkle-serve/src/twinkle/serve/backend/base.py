@@ -11,11 +11,13 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-import numpy as np
+if TYPE_CHECKING:
+    from twinkle.sampler import SampleResponse, SamplingParams
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class UserError(Exception):
@@ -72,52 +74,6 @@ class AdamParams:
     eps: float = 1e-12
     weight_decay: float = 0.0
     grad_clip_norm: float = 0.0
-
-
-@dataclass
-class SampleParams:
-    """One sampling request's options (Tinker semantics).
-
-    `max_tokens` None: up to the model's context. `stop` None: stop at the model's EOS tokens; `[]`: no
-    stopping at all (not even EOS), run to `max_tokens`; a string, or a list of strings or token ids:
-    those *and* EOS. `topk_prompt` / `topk_sample` > 0: the k most likely tokens at every prompt /
-    sampled position. `prompt_logprobs_last_n`: score only the last N prompt positions (the rest None).
-    `target_prompt_ids` (int64 [len(prompt) - 1, K], -1: nothing): score these ids, row i at prompt
-    position i + 1. `prompt_alt_tokens_k` > 0: that many draws at `temperature` at every such position.
-    """
-
-    max_tokens: int | None = 64
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list | None = None
-    topk_prompt: int = 0
-    topk_sample: int = 0
-    prompt_logprobs_last_n: int | None = None
-    target_prompt_ids: np.ndarray | None = None
-    prompt_alt_tokens_k: int = 0
-
-
-TopK = list[tuple[int, float]]  # (token id, log-prob) pairs, most likely first
-
-
-@dataclass
-class SampledSeq:
-    tokens: list[int]
-    logprobs: list[float]
-    stop_reason: str
-    topk_logprobs: list[TopK] | None = None  # one row per sampled token when `topk_sample` > 0
-
-
-@dataclass
-class SampleResult:
-    sequences: list[SampledSeq]
-    prompt_logprobs: list[float | None] | None = None
-    topk_prompt_logprobs: list[TopK | None] | None = None  # one row per prompt position (None: not scored)
-    target_prompt_logprobs: np.ndarray | None = None  # float32, target_prompt_ids' shape; 0.0 where it has -1
-    prompt_alt_tokens: tuple[np.ndarray, np.ndarray] | None = None  # (int64 ids, float32 log-probs) [len - 1, k]
-    prompt_cache_hit_tokens: int = 0  # prompt tokens whose KV came from the sampler's prefix cache
 
 
 @dataclass(frozen=True)
@@ -269,20 +225,28 @@ class Backend(ABC):
         self,
         sampler: str | None,
         prompt: list[int],
-        num_samples: int,
-        params: SampleParams,
-        prompt_logprobs: bool,
+        params: SamplingParams,
         *,
         on_tokens: Callable[[list], None] | None = None,
         images: dict | None = None,
         cache_namespace: str | None = None,
-    ) -> SampleResult:
-        """`num_samples` continuations of `prompt` from sampler adapter `sampler` (None: the base model).
-        `on_tokens(step)`: each decode step's tokens (twinkle.sampler.decoding.StepToken, `index` the
+    ) -> SampleResponse:
+        """`params.num_samples` continuations of `prompt` from sampler adapter `sampler` (None: the base
+        model), in twinkle.sampler's types: the API layers translate their wire's options into
+        SamplingParams and the SampleResponse back. `on_tokens(step)`: each decode step's tokens (twinkle.sampler.decoding.StepToken, `index` the
         sample's) as they come, where the decode runs in this process; a backend whose sampler runs on
         remote ranks never calls it (the result holds every token). Raising in it stops the decode.
         `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`.
         `cache_namespace`: the prefix cache's namespace (a sampling session that shares KV with no other)."""
+
+    @abstractmethod
+    def reduce_prompt_table(
+        self, sampler: str | None, prompt: list[int], reduce: Callable[[Any], T], *, images: dict | None = None
+    ) -> T:
+        """`reduce(table_T_V)` of the prompt's full next-token distributions (TorchSampler.
+        prompt_logprob_tables: float32 log-probs, row t-1 predicts prompt[t]), computed where the sampler
+        runs, so only what `reduce` keeps leaves it: on a remote rank `reduce` travels by reference (a
+        module-level function, or a functools.partial of one with plain arguments)."""
 
     def close(self) -> None:  # noqa: B027 - optional to override
         """Release what the backend started (remote actors); an in-process backend holds nothing to stop."""

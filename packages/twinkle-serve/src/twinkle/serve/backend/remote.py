@@ -225,9 +225,7 @@ class RemoteBackend(Backend):
         self,
         sampler,
         prompt,
-        num_samples,
         params,
-        prompt_logprobs,
         *,
         on_tokens=None,  # noqa: ARG002 - the contract's; a rank's decode steps do not reach this process
         images=None,
@@ -236,14 +234,20 @@ class RemoteBackend(Backend):
         """Backend.sample on a sampler rank: `images` (numpy arrays) travel to it as they are, the
         prefix cache of `cache_namespace` is that rank's. `on_tokens` is never called: a step's tokens
         stay on the rank, and a stream gets the whole answer at its end."""
-        if sampler is not None and sampler not in self._sampler_names:
-            raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
+        self._installed(sampler)
         extra = {"images": images} if images is not None else {}
         if cache_namespace is not None:
             extra["cache_namespace"] = cache_namespace
-        return self._sample(
-            "sample_one", sampler, prompt, num_samples, params, prompt_logprobs, route=next(self._route), **extra
-        )
+        return self._sample("sample_one", sampler, prompt, params, route=next(self._route), **extra)
+
+    def reduce_prompt_table(self, sampler, prompt, reduce, *, images=None):
+        """On one sampler rank: the table stays there, `reduce`'s answer comes back."""
+        self._installed(sampler)
+        return self._sample("reduce_prompt_table_one", sampler, prompt, reduce, route=next(self._route), images=images)
+
+    def _installed(self, sampler) -> None:
+        if sampler is not None and sampler not in self._sampler_names:
+            raise UserError("this sampler's weights are gone (the server restarted); save weights for it again")
 
     def close(self) -> None:
         """Stop the remote groups' actors (local shards have none)."""

@@ -193,3 +193,9 @@ class SamplerShard(TorchSampling, metaclass=RemoteClass):
         if route < 0:
             return None
         return returns_user_errors(self.sample)(*args, images=images, cache_namespace=cache_namespace)
+
+    @remote_method(dispatch=_one_rank, collect=lambda results: next(r for r in results if r is not None))
+    def reduce_prompt_table_one(self, *args, route: int = 0, images=None):
+        if route < 0:
+            return None
+        return returns_user_errors(self.reduce_prompt_table)(*args, images=images)

@@ -21,7 +21,8 @@ from twinkle.client.schema import (
     SampleResult,
     ServerStatus,
 )
-from twinkle.serve.backend import SampleParams, UserError
+from twinkle.sampler import SamplingParams
+from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import BadRequest, NotFound
@@ -58,13 +59,15 @@ class NativeViews:
         else:
             lens = [len(p) for p in req.prompts or []]
             bounds.sample_cost(lens, sp.num_samples, sp.max_tokens, engine.backend.max_context, self.rt.config.caps)
-        params = SampleParams(
+        params = SamplingParams(
             max_tokens=sp.max_tokens,
             temperature=sp.temperature,
-            top_k=sp.top_k or -1,
+            top_k=max(sp.top_k, 0),  # 0 or -1: no top-k
             top_p=sp.top_p,
             seed=sp.seed,
-            stop=sp.stop,
+            stop=list[str | int](sp.stop or []) or None,
+            ignore_eos=sp.stop == [],  # as Tinker's: an explicit empty list stops at nothing, EOS included
+            num_samples=sp.num_samples,
         )
 
         if req.chats is not None:  # templated and its images decoded here, not on the engine's thread
@@ -91,13 +94,13 @@ class NativeViews:
             try:
                 outputs = []
                 for prompt, images in zip(prompts, prompt_images):
-                    result = backend.sample(sampler, list(prompt), sp.num_samples, params, False, images=images or None)
+                    result = backend.sample(sampler, list(prompt), params, images=images or None)
                     outputs.append(
                         SampleOutput(
                             sequences=[
                                 SampledSequence(
                                     tokens=s.tokens,
-                                    logprobs=s.logprobs,
+                                    logprobs=s.logprobs or [],
                                     stop_reason=str(s.stop_reason),
                                     text=backend.tokenizer.decode(s.tokens, skip_special_tokens=True),
                                 )

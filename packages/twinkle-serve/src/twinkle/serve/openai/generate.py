@@ -18,7 +18,8 @@ import time
 from fastapi.responses import StreamingResponse
 
 import twinkle.serve.openai.responses as responses
-from twinkle.serve.backend import SampleParams, SampleResult, UserError
+from twinkle.sampler import SampleResponse, SamplingParams
+from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
@@ -56,11 +57,11 @@ class _Job:
         if self.folder is not None and self.target.adapter is not None:  # both come from the target's checkpoint
             self.target.engine.backend.install_sampler_from_folder(self.target.adapter, self.folder)
 
-    def sample(self, prompt: list[int], on_tokens=None) -> SampleResult:
+    def sample(self, prompt: list[int], on_tokens=None) -> SampleResponse:
         # a backend that cannot hand out tokens per step (a remote one) never calls on_tokens: the whole
         # answer streams at the end
         return self.target.engine.backend.sample(
-            self.target.adapter, prompt, self.n, self.params, False, on_tokens=on_tokens, images=self.images
+            self.target.adapter, prompt, self.params, on_tokens=on_tokens, images=self.images
         )
 
     def count(self, prompt: list[int], sampled: int) -> None:
@@ -73,16 +74,16 @@ class _Job:
         )
 
 
-def _sampled(result: SampleResult) -> int:
+def _sampled(result: SampleResponse) -> int:
     return sum(len(s.tokens) for s in result.sequences)
 
 
 async def generate(
-    svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params: SampleParams, images=None
-) -> list[SampleResult]:
-    """One SampleResult (n sequences) per prompt, in order."""
+    svc: Service, tenant: str, target: Target, prompts: list[list[int]], n: int, params: SamplingParams, images=None
+) -> list[SampleResponse]:
+    """One SampleResponse (n sequences) per prompt, in order."""
     job = _Job(svc, tenant, target, prompts, n, params, images)
-    results: list[SampleResult] = []
+    results: list[SampleResponse] = []
 
     def run():
         job.install()
@@ -119,14 +120,14 @@ async def stream(
     target: Target,
     prompts: list[list[int]],
     n: int,
-    params: SampleParams,
+    params: SamplingParams,
     chunks: responses.ChatChunks,
     images=None,
 ) -> StreamingResponse:
     """Choice `p * n + j` is sample j of prompt p; its chunks go out as its tokens are decoded."""
     job = _Job(svc, tenant, target, prompts, n, params, images)
     tokenizer = target.engine.backend.tokenizer
-    choices = [ChoiceText(tokenizer, params.stop) for _ in range(len(prompts) * n)]
+    choices = [ChoiceText(tokenizer, params.stop_strings) for _ in range(len(prompts) * n)]
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()  # unbounded: the worker never waits on a slow reader
     closed = threading.Event()

@@ -11,8 +11,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 import twinkle.serve.openai.responses as responses
+from twinkle.sampler import SamplingParams
 from twinkle.serve.auth import API_KEY
-from twinkle.serve.backend import SampleParams
 from twinkle.serve.core import bounds
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest
@@ -62,14 +62,20 @@ def build_openai_router(svc: Service) -> APIRouter:
         models.resolve(name, model)
         return next(m for m in models.listing(name) if model in (m["id"], m.get("name")))
 
-    def params(body: ChatRequest | CompletionRequest, top: int, max_tokens: int | None) -> SampleParams:
-        return SampleParams(
-            max_tokens=max_tokens,
+    def params(
+        body: ChatRequest | CompletionRequest, target, prompts: list[list[int]], top: int, max_tokens: int | None
+    ) -> SamplingParams:
+        """The request's options as the sampler's (max_tokens None: what the context leaves beside the
+        longest prompt, which `cost` checked there is room for)."""
+        room = target.engine.backend.max_context - max(len(p) for p in prompts)
+        return SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else room,
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
-            stop=body.stop_list(),
-            topk_sample=top,
+            stop=list[str | int](body.stop_list() or []) or None,
+            num_samples=body.n,
+            logprobs=top or True,
         )
 
     def cost(target, prompts: list[list[int]], n: int, max_tokens: int | None, field: str) -> None:
@@ -93,9 +99,9 @@ def build_openai_router(svc: Service) -> APIRouter:
             prompt, images = await run_in_threadpool(chat_prompt, *args)
         else:
             prompt, images = chat_prompt(*args)
-        sample = params(body, body.top_logprobs or 0, body.limit())
         limit_field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-        cost(target, [prompt], body.n, sample.max_tokens, limit_field)
+        cost(target, [prompt], body.n, body.limit(), limit_field)
+        sample = params(body, target, [prompt], body.top_logprobs or 0, body.limit())
         if body.stream:
             chunks = responses.ChatChunks(tokenizer, body)
             return await stream(svc, name, target, [prompt], body.n, sample, chunks, images=images)
@@ -109,8 +115,8 @@ def build_openai_router(svc: Service) -> APIRouter:
         tokenizer = target.engine.backend.tokenizer
         bounds.prompt_chars("prompt", body.prompt_chars(), rt.config.caps)
         prompts = completion_prompts(tokenizer, body.prompt)
-        sample = params(body, body.logprobs or 0, body.max_tokens)
-        cost(target, prompts, body.n, sample.max_tokens, "max_tokens")
+        cost(target, prompts, body.n, body.max_tokens, "max_tokens")
+        sample = params(body, target, prompts, body.logprobs or 0, body.max_tokens)
         if body.stream:
             return await stream(svc, name, target, prompts, body.n, sample, responses.CompletionChunks(tokenizer, body))
         results = await generate(svc, name, target, prompts, body.n, sample)

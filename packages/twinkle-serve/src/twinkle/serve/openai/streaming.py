@@ -9,8 +9,8 @@ that carries the start of its text, and the kept tokens are the ones `render` ke
 
 from __future__ import annotations
 
+from twinkle.sampler import SampledSequence
 from twinkle.sampler.decoding import StepToken
-from twinkle.serve.backend import SampledSeq
 from twinkle.serve.openai.text import Rendered, render
 
 
@@ -34,7 +34,7 @@ class ChoiceText:
         self._end = max(self._end, len(text))
         return self._send(text, max(self.sent_chars, self._safe(text)), len(p.tokens))
 
-    def finish(self, seq: SampledSeq) -> tuple[str, int, int, Rendered]:
+    def finish(self, seq: SampledSequence) -> tuple[str, int, int, Rendered]:
         """The whole sequence is in -> (the rest of its text, its tokens [lo, hi), the final rendering)."""
         final = render(self.tokenizer, seq, self.stop or None)
         sent = self.partial.text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twinkle.serve.backend import SampledSeq
+from twinkle.sampler import SampledSequence
 
 
 @dataclass
@@ -18,7 +18,7 @@ class Rendered:
     finish_reason: str
 
 
-def render(tokenizer, seq: SampledSeq, stop: list[str] | None) -> Rendered:
+def render(tokenizer, seq: SampledSequence, stop: list[str] | None) -> Rendered:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     text = decode(seq.tokens)
     # each token's end offset: decoding prefixes, so multi-token characters land on the token that completes them
@@ -30,12 +30,13 @@ def render(tokenizer, seq: SampledSeq, stop: list[str] | None) -> Rendered:
     text = text[:cut]
     starts = [0, *ends[:-1]]
     kept = [j for j in range(len(seq.tokens)) if starts[j] < cut]  # EOS (no text) and stop-string tokens drop out
+    logprobs = seq.logprobs or []  # always asked for (generate: SamplingParams.logprobs)
     return Rendered(
         text,
         [starts[j] for j in kept],
         [seq.tokens[j] for j in kept],
-        [seq.logprobs[j] for j in kept],
-        [seq.topk_logprobs[j] for j in kept] if seq.topk_logprobs else None,
+        [logprobs[j] for j in kept],
+        [seq.top_logprobs[j] for j in kept] if seq.top_logprobs else None,
         "stop" if seq.stop_reason == "stop" else "length",
     )
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from twinkle.serve.backend import SampleResult, UserError
+from twinkle.serve.backend import UserError
 from twinkle.serve.tinker import dmel, images
 from twinkle.serve.tinker import wire_proto as pb
 from twinkle.serve.tinker.datums import Datum, ForwardResult
+from twinkle.serve.tinker.prompt_scores import TinkerSampleResult
 
 TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
 MAX_TENSOR_ELEMENTS = 1 << 26  # a sparse tensor is densified: refuse shapes no real request has
@@ -238,15 +239,17 @@ def _tensor_out(msg, array: np.ndarray, dtype: int, layout=None) -> None:
     msg.shape.extend(array.shape)
 
 
-def encode_sample_result(result: SampleResult, topk_prompt: int = 0, topk_sample: int = 0, target_layout=None) -> bytes:
+def encode_sample_result(
+    result: TinkerSampleResult, topk_prompt: int = 0, topk_sample: int = 0, target_layout=None
+) -> bytes:
     out = pb.SampleResponse()
     for s in result.sequences:
         seq = out.sequences.add()
         seq.stop_reason = pb.STOP_REASON_STOP if s.stop_reason == "stop" else pb.STOP_REASON_LENGTH
         seq.tokens = np.asarray(s.tokens, dtype=np.int32).tobytes()
         seq.logprobs = np.asarray(s.logprobs, dtype=np.float32).tobytes()
-        if topk_sample and s.topk_logprobs is not None:
-            _topk(seq.topk_sampled_logprobs, s.topk_logprobs, topk_sample)
+        if topk_sample and s.top_logprobs is not None:
+            _topk(seq.topk_sampled_logprobs, s.top_logprobs, topk_sample)
     out.prompt_cache_hit_tokens = result.prompt_cache_hit_tokens
     if result.prompt_logprobs is not None:
         lps = np.array([np.nan if v is None else v for v in result.prompt_logprobs], dtype=np.float32)

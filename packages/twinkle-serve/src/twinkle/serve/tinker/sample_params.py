@@ -4,11 +4,13 @@ a bad one is a 400 naming it, never a server error mid-sample."""
 from __future__ import annotations
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.backend import SampleParams, UserError
+from twinkle.sampler import SamplingParams
+from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.bounds import ServerCaps
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, dmel, images
+from twinkle.serve.tinker.prompt_scores import PromptAsks
 
 # A response carries (prompt length or num_samples x max_tokens) x k pairs: bound k, and the prompt's table.
 MAX_TOPK_LOGPROBS = 256
@@ -65,11 +67,11 @@ def _int(d: dict, name: str, default, *, lo: int | None = None, where: str = "")
 
 
 def sample_params(
-    body: dict, prompt_len: int, vocab_size: int, max_context: int | None = None, caps: ServerCaps | None = None
-) -> tuple[SampleParams, tuple | None]:
-    """The asample body's sampling options, checked (a 400 naming the field) -> (SampleParams, the CSR layout
-    of a sparse target_prompt_logprobs, to answer in, or None). With `max_context`, max_tokens must fit
-    beside the prompt, and num_samples x (prompt + max_tokens) under `caps.max_sample_tokens`."""
+    body: dict, prompt_len: int, vocab_size: int, max_context: int, caps: ServerCaps | None = None
+) -> tuple[SamplingParams, PromptAsks]:
+    """The asample body's options, checked (a 400 naming the field) -> (the sampler's SamplingParams, what it
+    asks beyond sampling). max_tokens must fit beside the prompt (None: what the context leaves), and
+    num_samples x (prompt + max_tokens) under `caps.max_sample_tokens`."""
     if body.get("record_stability_info") not in (None, False, True):  # recorded by tinker/provenance.py
         raise BadRequest(f"record_stability_info must be a boolean, got {body['record_stability_info']!r}")
     sp = body.get("sampling_params") or {}
@@ -98,8 +100,7 @@ def sample_params(
         else bounds.check(B.MAX_TOKENS, "sampling_params.max_tokens", sp["max_tokens"])
     )
     seed = None if sp.get("seed") is None else bounds.check(B.SEED, "sampling_params.seed", sp["seed"])
-    if max_context is not None:
-        bounds.sample_cost([prompt_len], num_samples(body), max_tokens, max_context, caps or ServerCaps())
+    bounds.sample_cost([prompt_len], num_samples(body), max_tokens, max_context, caps or ServerCaps())
     topk_prompt = _int(body, "topk_prompt_logprobs", 0, lo=0)
     topk_sample = _int(body, "topk_sample_logprobs", 0, lo=0)
     for name, k in (("topk_prompt_logprobs", topk_prompt), ("topk_sample_logprobs", topk_sample)):
@@ -128,16 +129,29 @@ def sample_params(
             raise BadRequest(
                 f"prompt_logprobs_last_n must be between 1 and len(prompt) - 1 = {prompt_len - 1}, got {last_n}"
             )
-    return SampleParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop=stop,
+    stop_nothing = stop == []  # Tinker: an explicit empty list turns off every stop, EOS included
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens if max_tokens is not None else max_context - prompt_len,  # sample_cost: >= 1
+            temperature=temperature,
+            top_k=0 if top_k == -1 else top_k,  # Tinker's -1: no top-k, the sampler's 0
+            top_p=top_p,
+            seed=seed,
+            stop=list[str | int](stop) if stop else None,
+            ignore_eos=stop_nothing,
+            num_samples=num_samples(body),
+            logprobs=topk_sample or True,
+            prompt_logprobs=topk_prompt or bool(body.get("prompt_logprobs")),
+        )
+    except ValueError as e:  # SamplingParams' own checks, each naming its field
+        raise BadRequest(str(e)) from None
+    asks = PromptAsks(
+        prompt_logprobs=bool(body.get("prompt_logprobs")),
         topk_prompt=topk_prompt,
         topk_sample=topk_sample,
         prompt_logprobs_last_n=last_n,
         target_prompt_ids=targets,
+        target_layout=layout,
         prompt_alt_tokens_k=alt_k,
-    ), layout
+    )
+    return params, asks

@@ -13,7 +13,7 @@ from twinkle.serve.core.records import Sampler
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import Answer
 from twinkle.serve.errors import NotFound
-from twinkle.serve.tinker import codec, images, model_names
+from twinkle.serve.tinker import codec, images, model_names, prompt_scores
 from twinkle.serve.tinker.provenance import Provenance
 from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
 
@@ -75,10 +75,7 @@ class TinkerSampling:
         if pieces:  # image chunks: the model's placeholder tokens in the prompt, the pixels beside it
             prompt, pixels = images.expand(prompt, pieces, backend, sampler.base_model, "prompt", self.rt.config.caps)
         hold = self.svc.admit_tokens(tenant, len(prompt))
-        params, target_layout = sample_params(
-            body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps
-        )
-        want_prompt_lps = bool(body.get("prompt_logprobs"))
+        params, asks = sample_params(body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps)
         sequence_ids = [uuid.uuid4().hex for _ in range(n)]
         # stable_reinforce: what each sequence's loss will need, recorded before the result is visible
         policy = self.provenance.policy(tenant, sampler) if body.get("record_stability_info") else None
@@ -102,14 +99,13 @@ class TinkerSampling:
                     raise UserError("this inflight sampler's training model was unloaded; save weights for it again")
                 used = target.adapter
                 policy_now = None if policy is None else (target.model_id, target.policy_steps)
-            result = engine.backend.sample(
-                used, prompt, n, params, want_prompt_lps, images=pixels, cache_namespace=namespace
-            )
+            response = engine.backend.sample(used, prompt, params, images=pixels, cache_namespace=namespace)
+            result = prompt_scores.answer(engine.backend, used, prompt, response, asks, params, images=pixels)
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             if policy_now is not None:
                 self.provenance.record(tenant, sampler, policy_now, sequence_ids, prompt, result.sequences)
             return Answer.proto(
-                codec.encode_sample_result(result, params.topk_prompt, params.topk_sample, target_layout)
+                codec.encode_sample_result(result, asks.topk_prompt, asks.topk_sample, asks.target_layout)
             )
 
         seq = body.get("seq_id")
