@@ -66,6 +66,17 @@ def test_values_are_per_token_and_aligned_with_labels():
         hidden = model.hf_model.model(input_ids=batch).last_hidden_state
         direct = model.hf_model.get_output_embeddings()(hidden)[0, :, 0]
     torch.testing.assert_close(torch.tensor(out["values"][0][1:]), direct[:-1], rtol=1e-5, atol=1e-6)
+    # twinkle-kit's critic keywords: per completion token (or one number a row) onto the label positions
+    bare = [{k: r[k] for k in ("input_ids", "labels")} for r in ROWS]
+    model.set_loss("PPOValueLoss", epsilon=0.1)
+    by_rows = model.forward_only([{**r, "old_values": 0.0} for r in ROWS])["loss"]
+    keyword = model.forward_backward(bare, returns=[[1.0, 0.5, 0.25], [-1.0, -0.5]], old_values=[0.0, 0.0])["loss"]
+    assert keyword == pytest.approx(by_rows, rel=1e-6)
+    with pytest.raises(ValueError, match="3 values but 2 completion tokens"):
+        model.forward_backward(bare, returns=[[1.0, 0.5, 0.25], [1.0, 2.0, 3.0]], old_values=[0.0, 0.0])
+    with pytest.raises(ValueError, match=r"already carry \['returns'\]"):
+        model.forward_backward(ROWS, returns=[0.0, 0.0], old_values=[0.0, 0.0])
+    model.zero_grad()
     ctx = model.forward(ROWS, _grad=False)
     assert ctx.head.values().shape == ctx.targets_B_T.shape == (2, 5)
     with pytest.raises(ValueError, match="no reference pass"):

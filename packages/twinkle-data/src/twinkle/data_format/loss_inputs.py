@@ -45,6 +45,17 @@ def _per_row(values, n: int, name: str) -> list:
     return list(values)
 
 
+def completion_values(rows: Sequence[Mapping], values, name: str) -> list:
+    """Row i's field `name` from values[i]: a number (for the whole row), or one per completion token
+    (spread onto the positions whose label is not -100). `advantages` is read so; so are a critic's
+    `returns` and `old_values` (twinkle.model.TransformersValueModel)."""
+    per_row = _per_row(values, len(rows), name)
+    return [
+        float(v) if not isinstance(v, Sequence) else _on_completion(r, v, name, i)
+        for i, (r, v) in enumerate(zip(rows, per_row))
+    ]
+
+
 def merge_loss_inputs(inputs, *, old_logps=None, advantages=None, ref_outputs=None) -> list:
     """`inputs` (encoded rows) with the keywords added as fields; `inputs` unchanged when none is given."""
     if old_logps is None and advantages is None and ref_outputs is None:
@@ -54,11 +65,7 @@ def merge_loss_inputs(inputs, *, old_logps=None, advantages=None, ref_outputs=No
         raise ValueError("old_logps / advantages / ref_outputs need encoded rows (dicts with input_ids and labels)")
     fields: dict[str, list] = {}
     if advantages is not None:
-        values = _per_row(advantages, len(rows), "advantages")
-        fields["advantages"] = [
-            float(v) if not isinstance(v, Sequence) else _on_completion(r, v, "advantages", i)
-            for i, (r, v) in enumerate(zip(rows, values))
-        ]
+        fields["advantages"] = completion_values(rows, advantages, "advantages")
     if old_logps is not None:
         values = _per_row(old_logps, len(rows), "old_logps")
         fields["logprobs"] = [_on_completion(r, v, "old_logps", i) for i, (r, v) in enumerate(zip(rows, values))]

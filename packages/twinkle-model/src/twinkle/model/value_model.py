@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping
 
 import torch
 
+from twinkle.data_format.loss_inputs import completion_values
 from twinkle.loss import LogitsHead, TokenHead, ValueHead
 from twinkle.mesh import remote_method
 from twinkle.model import inputs as model_inputs
@@ -58,6 +60,22 @@ class TransformersValueModel(TransformersModel):
             config = copy.copy(config)
             config.modules_to_save = [*saved, self.value_head_name]
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, train_vision=train_vision)
+
+    def forward_backward(
+        self, inputs, adapter_name: str | None = None, *, returns=None, old_values=None, **kit
+    ) -> dict:
+        """twinkle-kit's critic keywords: `returns` / `old_values`, per row a number or one value per
+        completion token (labels not -100), become the rows' loss inputs; the rest is TransformersModel's."""
+        named = {"returns": returns, "old_values": old_values}
+        given = {k: v for k, v in named.items() if v is not None}
+        if given:
+            rows = [inputs] if isinstance(inputs, Mapping) else list(inputs)
+            clash = sorted({k for r in rows for k in given if k in r})
+            if clash:
+                raise ValueError(f"the rows already carry {clash}: pass them either in the rows or as keywords")
+            columns = {k: completion_values(rows, v, k) for k, v in given.items()}
+            inputs = [{**r, **{k: col[i] for k, col in columns.items()}} for i, r in enumerate(rows)]
+        return super().forward_backward(inputs, adapter_name, **kit)
 
     def _run(self, module, batch, drop_last: bool = True, task: str = "causal_lm") -> TokenHead:
         if task != "causal_lm":
