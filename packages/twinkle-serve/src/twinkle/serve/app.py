@@ -26,7 +26,7 @@ from twinkle.serve.probes import build_probe_router
 from twinkle.serve.prometheus import RequestMetrics, build_metrics_router
 from twinkle.serve.runtime import Runtime
 from twinkle.serve.tinker.routes import build_router
-from twinkle.serve.tinker.routes_extra import build_extra_router
+from twinkle.serve.tinker.routes_services import build_services_router
 
 log = logging.getLogger("twinkle.serve")
 
@@ -84,7 +84,7 @@ def create_app(rt: Runtime) -> FastAPI:
     app.include_router(build_metrics_router(rt.metrics))
     core = Service(rt)  # both APIs are translations over this one service core
     app.include_router(build_router(core))
-    app.include_router(build_extra_router(core))  # the rest of the SDK 0.38 routes
+    app.include_router(build_services_router(core))  # the rest of the SDK 0.38 routes
     native, native_views = build_native_router(core)
     app.include_router(native)
     app.include_router(build_dashboard_router(native_views))

@@ -69,7 +69,7 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.post("/client/dynamic_config")
     def dynamic_config(t: str = Depends(tenant)):
-        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}  # cancel_future: routes_extra.py
+        return {"refresh_interval_sec": 300, "sample_cancel_enabled": True}  # cancel_future: routes_services.py
 
     @r.get("/healthz")
     def healthz(t: str = Depends(unmetered)):

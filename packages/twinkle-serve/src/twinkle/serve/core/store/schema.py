@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS checkpoints_model ON checkpoints (model_id, kind, cre
 CREATE INDEX IF NOT EXISTS futures_status ON futures (status, completed_at);
 """
 
-# 3: the tables of the SDK 0.38 routes (tinker/routes_extra.py): server-side custom losses, the sampling
+# 3: the tables of the SDK 0.38 routes (tinker/routes_services.py): server-side custom losses, the sampling
 # completion queue and its clones, session projects, and token usage per hour (both APIs count training).
 V3 = """
 CREATE TABLE IF NOT EXISTS custom_losses (loss_id TEXT PRIMARY KEY, tenant TEXT NOT NULL, session_id TEXT,

@@ -1,7 +1,8 @@
-"""The rest of the Tinker SDK 0.38 surface under /api/v1, beside tinker/routes.py: server-side custom
-losses, the sampling completion queue (`retrieve_futures`, `cancel_future`, `join_sampling_session`),
-external weights and their signed download URLs, copies, session search/project/trace, the API key's
-own record, and usage (counted in real tokens; what is not recorded says so).
+"""The Tinker routes of the services around the training loop (tinker/routes.py has the loop itself:
+sessions, models, passes, sampling, futures, weights, runs), under /api/v1: server-side custom losses,
+the sampling completion queue (`retrieve_futures`, `cancel_future`, `join_sampling_session`), adapter
+imports, external weights and their signed download URLs, copies, session search/project/trace, the
+API key's own record, usage (counted in real tokens; what is not recorded says so), storage and audit.
 
 Every route needs `X-API-Key` (the key's name is the tenant) except the signed file downloads, whose
 URL is the credential. Another tenant's object is a 404, a malformed body a 400 naming the field.
@@ -18,7 +19,7 @@ from twinkle.serve.core import audit as audit_log
 from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
 from twinkle.serve.routing import PrefixRouter
-from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions_extra, usage
+from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions, usage
 from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.models import TinkerModels
 from twinkle.serve.tinker.routes import json_body
@@ -26,7 +27,7 @@ from twinkle.serve.tinker.sampling import TinkerSampling
 from twinkle.serve.tinker.weights import TinkerWeights
 
 
-def build_extra_router(svc: Service) -> PrefixRouter:
+def build_services_router(svc: Service) -> PrefixRouter:
     rt, auth = svc.rt, Auth(svc.rt)
     # the SDK polls retrieve_futures on its own (like retrieve_future): not metered
     caller, poller = auth.metered, auth.unmetered
@@ -84,24 +85,24 @@ def build_extra_router(svc: Service) -> PrefixRouter:
 
     @r.post("/copy_weights")
     async def copy_weights(request: Request, t: str = Depends(caller)):
-        return await run_in_threadpool(sessions_extra.copy_weights, svc, weights, t, await json_body(request))
+        return await run_in_threadpool(sessions.copy_weights, svc, weights, t, await json_body(request))
 
     # ---- sessions: search, project, trace ----
     @r.post("/sessions/search")
     async def search_sessions(request: Request, t: str = Depends(caller)):
-        return sessions_extra.search(svc, t, await json_body(request))
+        return sessions.search(svc, t, await json_body(request))
 
     @r.put("/sessions/{session_id}/project")
     async def session_project(session_id: str, request: Request, t: str = Depends(caller)):
-        return sessions_extra.set_project(svc, t, session_id, await json_body(request))
+        return sessions.set_project(svc, t, session_id, await json_body(request))
 
     @r.get("/sessions/{session_id}/trace_export")
     def trace_export(session_id: str, request: Request, t: str = Depends(caller)):
-        return sessions_extra.trace_url(svc, signer, t, session_id, str(request.base_url))
+        return sessions.trace_url(svc, signer, t, session_id, str(request.base_url))
 
     @r.get("/session_traces/{token}")
     def session_trace(token: str):  # no API key: the signed token is the credential
-        return Response(sessions_extra.trace(svc, signer, token), media_type="application/json")
+        return Response(sessions.trace(svc, signer, token), media_type="application/json")
 
     # ---- the key's own record, usage ----
     @r.get("/auth/apikey/me")
