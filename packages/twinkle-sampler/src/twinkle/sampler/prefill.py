@@ -43,15 +43,24 @@ class Prefilled:
 
 
 def run(
-    sampler, prompts: list[Prompt], adapters: list, images: list, all_logits: bool, namespace: str | None = None
+    sampler,
+    prompts: list[Prompt],
+    adapters: list,
+    images: list,
+    all_logits: bool,
+    namespace: str | None = None,
+    reuse: bool = True,
 ) -> Prefilled:
     """Prefill `prompts` (inside the caller's LoRA routing for `adapters`) and store what it computed,
-    reusing and storing KV only within the prefix cache's `namespace`."""
+    reusing and storing KV only within the prefix cache's `namespace`. `reuse=False` prefills in full
+    (and still stores): a prefix taken from the cache changes the logits in their last bits (~5e-7),
+    so what a cached prefill computes depends on what ran before it."""
     cache_store = sampler.prefix_cache
     caching = cache_store.enabled and sampler.kv_cacheable is not False and all(im is None for im in images)
     by_adapter = {a: sampler.cache_key(a, namespace) for a in set(adapters)} if caching else {}
     keys = [by_adapter[a] for a in adapters] if caching else []
-    found = [cache_store.lookup(key, p) for key, p in zip(keys, prompts)] if caching else [(None, 0)] * len(prompts)
+    looked = caching and reuse
+    found = [cache_store.lookup(key, p) for key, p in zip(keys, prompts)] if looked else [(None, 0)] * len(prompts)
     usable = caching and not (all_logits and sampler.head_ok is False)
     # log-probs of reused positions come from the entry's hidden states (see the module docstring)
     reused = [

@@ -323,6 +323,7 @@ class TorchSampler(Sampler):
                 (images or [None] * n)[::group],
                 bool(params.prompt_logprobs),
                 namespace,
+                reuse=params.seed is None,  # a seeded sample is a function of its request alone, to the bit
             )
             cache, mask_B_T = pre.cache, pre.mask_B_T
             if params.prompt_logprobs:
