@@ -68,7 +68,20 @@ def test_ppo_value_loss_clips_the_move_from_old_values():
         v, r, old = values[b, t].item(), fields["returns"][b, t].item(), fields["old_values"][b, t].item()
         clipped = old + max(-eps, min(eps, v - old))
         terms.append(0.5 * max((v - r) ** 2, (clipped - r) ** 2))
-    _close(PPOValueLoss(epsilon=eps)(ctx).loss, sum(terms) / len(terms))
+    out = PPOValueLoss(epsilon=eps)(ctx)
+    _close(out.loss, sum(terms) / len(terms))
+    v = torch.tensor([values[b, t].item() for b, t in _scored(targets)])
+    r = torch.tensor([fields["returns"][b, t].item() for b, t in _scored(targets)])
+    old = torch.tensor([fields["old_values"][b, t].item() for b, t in _scored(targets)])
+    assert out.metrics == pytest.approx(
+        {
+            "value_mean": float(v.mean()),
+            "return_mean": float(r.mean()),
+            "value_clip_ratio": float(((v - old).abs() > eps).float().mean()),
+            "explained_variance": float(1 - (r - v).var(unbiased=False) / r.var(unbiased=False)),
+        },
+        rel=1e-5,
+    )
     assert isinstance(create_loss("ppo_value"), PPOValueLoss)
     with pytest.raises(ValueError, match="ignore_index=-1"):
         PPOValueLoss(ignore_index=-1)
@@ -146,6 +159,16 @@ def test_infonce_matches_the_written_out_formula(kwargs):
     _close(loss, want)
     loss.backward()
     assert emb.grad is not None and emb.grad.abs().sum() > 0
+
+
+def test_infonce_reports_embedding_similarities():
+    starts = [0, 3, 5]
+    emb = _unit(7, seed=2)
+    out = InfonceLoss()(_embedding_ctx(emb, [1 if i in starts else 0 for i in range(7)]))
+    pos = [float(emb[s] @ emb[s + 1]) for s in starts]
+    neg = [float(emb[a] @ emb[b + 1]) for a in starts for b in starts if a != b]
+    want = {"pos_sim": sum(pos) / 3, "pos_sim_min": min(pos), "pos_sim_max": max(pos), "neg_sim": sum(neg) / 6}
+    assert out.metrics == pytest.approx(want, rel=1e-6)
 
 
 def test_infonce_hard_negatives_keep_k_a_group_and_sum_reduction():

@@ -69,9 +69,13 @@ def test_values_are_per_token_and_aligned_with_labels():
     # twinkle-kit's critic keywords: per completion token (or one number a row) onto the label positions
     bare = [{k: r[k] for k in ("input_ids", "labels")} for r in ROWS]
     model.set_loss("PPOValueLoss", epsilon=0.1)
+    model.add_metric("PPOValueMetric", epsilon=0.1)
     by_rows = model.forward_only([{**r, "old_values": 0.0} for r in ROWS])["loss"]
     keyword = model.forward_backward(bare, returns=[[1.0, 0.5, 0.25], [-1.0, -0.5]], old_values=[0.0, 0.0])["loss"]
     assert keyword == pytest.approx(by_rows, rel=1e-6)
+    critic = model.calculate_metric(is_training=True)
+    assert critic["train/return_mean"] == pytest.approx((1.0 + 0.5 + 0.25 - 1.0 - 0.5) / 5, rel=1e-6)
+    assert {"train/value_mean", "train/value_clip_ratio", "train/explained_variance"} <= set(critic)
     with pytest.raises(ValueError, match="3 values but 2 completion tokens"):
         model.forward_backward(bare, returns=[[1.0, 0.5, 0.25], [1.0, 2.0, 3.0]], old_values=[0.0, 0.0])
     with pytest.raises(ValueError, match=r"already carry \['returns'\]"):
@@ -113,6 +117,7 @@ def test_embedding_task_pools_the_last_token_and_infonce_trains():
     model.add_adapter_to_model("emb", LORA)
     model.set_loss("InfonceLoss", temperature=0.5)
     model.set_optimizer("AdamW", lr=1e-2)
+    model.add_metric("EmbeddingMetric", is_training=True)
     first = model.forward_only(PAIRS, task="embedding")
     embeddings = torch.tensor(first["embeddings"])
     assert embeddings.shape == (6, model.hf_model.config.hidden_size)
@@ -128,6 +133,9 @@ def test_embedding_task_pools_the_last_token_and_infonce_trains():
         model.clip_grad_and_step()
     assert losses[0] == pytest.approx(first["loss"], rel=1e-5)
     assert model.forward_only(PAIRS, task="embedding")["loss"] < 0.8 * first["loss"]
+    metrics = model.calculate_metric(is_training=True)
+    assert metrics["pos_sim_min"] <= metrics["pos_sim"] <= metrics["pos_sim_max"] <= 1.0 + 1e-6
+    assert {"loss", "neg_sim", "grad_norm"} <= set(metrics)
 
 
 def test_embedding_rows_are_checked_and_names_resolve():

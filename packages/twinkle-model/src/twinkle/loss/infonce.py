@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from twinkle.loss.base import Loss, LossContext, register_loss
+from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss
 
 
 def group_bounds(group_start_N: torch.Tensor) -> list[tuple[int, int]]:
@@ -97,7 +97,7 @@ class InfonceLoss(Loss):
             return sims_K
         return sims_K.masked_fill(sims_K > positive.detach() + self.fake_neg_margin, float("-inf"))
 
-    def compute(self, ctx: LossContext) -> torch.Tensor:
+    def compute(self, ctx: LossContext) -> LossOutput:
         if self.use_batch and dist.is_initialized() and dist.get_world_size() > 1:
             raise NotImplementedError(
                 "InfonceLoss(use_batch=True) over several processes would take in-batch negatives from "
@@ -123,4 +123,17 @@ class InfonceLoss(Loss):
             logits_K = torch.cat(blocks) / self.temperature
             losses.append(F.cross_entropy(logits_K[None], torch.tensor([target], device=logits_K.device)))
         total = torch.stack(losses).sum()
-        return total if self.reduction == "sum" else total / len(groups)
+        return LossOutput(total if self.reduction == "sum" else total / len(groups), _similarities(groups))
+
+
+def _similarities(groups: list[torch.Tensor]) -> dict[str, float]:
+    """EmbeddingMetric's numbers: anchor-positive cosine (mean, min, max), and an anchor against the
+    other groups' positives (mean)."""
+    with torch.no_grad():
+        anchors_G_H, positives_G_H = torch.stack([g[0] for g in groups]), torch.stack([g[1] for g in groups])
+        pos_G = (anchors_G_H * positives_G_H).sum(-1)
+        out = {"pos_sim": float(pos_G.mean()), "pos_sim_min": float(pos_G.min()), "pos_sim_max": float(pos_G.max())}
+        if len(groups) > 1:
+            cross_G_G = anchors_G_H @ positives_G_H.T
+            out["neg_sim"] = float(cross_G_G[~torch.eye(len(groups), dtype=torch.bool)].mean())
+        return out

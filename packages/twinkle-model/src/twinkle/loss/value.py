@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from twinkle.data_format.labels import IGNORE_INDEX
-from twinkle.loss.base import Loss, LossContext, register_loss
+from twinkle.loss.base import Loss, LossContext, LossOutput, register_loss
 
 
 def _check_ignore_index(ignore_index: int) -> None:
@@ -50,8 +50,29 @@ class PPOValueLoss(Loss):
             raise ValueError(f"epsilon must be positive, got {epsilon}")
         self.epsilon = float(epsilon)
 
-    def per_token(self, ctx: LossContext) -> torch.Tensor:
+    def compute(self, ctx: LossContext) -> LossOutput:
         values_B_T = ctx.head.values().float()
         returns_B_T, old_B_T = ctx.token_field("returns"), ctx.token_field("old_values")
-        clipped_B_T = old_B_T + (values_B_T - old_B_T).clamp(-self.epsilon, self.epsilon)
-        return 0.5 * torch.maximum((values_B_T - returns_B_T) ** 2, (clipped_B_T - returns_B_T) ** 2)
+        moved_B_T = values_B_T - old_B_T
+        clipped_B_T = old_B_T + moved_B_T.clamp(-self.epsilon, self.epsilon)
+        per_token = 0.5 * torch.maximum((values_B_T - returns_B_T) ** 2, (clipped_B_T - returns_B_T) ** 2)
+        return LossOutput(
+            self.reduce(per_token, ctx.mask_B_T), critic_numbers(values_B_T, returns_B_T, moved_B_T, ctx, self.epsilon)
+        )
+
+
+def critic_numbers(values_B_T, returns_B_T, moved_B_T, ctx: LossContext, epsilon: float) -> dict[str, float]:
+    """What PPOValueMetric reports, over the loss tokens: mean value and return, the fraction of values
+    clipped, and the variance of the returns the values explain, 1 − Var(R − V) / Var(R)."""
+    keep = ctx.mask_B_T.bool()
+    if not keep.any():
+        return {}
+    with torch.no_grad():
+        v, r = values_B_T[keep], returns_B_T[keep]
+        explained = 1.0 - (r - v).var(unbiased=False) / r.var(unbiased=False).clamp(min=1e-8)
+        return {
+            "value_mean": float(v.mean()),
+            "return_mean": float(r.mean()),
+            "value_clip_ratio": float((moved_B_T[keep].abs() > epsilon).float().mean()),
+            "explained_variance": float(explained),
+        }

@@ -89,3 +89,50 @@ class GRPOMetric(_LossNumbers):
     """The policy loss's clipped fraction, KL to the reference and entropy, under twinkle-kit's keys."""
 
     KEYS: ClassVar[dict[str, str]] = {"clip_fraction": "clip_ratio", "kl": "kl", "entropy": "entropy"}
+
+
+@register_metric
+class EmbeddingMetric(_LossNumbers):
+    """InfonceLoss's similarities under twinkle-kit's keys: `pos_sim` (anchor-positive cosine, mean over
+    passes of each pass's mean), `pos_sim_min` / `pos_sim_max` (over every pass), `neg_sim` (an anchor
+    against the other groups' positives). The loss and the grad norm are our LossMetric's and
+    OptimizerMetric's. twinkle-kit's `device_mesh` / `process_group` are accepted and unused: the loss
+    computes the numbers where it sees the batch."""
+
+    KEYS: ClassVar[dict[str, str]] = {"pos_sim": "pos_sim", "neg_sim": "neg_sim"}
+
+    def __init__(self, device_mesh=None, process_group=None):  # noqa: ARG002 - twinkle-kit's signature
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        self.extremes: dict[str, float] = {}
+
+    def on_forward(self, record: ForwardRecord) -> None:
+        super().on_forward(record)
+        for key, pick in (("pos_sim_min", min), ("pos_sim_max", max)):
+            if key in record.extras:
+                seen = self.extremes.get(key)
+                self.extremes[key] = record.extras[key] if seen is None else pick(seen, record.extras[key])
+
+    def compute(self) -> dict[str, float]:
+        return {**super().compute(), **self.extremes}
+
+
+@register_metric
+class PPOValueMetric(_LossNumbers):
+    """PPOValueLoss's critic statistics under twinkle-kit's keys (`train/value_mean`, `train/return_mean`,
+    `train/value_clip_ratio`, `train/explained_variance`), each the mean over passes of the pass's own
+    over its loss tokens. The clip range is the loss's: `epsilon` here is twinkle-kit's argument, kept
+    for its signature."""
+
+    KEYS: ClassVar[dict[str, str]] = {
+        "value_mean": "train/value_mean",
+        "return_mean": "train/return_mean",
+        "value_clip_ratio": "train/value_clip_ratio",
+        "explained_variance": "train/explained_variance",
+    }
+
+    def __init__(self, device_mesh=None, process_group=None, epsilon: float = 0.2, ignore_index: int = -100):  # noqa: ARG002
+        super().__init__()
+        self.epsilon, self.ignore_index = epsilon, ignore_index
