@@ -207,7 +207,25 @@ NOT_RUN = [
     ("cookbook/sample/sample.py", VLLM, "vLLMSampler on a GPU group"),
     ("cookbook/sample/emb_sample.py", VLLM, "an embedding vLLMSampler"),
     ("cookbook/client/twinkle/multi_modal.py", HUB, "a hub image dataset"),
-    ("cookbook/client/twinkle/embedding.py", GPU, "an embedding model served by Megatron"),
+    (
+        "cookbook/client/twinkle/embedding.py",
+        "not run",
+        "InfoNCE over HTTP: our client and server's multi-LoRA engine have no task='embedding' (TransformersModel "
+        "trains InfonceLoss with forward_backward(task='embedding') in process: test_model_value_and_embedding.py)",
+    ),
+    (
+        "Usage Guide: Embedding Training",
+        "not run",
+        "a Ray DDP group of 4 GPUs taking in-batch negatives from every rank (ours refuses them across processes), "
+        "ddp_config= and a loop over a dataloader it leaves undefined; its calls (InfonceLoss, EmbeddingMetric, "
+        "forward_backward(task='embedding')) train in process in test_model_value_and_embedding.py",
+    ),
+    (
+        "twinkle-kit 0.5.1: TransformersValueModel, GAEAdvantage, PPOValueLoss",
+        "no script",
+        "the wheel ships a PPO critic, but no cookbook script at 1a1d8845 uses it; ours are tested in "
+        "test_model_value_and_embedding.py and test_advantage_gae.py",
+    ),
     (
         "cookbook/client/twinkle/multi_turn_rollout.py",
         SANDBOX,
