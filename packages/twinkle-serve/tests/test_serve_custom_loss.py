@@ -233,7 +233,7 @@ def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(ser
     import threading
     import time
 
-    from twinkle.serve.core.work import Answer, Call
+    from twinkle.serve.core.work import Call, StoredAnswer
 
     def pair(seed):
         return [dave.create_lora_training_client(base_model=TEST_MODEL, rank=4, seed=seed).result() for _ in "ab"]
@@ -249,7 +249,7 @@ def test_a_custom_loss_fuses_with_another_tenants_pass_and_keeps_its_numbers(ser
     def hold():
         held.set()
         gate.wait(60)
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     passes, items = scheduler.fused_passes, scheduler.fused_items["tinker"]
     scheduler.submit(Call("test-gate-custom", None, server.runtime.hub.create("dave-customloss"), hold))

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from twinkle.hub import TEST_MODEL
-from twinkle.serve.core.work import Answer, Call
+from twinkle.serve.core.work import Call, StoredAnswer
 
 SEQ = [4 + (7 * i) % 70 for i in range(20)]
 
@@ -47,7 +47,7 @@ def test_native_and_tinker_requests_share_one_pass(server, sft):
     def hold():
         held.set()
         gate.wait(60)
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     scheduler.submit(Call("test-gate", None, server.runtime.hub.create("fuse-mix"), hold))
     _until(held.is_set)

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from twinkle.hub import TEST_MODEL
-from twinkle.serve.core.work import Answer, Call
+from twinkle.serve.core.work import Call, StoredAnswer
 
 PROMPT = [5 + (7 * i) % 60 for i in range(8)]
 
@@ -142,7 +142,7 @@ def test_cancel_future_drops_a_queued_sample(server, keys, alice):
     sampler_id = alice.create_sampling_client(base_model=TEST_MODEL).result()._sampling_session_id
     release = threading.Event()
     blocker = rt.hub.create("alice")  # holds the worker so the sample stays queued
-    engine.scheduler.submit(Call("test-blocker", None, blocker, lambda: (release.wait(60), Answer.json({}))[1]))
+    engine.scheduler.submit(Call("test-blocker", None, blocker, lambda: (release.wait(60), StoredAnswer.json({}))[1]))
     try:
         queued = _post(server, keys["alice"], "asample", _asample_body(sampler_id)).json()["request_id"]
         assert _post(server, keys["bob"], "cancel_future", {"request_id": queued}).status_code == 404

@@ -1,7 +1,7 @@
 """The scheduler composes fused passes with the planner's cost model (twinkle.model.multi_lora.planner)
 over typed work (core/work.py): small heads of several runs share a pass, a batch past
 fuse_max_tokens runs alone, runs whose row lengths would make the pass mostly padding do not share
-one; every call is answered with its own Answer, committed before it is visible."""
+one; every call is answered with its own StoredAnswer, committed before it is visible."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from twinkle.serve.backend import RowsPass
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.scheduler import Scheduler
 from twinkle.serve.core.store import Store
-from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.core.work import Call, PassJob, StoredAnswer
 
 
 def _rows(n_rows: int, length: int) -> list[dict]:
@@ -37,16 +37,16 @@ def _serve(tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None
     def hold():
         held.set()
         gate.wait(60)
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     scheduler.submit(Call("gate", None, hub.create("t"), hold))
     assert held.wait(60)
     ids = {}
     for queue, rows in heads.items():
         item = RowsPass(queue, rows, False)
-        job = PassJob(item, lambda out: Answer.json(out), "native")
+        job = PassJob(item, lambda out: StoredAnswer.json(out), "native")
         ids[queue] = hub.create("t")
-        scheduler.submit(Call(queue, 1, ids[queue], lambda item=item: Answer.json(runner([item])[0]), job))
+        scheduler.submit(Call(queue, 1, ids[queue], lambda item=item: StoredAnswer.json(runner([item])[0]), job))
     gate.set()
     answers = {}
     for queue, request_id in ids.items():

@@ -16,7 +16,7 @@ from twinkle.serve.core import slices
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.scheduler import Scheduler
 from twinkle.serve.core.store import Store
-from twinkle.serve.core.work import Answer, Call
+from twinkle.serve.core.work import Call, StoredAnswer
 
 STEP_S = 0.005
 
@@ -46,13 +46,13 @@ class Long:
         self.steps, self.ran = steps, []
         self.started = threading.Event()
 
-    def __call__(self) -> Answer:
+    def __call__(self) -> StoredAnswer:
         self.started.set()
         for _ in range(self.steps):
             time.sleep(STEP_S)  # stands in for a decode step (the GIL is free, as in a forward)
             self.ran.append(time.monotonic())
             slices.step()
-        return Answer.json({"steps": len(self.ran)})
+        return StoredAnswer.json({"steps": len(self.ran)})
 
 
 def test_short_work_runs_between_the_steps_of_long_work(world):
@@ -67,7 +67,7 @@ def test_short_work_runs_between_the_steps_of_long_work(world):
         time.sleep(0.02)
         shorts.append(hub.create("t"))
         scheduler.submit(
-            Call(f"trainer{i}", None, shorts[-1], lambda: (ran_at.append(time.monotonic()), Answer.json({}))[1])
+            Call(f"trainer{i}", None, shorts[-1], lambda: (ran_at.append(time.monotonic()), StoredAnswer.json({}))[1])
         )
         status, _ = _outcome(store, shorts[-1])
         assert status == "complete"
@@ -85,9 +85,9 @@ def test_a_queue_keeps_its_order_behind_its_sliced_head(world):
     scheduler.submit(Call("run", 1, long_id, lambda: (order.append("long"), long())[1], sliced=True))
     assert long.started.wait(30)
     after = hub.create("t")  # the same run's next request: after the long one, however many pauses it takes
-    scheduler.submit(Call("run", 2, after, lambda: (order.append("after"), Answer.json({}))[1]))
+    scheduler.submit(Call("run", 2, after, lambda: (order.append("after"), StoredAnswer.json({}))[1]))
     other = hub.create("t")
-    scheduler.submit(Call("other", None, other, lambda: (order.append("other"), Answer.json({}))[1]))
+    scheduler.submit(Call("other", None, other, lambda: (order.append("other"), StoredAnswer.json({}))[1]))
     for request_id in (long_id, after, other):
         assert _outcome(store, request_id)[0] == "complete"
     assert order.index("long") < order.index("after")
@@ -110,7 +110,7 @@ def test_cancel_stops_running_and_paused_work_at_its_next_step(world):
     assert scheduler.cancel(ids["running"]) is None  # done: nothing left to cancel
     # the engine is free: a new request runs at once
     free = hub.create("t")
-    scheduler.submit(Call("c", None, free, lambda: Answer.json({"ok": True})))
+    scheduler.submit(Call("c", None, free, lambda: StoredAnswer.json({"ok": True})))
     assert _outcome(store, free) == ("complete", {"ok": True})
 
 
@@ -118,7 +118,7 @@ def test_a_queued_request_is_dropped_and_a_whole_one_runs_on(world):
     store, hub, scheduler = world
     gate, held = threading.Event(), threading.Event()
     whole = hub.create("t")
-    scheduler.submit(Call("a", None, whole, lambda: (held.set(), gate.wait(30), Answer.json({}))[2]))
+    scheduler.submit(Call("a", None, whole, lambda: (held.set(), gate.wait(30), StoredAnswer.json({}))[2]))
     assert held.wait(30)
     queued = hub.create("t")
     scheduler.submit(Call("b", None, queued, Long(1), sliced=True))

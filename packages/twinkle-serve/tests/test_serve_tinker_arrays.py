@@ -52,7 +52,7 @@ def test_the_codec_yields_arrays_that_become_the_same_tensors_as_lists():
 def test_log_probs_go_back_as_one_float32_array_with_per_datum_offsets():
     logprobs = [np.array([-0.5, -1.25, -2.0], np.float32), np.array([-3.5], np.float32), np.zeros(0, np.float32)]
     out = pb.ForwardBackwardOutput()
-    out.ParseFromString(codec.encode_forward_result(datums.ForwardResult(logprobs, {"loss:sum": 7.25})))
+    out.ParseFromString(codec.encode_forward_result(datums.TinkerForwardResult(logprobs, {"loss:sum": 7.25})))
     field = out.loss_fn_outputs[0].fields["logprobs"]
     assert np.frombuffer(field.data, np.float32).tolist() == [-0.5, -1.25, -2.0, -3.5]
     assert np.frombuffer(field.offsets, np.int64).tolist() == [0, 12, 16, 16]  # byte offsets of each datum

@@ -115,7 +115,7 @@ def test_tenants_queued_together_share_one_fused_pass(server, alice, bob, sft):
     import threading
     import time
 
-    from twinkle.serve.core.work import Answer, Call
+    from twinkle.serve.core.work import Call, StoredAnswer
 
     a = alice.create_lora_training_client(base_model=TEST_MODEL, rank=8, seed=1).result()
     b = bob.create_lora_training_client(base_model=TEST_MODEL, rank=16, seed=2).result()
@@ -126,7 +126,7 @@ def test_tenants_queued_together_share_one_fused_pass(server, alice, bob, sft):
     def hold():  # occupies the worker so both requests are queued before it looks again
         held.set()
         gate.wait(30)
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     scheduler.submit(Call("test-gate", None, server.runtime.hub.create("alice"), hold))
     held.wait(30)

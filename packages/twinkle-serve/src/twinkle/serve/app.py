@@ -24,14 +24,14 @@ from twinkle.serve.native import build_native_router
 from twinkle.serve.openai import build_openai_router
 from twinkle.serve.probes import build_probe_router
 from twinkle.serve.prometheus import RequestMetrics, build_metrics_router
-from twinkle.serve.runtime import Runtime
+from twinkle.serve.runtime import ServerRuntime
 from twinkle.serve.tinker.routes import build_router
 from twinkle.serve.tinker.routes_services import build_services_router
 
 log = logging.getLogger("twinkle.serve")
 
 
-def create_app(rt: Runtime) -> FastAPI:
+def create_app(rt: ServerRuntime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         rt.hub.bind_loop(asyncio.get_running_loop())
@@ -119,7 +119,7 @@ def _document_tinker_bodies(app: FastAPI) -> None:
     app.openapi = openapi
 
 
-def _load(rt: Runtime) -> None:
+def _load(rt: ServerRuntime) -> None:
     try:
         rt.load_models()
     except Exception:

@@ -15,7 +15,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 
 from twinkle.serve.errors import Unauthorized
-from twinkle.serve.runtime import Runtime
+from twinkle.serve.runtime import ServerRuntime
 
 TENANT = "twinkle.tenant"  # the ASGI scope key where the idempotency middleware leaves the caller it looked up
 API_KEY = APIKeyHeader(
@@ -27,7 +27,7 @@ API_KEY = APIKeyHeader(
 
 
 class Auth:
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: ServerRuntime):
         self.rt = rt
         self.metered = self._caller(metered=True)
         self.unmetered = self._caller(metered=False)

@@ -27,6 +27,10 @@ class Unauthorized(ApiError):
     status = 401
 
 
+class Forbidden(ApiError):
+    status = 403
+
+
 class NotFound(ApiError):
     """Also the answer for another tenant's objects: indistinguishable from absent."""
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from twinkle.serve.runtime import Runtime
+from twinkle.serve.runtime import ServerRuntime
 
 
-def build_probe_router(rt: Runtime) -> APIRouter:
+def build_probe_router(rt: ServerRuntime) -> APIRouter:
     r = APIRouter(tags=["probes"])
 
     @r.get("/livez", summary="Liveness: 200 while the server process answers (no key needed)")

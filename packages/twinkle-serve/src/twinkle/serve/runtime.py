@@ -45,7 +45,11 @@ def _load_failure(entry: ModelEntry, path, error: Exception) -> str:
     return f"loading base model {entry.name!r} from {path} failed: {type(error).__name__}: {text}"
 
 
-class Runtime:
+class ServerRuntime:
+    """One server's state, shared by every API: its config, store, keys, futures, limits, adapter
+    memory, and an engine (backend + scheduler) per base model. (twinkle.mesh's Runtime is the
+    library's placement of ranks; this is the server's.)"""
+
     def __init__(self, config: ServeConfig, data_dir: str | Path):
         self.config = config
         self.data_dir = Path(data_dir)

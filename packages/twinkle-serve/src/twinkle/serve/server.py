@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from twinkle.serve.config import ServeConfig, load_config
 from twinkle.serve.core.store import default_data_dir
-from twinkle.serve.runtime import Runtime
+from twinkle.serve.runtime import ServerRuntime
 
 if TYPE_CHECKING:
     import uvicorn
@@ -33,7 +33,7 @@ class Server:
     """A running server (returned by `initialize(..., block=False)`)."""
 
     url: str
-    runtime: Runtime
+    runtime: ServerRuntime
     _uvicorn: uvicorn.Server
     _thread: threading.Thread
 
@@ -57,7 +57,7 @@ class Server:
         self.stop()
 
 
-def _draining_server(config: uvicorn.Config, runtime: Runtime) -> uvicorn.Server:
+def _draining_server(config: uvicorn.Config, runtime: ServerRuntime) -> uvicorn.Server:
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
@@ -149,7 +149,7 @@ def initialize(
         config = load_config(config)
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     port = port or free_port(host)
-    runtime = Runtime(config, data_dir)
+    runtime = ServerRuntime(config, data_dir)
     runtime.start_cluster()  # Ray (when configured) starts here, on the caller's thread, before serving
     if runtime.keys.count() == 0:
         log.warning(

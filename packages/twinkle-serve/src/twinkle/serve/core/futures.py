@@ -23,7 +23,7 @@ from contextlib import contextmanager, suppress
 
 from twinkle.serve.core.records import FutureRow
 from twinkle.serve.core.store import Store
-from twinkle.serve.core.work import JSON, Answer
+from twinkle.serve.core.work import JSON, StoredAnswer
 
 log = logging.getLogger("twinkle.serve")
 BOOT_HEX, TIME_HEX = 8, 8  # a request id: boot id, creation second, random (32 hex digits, as a uuid's)
@@ -98,14 +98,14 @@ class FutureHub:
             for event in events:
                 self._loop.call_soon_threadsafe(event.set)
 
-    def complete(self, request_id: str, answer: Answer) -> None:
+    def complete(self, request_id: str, answer: StoredAnswer) -> None:
         self._finish(request_id, "complete", answer.content_type, answer.body)
 
     def complete_json(self, request_id: str, result: dict) -> None:
-        self.complete(request_id, Answer.json(result))
+        self.complete(request_id, StoredAnswer.json(result))
 
     def complete_proto(self, request_id: str, payload: bytes) -> None:
-        self.complete(request_id, Answer.proto(payload))
+        self.complete(request_id, StoredAnswer.proto(payload))
 
     def fail(self, request_id: str, message: str, category: str) -> None:
         self._finish(request_id, "failed", JSON, json.dumps({"error": message, "category": category}).encode())

@@ -25,7 +25,7 @@ from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.core import cost
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer, PassJob
+from twinkle.serve.core.work import PassJob, StoredAnswer
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Pass:
     item: RowsPass | UserError  # the engine's pass (its adapter named at run time), or why its input is refused
     adapter: Callable[[], str]  # the run's engine adapter; UserError while it has none (its creation still queued)
     tokens: int  # the request's input tokens as its API counts them: the rate, quota, usage and throughput
-    encode: Callable[[dict], Answer]  # a pass's outcome as its API answers it (a UserError refuses it after all)
+    encode: Callable[[dict], StoredAnswer]  # a pass's outcome as its API answers it (a UserError refuses it after all)
     api: str  # the facade's name (the operator page counts fused requests per API)
     loss_tokens: float | None = None  # what a summed loss sums over (the dashboard's per-token loss); None: a mean
     loss_metric: str | None = None  # the outcome metric the API reports as the loss; None: the loss the pass trained
@@ -51,7 +51,7 @@ def submit_pass(svc: Service, tenant: str, run: Run, seq_id: int | None, p: Pass
     hold = svc.admit_tokens(tenant, p.tokens)
     svc.store.runs.touch(run.model_id)
 
-    def finish(outcome) -> Answer:
+    def finish(outcome) -> StoredAnswer:
         if isinstance(outcome, Exception):
             raise outcome
         answer = p.encode(outcome)
@@ -63,7 +63,7 @@ def submit_pass(svc: Service, tenant: str, run: Run, seq_id: int | None, p: Pass
             svc.record_step(run, point)
         return answer
 
-    def work() -> Answer:
+    def work() -> StoredAnswer:
         if not isinstance(item, RowsPass):
             raise item
         (outcome,) = engine.backend.forward_backward_many([replace(item, adapter=p.adapter())])

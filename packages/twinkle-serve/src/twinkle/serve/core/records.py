@@ -62,7 +62,10 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Sampler:
+class SamplingSession:
+    """A sampler a tenant samples from (a row of `samplers`): a checkpoint's weights (`model_path`),
+    the base model's (neither), or an ephemeral snapshot of a training run's."""
+
     sampler_id: str
     tenant: str
     session_id: str
@@ -72,7 +75,7 @@ class Sampler:
     ephemeral: bool = False
 
     @classmethod
-    def from_row(cls, row: dict) -> Sampler:
+    def from_row(cls, row: dict) -> SamplingSession:
         return replace(cls(**row), ephemeral=bool(row["ephemeral"]))  # SQLite stores booleans as 0/1
 
 

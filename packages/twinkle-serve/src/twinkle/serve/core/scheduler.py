@@ -5,7 +5,7 @@ run in the order the client numbered them. The worker serves the queues round-ro
 time, so one tenant's long queue does not starve another's. A task's exception fails only its own
 future: `UserError` as category "user", anything else as "server" (logged with its traceback).
 
-Work is typed (`work.py`): a `Call` ends in an `Answer` its facade encoded; the scheduler stores it
+Work is typed (`work.py`): a `Call` ends in a `StoredAnswer` its facade encoded; the scheduler stores it
 with the future unread. Fusion: a Call carrying a `PassJob` may run together with the pass jobs at
 the head of other models' queues, in one `fuse_runner([item, ...])` call (the multi-LoRA engine's
 fused pass). Which ones join is the planner's cost model (`twinkle.model.multi_lora.planner`, the
@@ -47,7 +47,7 @@ from twinkle.model.multi_lora.planner import FusionPlanner, Request
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.slices import Cancelled, SlicedJob
-from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.core.work import Call, PassJob, StoredAnswer
 from twinkle.serve.errors import internal_error
 
 log = logging.getLogger("twinkle.serve")
@@ -260,14 +260,14 @@ class Scheduler:
             if call.queue not in self._ready:
                 self._ready.append(call.queue)
 
-    def _work(self, call: Call) -> Callable[[], Answer]:
+    def _work(self, call: Call) -> Callable[[], StoredAnswer]:
         """What a sliced job runs: the call, or its pass job as micro-batches."""
         if not self._big(call):
             return call.run
         job, runner = _job(call), self.slice_runner
         assert runner is not None  # _big says there is one
 
-        def passes() -> Answer:
+        def passes() -> StoredAnswer:
             try:
                 (outcome,) = runner([job.item], SLICE_S)
             except Cancelled:
@@ -294,7 +294,7 @@ class Scheduler:
                     return True
             return False
 
-    def _finish(self, request_id: str, fn: Callable[[], Answer]) -> None:
+    def _finish(self, request_id: str, fn: Callable[[], StoredAnswer]) -> None:
         try:
             answer = fn()
         except Cancelled as e:

@@ -16,13 +16,13 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import CheckpointOps
 from twinkle.serve.core.inflight import InflightTargets
-from twinkle.serve.core.records import Api, LiveAdapter, Run, Sampler, Session
+from twinkle.serve.core.records import Api, LiveAdapter, Run, SamplingSession, Session
 from twinkle.serve.core.scheduler import Place
 from twinkle.serve.core.usage import UsageLedger
-from twinkle.serve.core.work import Answer, Call, PassJob
+from twinkle.serve.core.work import Call, PassJob, StoredAnswer
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.limits import Hold, LimitExceeded
-from twinkle.serve.runtime import Engine, Runtime
+from twinkle.serve.runtime import Engine, ServerRuntime
 
 # A session not heard from for this long is no longer live (the SDK heartbeats every 10 s): the live-session
 # cap counts only live ones, and the Tinker session listing no longer reports it as running.
@@ -30,7 +30,7 @@ LIVE_SESSION_S = 60.0
 
 
 class Service:
-    def __init__(self, rt: Runtime):
+    def __init__(self, rt: ServerRuntime):
         self.rt, self.store = rt, rt.store
         self.checkpoints = CheckpointOps(rt)
         self.usage = UsageLedger(rt.store)
@@ -116,7 +116,7 @@ class Service:
         """Model input tokens of a forward or forward_backward that succeeded, in either API."""
         self.usage.count_training(run, tokens)
 
-    def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
+    def count_sampling(self, sampler: SamplingSession, prompt_tokens: int, sampled_tokens: int) -> None:
         self.usage.count_sampling(sampler, prompt_tokens, sampled_tokens)
 
     def admit_tokens(self, tenant: str, tokens: int) -> Hold | None:
@@ -151,7 +151,7 @@ class Service:
         engine: Engine,
         queue: str,
         seq_id: int | None,
-        fn: Callable[[], Answer],
+        fn: Callable[[], StoredAnswer],
         job: PassJob | None = None,
         hold: Hold | None = None,
         sliced: bool = False,
@@ -201,6 +201,6 @@ class Service:
                 self.rt.adapter_memory.release(adapter)
             self.rt.live.pop(run.model_id)
             self.inflight.close(engine.backend, run.model_id)
-            return Answer.json(finish())
+            return StoredAnswer.json(finish())
 
         return self.submit(tenant, engine, run.model_id, None, work)

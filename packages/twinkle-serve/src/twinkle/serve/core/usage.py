@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from twinkle.serve.core.records import Run, Sampler
+from twinkle.serve.core.records import Run, SamplingSession
 from twinkle.serve.errors import ApiError
 
 DAY = 24 * 3600
@@ -46,7 +46,7 @@ class QuotaExceeded(ApiError):
         self.extra = {"quota": quota, "limit": limit, "used": used}
 
 
-def _run_of(sampler: Sampler) -> str | None:
+def _run_of(sampler: SamplingSession) -> str | None:
     """The training run a sampler's checkpoint came from (tinker://{model_id}/...), if any."""
     path = sampler.model_path or ""
     return path[len("tinker://") :].split("/", 1)[0] if path.startswith("tinker://") and "/" in path[9:] else None
@@ -60,7 +60,7 @@ class UsageLedger:
     def count_training(self, run: Run, tokens: int) -> None:
         self.store.usage.add(run.tenant, run.session_id, run.base_model, {"training": tokens}, run.model_id, soon=True)
 
-    def count_sampling(self, sampler: Sampler, prompt_tokens: int, sampled_tokens: int) -> None:
+    def count_sampling(self, sampler: SamplingSession, prompt_tokens: int, sampled_tokens: int) -> None:
         counts = {"sampling_prefill": prompt_tokens, "sampling_sample": sampled_tokens}
         self.store.usage.add(
             sampler.tenant, sampler.session_id, sampler.base_model, counts, _run_of(sampler), soon=True

@@ -1,7 +1,7 @@
-"""The scheduler's typed work: a queued `Call`, the fusable `PassJob` it may carry, and the `Answer`
-it ends with.
+"""The scheduler's typed work: a queued `Call`, the fusable `PassJob` it may carry, and the
+`StoredAnswer` it ends with.
 
-A facade (Tinker, native, OpenAI) turns its request into a Call and its result into an Answer (a
+A facade (Tinker, native, OpenAI) turns its request into a Call and its result into a StoredAnswer (a
 content type and the bytes it chose); the core queues, fuses, runs and stores these without reading
 a wire format. A Call over its tenant's rate carries a `Hold` (`twinkle.serve.limits`): it waits in
 its queue until then, and only it and what its queue holds behind it wait. A `sliced` Call may be
@@ -23,18 +23,18 @@ PROTO = "application/x-protobuf"
 
 
 @dataclass(frozen=True)
-class Answer:
+class StoredAnswer:
     """What a finished call tells its client: stored with its future, sent back as it is."""
 
     content_type: str
     body: bytes
 
     @classmethod
-    def json(cls, value) -> Answer:
+    def json(cls, value) -> StoredAnswer:
         return cls(JSON, json.dumps(value).encode())
 
     @classmethod
-    def proto(cls, body: bytes) -> Answer:
+    def proto(cls, body: bytes) -> StoredAnswer:
         return cls(PROTO, body)
 
 
@@ -45,7 +45,7 @@ class PassJob:
     `api`: the facade that queued it (the operator page counts fused requests per API)."""
 
     item: RowsPass
-    finish: Callable[[object], Answer]
+    finish: Callable[[object], StoredAnswer]
     api: str
 
     @property
@@ -66,7 +66,7 @@ class Call:
     queue: str  # the run (or sampler) whose requests run in seq_id order
     seq_id: int | None
     request_id: str
-    run: Callable[[], Answer]
+    run: Callable[[], StoredAnswer]
     job: PassJob | None = None
     hold: Hold | None = None  # over the tenant's rate: not before hold.until
     # runs on a thread of its own, in turns the scheduler gives it between other work (core/slices.py):

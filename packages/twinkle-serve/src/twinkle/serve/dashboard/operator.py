@@ -14,13 +14,9 @@ from collections import defaultdict
 from fastapi import Security
 
 from twinkle.serve.auth import API_KEY
-from twinkle.serve.errors import ApiError, Unauthorized
+from twinkle.serve.errors import Forbidden, Unauthorized
 
 WINDOW_S = 60.0  # passes/s and rows per pass over the last minute
-
-
-class Forbidden(ApiError):
-    status = 403
 
 
 def operator_dependency(rt):

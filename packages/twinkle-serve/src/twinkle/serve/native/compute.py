@@ -14,7 +14,7 @@ from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
 from twinkle.serve.core.curve_names import CurveNames
 from twinkle.serve.core.passes import Pass, submit_pass
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.native.models import NativeModels
 
 T = TypeVar("T")
@@ -125,10 +125,12 @@ class NativeCompute:
         except UserError as e:
             rows, item = [], e
 
-        def encode(out: dict) -> Answer:  # a forward's non-finite loss is None; it returns the log-probs
+        def encode(out: dict) -> StoredAnswer:  # a forward's non-finite loss is None; it returns the log-probs
             loss = out["loss"] if backward or out.get("finite") else None
             logprobs = None if backward else [[0.0, *lps] for lps in out["logprobs"]]
-            return Answer.json(ForwardResult(loss=loss, metrics=out.get("metrics", {}), logprobs=logprobs).model_dump())
+            return StoredAnswer.json(
+                ForwardResult(loss=loss, metrics=out.get("metrics", {}), logprobs=logprobs).model_dump()
+            )
 
         tokens = sum(len(r["input_ids"]) for r in rows)
         adapter = functools.partial(self.models.adapter, model_id, req.adapter_name)

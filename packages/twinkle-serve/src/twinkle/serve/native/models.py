@@ -20,7 +20,7 @@ from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds, lora_configs
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest
 
 
@@ -64,7 +64,7 @@ class NativeModels:
         engine = self.engine_of(run)
         self.rt.store.runs.touch(model_id)
         request_id = self.svc.submit(
-            tenant, engine, model_id, self.seq(model_id, seq), lambda: Answer.json(fn(engine.backend, run))
+            tenant, engine, model_id, self.seq(model_id, seq), lambda: StoredAnswer.json(fn(engine.backend, run))
         )
         return {"request_id": request_id, "model_id": model_id}
 

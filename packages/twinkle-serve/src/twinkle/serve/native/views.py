@@ -24,7 +24,7 @@ from twinkle.client.schema import (
 from twinkle.sampler import SamplingParams
 from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.native.compute import NativeCompute
 
@@ -111,7 +111,7 @@ class NativeViews:
             finally:
                 if req.model_id is not None and sampler is not None:
                     backend.remove_sampler(sampler)
-            return Answer.json(SampleResult(outputs=outputs).model_dump())
+            return StoredAnswer.json(SampleResult(outputs=outputs).model_dump())
 
         request_id = self.svc.submit(tenant, engine, queue, None, run, sliced=True)  # decodes in turns
         return {"request_id": request_id, "model_id": req.model_id}

@@ -21,10 +21,10 @@ import twinkle.serve.openai.responses as responses
 from twinkle.sampler import SampleResponse, SamplingParams
 from twinkle.serve.backend import UserError
 from twinkle.serve.core import bounds
-from twinkle.serve.core.records import Sampler
+from twinkle.serve.core.records import SamplingSession
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.slices import Cancelled
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import internal_error
 from twinkle.serve.openai.errors import OpenAIError, error_body
 from twinkle.serve.openai.models import Target
@@ -51,7 +51,7 @@ class _Job:
         ckpt = target.checkpoint
         self.folder = str(svc.checkpoints.folder(ckpt)) if ckpt else None
         path = ckpt.tinker_path if ckpt else None
-        self.usage = Sampler(f"openai:{target.model}", tenant, "", target.engine.entry.name, path, time.time())
+        self.usage = SamplingSession(f"openai:{target.model}", tenant, "", target.engine.entry.name, path, time.time())
 
     def install(self) -> None:
         if self.folder is not None and self.target.adapter is not None:  # both come from the target's checkpoint
@@ -91,7 +91,7 @@ async def generate(
             result = job.sample(prompt)
             job.count(prompt, _sampled(result))
             results.append(result)
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     request_id = job.submit(run)
     rt = svc.rt
@@ -158,7 +158,7 @@ async def stream(
                 send("chunks", out)
 
         if closed.is_set():  # the caller went away while this waited in the queue
-            return Answer.json({"closed": True})
+            return StoredAnswer.json({"closed": True})
         try:
             job.install()
             for p, prompt in enumerate(prompts):
@@ -167,7 +167,7 @@ async def stream(
                     result = job.sample(prompt, on_tokens)
                 except (StreamClosed, Cancelled):
                     job.count(prompt, decoded)
-                    return Answer.json({"closed": True})
+                    return StoredAnswer.json({"closed": True})
                 job.count(prompt, _sampled(result))
                 results.append(result)
                 out = []
@@ -180,7 +180,7 @@ async def stream(
             send("error", e)
             raise
         send("done", chunks.usage(responses.usage(prompts, results)))
-        return Answer.json({})
+        return StoredAnswer.json({})
 
     request_id = job.submit(run)
 

@@ -11,7 +11,7 @@ import numpy as np
 from twinkle.serve.backend import UserError
 from twinkle.serve.tinker import dmel, images
 from twinkle.serve.tinker import wire_proto as pb
-from twinkle.serve.tinker.datums import Datum, ForwardResult
+from twinkle.serve.tinker.datums import Datum, TinkerForwardResult
 from twinkle.serve.tinker.prompt_scores import TinkerSampleResult
 
 TOPK_MASK_LOGPROB = -99999.0  # the SDK's empty-cell value in TopkLogprobs (tinker.types.topk_logprobs)
@@ -147,7 +147,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardInput:
     return ForwardBackwardInput(msg.model_id, msg.seq_id, data, msg.loss_fn, config, msg.forward_only, provenance)
 
 
-def encode_forward_result(result: ForwardResult) -> bytes:
+def encode_forward_result(result: TinkerForwardResult) -> bytes:
     """The datums' log-probs as ArrayRecords: one per run of datums with the same trailing shape ([N] or
     [N, K]: K may differ between datums), each one float32 array with per-datum byte offsets and the
     trailing shape the SDK reshapes by."""

@@ -54,7 +54,7 @@ class Datum:
 
 
 @dataclass
-class ForwardResult:
+class TinkerForwardResult:
     logprobs: list[np.ndarray]  # per datum: log p(target_tokens[t]) as float32 [N], or [N, K] for [N, K] targets
     metrics: dict[str, float]  # keys `name:reduction`
     mfu: float | None = None  # this request's share of the pass as a fraction of the matmul peak (run curves)
@@ -207,7 +207,7 @@ def _without_weights(d: Datum, flat: bool) -> Datum:
     return Datum(d.tokens, inputs, d.images)
 
 
-def forward_result(outcome, data: list[Datum] | None = None) -> ForwardResult:
+def forward_result(outcome, data: list[Datum] | None = None) -> TinkerForwardResult:
     """The engine's outcome of a Tinker pass as the SDK reads it: per-datum log-probs ([N, K] for a datum
     of [N, K] targets, cut back from the request's widest K), the summed loss as `loss:sum`, a loss's own
     metrics as token means unless it names its reduction (a custom loss's)."""
@@ -225,7 +225,7 @@ def forward_result(outcome, data: list[Datum] | None = None) -> ForwardResult:
     metrics.update(
         {k if k.endswith((":sum", ":mean")) else f"{k}:mean": float(v) for k, v in outcome.get("metrics", {}).items()}
     )
-    return ForwardResult(logprobs, metrics, outcome.get("mfu"))
+    return TinkerForwardResult(logprobs, metrics, outcome.get("mfu"))
 
 
 def train(backend, adapter: str, data: list[Datum], loss_fn: str, loss_config: dict, forward_only: bool):

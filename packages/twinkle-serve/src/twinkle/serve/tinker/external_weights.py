@@ -17,14 +17,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from twinkle.serve.errors import ApiError, BadRequest, NotFound
+from twinkle.serve.errors import BadRequest, Forbidden, NotFound
 
 URL_TTL_S = 3600
 INTERNAL_FILES = {"twinkle_checkpoint.json"}  # the server's own record, not part of the export
-
-
-class Forbidden(ApiError):
-    status = 403
 
 
 class UrlSigner:

@@ -15,7 +15,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.passes import Pass, submit_pass
 from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker import codec, custom_loss_service, datums, images, model_names
 from twinkle.serve.tinker.program_loss import PROGRAM_LOSS, tinker_metrics
@@ -139,7 +139,7 @@ class TinkerModels:
             except BaseException:
                 self.forget_run(run, engine)
                 raise
-            return Answer.json({"type": "create_model", "model_id": run.model_id})
+            return StoredAnswer.json({"type": "create_model", "model_id": run.model_id})
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, 0, work), "model_id": run.model_id}
 
@@ -181,12 +181,12 @@ class TinkerModels:
         except UserError as e:
             item = e
 
-        def encode(outcome: dict) -> Answer:
+        def encode(outcome: dict) -> StoredAnswer:
             result = datums.forward_result(outcome, data)
             if loss is not None:
                 result.metrics = tinker_metrics(result.metrics, forward_only)
             result.metrics.update(extra)
-            return Answer.proto(codec.encode_forward_result(result))
+            return StoredAnswer.proto(codec.encode_forward_result(result))
 
         # loss_tokens: what loss:sum sums over (cross_entropy's weights), so the dashboard shows it per token
         weighted = loss_fn == "cross_entropy"
@@ -213,7 +213,7 @@ class TinkerModels:
             stepped = engine.backend.optim_step(self.svc.live_adapter(run.model_id), params)
             metrics = {"grad_norm:mean": stepped["grad_norm"]}  # Tinker's name for the norm before clipping
             self.svc.record_step(run, {"grad_norm": stepped["grad_norm"], "lr": params.learning_rate}, same_step=True)
-            return Answer.json({"type": "optim_step", "metrics": metrics})
+            return StoredAnswer.json({"type": "optim_step", "metrics": metrics})
 
         request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)
         return {"request_id": request_id, "model_id": run.model_id}

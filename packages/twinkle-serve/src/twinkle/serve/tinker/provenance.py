@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from twinkle.serve.core.records import Run, Sampler
+from twinkle.serve.core.records import Run, SamplingSession
 from twinkle.serve.core.store.stability_tables import StabilityRecord
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.codec import Span
@@ -45,7 +45,7 @@ class Provenance:
         """A sampler on the run's current weights (save_weights_and_get_sampling_client) serves this version."""
         self.store.stability.set_policy(sampler_id, model_id, self.version_of(model_id))
 
-    def policy(self, tenant: str, sampler: Sampler) -> tuple[str | None, int]:
+    def policy(self, tenant: str, sampler: SamplingSession) -> tuple[str | None, int]:
         known = self.store.stability.policy(sampler.sampler_id)
         if known is not None:
             return known
@@ -55,7 +55,7 @@ class Provenance:
         return None, 0  # the base model
 
     # ---- recording ------------------------------------------------------------------------------
-    def record(self, tenant: str, sampler: Sampler, policy, sequence_ids, prompt, sequences) -> None:
+    def record(self, tenant: str, sampler: SamplingSession, policy, sequence_ids, prompt, sequences) -> None:
         """Called on the worker when a recorded sample finishes (before its result is visible)."""
         now = time.time()
         self.store.stability.prune(tenant, now - self.ttl_s, max(0, self.max_tokens - self._size(prompt, sequences)))

@@ -9,9 +9,9 @@ import uuid
 
 from twinkle.serve.backend import UserError
 from twinkle.serve.core.checkpoints import sampler_adapter_name
-from twinkle.serve.core.records import Sampler
+from twinkle.serve.core.records import SamplingSession
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import NotFound
 from twinkle.serve.tinker import codec, images, model_names, prompt_scores
 from twinkle.serve.tinker.provenance import Provenance
@@ -37,7 +37,9 @@ class TinkerSampling:
             base_model = model_names.engine(self.rt, body.get("base_model")).entry.name
         sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
         self.svc.admit_sampler(tenant)
-        self.rt.store.samplers.create(Sampler(sampler_id, tenant, session_id, base_model, model_path, time.time()))
+        self.rt.store.samplers.create(
+            SamplingSession(sampler_id, tenant, session_id, base_model, model_path, time.time())
+        )
         return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
 
     def install_ephemeral(self, tenant: str, engine, session_id: str, seq: int, model_id: str, kind: str) -> dict:
@@ -51,12 +53,12 @@ class TinkerSampling:
         else:
             engine.backend.install_sampler_from_adapter(sampler_name(sampler_id), live)
         self.rt.store.samplers.create(
-            Sampler(sampler_id, tenant, session_id, engine.entry.name, None, time.time(), ephemeral=True)
+            SamplingSession(sampler_id, tenant, session_id, engine.entry.name, None, time.time(), ephemeral=True)
         )
         self.provenance.snapshot(sampler_id, model_id)  # the policy version its samples are recorded with
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
 
-    def sampler(self, tenant: str, sampler_id) -> Sampler:
+    def sampler(self, tenant: str, sampler_id) -> SamplingSession:
         sampler = self.rt.store.samplers.owned(sampler_id, tenant)
         if sampler is None:
             raise NotFound(f"sampler {sampler_id!r} not found")
@@ -104,7 +106,7 @@ class TinkerSampling:
             self.svc.count_sampling(sampler, len(prompt), sum(len(s.tokens) for s in result.sequences))
             if policy_now is not None:
                 self.provenance.record(tenant, sampler, policy_now, sequence_ids, prompt, result.sequences)
-            return Answer.proto(
+            return StoredAnswer.proto(
                 codec.encode_sample_result(result, asks.topk_prompt, asks.topk_sample, asks.target_layout)
             )
 

@@ -14,7 +14,7 @@ from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import META_FILE, check_name
 from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
-from twinkle.serve.core.work import Answer
+from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest
 from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
@@ -63,7 +63,7 @@ class TinkerWeights:
 
         def work():
             path = self._write(run, engine, "training", name, body, bool(body.get("overwrite", False))).tinker_path
-            return Answer.json({"type": "save_weights", "path": path})
+            return StoredAnswer.json({"type": "save_weights", "path": path})
 
         return self._queue(tenant, engine, run, body, work)
 
@@ -80,7 +80,7 @@ class TinkerWeights:
             self.svc.admit_save(tenant)
 
             def work():
-                return Answer.json(
+                return StoredAnswer.json(
                     {
                         "type": "save_weights_for_sampler",
                         "path": self._write(run, engine, "sampler", name, body, True).tinker_path,
@@ -94,7 +94,7 @@ class TinkerWeights:
             kind = body.get("kind", "snapshot")
 
             def work():
-                return Answer.json(
+                return StoredAnswer.json(
                     self.sampling.install_ephemeral(tenant, engine, run.session_id, seq, run.model_id, kind)
                 )
 
@@ -131,7 +131,7 @@ class TinkerWeights:
                 except BaseException:
                     self.models.forget_run(run, engine)  # a model that never loaded is not listed
                     raise
-            return Answer.json({"type": "load_weights", "path": path, "model_id": run.model_id})
+            return StoredAnswer.json({"type": "load_weights", "path": path, "model_id": run.model_id})
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
 
@@ -147,7 +147,7 @@ class TinkerWeights:
 
         def work():
             ckpt = self._write(run, engine, "external", name, body, True)
-            return Answer.json(
+            return StoredAnswer.json(
                 {"type": "save_weights_external", "path": ckpt.tinker_path, "size_bytes": ckpt.size_bytes}
             )
 

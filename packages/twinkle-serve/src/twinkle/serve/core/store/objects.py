@@ -11,7 +11,7 @@ import json
 import time
 from dataclasses import asdict
 
-from twinkle.serve.core.records import Checkpoint, Run, Sampler, Session
+from twinkle.serve.core.records import Checkpoint, Run, SamplingSession, Session
 from twinkle.serve.errors import NotFound
 
 
@@ -140,18 +140,18 @@ class Samplers:
     def __init__(self, db):
         self.db = db
 
-    def create(self, sampler: Sampler) -> None:
+    def create(self, sampler: SamplingSession) -> None:
         put_row(self.db, "samplers", {**asdict(sampler), "ephemeral": int(sampler.ephemeral)})
 
-    def owned(self, sampler_id, tenant: str) -> Sampler | None:
+    def owned(self, sampler_id, tenant: str) -> SamplingSession | None:
         row = _id(sampler_id) and self.db.one(
             "SELECT * FROM samplers WHERE sampler_id=? AND tenant=?", (sampler_id, tenant)
         )
-        return Sampler.from_row(row) if row else None
+        return SamplingSession.from_row(row) if row else None
 
-    def of_session(self, session_id: str) -> list[Sampler]:
+    def of_session(self, session_id: str) -> list[SamplingSession]:
         return [
-            Sampler.from_row(r)
+            SamplingSession.from_row(r)
             for r in self.db.all("SELECT * FROM samplers WHERE session_id=? ORDER BY created_at", (session_id,))
         ]
 
