@@ -49,6 +49,26 @@ def test_in_process_shards_equal_plain_backend(backends):
     assert remote_tokens == plain_tokens
 
 
+def test_a_prompt_table_is_reduced_on_the_sampler_rank_alike(backends):
+    """Backend.reduce_prompt_table on the remote backend's sampler shard equals the in-process one, and
+    scoring the prompt's own next tokens gives the sampler's prompt log-probs."""
+    import functools
+
+    from twinkle.serve.tinker.prompt_scores import score_table
+
+    prompt = SEQS[0]
+    targets_T_K = np.stack([np.array(prompt[1:]), np.full(len(prompt) - 1, -1)], axis=1)
+    reduce = functools.partial(score_table, targets=targets_T_K, k=3, temperature=1.0, seed=11)
+    answers = [b.reduce_prompt_table(None, prompt, reduce) for b in backends]
+    (plain_scores, (plain_ids, plain_lps)), (remote_scores, (remote_ids, remote_lps)) = answers
+    np.testing.assert_allclose(remote_scores, plain_scores, rtol=1e-5)
+    assert remote_ids.tolist() == plain_ids.tolist() and plain_ids.shape == (len(prompt) - 1, 3)
+    np.testing.assert_allclose(remote_lps, plain_lps, rtol=1e-5)
+    assert (plain_scores[:, 1] == 0.0).all()  # -1: no id asked there
+    response = backends[0].sample(None, prompt, SamplingParams(max_tokens=1, prompt_logprobs=True))
+    np.testing.assert_allclose(plain_scores[:, 0], response.prompt_logprobs[1:], rtol=1e-5)
+
+
 def test_user_errors_come_back_as_user_errors(backends):
     _, remote = backends
     with pytest.raises(UserError, match="not loaded"):
