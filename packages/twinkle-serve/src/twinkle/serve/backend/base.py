@@ -233,7 +233,8 @@ class Backend(ABC):
     ) -> SampleResponse:
         """`params.num_samples` continuations of `prompt` from sampler adapter `sampler` (None: the base
         model), in twinkle.sampler's types: the API layers translate their wire's options into
-        SamplingParams and the SampleResponse back. `on_tokens(step)`: each decode step's tokens (twinkle.sampler.decoding.StepToken, `index` the
+        SamplingParams and the SampleResponse back.
+        `on_tokens(step)`: each decode step's tokens (twinkle.sampler.decoding.StepToken, `index` the
         sample's) as they come, where the decode runs in this process; a backend whose sampler runs on
         remote ranks never calls it (the result holds every token). Raising in it stops the decode.
         `images`: the prompt's {pixel_values, image_grid_thw}, its image tokens already in `prompt`.
