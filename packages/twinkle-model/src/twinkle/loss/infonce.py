@@ -14,6 +14,11 @@ positive over the similarities s = q_g·d / τ to:
 q_g·d_g⁺ + `fake_neg_margin` (a near-duplicate is likelier a mislabelled positive than a negative).
 `hard_negatives=k` keeps k negatives a group: the first k, or, when it has fewer, its own repeated in
 order (twinkle-kit draws the repeats at random). L = mean over groups ('mean'), or their sum ('sum').
+
+Over several processes (data parallelism) with `use_batch`, each process's rows must be whole groups:
+the documents (and anchors) of every process are gathered, each process scores its own anchors against
+all of them, and the gradient of a gathered row goes back to the process that computed it, so the
+data-parallel step equals one process over the whole batch.
 """
 
 from __future__ import annotations
@@ -68,7 +73,7 @@ class InfonceLoss(Loss):
         if hard_negatives is not None and hard_negatives < 1:
             raise ValueError(f"hard_negatives must be a positive count or None, got {hard_negatives}")
         if process_group is not None:
-            raise ValueError("process_group: negatives are not gathered across data-parallel ranks here")
+            raise ValueError("process_group: in-batch negatives are gathered over the default process group")
         if (include_qq or include_dd) and not use_batch:
             raise ValueError("include_qq / include_dd add in-batch blocks: they need use_batch=True")
         self.temperature, self.use_batch, self.hard_negatives = float(temperature), use_batch, hard_negatives
@@ -98,20 +103,23 @@ class InfonceLoss(Loss):
         return sims_K.masked_fill(sims_K > positive.detach() + self.fake_neg_margin, float("-inf"))
 
     def compute(self, ctx: LossContext) -> LossOutput:
+        emb_N_H, marks_N = ctx.head.embeddings(), ctx.fields["group_start"]
+        mine = range(len(group_bounds(marks_N)))  # this process's rows are whole groups
         if self.use_batch and dist.is_initialized() and dist.get_world_size() > 1:
-            raise NotImplementedError(
-                "InfonceLoss(use_batch=True) over several processes would take in-batch negatives from "
-                "this rank's rows only (twinkle-kit gathers them): run one process, or use_batch=False"
-            )
-        groups = self._groups(ctx.head.embeddings(), ctx.fields["group_start"])
+            if ctx.shard is not None:
+                raise NotImplementedError("InfonceLoss under context parallelism: a sequence's rows are split")
+            emb_N_H, marks_N, first = gather_rows(emb_N_H, marks_N)
+            mine = range(first, first + len(mine))
+        groups = self._groups(emb_N_H, marks_N)
         anchors_G_H = torch.stack([g[0] for g in groups])
         docs = [g[1:] for g in groups]
-        first = torch.tensor([0, *(len(d) for d in docs)]).cumsum(0)[:-1].tolist()  # each positive in the bank
+        first_doc = torch.tensor([0, *(len(d) for d in docs)]).cumsum(0)[:-1].tolist()  # each positive in the bank
         bank_D_H = torch.cat(docs)
         losses = []
-        for i, g in enumerate(groups):
+        for i in mine:
+            g = groups[i]
             own = docs[i] if not self.use_batch else bank_D_H
-            target = 0 if not self.use_batch else first[i]
+            target = 0 if not self.use_batch else first_doc[i]
             qd_K = own @ g[0]
             blocks = [self._mask_fakes(qd_K, qd_K[target])]
             if self.include_qq:
@@ -123,7 +131,45 @@ class InfonceLoss(Loss):
             logits_K = torch.cat(blocks) / self.temperature
             losses.append(F.cross_entropy(logits_K[None], torch.tensor([target], device=logits_K.device)))
         total = torch.stack(losses).sum()
-        return LossOutput(total if self.reduction == "sum" else total / len(groups), _similarities(groups))
+        return LossOutput(total if self.reduction == "sum" else total / len(mine), _similarities(groups))
+
+
+class _GatherRows(torch.autograd.Function):
+    """all_gather of equal-sized row blocks whose backward hands each process the gradient every
+    process's loss sent its rows (an all-reduce of the gathered gradient, then its own block)."""
+
+    @staticmethod
+    def forward(ctx, local_M_H: torch.Tensor) -> torch.Tensor:
+        blocks = [torch.empty_like(local_M_H) for _ in range(dist.get_world_size())]
+        dist.all_gather(blocks, local_M_H.contiguous())
+        ctx.rows = slice(dist.get_rank() * local_M_H.shape[0], (dist.get_rank() + 1) * local_M_H.shape[0])
+        return torch.cat(blocks)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> torch.Tensor:
+        summed = grads[0].contiguous().clone()
+        dist.all_reduce(summed)
+        return summed[ctx.rows]
+
+
+def gather_rows(emb_N_H: torch.Tensor, marks_N: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Every process's rows in rank order (its embeddings differentiable back to where they were
+    computed), their group marks, and the index of this process's first group."""
+    world, rank, device = dist.get_world_size(), dist.get_rank(), emb_N_H.device
+    counts = [torch.zeros(2, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(counts, torch.tensor([emb_N_H.shape[0], int((marks_N != 0).sum())], device=device))
+    rows = [int(c[0]) for c in counts]
+    width = max(rows)
+    pad = width - emb_N_H.shape[0]
+    padded_M_H = torch.cat([emb_N_H, emb_N_H.new_zeros(pad, emb_N_H.shape[1])])
+    every_W_M_H = _GatherRows.apply(padded_M_H).view(world, width, -1)
+    marks = [torch.empty(width, dtype=torch.long, device=device) for _ in range(world)]
+    dist.all_gather(
+        marks, torch.cat([marks_N.long(), torch.zeros(pad, dtype=torch.long, device=marks_N.device)]).to(device)
+    )
+    emb_all = torch.cat([every_W_M_H[r, : rows[r]] for r in range(world)])
+    marks_all = torch.cat([marks[r][: rows[r]] for r in range(world)])
+    return emb_all, marks_all, sum(int(c[1]) for c in counts[:rank])
 
 
 def _similarities(groups: list[torch.Tensor]) -> dict[str, float]:
