@@ -216,9 +216,10 @@ NOT_RUN = [
     (
         "Usage Guide: Embedding Training",
         "not run",
-        "a Ray DDP group of 4 GPUs taking in-batch negatives from every rank (ours refuses them across processes), "
-        "ddp_config= and a loop over a dataloader it leaves undefined; its calls (InfonceLoss, EmbeddingMetric, "
-        "forward_backward(task='embedding')) train in process in test_model_value_and_embedding.py",
+        "TransformersModel(ddp_config=) and clip_grad_and_step(gradient_accumulation_steps=), which ours lack, "
+        "and a loop over a dataloader it leaves undefined; its calls (InfonceLoss with every rank's rows as "
+        "negatives, EmbeddingMetric, forward_backward(task='embedding')) are tested in "
+        "test_model_value_and_embedding.py and test_loss_infonce_data_parallel.py",
     ),
     (
         "twinkle-kit 0.5.1: TransformersValueModel, GAEAdvantage, PPOValueLoss",
