@@ -16,9 +16,9 @@ The task is on token ids (no tokenizer to load): after a fixed instruction, a pr
 
     twinkle-server --data-dir runs/ &                       # http://127.0.0.1:8000
     export TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=$(twinkle-server keys create me --data-dir runs/)
-    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/ --steps 20
+    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/
     # kill it (or the server) at any point, restart the server if needed, then:
-    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/ --steps 20 --resume
+    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/ --resume
 """
 
 from __future__ import annotations
@@ -122,18 +122,18 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default=None, help="default: $TINKER_BASE_URL")
     ap.add_argument("--model", default="twinkle://qwen3-tiny")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--prompts", type=int, default=2, help="prompts per step")
-    ap.add_argument("--group", type=int, default=4, help="samples per prompt")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    ap.add_argument("--group", type=int, default=8, help="samples per prompt")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--dataset-size", type=int, default=16)
     ap.add_argument("--rank", type=int, default=4)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--loss", default="importance_sampling", choices=["importance_sampling", "ppo"])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint-dir", type=Path, required=True)
-    ap.add_argument("--checkpoint-every", type=int, default=2)
+    ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir's newest checkpoint")
     args = ap.parse_args()
 
@@ -178,6 +178,9 @@ def main() -> int:
             state["state_path"] = tc.save_state(f"step-{state['step']:06d}").result().path
             save_loop_state(args.checkpoint_dir, state)
             print(f"checkpoint step {state['step']}: {state['state_path']}", flush=True)
+    quarter = max(1, len(state["rewards"]) // 4)
+    first, last = (sum(part) / len(part) for part in (state["rewards"][:quarter], state["rewards"][-quarter:]))
+    print(f"mean reward {first:.3f} (first {quarter} steps) -> {last:.3f} (last {quarter})")
     print(f"final: {state['state_path']}", flush=True)
     return 0
 

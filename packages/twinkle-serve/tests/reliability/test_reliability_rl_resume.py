@@ -34,7 +34,8 @@ def client(srv, key: str, ckpt: Path, resume: bool = False) -> subprocess.Popen:
 
     env = {**server_env(), "TINKER_BASE_URL": srv.url, "TINKER_API_KEY": key}  # bytecode cached: ~2 s less a start
     args = ["--model", TEST_MODEL, "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--seed", "5"]
-    args += ["--dataset-size", "6"]  # 2 prompts a step: a new epoch, reshuffled by the saved RNG, every 3 steps
+    args += ["--prompts", "2", "--group", "4", "--max-tokens", "4", "--lr", "1e-3"]
+    args += ["--dataset-size", "6"]  # a new epoch, reshuffled by the saved RNG, every 3 steps
     args += ["--checkpoint-dir", str(ckpt), *(["--resume"] if resume else [])]
     return subprocess.Popen(
         [sys.executable, str(EXAMPLE), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
