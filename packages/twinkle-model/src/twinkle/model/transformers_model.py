@@ -153,6 +153,8 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
         parts full-parameter, as a per-adapter copy (see ``twinkle.model.vision``)."""
         from peft import get_peft_model
 
+        from twinkle.model import lora_fused
+
         config = with_explicit_targets(self.hf_model, config)  # 'all-linear' from the model's structure
         config = vision.with_vision_modules(self.hf_model, config, train_vision)
         refuse_peft_holes(self.hf_model, config)  # peft's MoE rewrite would drop dense / shared-expert MLPs
@@ -171,6 +173,8 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
                 self.peft_model = get_peft_model(self.hf_model, config, adapter_name=adapter_name)
         else:
             self.peft_model.add_adapter(adapter_name, config)
+        if lora_fused.fits(self):  # one accumulation for LoRA on a half-precision base (fp32: peft's own)
+            lora_fused.fuse(self.peft_model)
         marker = f".{adapter_name}."
         params = [(n, p) for n, p in self.peft_model.named_parameters() if marker in n]
         self.states[adapter_name] = AdapterState.from_named(
