@@ -14,11 +14,11 @@ slot: the server's seeded sampling is a function of the request alone, whatever 
 The task is on token ids (no tokenizer to load): after a fixed instruction, a prompt counts up,
 `a, a+1, a+2, a+3`, and a completion earns partial credit for going on counting.
 
-    twinkle-server --data-dir runs/ &                       # http://127.0.0.1:8000
-    export TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=$(twinkle-server keys create me --data-dir runs/)
-    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/
+    uv run twinkle-server --port 8000 --data-dir ./twinkle-data        # in another terminal
+    uv run twinkle-server keys create alice --data-dir ./twinkle-data  # prints alice's key
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-... uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt
     # kill it (or the server) at any point, restart the server if needed, then:
-    uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt/ --resume
+    TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-... uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt --resume
 """
 
 from __future__ import annotations
