@@ -53,6 +53,10 @@ def run_tinker_loop(server, sft):
         ).result()
         for _ in range(2)
     ]  # both sampler replicas
+    # drawn from the prompt's whole distribution where the sampler runs (Backend.reduce_prompt_table)
+    alt = sampler.sample(
+        prompt, 1, types.SamplingParams(max_tokens=1, seed=17, temperature=1.0), prompt_alt_tokens_k=3
+    ).result()
     return {
         "losses": losses,
         "logprobs": [o["logprobs"].to_numpy() for o in out.loss_fn_outputs],
@@ -62,6 +66,8 @@ def run_tinker_loop(server, sft):
         "grad_norm_after_failure": grad_norm,
         "probe_logprobs": sampler.compute_logprobs(types.ModelInput.from_ints(PROBE)).result(),
         "samples": [[(s.tokens, s.logprobs, s.stop_reason) for s in r.sequences] for r in samples],
+        "alt_tokens": alt.prompt_alt_tokens.tokens.to_numpy(),
+        "alt_logprobs": alt.prompt_alt_tokens.logprobs.to_numpy(),
     }
 
 

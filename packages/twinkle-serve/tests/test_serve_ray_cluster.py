@@ -91,6 +91,9 @@ def test_remote_sampler_matches_local_sampler(runs):
     assert [s[0] for s in first] == [s[0] for s in expected["samples"][0]]
     for tokens, logprobs, _ in first:
         assert len(tokens) == len(logprobs) == 5 and all(lp <= 0 for lp in logprobs)
+    assert got["alt_tokens"].shape == (5, 3)  # a prompt table reduced on a sampler rank
+    assert got["alt_tokens"].tolist() == expected["alt_tokens"].tolist()
+    np.testing.assert_allclose(got["alt_logprobs"], expected["alt_logprobs"], atol=1e-4)
 
 
 def test_bad_request_fails_alone_and_training_goes_on(runs, sft):
