@@ -28,7 +28,9 @@ class ModelEntry(_Strict):
     # A name in twinkle.serve.backend.BACKENDS; unset: "multi_lora", or "multi_lora_remote" where the
     # entry names a remote group (the backend that places its parts on them).
     backend: str = "multi_lora"
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # The frozen base's dtype; "auto": bf16 where the device multiplies bf16 fast and the base has 100M
+    # parameters or more, fp32 otherwise (twinkle.model.base_dtype; LoRA factors and AdamW state stay fp32).
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     max_sampler_batch: int = Field(64, ge=1)
     # Code shipped inside a model folder (config auto_map) runs only if the operator opts in here.
     trust_remote_code: bool = False

@@ -16,6 +16,7 @@ import torch
 from twinkle.model import preemption
 from twinkle.registry import UnknownNameError
 from twinkle.serve.backend.base import AdamParams, Backend, LoraSpec, RowsPass, UserError
+from twinkle.serve.backend.frozen_base import load_frozen_base
 from twinkle.serve.backend.resident import EngineLock, ResidentAdapters, exclusive
 from twinkle.serve.backend.sampling import TorchSampling
 from twinkle.serve.errors import server_path_as
@@ -33,7 +34,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         base_model: str,
         model_path: str,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_batch_size: int = 64,
         device: str | None = None,
         trust_remote_code: bool = False,
@@ -41,12 +42,10 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         activation_checkpointing: bool = False,
     ):
         """`sampler=False`: training only (a data-parallel rank; sampling is another group's)."""
-        from twinkle.model import vision
         from twinkle.model.multi_lora import MultiLoraModel
 
         self.base_model, self.tokenizer_path = base_model, model_path
-        torch_dtype = getattr(torch, dtype)
-        hf = vision.load_pretrained(model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+        hf = load_frozen_base(model_path, dtype, device, trust_remote_code)
         self.engine = MultiLoraModel(model=hf, device=device, activation_checkpointing=activation_checkpointing)
         self.base_module = hf  # for the adapter memory estimate (twinkle.serve.core.adapter_memory)
         # base_model_name_or_path of saved adapters: the hub id for a hub model, else this local folder
@@ -58,7 +57,7 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
         if sampler:  # one copy of the frozen base for training and sampling
             self._init_sampler(
                 model_path,
-                torch_dtype,
+                dtype,
                 max_batch_size,
                 device=device,
                 trust_remote_code=trust_remote_code,

@@ -56,7 +56,7 @@ class RemoteBackend(Backend):
         base_model: str,
         model_path: str,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_batch_size: int = 64,
         remote_group: str | None = None,
         sampler_remote_group: str | None = None,

@@ -16,6 +16,7 @@ import collections
 from typing import TYPE_CHECKING
 
 from twinkle.serve.backend.base import UserError
+from twinkle.serve.backend.frozen_base import load_frozen_base
 from twinkle.serve.core import slices
 
 if TYPE_CHECKING:
@@ -31,23 +32,23 @@ class TorchSampling:
     def _init_sampler(
         self,
         model_path: str,
-        torch_dtype,
+        dtype: str,
         max_batch_size: int,
         device: str | None = None,
         trust_remote_code: bool = False,
         share_frozen_with=None,
     ) -> None:
-        """The sampler on its own copy of the model; `share_frozen_with`: a training model in this
-        process whose frozen base weights the sampler uses instead of holding them twice."""
+        """The sampler on its own copy of the model, in `dtype` as the model entry names it (frozen_base);
+        `share_frozen_with`: a training model in this process whose frozen base weights the sampler
+        uses instead of holding them twice."""
         from transformers import AutoTokenizer
 
-        from twinkle.model.vision import load_pretrained
         from twinkle.sampler import TorchSampler
 
         trust = {"trust_remote_code": trust_remote_code}  # the operator's opt-in (ModelEntry), never the client's
         self.tokenizer = AutoTokenizer.from_pretrained(model_path, **trust)
         self.sampler = TorchSampler(
-            model=load_pretrained(model_path, dtype=torch_dtype, **trust),
+            model=load_frozen_base(model_path, dtype, device, trust_remote_code),
             tokenizer=self.tokenizer,
             max_batch_size=max_batch_size,
             device=device,

@@ -19,8 +19,6 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-import torch
-
 from twinkle.mesh import RemoteClass, remote_method
 from twinkle.mesh.device_mesh import split_bounds
 from twinkle.serve.backend.base import UserError
@@ -92,7 +90,7 @@ class TrainShard(MultiLoraBackend, metaclass=RemoteClass):
         base_model: str,
         model_path: str | None,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         trust_remote_code: bool = False,
         activation_checkpointing: bool = False,
     ):
@@ -163,7 +161,7 @@ class SamplerShard(TorchSampling, metaclass=RemoteClass):
         base_model: str,
         model_path: str | None,
         *,
-        dtype: str = "float32",
+        dtype: str = "auto",
         max_batch_size: int = 64,
         trust_remote_code: bool = False,
     ):
@@ -179,7 +177,7 @@ class SamplerShard(TorchSampling, metaclass=RemoteClass):
         self.max_context = int(getattr(config, "max_position_embeddings", 4096))
         self._init_sampler(
             model_path,
-            getattr(torch, dtype),
+            dtype,
             max_batch_size,
             device=_group_device(),
             trust_remote_code=trust_remote_code,
