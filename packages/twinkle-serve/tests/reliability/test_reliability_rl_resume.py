@@ -77,23 +77,25 @@ def test_grpo_killed_client_then_server_resumes_bit_identical(launch, tmp_path):
     t0 = time.perf_counter()
     plain, _ = finish(client(srv, key, tmp_path / "plain"))
 
-    # the client killed at a random point, resumed from its newest complete checkpoint
-    at = rng.randint(1, STEPS - 2)
+    # the client killed at a random point after its first checkpoint, resumed from its newest complete one
+    at = rng.randint(EVERY, STEPS - 2)
     crashing = client(srv, key, tmp_path / "client-crash")
     until_step(crashing, at, rng.uniform(0.0, 0.3))
     kill9(crashing)
     after_client, out = finish(client(srv, key, tmp_path / "client-crash", resume=True))
-    assert at + 1 - EVERY <= resumed_from(out) <= at + 1, out[-2000:]
+    client_from = resumed_from(out)
+    assert max(EVERY, at + 1 - EVERY) <= client_from <= at + 1, out[-2000:]
 
     # the server killed at a random point (the user's script dies with it), restarted on its data dir
-    at_server = rng.randint(1, STEPS - 2)
+    at_server = rng.randint(EVERY, STEPS - 2)
     victim = client(srv, key, tmp_path / "server-crash")
     until_step(victim, at_server, rng.uniform(0.0, 0.3))
     srv.kill9()
     kill9(victim)
     srv.start()
     after_server, out = finish(client(srv, key, tmp_path / "server-crash", resume=True))
-    assert at_server + 1 - EVERY <= resumed_from(out) <= at_server + 1, out[-2000:]
+    server_from = resumed_from(out)
+    assert max(EVERY, at_server + 1 - EVERY) <= server_from <= at_server + 1, out[-2000:]
     wall = time.perf_counter() - t0
 
     want = checkpoint_tensors(folder_of(srv.data_dir, TENANT, plain))
@@ -104,8 +106,9 @@ def test_grpo_killed_client_then_server_resumes_bit_identical(launch, tmp_path):
         differ = sorted(k for k in want if k not in got or not (got[k] == want[k]).all())
         assert bit_equal(got, want), f"after the {label} kill: {len(differ)} of {len(want)} differ, e.g. {differ[:4]}"
     print(
-        f"\nGRPO through the SDK, {STEPS} steps: client kill -9 after step {at}, server kill -9 after step "
-        f"{at_server}; both resumed runs end bit-identical to the uninterrupted one "
+        f"\nGRPO through the SDK, {STEPS} steps: client kill -9 after step {at} (resumed from {client_from}), "
+        f"server kill -9 after step {at_server} (resumed from {server_from}); both end bit-identical to the "
+        "uninterrupted run "
         f"({len(want)} adapter and optimizer tensors); {wall:.0f} s"
     )
     SUMMARY["RL resume through the server (kill -9 client, server)"] = f"bit-identical final state, {len(want)} tensors"
