@@ -1,15 +1,22 @@
-"""The scheduler composes fused passes with the planner's cost model (twinkle.model.multi_lora.planner)
-over typed work (core/work.py): small heads of several runs share a pass, a batch past
-fuse_max_tokens runs alone, runs whose row lengths would make the pass mostly padding do not share
-one; every call is answered with its own StoredAnswer, committed before it is visible."""
+"""The scheduler composes fused passes with the planner (twinkle.model.multi_lora.planner) over typed
+work (core/work.py): small heads of several runs share a pass, a batch past fuse_max_tokens runs alone,
+runs whose row lengths would make the pass mostly padding do not share one, training and forward-only
+heads never share one (the engine runs them as two), and the config's `fusion` section is the planner
+the server's scheduler uses; every call is answered with its own StoredAnswer, committed before it is
+visible."""
 
 from __future__ import annotations
 
 import json
 import threading
 
+import pytest
+from pydantic import ValidationError
+
+from twinkle.hub import TEST_MODEL
 from twinkle.model.multi_lora.planner import FusionPlanner
 from twinkle.serve.backend import RowsPass
+from twinkle.serve.config import ServeConfig
 from twinkle.serve.core.futures import FutureHub
 from twinkle.serve.core.scheduler import Scheduler
 from twinkle.serve.core.store import Store
@@ -20,7 +27,9 @@ def _rows(n_rows: int, length: int) -> list[dict]:
     return [{"input_ids": list(range(length))} for _ in range(n_rows)]
 
 
-def _serve(tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None = None):
+def _serve(
+    tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None = None, forward_only: frozenset = frozenset()
+):
     """Queue one pass job per run while the worker is held, release it; -> (the passes the engine
     ran, as lists of adapter names, and each run's answer)."""
     store = Store(tmp_path)
@@ -43,7 +52,7 @@ def _serve(tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None
     assert held.wait(60)
     ids = {}
     for queue, rows in heads.items():
-        item = RowsPass(queue, rows, False)
+        item = RowsPass(queue, rows, queue in forward_only)
         job = PassJob(item, lambda out: StoredAnswer.json(out), "native")
         ids[queue] = hub.create("t")
         scheduler.submit(Call(queue, 1, ids[queue], lambda item=item: StoredAnswer.json(runner([item])[0]), job))
@@ -80,3 +89,33 @@ def test_lengths_that_would_make_the_pass_mostly_padding_do_not_share_it(tmp_pat
         tmp_path / "loose", {"long": _rows(1, 100), "short": _rows(1, 10)}, FusionPlanner(max_padding=0.5)
     )
     assert passes == [["long", "short"]]
+
+
+def test_training_and_forward_only_heads_run_as_the_engine_runs_them(tmp_path):
+    # forward_backward_many runs a mixed list as one pass per kind: the scheduler composes one kind a pass
+    heads = {"a": _rows(1, 16), "b": _rows(1, 16), "c": _rows(1, 16), "d": _rows(1, 16)}
+    passes, answers = _serve(tmp_path, heads, forward_only=frozenset({"b", "d"}))
+    assert [sorted(p) for p in passes] == [["a", "c"], ["b", "d"]]
+    assert answers == {q: {"rows": 1} for q in "abcd"}
+
+
+def test_max_fuse_caps_a_pass(tmp_path):
+    passes, _ = _serve(tmp_path, {q: _rows(1, 8) for q in "abcde"}, FusionPlanner(max_fuse=2))
+    assert [len(p) for p in passes] == [2, 2, 1]
+
+
+def test_the_config_fusion_section_is_the_servers_planner(tmp_path):
+    from twinkle.serve.runtime import ServerRuntime
+
+    fusion = {"fuse_max_tokens": 64, "group_max_tokens": 256, "max_padding": 0.5, "max_fuse": 3}
+    runtime = ServerRuntime(ServeConfig.model_validate({"models": [{"name": TEST_MODEL}], "fusion": fusion}), tmp_path)
+    try:
+        runtime.load_models()
+        assert runtime.engines[TEST_MODEL].scheduler.planner == FusionPlanner(**fusion)
+    finally:
+        runtime.close()
+    assert ServeConfig().fusion.planner() == FusionPlanner()  # the defaults are the planner's own
+    with pytest.raises(ValidationError, match="max_padding"):
+        ServeConfig.model_validate({"fusion": {"max_padding": 1.0}})
+    with pytest.raises(ValidationError, match="max_fusion"):
+        ServeConfig.model_validate({"fusion": {"max_fusion": 4}})  # unknown keys are errors

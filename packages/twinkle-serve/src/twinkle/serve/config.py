@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from twinkle.serve.core.bounds import ServerCaps
+
+if TYPE_CHECKING:
+    from twinkle.model.multi_lora.planner import FusionPlanner
 
 
 class _Strict(BaseModel):
@@ -120,6 +123,22 @@ class Limits(_Strict):
     checkpoints_per_minute: float | None = Field(240, gt=0)
 
 
+class Fusion(_Strict):
+    """Which queued passes of different runs share one pass over the base weights: the thresholds of
+    the scheduler's planner (twinkle.model.multi_lora.planner.FusionPlanner). Training and forward-only
+    passes never share one (the engine runs them as two)."""
+
+    fuse_max_tokens: int = Field(512, ge=1)  # a batch of more padded tokens (rows x longest row) runs alone
+    group_max_tokens: int = Field(2048, ge=1)  # padded tokens one fused pass may hold; a bigger batch runs sliced
+    max_padding: float = Field(0.25, ge=0, lt=1)  # largest fraction of a fused pass that may be padding
+    max_fuse: int = Field(8, ge=1)  # runs one fused pass may hold
+
+    def planner(self) -> FusionPlanner:
+        from twinkle.model.multi_lora.planner import FusionPlanner
+
+        return FusionPlanner(**self.model_dump())
+
+
 class ServeConfig(_Strict):
     models: list[ModelEntry] = Field(default_factory=list)
     limits: Limits = Field(default_factory=Limits)
@@ -172,6 +191,7 @@ class ServeConfig(_Strict):
         return value
 
     ray: RayConfig | None = None
+    fusion: Fusion = Field(default_factory=Fusion)
     # what one request may cost, and the caps on what grows with requests (twinkle.serve.core.bounds)
     caps: ServerCaps = Field(default_factory=ServerCaps)
 

@@ -125,6 +125,7 @@ class ServerRuntime:
                 self.hub,
                 name=entry.name,
                 fuse_runner=backend.forward_backward_many,
+                planner=self.config.fusion.planner(),
                 on_pass=functools.partial(self.metrics.observe_pass, entry.name),
                 slice_runner=backend.forward_backward_sliced,
             )

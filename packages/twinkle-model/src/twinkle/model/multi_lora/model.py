@@ -8,7 +8,8 @@ normalised over its own tokens, and back-propagates the sum: adapters share no p
 gradient lands only in its own adapter and equals what that tenant alone would get.
 
 It implements the `TwinkleModel` contract (twinkle.model.base) for one tenant at a time; the fused
-calls (`forward_backward_fused`, `forward_fused`, `run`) are its own additions.
+calls (`forward_backward_fused`, `forward_fused`) are its own additions; which requests share one
+is `twinkle.model.multi_lora.planner`'s choice.
 """
 
 from __future__ import annotations
@@ -619,13 +620,6 @@ class MultiLoraModel(TwinkleModel):
         state = self._state(adapter_name)
         # the counters with twinkle-kit's keys beside them, as TransformersModel answers
         return progress(checkpoint.resume_adapter_state(path, state), state.gradient_accumulation_steps)
-
-    def run(self, requests, planner=None, on_result=None):
-        """Execute queued requests as the planner groups them; yields each Completion as soon as
-        its group is done (see `twinkle.model.multi_lora.planner`)."""
-        from twinkle.model.multi_lora.planner import FusionPlanner, execute
-
-        return execute(self, requests, planner or FusionPlanner(), on_result)
 
     def layers(self) -> list[MultiLoraLinear]:
         return [m for m in self.base.modules() if isinstance(m, MultiLoraLinear)]

@@ -5,50 +5,52 @@ run the matmul units well, and every pass carries fixed per-layer overheads; sta
 tenants' rows makes one fatter pass. A large batch already fills the GEMMs, so fusing it only adds
 padding and a bigger activation footprint: it runs alone. The planner keeps each tenant's own
 order (its forward_backward calls and optimizer steps happen as submitted) and puts at most one
-request per tenant in a pass. `execute` runs a plan and yields each request's Completion as soon
-as its pass is done, small fused passes first so short requests are not held behind long ones.
+request per tenant in a pass.
+
+It answers on sizes and kinds only: a request is its tenant, its kind and its batch's (rows, longest
+row, real tokens). Training and forward-only requests never share a group, because they never share
+a pass where they run: `MultiLoraModel.forward_backward_fused` and `forward_fused` are two passes (one
+keeps activations for backward, one runs under no_grad), and the server's backend, handed both
+kinds at once, runs one of each. A group is therefore exactly one pass, and its limits
+(`group_max_tokens`, `max_padding`, `max_fuse`) bound that pass. The server's scheduler
+(`twinkle.serve.core.scheduler`) asks it which queue heads join a pass; its thresholds are the
+server config's `fusion` section.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 KINDS = ("forward_backward", "forward", "step")
 
 
-@dataclass
+def batch_shape(rows: Sequence[Any]) -> tuple[int, int, int]:
+    """(rows, longest row, real tokens) of a list of row dicts with `input_ids`."""
+    lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in rows]
+    return len(lengths), max(lengths, default=0), sum(lengths)
+
+
+@dataclass(eq=False)
 class Request:
+    """One queued request as the planner sees it. `shape`: (rows, longest row, real tokens) of its
+    batch ((0, 0, 0) for a step)."""
+
     tenant: str
     kind: str = "forward_backward"
-    inputs: Any = None  # rows (or a dict of tensors) for the two pass kinds
-    options: dict = field(default_factory=dict)  # for 'step': max_grad_norm
+    shape: tuple[int, int, int] = (0, 0, 0)
     request_id: Any = None
-    # (rows, longest row, real tokens) from a caller that knows them without rows here to measure
-    # (the server's typed pass jobs); None: measured from `inputs`
-    size: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"request kind must be one of {KINDS}, got {self.kind!r}")
-        if self.kind != "step" and self.inputs is None:
-            raise ValueError(f"a {self.kind!r} request needs inputs")
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        """(rows, longest row, real tokens) of this request's batch."""
-        if self.size is not None:
-            return self.size
-        inputs = self.inputs
-        if isinstance(inputs, dict) and hasattr(inputs.get("input_ids"), "shape"):
-            rows, length = inputs["input_ids"].shape
-            mask = inputs.get("attention_mask")
-            return rows, length, int(mask.sum()) if mask is not None else rows * length
-        rows = [inputs] if isinstance(inputs, dict) else list(inputs or ())
-        lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in rows]
-        return len(rows), max(lengths, default=0), sum(lengths)
+        rows, longest, tokens = self.shape
+        if min(rows, longest, tokens) < 0 or tokens > rows * longest:
+            raise ValueError(
+                f"a request's shape is (rows, longest row, real tokens <= rows * longest), got {self.shape}"
+            )
 
     @property
     def padded_tokens(self) -> int:
@@ -58,6 +60,8 @@ class Request:
 
 @dataclass
 class Group:
+    """Requests of one kind that run as one pass (a step is a group of one)."""
+
     kind: str
     requests: list[Request]
 
@@ -66,29 +70,27 @@ class Group:
         return len(self.requests) > 1
 
 
-@dataclass
-class Completion:
-    request: Request
-    result: dict | None = None
-    error: Exception | None = None
-    fused_with: tuple[str, ...] = ()  # the other tenants that shared this pass
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
+@dataclass(frozen=True)
 class FusionPlanner:
     """fuse_max_tokens: a request whose padded batch (rows × longest row) exceeds this runs alone.
     group_max_tokens: the most padded tokens one fused pass may hold.
-    max_padding: the largest fraction of a fused pass that may be padding (tenants' row lengths differ)."""
+    max_padding: the largest fraction of a fused pass that may be padding (tenants' row lengths differ).
+    max_fuse: the most requests (tenants) one fused pass may hold."""
 
-    def __init__(self, fuse_max_tokens: int = 512, group_max_tokens: int = 2048, max_padding: float = 0.25):
-        if fuse_max_tokens < 1 or group_max_tokens < 1 or not 0.0 <= max_padding < 1.0:
-            raise ValueError("fuse_max_tokens and group_max_tokens must be positive and max_padding in [0, 1)")
-        self.fuse_max_tokens, self.group_max_tokens, self.max_padding = fuse_max_tokens, group_max_tokens, max_padding
+    fuse_max_tokens: int = 512
+    group_max_tokens: int = 2048
+    max_padding: float = 0.25
+    max_fuse: int = 8
+
+    def __post_init__(self):
+        if self.fuse_max_tokens < 1 or self.group_max_tokens < 1 or self.max_fuse < 1:
+            raise ValueError("fuse_max_tokens, group_max_tokens and max_fuse must be positive")
+        if not 0.0 <= self.max_padding < 1.0:
+            raise ValueError(f"max_padding must be in [0, 1), got {self.max_padding}")
 
     def _fits(self, group: list[Request], candidate: Request) -> bool:
+        if len(group) >= self.max_fuse:
+            return False
         members = [*group, candidate]
         length = max(r.shape[1] for r in members)
         padded = sum(r.shape[0] for r in members) * length
@@ -108,7 +110,8 @@ class FusionPlanner:
 
     def plan(self, requests: list[Request]) -> list[Group]:
         """Passes in execution order. Each round takes the next request of every tenant with work
-        left: optimizer steps first (cheap), then small requests fused, then large ones alone."""
+        left: optimizer steps first (cheap), then small requests fused (each kind apart), then large
+        ones alone."""
         queues: dict[str, deque[Request]] = {}
         for request in requests:
             if not isinstance(request, Request):
@@ -127,36 +130,3 @@ class FusionPlanner:
                 large += [Group(kind, [r]) for r in of_kind if r.padded_tokens > self.fuse_max_tokens]
             plan += large
         return plan
-
-
-def execute(
-    model, requests: list[Request], planner: FusionPlanner, on_result: Callable[[Completion], None] | None = None
-) -> Iterator[Completion]:
-    """Run the plan on a MultiLoraModel; yield (and hand to on_result) each request's Completion
-    as soon as its pass finishes. A failing request fails alone: the others in its pass still run."""
-    for group in planner.plan(requests):
-        tenants = tuple(r.tenant for r in group.requests)
-        if group.kind == "step":
-            request = group.requests[0]
-            try:
-                outcomes = {request.tenant: model.clip_grad_and_step(adapter_name=request.tenant, **request.options)}
-            except Exception as error:
-                outcomes = {request.tenant: error}
-        else:
-            run = model.forward_backward_fused if group.kind == "forward_backward" else model.forward_fused
-            batches = {r.tenant: r.inputs for r in group.requests}
-            try:
-                outcomes = run(batches, raise_errors=False)
-            except Exception as error:
-                outcomes = {t: error for t in tenants}
-        for request in group.requests:
-            outcome = outcomes[request.tenant]
-            completion = Completion(
-                request,
-                None if isinstance(outcome, Exception) else outcome,
-                outcome if isinstance(outcome, Exception) else None,
-                tuple(t for t in tenants if t != request.tenant),
-            )
-            if on_result is not None:
-                on_result(completion)
-            yield completion

@@ -8,10 +8,12 @@ future: `UserError` as category "user", anything else as "server" (logged with i
 Work is typed (`work.py`): a `Call` ends in a `StoredAnswer` its facade encoded; the scheduler stores it
 with the future unread. Fusion: a Call carrying a `PassJob` may run together with the pass jobs at
 the head of other models' queues, in one `fuse_runner([item, ...])` call (the multi-LoRA engine's
-fused pass). Which ones join is the planner's cost model (`twinkle.model.multi_lora.planner`, the
-one its benchmark measures): a batch past `fuse_max_tokens` runs alone, and a pass holds at most
-`group_max_tokens` padded tokens of which at most `max_padding` is padding. Each job's `finish`
-then answers its own future, so one tenant's bad input fails only that tenant's request.
+fused pass). Which ones join is the planner's answer (`twinkle.model.multi_lora.planner`, built from
+the config's `fusion` section) on each head's size and kind: training and forward-only jobs never share
+a pass (the engine runs them as two), a batch past `fuse_max_tokens` runs alone, and a pass holds at
+most `max_fuse` jobs and `group_max_tokens` padded tokens of which at most `max_padding` is padding.
+Each job's `finish` then answers its own future, so one tenant's bad input fails only that tenant's
+request.
 
 Long work runs in slices (`slices.py`): a sampling call, and a pass job bigger than a fused pass may be
 (the planner's group_max_tokens; `slice_runner` runs it as micro-batches of about SLICE_S), runs on a
@@ -62,7 +64,6 @@ class Scheduler:
         hub: FutureHub,
         name: str = "worker",
         fuse_runner: Callable | None = None,
-        max_fuse: int = 8,
         on_pass: Callable[[float, int], None] | None = None,
         planner: FusionPlanner | None = None,
         slice_runner: Callable | None = None,
@@ -73,7 +74,7 @@ class Scheduler:
         self.slice_runner = slice_runner
         self._jobs: dict[str, SlicedJob] = {}  # request id -> its sliced job, running or paused
         self.on_pass = on_pass  # (seconds, requests served) after every pass: the server's metrics
-        self.fuse_runner, self.max_fuse = fuse_runner, max_fuse
+        self.fuse_runner = fuse_runner
         self.planner = planner or FusionPlanner()
         self.fused_passes = 0  # passes that served more than one model (observability, tests)
         self.fused_items: collections.Counter[str] = collections.Counter()  # API -> its requests fused
@@ -184,14 +185,13 @@ class Scheduler:
         return rows * longest > self.planner.group_max_tokens
 
     def _compose(self, first: str, others: list[str]) -> list[str]:
-        """The queues among `others` whose head shares `first`'s pass, by the planner's cost model.
-        Every job packs as one kind: the engine's fused pass runs forward-only members in the same
-        pass (they skip the backward), so only their sizes decide."""
+        """The queues among `others` whose head shares `first`'s pass: the planner's group holding
+        `first`, planned on each head's kind and size (a group is one pass of the engine)."""
         if not others:
             return []
-        requests = {q: Request(q, inputs=(), size=_job(self._head(q)).shape) for q in [first, *others]}
+        requests = {q: Request(q, (job := _job(self._head(q))).kind, job.shape) for q in [first, *others]}
         group = next(g for g in self.planner.plan(list(requests.values())) if requests[first] in g.requests)
-        return [r.tenant for r in group.requests if r.tenant != first][: self.max_fuse - 1]
+        return [r.tenant for r in group.requests if r.tenant != first]
 
     def _pop(self, queue: str) -> Call:
         heap = self._queues[queue]
