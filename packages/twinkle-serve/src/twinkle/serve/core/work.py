@@ -15,6 +15,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from twinkle.model.multi_lora.planner import batch_shape
 from twinkle.serve.backend import RowsPass
 from twinkle.serve.limits import Hold
 
@@ -54,9 +55,8 @@ class PassJob:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        """(rows, longest row, real tokens) of the pass's batch: the planner's cost model."""
-        lengths = [len(r.get("input_ids", ())) if isinstance(r, dict) else 0 for r in self.item.rows]
-        return len(lengths), max(lengths, default=0), sum(lengths)
+        """(rows, longest row, real tokens) of the pass's batch: what the planner weighs."""
+        return batch_shape(self.item.rows)
 
 
 @dataclass(frozen=True)
