@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -50,13 +49,24 @@ class LossContext:
         """A context over already-shifted logits (position t predicts targets_B_T[:, t])."""
         return cls(LogitsHead(logits_B_T_V), targets_B_T, dict(fields), ref_logps_B_T)
 
-    @cached_property
+    # Computed once, cached by hand: functools.cached_property (before Python 3.12) holds one lock for
+    # every instance while it computes, and a served pass may pause inside (twinkle.model.preemption:
+    # the chunked head's points) while another pass reads its own context — a deadlock.
+    @property
     def mask_B_T(self) -> torch.Tensor:
-        return (self.targets_B_T != IGNORE_INDEX).float()
+        if "_mask_B_T" not in self.__dict__:
+            self.__dict__["_mask_B_T"] = (self.targets_B_T != IGNORE_INDEX).float()
+        return self.__dict__["_mask_B_T"]
 
-    @cached_property
+    @property
     def logps_B_T(self) -> torch.Tensor:
-        return self.head.target_logps(self.targets_B_T)
+        if "_logps_B_T" not in self.__dict__:
+            self.__dict__["_logps_B_T"] = self.head.target_logps(self.targets_B_T)
+        return self.__dict__["_logps_B_T"]
+
+    @logps_B_T.setter
+    def logps_B_T(self, value: torch.Tensor) -> None:  # a loss scoring other log-probs (kit_dpo's reference)
+        self.__dict__["_logps_B_T"] = value
 
     def has(self, name: str) -> bool:
         return name in self.fields

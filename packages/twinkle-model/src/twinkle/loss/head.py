@@ -226,12 +226,16 @@ class ProjectedHead(_MappedHead):
             out = fn(logits_B_t_V.reshape(B * t, -1), *(a.reshape(B * t, *a.shape[2:]) for a in args))
             return out.view(B, t, *out.shape[1:])
 
+        from twinkle.model import preemption  # a served long row may pause between chunks, both ways
+
         outs = []
         for t0 in range(0, T, self.step):
             sl = slice(t0, t0 + self.step)
             args = (self.hidden_B_T_H[:, sl], *(x[:, sl] for x in per_position))
             if torch.is_grad_enabled():
                 outs.append(checkpoint(chunk, *args, use_reentrant=False))
+                preemption.pause_before_backward_of(outs[-1])
             else:
                 outs.append(chunk(*args))
+            preemption.point()
         return torch.cat(outs, dim=1)

@@ -91,7 +91,8 @@ def _point_in_backward(grad):
     return grad
 
 
-def _pause_before_backward_of(t: torch.Tensor) -> None:
+def pause_before_backward_of(t: torch.Tensor) -> None:
+    """A point in backward once `t`'s gradient is computed (where a handler is on at that time)."""
     if t.requires_grad and torch.is_grad_enabled():
         t.register_hook(_point_in_backward)
 
@@ -100,7 +101,7 @@ def _layer_pre_hook(_module, args, kwargs):
     point()
     hidden = args[0] if args else kwargs.get("hidden_states")
     if isinstance(hidden, torch.Tensor):
-        _pause_before_backward_of(hidden)  # its gradient is ready once this layer's backward is done
+        pause_before_backward_of(hidden)  # its gradient is ready once this layer's backward is done
 
 
 def _chunkable(module, query, kwargs) -> bool:
@@ -142,7 +143,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
             is_causal=False,
             **kwargs,
         )
-        _pause_before_backward_of(out)
+        pause_before_backward_of(out)
         outs.append(out)
         point()
     return torch.cat(outs, dim=1), None
@@ -168,7 +169,7 @@ def _chunk_tokens(mlp: torch.nn.Module) -> None:
         outs = []
         for lo in range(0, x.shape[1], tokens):
             out = whole(x[:, lo : lo + tokens])
-            _pause_before_backward_of(out)
+            pause_before_backward_of(out)
             outs.append(out)
             point()
         return torch.cat(outs, dim=1)

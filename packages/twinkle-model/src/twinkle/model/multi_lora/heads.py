@@ -7,6 +7,10 @@ the vocabulary per chunk, no recompute) for a tenant without a LoRA on the unemb
 `ProjectedHead` (the unembedding with that tenant's LoRA on it; each head holds one tenant's rows, so
 no routing; recomputed per chunk in backward) for one with. Either way a 32K-token row costs
 `chunk x vocab` floats of head memory instead of `32K x vocab`.
+
+A pass that may pause (twinkle.model.preemption: a served job's handler is on) takes the chunked head
+once its unembedding is more than one pause unit of work, in chunks of about one unit each, so that
+the unembedding and its backward are not one long stretch other tenants wait behind.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from twinkle.loss.head import LOGITS_BUDGET_BYTES, ChunkedHead, LogitsHead, ProjectedHead, TokenHead
+from twinkle.model import preemption
 
 __all__ = ["LOGITS_BUDGET_BYTES", "heads", "wants_chunks"]
 CHUNK_TOKENS = 4096
@@ -29,8 +34,9 @@ def wants_chunks(model, segments, train: bool, budget: int) -> bool:
         return False
     rows = sum(b.rows for _, b in segments)
     length = max(b.length for _, b in segments)
-    vocab = model.base.get_output_embeddings().weight.shape[0]
-    if rows * length * vocab * 4 <= budget:
+    vocab, hidden = model.base.get_output_embeddings().weight.shape
+    pausing = preemption.active() and rows * length * vocab * hidden > preemption.CHUNK_MACS
+    if rows * length * vocab * 4 <= budget and not pausing:
         return False
     head = model.base.get_output_embeddings()
     dropout = getattr(head, "dropout", {})
@@ -70,9 +76,18 @@ def heads(model, segments, train: bool, ids_B_T: torch.Tensor, mask_B_T: torch.T
         offset += n
         project = _projection(model, name) if chunked else None
         if isinstance(project, torch.nn.Linear):
-            result.append(ChunkedHead(part, project.weight, project.bias))
+            result.append(ChunkedHead(part, project.weight, project.bias, chunk_size=_pausing_chunk(model)))
         elif chunked:
-            result.append(ProjectedHead(part, project, CHUNK_TOKENS))
+            result.append(ProjectedHead(part, project, _pausing_chunk(model) or CHUNK_TOKENS))
         else:
             result.append(LogitsHead(part))
     return result
+
+
+def _pausing_chunk(model) -> int | None:
+    """Positions (all rows together) per head chunk in a pass that may pause: about one pause unit of
+    work, at least preemption.MIN_CHUNK; None (the head's own size) otherwise."""
+    if not preemption.active():
+        return None
+    vocab, hidden = model.base.get_output_embeddings().weight.shape
+    return max(preemption.MIN_CHUNK, preemption.CHUNK_MACS // max(1, vocab * hidden))
