@@ -50,7 +50,7 @@ def main() -> None:
     try:
         service = tinker.ServiceClient(base_url=url, api_key=keys[0])
         trainer = service.create_lora_training_client(base_model=MODEL, rank=16, seed=0)
-        sampler = trainer.save_weights_and_get_sampling_client(name="s0")
+        sampler = trainer.save_weights_and_get_sampling_client(name="s0").result()
         served_dtype = service.get_server_capabilities().supported_models[0].model_dump().get("base_dtype")
         dtype = base_dtype.BASE_DTYPES.get(served_dtype or "fp32", torch.float32)
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=dtype).eval()
