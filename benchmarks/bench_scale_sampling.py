@@ -51,9 +51,12 @@ def main() -> None:
         service = tinker.ServiceClient(base_url=url, api_key=keys[0])
         trainer = service.create_lora_training_client(base_model=MODEL, rank=16, seed=0)
         sampler = trainer.save_weights_and_get_sampling_client(name="s0").result()
-        served_dtype = service.get_server_capabilities().supported_models[0].model_dump().get("base_dtype")
-        dtype = base_dtype.BASE_DTYPES.get(served_dtype or "fp32", torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=dtype).eval()
+        path = resolve_model_path(MODEL)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()  # as stored (bf16)
+        # the dtype the server's "auto" holds the base in, by the same rule (twinkle.model.base_dtype)
+        dtype = base_dtype.resolve("auto", None, "cpu", sum(p.numel() for p in model.parameters()))
+        model = model.to(dtype)
+        served_dtype = base_dtype.name(dtype)
         prompt = [(37 * i + 11) % 30_000 + 100 for i in range(PROMPT_TOKENS)]
         ids = torch.tensor([prompt])
 
