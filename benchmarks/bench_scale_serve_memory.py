@@ -12,5 +12,5 @@ import sys
 from bench_serve_memory import main
 
 if __name__ == "__main__":
-    sys.argv[1:] = ["--model", "twinkle://qwen3-0.6b-shape", "--tenants", "1,4,8"]
+    sys.argv[1:] = ["--model", "twinkle://qwen3-0.6b-shape", "--tenants", "1,4,8", *sys.argv[1:]]  # --help works
     main()
