@@ -111,7 +111,12 @@ def test_launch_serves_the_kit_yaml(tmp_path):
             time.sleep(0.2)
         assert "config key not honoured: proxy_location" in Path(log.name).read_text()
         key = _cli("keys", "create", "kit", "--data-dir", str(tmp_path / "data")).stdout.strip()
-        status = httpx.get(f"http://127.0.0.1:{port}/twinkle/v1/server", headers={"X-API-Key": key}).json()
+        # the socket accepts before the engines finish loading: the status says when they have
+        status = {"ready": False}
+        while not status["ready"]:
+            assert proc.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
+            status = httpx.get(f"http://127.0.0.1:{port}/twinkle/v1/server", headers={"X-API-Key": key}).json()
+            time.sleep(0.2)
         assert [m["name"] for m in status["base_models"]] == [TEST_MODEL]
     finally:
         proc.terminate()
