@@ -2,15 +2,16 @@
 
 `twinkle` is a namespace shared by every member distribution (twinkle.mesh, twinkle.model, ...);
 only this meta distribution ships `twinkle/__init__.py`, and `extend_path` keeps the namespace
-spanning every member installed anywhere on sys.path (editable installs included).
+spanning every member installed anywhere on sys.path (editable installs included). It is written in the
+one-line `__import__("pkgutil")` form on purpose: that is the form static checkers (ty) recognise as a
+namespace spanning its siblings; imported by name, ty takes this package to hide every sibling.
 """
 
 from __future__ import annotations
 
 import importlib
-from pkgutil import extend_path
 
-__path__ = extend_path(__path__, __name__)
+__path__ = __import__("pkgutil").extend_path(__path__, __name__)
 __version__ = "0.1.0"
 
 # mode -> (module that implements it, distribution that ships the module)
