@@ -199,15 +199,23 @@ async def stream(
         raise _as_openai(first[1])
 
     async def body():
+        # What the worker queued meanwhile goes out as one write: a stream of n choices sends n chunks a
+        # decode step, and a write per chunk is event-loop time (and the GIL) taken from other tenants' passes.
         kind, items = first
         try:
             while kind != "error":
-                for item in items:
-                    yield responses.sse(item)
+                out = [responses.sse(item) for item in items]
+                while kind == "chunks" and not events.empty():
+                    kind, items = events.get_nowait()
+                    out += [responses.sse(item) for item in items] if kind != "error" else []
                 if kind == "done":
-                    yield responses.sse("[DONE]")
+                    out.append(responses.sse("[DONE]"))
+                if out:
+                    yield "".join(out)
+                if kind == "done":
                     return
-                kind, items = await events.get()
+                if kind != "error":
+                    kind, items = await events.get()
             e = _as_openai(items)
             yield responses.sse(error_body(e.status, e.message, e.param, e.code))
         finally:  # a reader who disconnected lands here too (the generator is cancelled or closed)
