@@ -38,14 +38,17 @@ def step(mesh, part: slice) -> dict:
     from twinkle.hub import TEST_MODEL
     from twinkle.model import TransformersModel
 
-    model = TransformersModel(model_id=TEST_MODEL, device_mesh=mesh, strategy="ddp")
+    # twinkle-kit's Usage Guide asks DDP to allow unused parameters in an embedding pass
+    model = TransformersModel(
+        model_id=TEST_MODEL, device_mesh=mesh, strategy="ddp", ddp_config={"find_unused_parameters": True}
+    )
     torch.manual_seed(0)  # the same LoRA on every rank and in the one-process run
     model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
     model.set_loss("InfonceLoss", **LOSS)
     model.set_optimizer("SGD", lr=0.1)
     loss = model.forward_backward(inputs=rows(part), task="embedding")["loss"]
     grads = {n: p.grad.flatten().tolist() for n, p in model.optimizer_group["default"].state.named_params()}
-    return {"loss": loss, "grads": grads}
+    return {"loss": loss, "grads": grads, "find_unused": getattr(model._wrapped, "find_unused_parameters", None)}
 
 
 def main(folder: Path) -> None:

@@ -1,5 +1,6 @@
 """InfonceLoss's in-batch negatives over two torchrun processes (gloo, DDP, LoRA, task='embedding') equal
-one process over the whole batch: the reported loss and the synchronised gradients."""
+one process over the whole batch: the reported loss and the synchronised gradients; the model's
+ddp_config reaches DDP."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def test_two_processes_equal_one_over_the_whole_batch(tmp_path):
             proc.wait()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for rank in ranks:
+        assert rank["find_unused"] is True  # ddp_config reached DistributedDataParallel
         assert rank["loss"] == pytest.approx(one["loss"], rel=1e-5)
         assert rank["grads"].keys() == one["grads"].keys()
         for name, grad in one["grads"].items():

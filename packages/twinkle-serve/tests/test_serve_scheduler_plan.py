@@ -28,10 +28,14 @@ def _rows(n_rows: int, length: int) -> list[dict]:
 
 
 def _serve(
-    tmp_path, heads: dict[str, list[dict]], planner: FusionPlanner | None = None, forward_only: frozenset = frozenset()
+    tmp_path,
+    heads: dict[str, list[dict]],
+    planner: FusionPlanner | None = None,
+    forward_only: frozenset = frozenset(),
+    tasks: dict[str, str] | None = None,
 ):
     """Queue one pass job per run while the worker is held, release it; -> (the passes the engine
-    ran, as lists of adapter names, and each run's answer)."""
+    ran, as lists of adapter names, and each run's answer). `tasks`: a run's pass task (default causal_lm)."""
     store = Store(tmp_path)
     hub = FutureHub(store)
     passes: list[list[str]] = []
@@ -52,7 +56,7 @@ def _serve(
     assert held.wait(60)
     ids = {}
     for queue, rows in heads.items():
-        item = RowsPass(queue, rows, queue in forward_only)
+        item = RowsPass(queue, rows, queue in forward_only, task=(tasks or {}).get(queue, "causal_lm"))
         job = PassJob(item, lambda out: StoredAnswer.json(out), "native")
         ids[queue] = hub.create("t")
         scheduler.submit(Call(queue, 1, ids[queue], lambda item=item: StoredAnswer.json(runner([item])[0]), job))
@@ -97,6 +101,15 @@ def test_training_and_forward_only_heads_run_as_the_engine_runs_them(tmp_path):
     passes, answers = _serve(tmp_path, heads, forward_only=frozenset({"b", "d"}))
     assert [sorted(p) for p in passes] == [["a", "c"], ["b", "d"]]
     assert answers == {q: {"rows": 1} for q in "abcd"}
+
+
+def test_embedding_passes_share_a_pass_only_with_their_own_kind(tmp_path):
+    # an embedding pass pools hidden states and skips the unembedding: never in a log-prob pass
+    heads = {q: _rows(1, 16) for q in "abefg"}
+    tasks = dict.fromkeys("efg", "embedding")
+    passes, answers = _serve(tmp_path, heads, forward_only=frozenset({"g"}), tasks=tasks)
+    assert sorted(sorted(p) for p in passes) == [["a", "b"], ["e", "f"], ["g"]]
+    assert answers == {q: {"rows": 1} for q in "abefg"}
 
 
 def test_max_fuse_caps_a_pass(tmp_path):

@@ -80,23 +80,35 @@ class MultiLoraTransformersModel:
 
     # ---- compute -------------------------------------------------------------------------------
     def forward_backward(
-        self, inputs, *, old_logps=None, advantages=None, ref_outputs=None, micro_batch_size: int | None = None
+        self,
+        inputs,
+        *,
+        old_logps=None,
+        advantages=None,
+        ref_outputs=None,
+        micro_batch_size: int | None = None,
+        task: str = "causal_lm",
     ) -> ModelResult:
+        """`task='embedding'`: the server embeds the rows for an embedding loss (InfonceLoss); a task it
+        does not offer is answered with a 400 naming it."""
         if micro_batch_size is not None:
             raise NotImplementedError(
                 "micro_batch_size over HTTP: the server runs each forward_backward as one pass; send smaller calls"
             )
         rows = with_loss_inputs(inputs, old_logps, advantages, ref_outputs)
         self._stepped = False
-        return ModelResult(result=self.proxy.forward_backward(rows, self.adapter_name).result())
+        return ModelResult(result=self.proxy.forward_backward(rows, self.adapter_name, task=task).result())
 
-    def forward_only(self, inputs, *, disable_lora: bool = False) -> ModelResult:
+    def forward_only(self, inputs, *, disable_lora: bool = False, task: str = "causal_lm") -> ModelResult:
         """`disable_lora=True`: the base model's log-probs as a DPO reference. Over HTTP the loss takes
         them on the server (the base model with the adapter switched off, the same numbers), so the
-        result stands for them: pass it to forward_backward(ref_outputs=...)."""
+        result stands for them: pass it to forward_backward(ref_outputs=...). `task='embedding'`: each
+        row's embedding (`embeddings`) and the embedding loss."""
         if disable_lora:
+            if task != "causal_lm":
+                raise NotImplementedError(f"forward_only(disable_lora=True, task={task!r}): a reference is log-probs")
             return ModelResult(result=BASE_MODEL_REFERENCE)
-        return ModelResult(result=self.proxy.forward_only(inputs, self.adapter_name).result())
+        return ModelResult(result=self.proxy.forward_only(inputs, self.adapter_name, task=task).result())
 
     def clip_grad_and_step(self, max_grad_norm: float = 1.0, norm_type: int = 2) -> ModelResult:
         _check_norm(norm_type)

@@ -147,25 +147,28 @@ class TransformersModel:
         )
 
     # ---- compute -------------------------------------------------------------------------------
-    def _forward(self, op: str, inputs, adapter_name) -> Future:
-        body = ForwardRequest(adapter_name=adapter_name, inputs=to_inputs(inputs, self._encoder))
+    def _forward(self, op: str, inputs, adapter_name, task: str) -> Future:
+        body = ForwardRequest(adapter_name=adapter_name, inputs=to_inputs(inputs, self._encoder), task=task)
         return self._call(
             op,
             body,
             parse=lambda r: {
                 "loss": r["loss"],
                 **r["metrics"],
-                **({"logprobs": r["logprobs"]} if r.get("logprobs") else {}),
+                **{k: r[k] for k in ("logprobs", "embeddings") if r.get(k)},
             },
         )
 
-    def forward_backward(self, inputs, adapter_name: str | None = None) -> Future:
-        """Forward, loss and backward; result {'loss', ...loss metrics}."""
-        return self._forward("forward_backward", inputs, adapter_name)
+    def forward_backward(self, inputs, adapter_name: str | None = None, *, task: str = "causal_lm") -> Future:
+        """Forward, loss and backward; result {'loss', ...loss metrics}. `task='embedding'`: the rows are
+        embedded (twinkle-kit's rows: one-number `labels`, 1 on each group's anchor) for an embedding
+        loss such as InfonceLoss."""
+        return self._forward("forward_backward", inputs, adapter_name, task)
 
-    def forward_only(self, inputs, adapter_name: str | None = None) -> Future:
-        """No-gradient forward; result {'loss', 'logprobs': per row, aligned with labels}."""
-        return self._forward("forward_only", inputs, adapter_name)
+    def forward_only(self, inputs, adapter_name: str | None = None, *, task: str = "causal_lm") -> Future:
+        """No-gradient forward; result {'loss', 'logprobs': per row, aligned with labels}, or with
+        `task='embedding'` {'loss', 'embeddings': per row, unit length}."""
+        return self._forward("forward_only", inputs, adapter_name, task)
 
     def forward(self, inputs, adapter_name: str | None = None):
         raise NotImplementedError(

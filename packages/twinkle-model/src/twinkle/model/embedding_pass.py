@@ -5,6 +5,9 @@ exist at all.
 
 twinkle-kit's embedding rows carry one number as `labels`: 1 on a group's anchor, 0 on its positive and
 negatives. Here that number becomes the row's `group_start` and the row has no token targets.
+
+MultiLoraModel runs the same pass for several tenants at once (`fused_heads`): one run of the base with its
+output projection skipped, each tenant's rows pooled into its own EmbeddingHead.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from collections.abc import Mapping
 import torch
 
 from twinkle.data_format.labels import IGNORE_INDEX
+from twinkle.loss import EmbeddingHead, Loss
+from twinkle.model import output_projection
+from twinkle.model.inputs import sequence_spans
 from twinkle.model.kit import check_task
 
-EMBEDDING = "embedding"
+CAUSAL_LM, EMBEDDING = "causal_lm", "embedding"
 
 
 def task_inputs(task: str, inputs):
@@ -59,6 +65,25 @@ def _collated(batch: Mapping) -> dict:
     return out
 
 
+def wants_loss(train: bool, loss: Loss, fields: Mapping) -> bool:
+    """Whether an embedding pass computes its loss: always when it trains (a token loss then refuses the
+    pass by name), without gradients only when the loss is an embedding loss and the rows mark their groups."""
+    return train or ("group_start" in loss.required_fields and "group_start" in fields)
+
+
+def fused_heads(model, rows_per_segment: list[int], **model_kwargs) -> list[EmbeddingHead]:
+    """One run of `model` with its output projection skipped over stacked, right-padded rows
+    (`model_kwargs`: input_ids, attention_mask, image inputs); each segment's rows pooled into its head."""
+    with output_projection.skipped(model.get_output_embeddings(), True):
+        hidden_B_T_H = model(**model_kwargs, use_cache=False).logits
+    spans = sequence_spans({"input_ids": model_kwargs["input_ids"], "attention_mask": model_kwargs["attention_mask"]})
+    heads, first = [], 0
+    for n in rows_per_segment:
+        heads.append(EmbeddingHead.pooled(hidden_B_T_H, spans[first : first + n]))
+        first += n
+    return heads
+
+
 class EmbeddingTaskMixin:
     """Mixed into TransformersModel: `forward_only(inputs, task='embedding')`."""
 
@@ -70,7 +95,7 @@ class EmbeddingTaskMixin:
         t0 = time.perf_counter()
         with torch.no_grad():
             ctx = self.forward(inputs, adapter_name, _grad=False, task=task)  # ty: ignore[missing-attribute]
-            wanted = "group_start" in state.loss.required_fields and "group_start" in ctx.fields
+            wanted = wants_loss(False, state.loss, ctx.fields)
             out = self.calculate_loss(ctx, adapter_name) if wanted else None  # ty: ignore[missing-attribute]
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)  # ty: ignore[missing-attribute]
         self.last_eval_loss = float(out.loss) if out is not None else None

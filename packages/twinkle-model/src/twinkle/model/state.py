@@ -93,6 +93,27 @@ class AdapterState:
         self.micro_step, self.consumed_batches = before.micro_step + 1, before.consumed_batches + 1
         self.nonfinite_pending = before.nonfinite_pending or not finite
 
+    def resize_window(self, steps: int) -> None:
+        """The window is `steps` micro-batches from now on (twinkle-kit's per-call
+        `clip_grad_and_step(gradient_accumulation_steps=)`). What is accumulated was divided by the old
+        size; it is rescaled to 1/steps, so the window's gradient stays the mean of its micro-batches.
+        Shrinking a window that has begun is refused: its micro-batches skipped the data-parallel
+        gradient sync, expecting more to come."""
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be a positive integer, got {steps!r}")
+        old = self.gradient_accumulation_steps
+        if steps < old and self.micro_step:
+            raise ValueError(
+                f"gradient_accumulation_steps={steps}: {self.micro_step} micro-batch(es) of a window of {old} "
+                "are accumulated; shrink the window at a step boundary"
+            )
+        if steps != old:
+            with torch.no_grad():
+                for p in self.params:
+                    if p.grad is not None:
+                        p.grad.mul_(old / steps)
+            self.gradient_accumulation_steps = steps
+
     def end_window(self) -> None:
         """The accumulation window ends now, whatever its size, and counts as finite: the Tinker API's
         `optim_step` steps every time, and a non-finite forward_backward there was an error that never

@@ -51,6 +51,15 @@ from twinkle.metric import ForwardRecord
 _MaybeTensor = TypeVar("_MaybeTensor", torch.Tensor, None)
 
 STRATEGIES = ("ddp", "fsdp2")
+# torch DistributedDataParallel's keyword arguments a `ddp_config` may set (twinkle-kit passes its dict to
+# accelerate's DistributedDataParallelKwargs; its communication hooks are not offered here)
+DDP_OPTIONS = (
+    "find_unused_parameters",
+    "broadcast_buffers",
+    "bucket_cap_mb",
+    "gradient_as_bucket_view",
+    "static_graph",
+)
 UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "ep": "expert parallelism"}
 
 
@@ -80,6 +89,25 @@ def resolve_strategy(strategy: str | None, mesh) -> str:
             f"it: pass strategy='fsdp2' (or no strategy), or use dp_size for replicas"
         )
     return strategy or ("fsdp2" if fsdp > 1 else "ddp")
+
+
+def check_ddp_config(ddp_config, strategy: str, mesh) -> dict:
+    """The DDP keyword arguments of a `ddp_config`; a key DDP does not take here, or a mesh whose model is
+    not wrapped in DDP (FSDP2, tensor parallelism), is refused by name. In one process nothing is wrapped."""
+    if ddp_config is None:
+        return {}
+    if not isinstance(ddp_config, dict):
+        raise TypeError(
+            f"ddp_config must be a dict of DistributedDataParallel arguments, got {type(ddp_config).__name__}"
+        )
+    unknown = sorted(set(ddp_config) - set(DDP_OPTIONS))
+    if unknown:
+        raise ValueError(f"ddp_config {unknown} cannot be honoured: the DDP options taken are {list(DDP_OPTIONS)}")
+    if ddp_config and mesh is not None and (strategy == "fsdp2" or tensor_parallel_size(mesh) > 1):
+        raise ValueError(
+            f"ddp_config {sorted(ddp_config)}: {mesh!r} with strategy={strategy!r} wraps the model in FSDP2, not DDP"
+        )
+    return dict(ddp_config)
 
 
 def tensor_parallel_size(mesh) -> int:
@@ -125,7 +153,10 @@ def _fsdp_mesh(mesh):
     return torch_mesh["fsdp"] if mesh.get_size("dp") == 1 else torch_mesh["dp", "fsdp"]
 
 
-def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module) -> torch.nn.Module:
+def wrap(
+    module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module, ddp_options: dict | None = None
+) -> torch.nn.Module:
+    """`ddp_options`: DistributedDataParallel's keyword arguments (check_ddp_config), where it wraps."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     if tensor_parallel_size(mesh) > 1:
@@ -138,7 +169,8 @@ def wrap(module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [torch.cuda.current_device()] if mesh.resolved_device_type == "cuda" else None
-        return DistributedDataParallel(module, process_group=mesh.get_group(gradient_dims(mesh)), device_ids=device_ids)
+        group = mesh.get_group(gradient_dims(mesh))
+        return DistributedDataParallel(module, process_group=group, device_ids=device_ids, **(ddp_options or {}))
     from torch.distributed.fsdp import fully_shard
 
     torch_mesh = _fsdp_mesh(mesh)

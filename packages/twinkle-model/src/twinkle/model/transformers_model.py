@@ -31,6 +31,7 @@ from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
     barrier,
+    check_ddp_config,
     check_tensor_parallel,
     clip_grad_norm,
     data_parallel_loss,
@@ -88,13 +89,17 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
         torch_dtype: torch.dtype | str | None = None,
         compile: bool = False,
         base_dtype: str = "auto",
+        ddp_config: dict | None = None,
         **model_kwargs,
     ):
         """`compile=True` compiles each decoder layer with torch.compile (`twinkle.model.compile`):
         faster steps after the first, which pay the compile. `base_dtype` ('auto', 'bf16', 'fp32'):
         what the frozen base under LoRA is held and multiplied in (`twinkle.model.base_dtype`; 'auto'
         is bf16 under mixed_precision='bf16', or on hardware with fast bf16 for a base of 100M
-        parameters or more); `torch_dtype` instead loads the model in exactly that dtype."""
+        parameters or more); `torch_dtype` instead loads the model in exactly that dtype. `ddp_config`:
+        keyword arguments of torch's DistributedDataParallel where the mesh wraps the model in DDP
+        (twinkle-kit's; `strategy.DDP_OPTIONS`), e.g. {'find_unused_parameters': True} for a pass that
+        leaves parameters unused (task='embedding' skips the output projection)."""
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
         base_dtypes.check(base_dtype)
@@ -103,6 +108,7 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
         self.model_id, self.mixed_precision = model_id, mixed_precision
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
+        self.ddp_options = check_ddp_config(ddp_config, self.strategy, self.device_mesh)
         self.hf_model, self.model_path = _load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
         check_tensor_parallel(self.device_mesh, self.hf_model)  # heads divisible by tp, every weight planned
         self.cp_size = self.device_mesh.get_size("cp") if self.device_mesh is not None else 1
@@ -206,7 +212,9 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
         if self.peft_model is not None and self.peft_model.active_adapter != state.name:
             self.peft_model.set_adapter(state.name)
         if self._wrapped is None:
-            self._wrapped = wrap(self.peft_model or self.hf_model, self.strategy, self.device_mesh, self.hf_model)
+            self._wrapped = wrap(
+                self.peft_model or self.hf_model, self.strategy, self.device_mesh, self.hf_model, self.ddp_options
+            )
             rebind_parameters(self.peft_model or self.hf_model, self.states.values())  # FSDP2 swapped them
         return self._wrapped
 
@@ -480,10 +488,21 @@ class TransformersModel(KitModelMixin, EmbeddingTaskMixin, TwinkleModel, metacla
             state.scheduler.step()
 
     @remote_method()
-    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> dict:
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float | None = 1.0,
+        adapter_name: str | None = None,
+        *,
+        gradient_accumulation_steps: int | None = None,
+    ) -> dict:
         """Clip, step the optimizer and scheduler, zero grads — only on an accumulation boundary
-        (`twinkle.model.step`). The norm is taken over every shard under DDP, FSDP2 or tp."""
-        return step_rule.clip_grad_and_step(self._state(adapter_name), max_grad_norm, clip_grad_norm)
+        (`twinkle.model.step`). The norm is taken over every shard under DDP, FSDP2 or tp.
+        `gradient_accumulation_steps` (twinkle-kit's): the adapter's window is that many micro-batches
+        from now on, this call included (`AdapterState.resize_window`)."""
+        state = self._state(adapter_name)
+        if gradient_accumulation_steps is not None:
+            state.resize_window(gradient_accumulation_steps)
+        return step_rule.clip_grad_and_step(state, max_grad_norm, clip_grad_norm)
 
     @remote_method()
     def get_info(self) -> dict:

@@ -106,6 +106,10 @@ class AddMetricRequest(NamedComponent):
 class ForwardRequest(_Strict):
     adapter_name: str | None = None
     inputs: Inputs
+    # 'embedding': each row's embedding (its last real token's final hidden state) instead of next-token
+    # log-probs; a row's one-number `labels` (1 on a group's anchor) marks its group (twinkle-kit's
+    # InfonceLoss rows). The server answers 400 naming a task it does not offer.
+    task: str = Field("causal_lm", max_length=64)
 
 
 class StepRequest(_Strict):
@@ -162,6 +166,7 @@ class ForwardResult(_Strict):
     loss: float | None
     metrics: dict[str, float] = Field(default_factory=dict)
     logprobs: list[list[float]] | None = None  # forward_only: per row, aligned with labels (0 first)
+    embeddings: list[list[float]] | None = None  # forward_only(task='embedding'): per row, unit length
 
 
 class StepResult(_Strict):

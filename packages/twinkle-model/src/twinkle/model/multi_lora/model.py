@@ -14,6 +14,7 @@ is `twinkle.model.multi_lora.planner`'s choice.
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from twinkle.loss import Loss, LossContext
 from twinkle.mesh import get_global_mesh
 from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import checkpoint, preemption, vision
+from twinkle.model import checkpoint, embedding_pass, preemption, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.kit import progress
@@ -366,10 +367,13 @@ class MultiLoraModel(TwinkleModel):
         (loss * self.data_parallel.backward_scale / state.gradient_accumulation_steps).backward()
         return True
 
-    def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
-        """{'loss' (None without targets), 'logprobs' per row aligned with labels (0.0 first)}."""
+    def forward_only(self, inputs, adapter_name: str | None = None, *, task: str = "causal_lm") -> dict:
+        """{'loss' (None without targets), 'logprobs' per row aligned with labels (0.0 first)};
+        `task='embedding'`: {'loss' (an embedding loss over marked groups, else None), 'embeddings'}."""
         name = self._state(adapter_name).name
-        out = self.forward_fused({name: inputs})[name]
+        out = self.forward_fused({name: inputs}, task=task)[name]
+        if task == embedding_pass.EMBEDDING:
+            return {"loss": out["loss"] if out["finite"] else None, **out["metrics"], "embeddings": out["embeddings"]}
         return {
             "loss": out["loss"] if out["loss_tokens"] else None,
             **out["metrics"],
@@ -389,47 +393,69 @@ class MultiLoraModel(TwinkleModel):
         return_logprobs: bool = False,
         loss_weights: dict[str, float] | None = None,
         losses: dict[str, Loss] | None = None,
+        task: str = "causal_lm",
     ) -> dict:
         """One forward+backward over several tenants' batches; {tenant: result}. With
         raise_errors=False a tenant whose input or loss fails maps to its exception and the others
         still train. `loss_weights`: a tenant's loss is scaled by its weight before backward (a piece's
         share of a longer pass; a data rank's share is the mesh's, multi_lora.data_parallel). `losses`:
         a tenant's loss for this pass only, instead of its configured one (an API whose requests
-        each name their loss, as Tinker's do)."""
-        return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {}, losses or {})
+        each name their loss, as Tinker's do). `task='embedding'`: every tenant's rows are embedding
+        rows (twinkle.model.embedding_pass), pooled from the final hidden states of one pass."""
+        return self._run(batches, True, raise_errors, return_logprobs, loss_weights or {}, losses or {}, task)
 
-    def forward_fused(self, batches: dict, raise_errors: bool = True, losses: dict[str, Loss] | None = None) -> dict:
+    def forward_fused(
+        self, batches: dict, raise_errors: bool = True, losses: dict[str, Loss] | None = None, task: str = "causal_lm"
+    ) -> dict:
         """One no-grad forward over several tenants' batches: per-row target log-probs (and the
-        loss if labels are given), {tenant: result}; `losses` as in forward_backward_fused."""
+        loss if labels are given), {tenant: result}; `losses` and `task` as in forward_backward_fused
+        (an embedding pass answers per-row `embeddings` instead of log-probs)."""
         with torch.no_grad():
-            return self._run(batches, False, raise_errors, True, {}, losses or {})
+            return self._run(batches, False, raise_errors, True, {}, losses or {}, task)
 
     def _run(
-        self, batches: dict, train: bool, raise_errors: bool, return_logprobs: bool, weights: dict, losses: dict
+        self,
+        batches: dict,
+        train: bool,
+        raise_errors: bool,
+        return_logprobs: bool,
+        weights: dict,
+        losses: dict,
+        task: str = "causal_lm",
     ) -> dict:
         if not batches:
             raise ValueError("no batches given")
-        outcomes = self.data_parallel.run(
-            self.adapters, self.pad_id, self._run_local, batches, train, return_logprobs, weights, losses
-        )
+        embedding_pass.check_task(task)
+        if task != embedding_pass.CAUSAL_LM and self.data_parallel.world > 1:
+            # in-batch negatives span the whole batch: a data rank's share of a tenant's rows is not one
+            refused = ValueError(f"task={task!r} on several data ranks is not offered: run it on one rank")
+            outcomes = dict.fromkeys(batches, refused)
+        else:
+            local = functools.partial(self._run_local, task=task)
+            outcomes = self.data_parallel.run(
+                self.adapters, self.pad_id, local, batches, train, return_logprobs, weights, losses
+            )
         errors = {n: e for n, e in outcomes.items() if isinstance(e, Exception)}
         if errors and raise_errors:
             name, error = next(iter(errors.items()))
             raise type(error)(f"tenant {name!r}: {error}") from error
         return {name: outcomes[name] for name in batches}
 
-    def _run_local(self, batches: dict, train: bool, return_logprobs: bool, weights: dict, losses: dict) -> dict:
+    def _run_local(
+        self, batches: dict, train: bool, return_logprobs: bool, weights: dict, losses: dict, task: str = "causal_lm"
+    ) -> dict:
         outcomes, work = {}, []
         pinned = set(batches)  # bringing one tenant back never parks another of this pass
         for name, inputs in batches.items():
             try:
-                work.append((self._state(name, pinned), collate(inputs, self.pad_id)))
+                rows = embedding_pass.task_inputs(task, inputs)
+                work.append((self._state(name, pinned), collate(rows, self.pad_id)))
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[name] = error
         if work:
             names = [state.name for state, _ in work]
             with preemption.preserving(lambda: self._paused(names)):  # what a pause lets other passes change
-                outcomes.update(self._pass(work, train, return_logprobs, weights, losses))
+                outcomes.update(self._pass(work, train, return_logprobs, weights, losses, task))
             self._worked()
         return outcomes
 
@@ -470,9 +496,13 @@ class MultiLoraModel(TwinkleModel):
         with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
             return self.base(input_ids=ids_B_T, attention_mask=mask_B_T, use_cache=False, **extra).logits
 
-    def _heads(self, segments: list[tuple[str | None, Batch]], train: bool):
-        """Each segment's shifted next-token head ([rows, length - 1]); long passes never hold whole logits."""
+    def _heads(self, segments: list[tuple[str | None, Batch]], train: bool, task: str = "causal_lm"):
+        """Each segment's shifted next-token head ([rows, length - 1]); long passes never hold whole logits.
+        An embedding pass: each segment's pooled embeddings (twinkle.model.embedding_pass)."""
         with self._routed(segments, train) as (ids_B_T, mask_B_T, extra):
+            if task == embedding_pass.EMBEDDING:
+                rows = [b.rows for _, b in segments]
+                return embedding_pass.fused_heads(self.base, rows, input_ids=ids_B_T, attention_mask=mask_B_T, **extra)
             return head_rule.heads(self, segments, train, ids_B_T, mask_B_T, extra)
 
     def _reference_logps(self, work: list[tuple[AdapterState, Batch]], losses: dict) -> dict[str, torch.Tensor]:
@@ -488,21 +518,32 @@ class MultiLoraModel(TwinkleModel):
         return out
 
     def _pass(
-        self, work: list[tuple[AdapterState, Batch]], train: bool, return_logprobs: bool, weights: dict, losses: dict
+        self,
+        work: list[tuple[AdapterState, Batch]],
+        train: bool,
+        return_logprobs: bool,
+        weights: dict,
+        losses: dict,
+        task: str = "causal_lm",
     ) -> dict:
         start = time.perf_counter()
+        embedding = task == embedding_pass.EMBEDDING
         # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
         work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
-        refs = self._reference_logps(work, losses)  # a forward-only pass scores its loss too
-        pass_heads = self._heads([(s.name, b) for s, b in work], train)
+        refs = {} if embedding else self._reference_logps(work, losses)  # a forward-only pass scores its loss too
+        pass_heads = self._heads([(s.name, b) for s, b in work], train, task)
         outcomes, records, total = {}, {}, None
         for (state, batch), head in zip(work, pass_heads):
             targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
             fields = {k: v.to(self.device) for k, v in batch.shifted_fields().items()}
             try:
                 ctx = LossContext(head, targets_B_T, fields, refs.get(state.name))
-                has_targets = bool((targets_B_T != IGNORE_INDEX).any())
-                out = losses.get(state.name, state.loss)(ctx) if has_targets else None
+                loss_fn = losses.get(state.name, state.loss)
+                if embedding:
+                    scored = embedding_pass.wants_loss(train, loss_fn, fields)
+                else:
+                    scored = bool((targets_B_T != IGNORE_INDEX).any())
+                out = loss_fn(ctx) if scored else None
             except (ValueError, KeyError, TypeError) as error:
                 outcomes[state.name] = error
                 continue
@@ -530,7 +571,9 @@ class MultiLoraModel(TwinkleModel):
                 "finite": bool(finite),
                 "metrics": dict(out.metrics) if out else {},
             }
-            if return_logprobs:
+            if embedding and not train:
+                result["embeddings"] = head.embeddings().tolist()
+            elif return_logprobs and not embedding:
                 lengths = batch.attention_mask_B_T.sum(1).tolist()
                 logps = ctx.scored_logps().detach().cpu()  # [B, T] or [B, T, K]
                 result["logprobs"] = [logps[i, : int(L) - 1].tolist() for i, L in enumerate(lengths)]

@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("forward_backward", "forward", "step")
+# an embedding pass (its rows pooled, no vocabulary) is its own kind: it shares a pass only with others of it
+KINDS = ("forward_backward", "forward", "embedding_forward_backward", "embedding_forward", "step")
 
 
 def batch_shape(rows: Sequence[Any]) -> tuple[int, int, int]:
@@ -123,7 +124,7 @@ class FusionPlanner:
             queues = {t: q for t, q in queues.items() if q}
             plan += [Group("step", [r]) for r in heads if r.kind == "step"]
             large = []
-            for kind in ("forward_backward", "forward"):
+            for kind in KINDS[:-1]:
                 of_kind = [r for r in heads if r.kind == kind]
                 small = [r for r in of_kind if r.padded_tokens <= self.fuse_max_tokens]
                 plan += self._pack(kind, small)

@@ -81,12 +81,15 @@ class RowsPass:
     """A forward(_backward) of encoded rows (`input_ids`, `labels`, per-token loss fields), scored by
     `loss` (an engine `twinkle.loss.Loss` for this pass: an API whose requests name their loss, as
     Tinker's do; a custom one holds per-row inputs and has `sliced(start, stop)` for a data rank's
-    share) or, when None, by the adapter's own configured loss (the native API's)."""
+    share) or, when None, by the adapter's own configured loss (the native API's). `task`: 'causal_lm',
+    or 'embedding' (twinkle.model.embedding_pass: a pass of its own kind, never fused with log-prob passes
+    nor cut into micro-batches, whose rows are each other's negatives)."""
 
     adapter: str
     rows: list[dict]
     forward_only: bool
     loss: Any = None
+    task: str = "causal_lm"
 
 
 class Backend(ABC):

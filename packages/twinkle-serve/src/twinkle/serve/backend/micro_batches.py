@@ -90,7 +90,8 @@ def forward_backward_in_runs(backend: EngineBackend, item: RowsPass, turn_s: flo
         state = engine.adapter_state(item.adapter) if item.adapter in engine.adapters else None
         loss = item.loss if item.loss is not None else getattr(state, "loss", None)
         group = 2 if getattr(loss, "unit", "token") == "pair" else 1
-        if state is None or loss is None or len(lengths) <= group:
+        # an embedding pass's rows are each other's negatives: cut, its loss would be another
+        if state is None or loss is None or len(lengths) <= group or item.task != "causal_lm":
             return _whole(backend, item, state)
         train = not item.forward_only
         try:

@@ -156,32 +156,37 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
     @exclusive
     def forward_backward_many(self, passes: list[RowsPass], loss_weights: dict[str, float] | None = None) -> list:
         """Several adapters' passes (one each, whichever API sent them) in one fused pass per kind
-        (train / forward-only): per pass the engine's outcome, or the exception failing only that request:
+        (train / forward-only, and its task): per pass the engine's outcome, or the exception failing only
+        that request:
         a UserError where the engine refused its input (its rows or loss inputs: the engine's ValueError),
         any other as the engine raised it (a fault of the server's). `loss_weights`: an adapter's training
         loss scaled by its weight (a data rank's share of the batch)."""
         results: list = [None] * len(passes)
-        groups: dict[bool, dict[str, int]] = {True: {}, False: {}}
+        groups: dict[tuple[bool, str], dict[str, int]] = {}
         for i, item in enumerate(passes):
             try:
                 self._known(item.adapter)  # the engine brings the pass's adapters back together
-                if item.adapter in groups[item.forward_only]:
+                group = groups.setdefault((item.forward_only, item.task), {})
+                if item.adapter in group:
                     raise RuntimeError(f"adapter {item.adapter!r} twice in one fused pass")
-                groups[item.forward_only][item.adapter] = i
+                group[item.adapter] = i
             except UserError as e:
                 results[i] = e
-        for forward_only, group in groups.items():
-            if not group:
-                continue
+        for (forward_only, task), group in groups.items():
             batches = {name: passes[i].rows for name, i in group.items()}
             losses = {name: passes[i].loss for name, i in group.items() if passes[i].loss is not None}
             # a long row's pass may pause mid-way: the work run meanwhile needs the lock
             with preemption.preserving(self._engine_lock.let_go):
                 if forward_only:
-                    outcomes = self.engine.forward_fused(batches, raise_errors=False, losses=losses)
+                    outcomes = self.engine.forward_fused(batches, raise_errors=False, losses=losses, task=task)
                 else:
                     outcomes = self.engine.forward_backward_fused(
-                        batches, raise_errors=False, return_logprobs=True, loss_weights=loss_weights, losses=losses
+                        batches,
+                        raise_errors=False,
+                        return_logprobs=True,
+                        loss_weights=loss_weights,
+                        losses=losses,
+                        task=task,
                     )
             for name, i in group.items():
                 outcome = outcomes[name]

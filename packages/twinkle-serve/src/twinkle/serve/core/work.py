@@ -51,7 +51,9 @@ class PassJob:
 
     @property
     def kind(self) -> str:
-        return "forward" if self.item.forward_only else "forward_backward"
+        """The planner's kind: passes of one kind may share a pass (an embedding pass is its own kind)."""
+        kind = "forward" if self.item.forward_only else "forward_backward"
+        return kind if self.item.task == "causal_lm" else f"{self.item.task}_{kind}"
 
     @property
     def shape(self) -> tuple[int, int, int]:

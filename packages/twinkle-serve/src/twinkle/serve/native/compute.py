@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from twinkle.client.schema import ForwardRequest, ForwardResult, LogRequest, MetricRequest, StepRequest
+from twinkle.model.embedding_pass import EMBEDDING, task_inputs
 from twinkle.serve.backend import RowsPass, UserError
 from twinkle.serve.backend.images import IMAGE_KEYS, check_encoded, refuse_image_fields, resolve_chats
 from twinkle.serve.core.curve_names import CurveNames
@@ -40,6 +41,25 @@ def check_rows(rows: list[dict], vocab_size: int, max_context: int) -> None:
                 raise UserError(f"row {i}: {key} contains NaN or inf")
             if isinstance(value, list) and len(value) != n:
                 raise UserError(f"row {i}: {key} has {len(value)} values for {n} input_ids (shape mismatch)")
+
+
+def task_of(req: ForwardRequest) -> str:
+    """The request's task, or a 400 naming the one asked for and those offered."""
+    from twinkle.model.kit import check_task
+
+    try:
+        check_task(req.task)
+    except NotImplementedError as e:
+        raise UserError(str(e)) from None
+    return req.task
+
+
+def user_rows(convert: Callable[[], list[dict]]) -> list[dict]:
+    """Rows a library function converts; what it refuses in them is the tenant's error."""
+    try:
+        return convert()
+    except ValueError as e:
+        raise UserError(str(e)) from None
 
 
 def encoded_chat(encode: Callable[[dict], T], messages: list[dict], where: str) -> T:
@@ -118,19 +138,22 @@ class NativeCompute:
     def forward(self, tenant: str, model_id: str, seq, req: ForwardRequest, backward: bool) -> dict:
         run = self.models.model(tenant, model_id)
         backend = self.rt.engine(run.base_model).backend
+        embedding = task_of(req) == EMBEDDING  # a task not offered is a 400 here, before anything is queued
         try:  # checked before any compute, but answered on the future, like every request's outcome
             rows = self.rows(backend, req)
+            if embedding:  # twinkle-kit's one-number labels become the rows' group marks
+                rows = user_rows(lambda: task_inputs(EMBEDDING, rows))
             check_rows(rows, backend.vocab_size, backend.max_context)
-            item: RowsPass | UserError = RowsPass("", rows, not backward)
+            item: RowsPass | UserError = RowsPass("", rows, not backward, task=req.task)
         except UserError as e:
             rows, item = [], e
 
         def encode(out: dict) -> StoredAnswer:  # a forward's non-finite loss is None; it returns the log-probs
             loss = out["loss"] if backward or out.get("finite") else None
-            logprobs = None if backward else [[0.0, *lps] for lps in out["logprobs"]]
-            return StoredAnswer.json(
-                ForwardResult(loss=loss, metrics=out.get("metrics", {}), logprobs=logprobs).model_dump()
-            )
+            logprobs = None if backward or embedding else [[0.0, *lps] for lps in out["logprobs"]]
+            embeddings = out["embeddings"] if embedding and not backward else None
+            result = ForwardResult(loss=loss, metrics=out.get("metrics", {}), logprobs=logprobs, embeddings=embeddings)
+            return StoredAnswer.json(result.model_dump(exclude=set() if embedding else {"embeddings"}))
 
         tokens = sum(len(r["input_ids"]) for r in rows)
         adapter = functools.partial(self.models.adapter, model_id, req.adapter_name)
