@@ -64,12 +64,12 @@ def test_sdk_samples_through_the_completion_queue_and_clones_join(server, keys, 
     futures = [sampler.sample(prompt, 2, params) for _ in range(3)]
     for f in futures:
         assert [s.tokens for s in f.result().sequences] == [s.tokens for s in expected.sequences]
-    assert any(p["target"]["sampling_session_id"] == sampler._sampling_session_id for p in queue_flags)
+    assert any(p.target.sampling_session_id == sampler._sampling_session_id for p in queue_flags)
     clone = pickle.loads(pickle.dumps(sampler))  # a shadow client: the server allocates its clone id
     out = clone.sample(prompt, 2, params).result()
     assert [s.tokens for s in out.sequences] == [s.tokens for s in expected.sequences]
     assert clone._cloned_sampler_id == 1
-    assert any(p["target"]["cloned_sampler_id"] == 1 for p in queue_flags)
+    assert any(p.target.cloned_sampler_id == 1 for p in queue_flags)
 
 
 def test_retrieve_futures_raw_cursor_and_acks(server, keys, alice):

@@ -8,30 +8,35 @@ further by hand, against the server's state): a field of the wrong type, a numbe
 because the SDK serialises a non-finite float as `null` (pydantic's JSON mode): an AdamParams
 `learning_rate=nan` arrives as `"learning_rate": null`, which must not read as "not given" and train
 at the default. The types follow the SDK 0.38's request models (Optional exactly where they are);
-extra fields are allowed: the SDK adds new optional ones between releases.
+extra fields are allowed: the SDK adds new optional ones between releases. Validation is strict (no
+`"3"` for 3, no `true` for 1, no `1.5` for an integer): the routes read the parsed object's attributes,
+so what they read is what the client sent. A field holding a nested wire structure that a decoder of
+its own reads (a prompt's chunks, a loss graph, adapter files) is typed as a plain JSON value here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 import annotated_types as at
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from twinkle.client.schema import bounds as B
-from twinkle.serve.backend import LoraSpec
 from twinkle.serve.errors import BadRequest
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
-def parse(model: type[BaseModel], body: dict) -> None:
-    """`body` against `model`; a 400 naming the first field that does not fit, in the words the
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], body: dict) -> M:
+    """`body` as a `model`; a 400 naming the first field that does not fit, in the words the
     hand-read fields use (`field = value is outside its range: ...`, `field must be an object`)."""
     try:
-        model.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as e:
         raise BadRequest(_message(model, e.errors()[0])) from None
 
@@ -84,7 +89,7 @@ def range_of(model: type[BaseModel], loc: tuple) -> B.Range | None:
 
 class CreateSessionBody(_Body):
     tags: list[str] = []
-    user_metadata: dict[str, str] | None = None
+    user_metadata: dict[str, Any] | None = None
     sdk_version: str | None = None
 
 
@@ -92,11 +97,28 @@ class SessionRef(_Body):
     session_id: str
 
 
+class FinishReasonBody(_Body):
+    type: str = "success"  # the SDK sends success, errored or interrupted; recorded as given
+
+
+class FinishSessionBody(_Body):
+    reason: FinishReasonBody | None = None
+    detail: str | None = None
+
+
+class LoraConfigBody(_Body):
+    rank: int = 32  # within the server's max_lora_rank and the base model's widest layer: checked by the route
+    seed: int | None = B.SEED.field(None)
+    train_attn: bool = True
+    train_mlp: bool = True
+    train_unembed: bool = True
+
+
 class CreateModelBody(_Body):
     session_id: str
     model_seq_id: int = 0
     base_model: str
-    lora_config: LoraSpec | None = None
+    lora_config: LoraConfigBody | None = None
     user_metadata: dict[str, Any] | None = None
     optimizer_config: dict | None = None
 
@@ -116,11 +138,18 @@ class AdamParamsBody(_Body):
     grad_clip_norm: float = B.TINKER_GRAD_CLIP.field(0.0, description="0: no clipping")
 
 
+class OptimizerParamsBody(_Body):
+    """Another optimizer family's step: its `type`, its fields beside it (an Adam family's are read as
+    AdamParams, by name: an unknown one is refused)."""
+
+    type: str | None = None
+
+
 class OptimStepBody(_Body):
     model_id: str
     seq_id: int | None = B.SEQ_ID.field(None)
     adam_params: AdamParamsBody | None = None
-    optimizer_params: dict | None = Field(None, description="another optimizer family's step: {type, ...}")
+    optimizer_params: OptimizerParamsBody | None = None
 
 
 class SaveWeightsBody(_Body):
@@ -144,6 +173,15 @@ class SaveWeightsForSamplerBody(_Body):
     user_metadata: dict[str, str] | None = None
 
 
+class SaveWeightsExternalBody(_Body):
+    model_id: str
+    path: str = Field(description="the exported checkpoint's name")
+    seq_id: int | None = B.SEQ_ID.field(None)
+    ttl_seconds: int | None = B.TTL_SECONDS.field(None)
+    age_encryption_recipients: list[str] | None = Field(None, description="refused: exports are not encrypted")
+    user_metadata: dict[str, str] | None = None  # not in the SDK's request: as save_weights takes it
+
+
 class LoadWeightsBody(_Body):
     path: str = Field(description="tinker://{model_id}/weights/{name}")
     model_id: str | None = Field(None, description="load into this model (TrainingClient.load_state)")
@@ -163,6 +201,7 @@ class CreateSamplingSessionBody(_Body):
 
 
 class ModelInputBody(_Body):
+    # each chunk is read by tinker/sample_params.prompt_tokens (text) and tinker/images.py (images)
     chunks: list[dict] = Field(description='[{"type": "encoded_text", "tokens": [int, ...]}]')
 
 
@@ -186,10 +225,89 @@ class ASampleBody(_Body):
     topk_sample_logprobs: int = 0
     prompt_alt_tokens_k: int = 0
     prompt_logprobs_last_n: int | None = None
+    # a tensor ({data, dtype, shape}, dense or CSR), read by tinker/codec.decode_target_ids
+    target_prompt_logprobs: dict | None = None
+    record_stability_info: bool | None = None
 
 
 class FutureBody(_Body):
     request_id: str
+
+
+class SamplingSessionTarget(_Body):
+    type: Literal["sampling_session"] = "sampling_session"
+    sampling_session_id: str
+    cloned_sampler_id: int = Field(0, ge=0)
+
+
+class FuturesRetrieveBody(_Body):
+    target: SamplingSessionTarget
+    prev_cursor: int = Field(0, ge=0)
+    timeout: float | None = Field(None, ge=0, allow_inf_nan=False, description="seconds; null: the server's")
+    retrieved_request_ids: list[str] = []
+
+
+class JoinSamplingSessionBody(_Body):
+    sampling_session_id: str
+
+
+class CreateCustomLossBody(_Body):
+    session_id: str
+    custom_loss_seq_id: int = Field(ge=0)
+    name: str
+    # [{name, rank}] and {format, nodes}: read by tinker/custom_loss.LossProgram.parse
+    inputs: list
+    graph: dict
+
+
+class ImportAdapterBody(_Body):
+    """A PEFT adapter folder made elsewhere (a twinkle route; the native API's ImportAdapterRequest)."""
+
+    base_model: str
+    name: str
+    files: dict[str, str] = Field(description="adapter_config.json and adapter_model.safetensors, base64")
+    session_id: str | None = None
+
+
+class CopyWeightsBody(_Body):
+    source_path: str
+    session_id: str | None = None
+    model_seq_id: int | None = None
+    destination_project_id: str | None = None
+    ttl_seconds: int | None = B.TTL_SECONDS.field(None)
+    weights_access_token: str | None = None
+
+
+class SearchOwnerBody(_Body):
+    type: Literal["own", "accessible", "user"] = "own"
+    owner_urns: list[str] | None = None
+
+
+class StatusQueryBody(_Body):
+    type: Literal["active", "cancelled", "failed", "client_finished"]
+    reasons: list[str] | None = None
+
+
+class SearchCursorBody(_Body):
+    """A previous response's next_cursor."""
+
+    last_created_at: str
+    last_session_id: str
+
+
+class SessionSearchBody(_Body):
+    session_id: str | None = None
+    project_ids: list[str] | None = None
+    user_metadata: dict[str, str] = {}
+    display_name: str | None = None
+    owner: SearchOwnerBody = SearchOwnerBody()
+    statuses: list[StatusQueryBody] | None = Field(None, min_length=1)
+    limit: int = Field(50, ge=1, le=200)
+    cursor: SearchCursorBody | None = None
+
+
+class ProjectBody(_Body):
+    project_id: str
 
 
 class WeightsInfoBody(_Body):

@@ -11,24 +11,22 @@ import torch
 
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.tinker.bodies import CreateCustomLossBody
 from twinkle.serve.tinker.custom_loss import LossGraphError, LossProgram
 from twinkle.serve.tinker.datums import Datum
 from twinkle.serve.tinker.program_loss import ProgramLoss
 
 
-def create(svc: Service, tenant: str, body: dict) -> dict:
+def create(svc: Service, tenant: str, body: CreateCustomLossBody) -> dict:
     """POST /create_custom_loss: validate the graph now (a 400 names what is wrong), store it, answer a
     future that is already complete with its `loss_id`."""
-    session_id, seq = body.get("session_id"), body.get("custom_loss_seq_id")
-    svc.session(tenant, session_id)
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        raise BadRequest(f"custom_loss_seq_id must be an integer >= 0, got {seq!r}")
+    svc.session(tenant, body.session_id)
     try:
-        LossProgram.parse(body.get("name"), body.get("inputs"), body.get("graph"))
+        LossProgram.parse(body.name, body.inputs, body.graph)
     except LossGraphError as e:
-        raise BadRequest(f"create_custom_loss {body.get('name')!r}: {e}") from None
-    loss_id = f"{session_id}:loss:{seq}"
-    svc.store.custom_losses.put(loss_id, tenant, str(session_id), str(body["name"]), body["inputs"], body["graph"])
+        raise BadRequest(f"create_custom_loss {body.name!r}: {e}") from None
+    loss_id = f"{body.session_id}:loss:{body.custom_loss_seq_id}"
+    svc.store.custom_losses.put(loss_id, tenant, body.session_id, body.name, body.inputs, body.graph)
     request_id = svc.rt.hub.create(tenant)
     svc.rt.hub.complete_json(request_id, {"type": "create_custom_loss", "loss_id": loss_id})
     return {"request_id": request_id}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import hashlib
 
-from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import AdamParams, LoraSpec, UserError
 from twinkle.serve.core import bounds
 from twinkle.serve.core.passes import Pass, submit_pass
@@ -17,6 +16,7 @@ from twinkle.serve.core.records import Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import codec, custom_loss_service, datums, images, model_names
 from twinkle.serve.tinker.program_loss import PROGRAM_LOSS, tinker_metrics
 from twinkle.serve.tinker.provenance import Provenance
@@ -38,17 +38,17 @@ class TinkerModels:
         self.caps = svc.rt.config.caps
 
     # ---- sessions ------------------------------------------------------------------------------
-    def create_session(self, tenant: str, body: dict) -> dict:
-        session = self.svc.create_session(tenant, body.get("tags"), body.get("user_metadata"))
+    def create_session(self, tenant: str, body: b.CreateSessionBody) -> dict:
+        session = self.svc.create_session(tenant, body.tags, body.user_metadata)
         return {"type": "create_session", "session_id": session.session_id}
 
-    def heartbeat(self, tenant: str, body: dict) -> dict:
-        self.rt.store.sessions.heartbeat(self.svc.session(tenant, body.get("session_id")).session_id)
+    def heartbeat(self, tenant: str, body: b.SessionRef) -> dict:
+        self.rt.store.sessions.heartbeat(self.svc.session(tenant, body.session_id).session_id)
         return {"type": "session_heartbeat"}
 
-    def finish_session(self, tenant: str, session_id: str, body: dict) -> None:
+    def finish_session(self, tenant: str, session_id: str, body: b.FinishSessionBody) -> None:
         self.svc.session(tenant, session_id)
-        self.rt.store.sessions.finish(session_id, (body.get("reason") or {}).get("type", "success"))
+        self.rt.store.sessions.finish(session_id, (body.reason or b.FinishReasonBody()).type)
         self.rt.store.stability.drop_session(session_id)  # its recorded sequences can no longer be trained on
         # Free the session's adapters once their queued work has drained (runs and checkpoints stay).
         # A native run's adapters are the native API's to free (DELETE /twinkle/v1/models/{id}).
@@ -106,31 +106,22 @@ class TinkerModels:
         self.svc.set_live(run.model_id, engine, adapter)
         return adapter
 
-    def create_model(self, tenant: str, body: dict) -> dict:
-        cfg = body.get("lora_config") or {}
-        if not isinstance(cfg, dict):
-            raise BadRequest(f"lora_config must be an object, got {type(cfg).__name__}")
-        backend = model_names.engine(self.rt, body.get("base_model")).backend  # `<base>:peft:<n>` too
+    def create_model(self, tenant: str, body: b.CreateModelBody) -> dict:
+        cfg = body.lora_config or b.LoraConfigBody()
+        backend = model_names.engine(self.rt, body.base_model).backend  # `<base>:peft:<n>` too
         spec = LoraSpec(
-            rank=bounds.lora_rank(
-                "lora_config.rank", 32 if cfg.get("rank") is None else cfg["rank"], backend, self.caps
-            ),
-            seed=None if cfg.get("seed") is None else bounds.check(B.SEED, "lora_config.seed", cfg["seed"]),
-            train_attn=bool(cfg.get("train_attn", True)),
-            train_mlp=bool(cfg.get("train_mlp", True)),
-            train_unembed=bool(cfg.get("train_unembed", True)),
+            rank=bounds.lora_rank("lora_config.rank", cfg.rank, backend, self.caps),
+            seed=cfg.seed,
+            train_attn=cfg.train_attn,
+            train_mlp=cfg.train_mlp,
+            train_unembed=cfg.train_unembed,
         )
         try:
             spec.roles()
         except UserError as e:
             raise BadRequest(str(e)) from None
         run, engine = self.new_run(
-            tenant,
-            body.get("session_id"),
-            body.get("model_seq_id", 0),
-            body.get("base_model"),
-            spec,
-            body.get("user_metadata"),
+            tenant, body.session_id, body.model_seq_id, body.base_model, spec, body.user_metadata
         )
 
         def work():
@@ -143,8 +134,8 @@ class TinkerModels:
 
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, 0, work), "model_id": run.model_id}
 
-    def get_info(self, tenant: str, body: dict) -> dict:
-        run = self.svc.run(tenant, body.get("model_id"))
+    def get_info(self, tenant: str, body: b.ModelRef) -> dict:
+        run = self.svc.run(tenant, body.model_id)
         engine = self.rt.engine(run.base_model)
         return {
             "type": "get_info",
@@ -198,15 +189,15 @@ class TinkerModels:
         p = Pass(item, adapter, tokens, encode, "tinker", counted, PROGRAM_LOSS if loss is not None else None)
         return {"request_id": submit_pass(self.svc, tenant, run, req.seq_id, p), "model_id": model_id}
 
-    def optim_step(self, tenant: str, body: dict) -> dict:
-        run = self.svc.run(tenant, body.get("model_id"))
+    def optim_step(self, tenant: str, body: b.OptimStepBody) -> dict:
+        run = self.svc.run(tenant, body.model_id)
         engine = self.rt.engine(run.base_model)
-        raw = body.get("adam_params") or {}
-        if body.get("optimizer_params") and (body["optimizer_params"].get("type") not in (None, "adam", "adamw")):
-            raise BadRequest(f"optimizer {body['optimizer_params'].get('type')!r} is not supported; use AdamParams")
-        raw = raw or {k: v for k, v in (body.get("optimizer_params") or {}).items() if k != "type"}
-        if not isinstance(raw, dict):
-            raise BadRequest(f"adam_params must be an object, got {type(raw).__name__}")
+        other = body.optimizer_params
+        if other is not None and other.type not in (None, "adam", "adamw"):
+            raise BadRequest(f"optimizer {other.type!r} is not supported; use AdamParams")
+        # the fields sent (the rest keep AdamParams' defaults), an unknown one refused by name
+        raw = body.adam_params.model_dump(exclude_unset=True) if body.adam_params is not None else {}
+        raw = raw or ((other.model_extra or {}) if other is not None else {})
         params = AdamParams(**bounds.adam_params("adam_params", raw))
 
         def work():
@@ -215,5 +206,5 @@ class TinkerModels:
             self.svc.record_step(run, {"grad_norm": stepped["grad_norm"], "lr": params.learning_rate}, same_step=True)
             return StoredAnswer.json({"type": "optim_step", "metrics": metrics})
 
-        request_id = self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work)
+        request_id = self.svc.submit(tenant, engine, run.model_id, body.seq_id, work)
         return {"request_id": request_id, "model_id": run.model_id}

@@ -6,6 +6,8 @@ routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -53,6 +55,15 @@ async def json_body(request: Request) -> dict:
     return body
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read(request: Request, model: type[M]) -> M:
+    """The request's JSON object parsed as `model`: every field's type and range checked before a route
+    reads any (a 400 naming the first that does not fit)."""
+    return b.parse(model, await json_body(request))
+
+
 def build_router(svc: Service) -> PrefixRouter:
     rt, auth = svc.rt, Auth(svc.rt)
     models, sampling, rest = TinkerModels(svc), TinkerSampling(svc), TinkerRest(svc)
@@ -85,15 +96,15 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.post("/create_session", openapi_extra=b.documented(b.CreateSessionBody))
     async def create_session(request: Request, t: str = Depends(tenant)):
-        return await run_in_threadpool(models.create_session, t, await json_body(request))
+        return await run_in_threadpool(models.create_session, t, await read(request, b.CreateSessionBody))
 
     @r.post("/session_heartbeat", openapi_extra=b.documented(b.SessionRef))
     async def heartbeat(request: Request, t: str = Depends(unmetered)):
-        return await run_in_threadpool(models.heartbeat, t, await json_body(request))
+        return await run_in_threadpool(models.heartbeat, t, await read(request, b.SessionRef))
 
-    @r.post("/sessions/{session_id}/finish")
+    @r.post("/sessions/{session_id}/finish", openapi_extra=b.documented(b.FinishSessionBody))
     async def finish(session_id: str, request: Request, t: str = Depends(tenant)):
-        body = await json_body(request) if await request.body() else {}
+        body = await read(request, b.FinishSessionBody) if await request.body() else b.FinishSessionBody()
         await run_in_threadpool(models.finish_session, t, session_id, body)
         return {"status": "finished"}
 
@@ -114,9 +125,7 @@ def build_router(svc: Service) -> PrefixRouter:
     # ---- training ----
     def json_route(path: str, fn, body_model: type[BaseModel], per_step: bool = False):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
-            body = await json_body(request)
-            b.parse(body_model, body)  # every field's type and range, before any is read (a 400 naming it)
-            return await queue_work(request, fn, t, body, light=per_step)
+            return await queue_work(request, fn, t, await read(request, body_model), light=per_step)
 
         handler.__name__ = path.strip("/")
         r.add_api_route(path, handler, methods=["POST"], openapi_extra=b.documented(body_model))
@@ -156,10 +165,7 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.post("/retrieve_future", openapi_extra=b.documented(b.FutureBody))
     async def retrieve_future(request: Request, t: str = Depends(unmetered)):
-        body = await json_body(request)
-        request_id = body.get("request_id")
-        if not isinstance(request_id, str):
-            raise BadRequest(f"request_id must be a string, got {type(request_id).__name__}")
+        request_id = (await read(request, b.FutureBody)).request_id
         row = await rt.hub.wait(request_id, t, rt.config.long_poll_s)
         if row is None:
             raise NotFound(f"future {request_id!r} not found")
@@ -203,15 +209,12 @@ def build_router(svc: Service) -> PrefixRouter:
 
     @r.put("/training_runs/{run_id}/checkpoints/{kind}/{name}/ttl", openapi_extra=b.documented(b.TtlBody))
     async def ttl(run_id: str, kind: str, name: str, request: Request, t: str = Depends(tenant)):
-        rest.set_ttl(t, run_id, f"{kind}/{name}", (await json_body(request)).get("ttl_seconds"))
+        rest.set_ttl(t, run_id, f"{kind}/{name}", (await read(request, b.TtlBody)).ttl_seconds)
         return {"status": "ok"}
 
     @r.post("/weights_info", openapi_extra=b.documented(b.WeightsInfoBody))
     async def weights_info(request: Request, t: str = Depends(tenant)):
-        path = (await json_body(request)).get("tinker_path")
-        if not isinstance(path, str):
-            raise BadRequest(f"weights_info needs tinker_path as a string, got {path!r}")
-        return rest.weights_info(t, path)
+        return rest.weights_info(t, (await read(request, b.WeightsInfoBody)).tinker_path)
 
     @r.get("/checkpoints")
     def user_checkpoints(

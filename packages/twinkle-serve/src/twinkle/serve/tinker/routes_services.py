@@ -19,10 +19,11 @@ from twinkle.serve.core import audit as audit_log
 from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
 from twinkle.serve.routing import PrefixRouter
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions, usage
 from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.models import TinkerModels
-from twinkle.serve.tinker.routes import json_body
+from twinkle.serve.tinker.routes import read
 from twinkle.serve.tinker.sampling import TinkerSampling
 from twinkle.serve.tinker.weights import TinkerWeights
 
@@ -36,43 +37,46 @@ def build_services_router(svc: Service) -> PrefixRouter:
 
     r = PrefixRouter("/api/v1", tags=["tinker"])
 
-    @r.post("/create_custom_loss")
+    @r.post("/create_custom_loss", openapi_extra=b.documented(b.CreateCustomLossBody))
     async def create_custom_loss(request: Request, t: str = Depends(caller)):
-        return await run_in_threadpool(custom_loss_service.create, svc, t, await json_body(request))
+        body = await read(request, b.CreateCustomLossBody)
+        return await run_in_threadpool(custom_loss_service.create, svc, t, body)
 
-    @r.post("/retrieve_futures")
+    @r.post("/retrieve_futures", openapi_extra=b.documented(b.FuturesRetrieveBody))
     async def retrieve_futures(request: Request, t: str = Depends(poller)):
-        return await sampling_queue.retrieve_futures(sampling, t, await json_body(request))
+        return await sampling_queue.retrieve_futures(sampling, t, await read(request, b.FuturesRetrieveBody))
 
-    @r.post("/cancel_future")
+    @r.post("/cancel_future", openapi_extra=b.documented(b.FutureBody))
     async def cancel_future(request: Request, t: str = Depends(caller)):
-        return await run_in_threadpool(sampling_queue.cancel_future, svc, t, await json_body(request))
+        return await run_in_threadpool(sampling_queue.cancel_future, svc, t, await read(request, b.FutureBody))
 
-    @r.post("/join_sampling_session")
+    @r.post("/join_sampling_session", openapi_extra=b.documented(b.JoinSamplingSessionBody))
     async def join_sampling_session(request: Request, t: str = Depends(caller)):
-        return await run_in_threadpool(sampling_queue.join_sampling_session, sampling, t, await json_body(request))
+        body = await read(request, b.JoinSamplingSessionBody)
+        return await run_in_threadpool(sampling_queue.join_sampling_session, sampling, t, body)
 
     # ---- a PEFT adapter made elsewhere, as a training checkpoint (twinkle.serve.core.adapter_import) ----
     imports = AdapterImports(svc)
 
-    def import_adapter(t: str, body: dict) -> dict:
-        if body.get("session_id") is not None:  # another tenant's session: a 404 before the body is read
-            svc.session(t, body["session_id"])
-        engine = model_names.engine(rt, body.get("base_model"))  # `<base>:peft:<n>` too
-        ckpt = imports.import_adapter(t, engine, body.get("name"), body.get("files"), body.get("session_id"))
+    def import_adapter(t: str, body: b.ImportAdapterBody) -> dict:
+        if body.session_id is not None:  # another tenant's session: a 404 before the files are read
+            svc.session(t, body.session_id)
+        engine = model_names.engine(rt, body.base_model)  # `<base>:peft:<n>` too
+        ckpt = imports.import_adapter(t, engine, body.name, body.files, body.session_id)
         return {"type": "import_adapter", "path": ckpt.tinker_path, "model_id": ckpt.model_id}
 
-    @r.post("/import_adapter")
+    @r.post("/import_adapter", openapi_extra=b.documented(b.ImportAdapterBody))
     async def import_adapter_route(request: Request, t: str = Depends(auth.ready)):
-        return await run_in_threadpool(import_adapter, t, await json_body(request))
+        return await run_in_threadpool(import_adapter, t, await read(request, b.ImportAdapterBody))
 
     # ---- external weights: export, signed URLs, the files themselves ----
     signer = UrlSigner()
     external = ExternalWeights(svc, signer)
 
-    @r.post("/save_weights_external")
+    @r.post("/save_weights_external", openapi_extra=b.documented(b.SaveWeightsExternalBody))
     async def save_weights_external(request: Request, t: str = Depends(auth.ready)):
-        return await run_in_threadpool(weights.save_weights_external, t, await json_body(request))
+        body = await read(request, b.SaveWeightsExternalBody)
+        return await run_in_threadpool(weights.save_weights_external, t, body)
 
     @r.get("/training_runs/{run_id}/checkpoints/{kind}/{name}/external_weights_urls")
     def external_weights_urls(run_id: str, kind: str, name: str, request: Request, t: str = Depends(caller)):
@@ -83,18 +87,19 @@ def build_services_router(svc: Service) -> PrefixRouter:
         path, name = external.file(token)
         return FileResponse(path, filename=name)
 
-    @r.post("/copy_weights")
+    @r.post("/copy_weights", openapi_extra=b.documented(b.CopyWeightsBody))
     async def copy_weights(request: Request, t: str = Depends(caller)):
-        return await run_in_threadpool(sessions.copy_weights, svc, weights, t, await json_body(request))
+        body = await read(request, b.CopyWeightsBody)
+        return await run_in_threadpool(sessions.copy_weights, svc, weights, t, body)
 
     # ---- sessions: search, project, trace ----
-    @r.post("/sessions/search")
+    @r.post("/sessions/search", openapi_extra=b.documented(b.SessionSearchBody))
     async def search_sessions(request: Request, t: str = Depends(caller)):
-        return sessions.search(svc, t, await json_body(request))
+        return sessions.search(svc, t, await read(request, b.SessionSearchBody))
 
-    @r.put("/sessions/{session_id}/project")
+    @r.put("/sessions/{session_id}/project", openapi_extra=b.documented(b.ProjectBody))
     async def session_project(session_id: str, request: Request, t: str = Depends(caller)):
-        return sessions.set_project(svc, t, session_id, await json_body(request))
+        return sessions.set_project(svc, t, session_id, await read(request, b.ProjectBody))
 
     @r.get("/sessions/{session_id}/trace_export")
     def trace_export(session_id: str, request: Request, t: str = Depends(caller)):

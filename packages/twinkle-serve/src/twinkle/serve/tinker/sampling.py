@@ -13,9 +13,10 @@ from twinkle.serve.core.records import SamplingSession
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import NotFound
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import codec, images, model_names, prompt_scores
 from twinkle.serve.tinker.provenance import Provenance
-from twinkle.serve.tinker.sample_params import num_samples, prompt_tokens, sample_params
+from twinkle.serve.tinker.sample_params import prompt_tokens, sample_params
 
 
 def sampler_name(key: str) -> str:
@@ -27,15 +28,15 @@ class TinkerSampling:
         self.svc, self.rt = svc, svc.rt
         self.provenance = Provenance(svc)
 
-    def create_sampling_session(self, tenant: str, body: dict) -> dict:
-        session_id = self.svc.session(tenant, body.get("session_id")).session_id
-        model_path = body.get("model_path")
+    def create_sampling_session(self, tenant: str, body: b.CreateSamplingSessionBody) -> dict:
+        session_id = self.svc.session(tenant, body.session_id).session_id
+        model_path = body.model_path
         if model_path:
             ckpt = self.svc.checkpoints.readable(tenant, model_path, purpose="sample")
             base_model = self.rt.store.runs.of_checkpoint(ckpt).base_model
         else:
-            base_model = model_names.engine(self.rt, body.get("base_model")).entry.name
-        sampler_id = f"{session_id}:sample:{body.get('sampling_session_seq_id', 0)}"
+            base_model = model_names.engine(self.rt, body.base_model).entry.name
+        sampler_id = f"{session_id}:sample:{body.sampling_session_seq_id}"
         self.svc.admit_sampler(tenant)
         self.rt.store.samplers.create(
             SamplingSession(sampler_id, tenant, session_id, base_model, model_path, time.time())
@@ -68,10 +69,10 @@ class TinkerSampling:
         s = self.sampler(tenant, sampler_id)
         return {"sampler_id": sampler_id, "base_model": s.base_model, "model_path": s.model_path}
 
-    def asample(self, tenant: str, body: dict) -> dict:
-        sampler = self.sampler(tenant, body.get("sampling_session_id"))
+    def asample(self, tenant: str, body: b.ASampleBody) -> dict:
+        sampler = self.sampler(tenant, body.sampling_session_id)
         engine = self.rt.engine(sampler.base_model)
-        (prompt, pieces), n = prompt_tokens(body.get("prompt") or {}), num_samples(body)
+        (prompt, pieces), n = prompt_tokens(body.prompt.chunks), body.num_samples
         backend = engine.backend
         pixels = None
         if pieces:  # image chunks: the model's placeholder tokens in the prompt, the pixels beside it
@@ -80,7 +81,7 @@ class TinkerSampling:
         params, asks = sample_params(body, len(prompt), backend.vocab_size, backend.max_context, self.rt.config.caps)
         sequence_ids = [uuid.uuid4().hex for _ in range(n)]
         # stable_reinforce: what each sequence's loss will need, recorded before the result is visible
-        policy = self.provenance.policy(tenant, sampler) if body.get("record_stability_info") else None
+        policy = self.provenance.policy(tenant, sampler) if body.record_stability_info else None
         adapter = folder = namespace = None
         if self.svc.inflight.follows(sampler.sampler_id):
             namespace = sampler.sampler_id  # the session's own prefix-cache namespace; the adapter is read at run
@@ -110,9 +111,9 @@ class TinkerSampling:
                 codec.encode_sample_result(result, asks.topk_prompt, asks.topk_sample, asks.target_layout)
             )
 
-        seq = body.get("seq_id")
+        seq = body.seq_id
         request_id = self.svc.submit(tenant, engine, sampler.sampler_id, seq, run, hold=hold, sliced=True)
         # a clone's seq_ids start at clone * 1e9: the retrieve_futures queue it reads (tinker/sampling_queue.py)
-        clone = seq // 10**9 if isinstance(seq, int) and not isinstance(seq, bool) else 0
+        clone = 0 if seq is None else seq // 10**9
         self.rt.store.sample_requests.record(request_id, tenant, sampler.sampler_id, clone)
         return {"request_id": request_id, "sample_sequence_ids": sequence_ids}

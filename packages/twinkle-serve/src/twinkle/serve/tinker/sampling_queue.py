@@ -13,31 +13,16 @@ import time
 
 from twinkle.serve.core.service import Service
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker.sampling import TinkerSampling
 
 IDLE_RECHECK_S = 0.2  # with nothing pending to wait on (a request not yet recorded), look again this soon
 
 
-def _int(body: dict, name: str, default: int) -> int:
-    v = body.get(name, default)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise BadRequest(f"{name} must be an integer >= 0, got {v!r}")
-    return v
-
-
-async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
-    target = body.get("target")
-    if not isinstance(target, dict) or target.get("type", "sampling_session") != "sampling_session":
-        raise BadRequest('target must be {"type": "sampling_session", "sampling_session_id", "cloned_sampler_id"}')
-    sampler_id, rt = sampling.sampler(tenant, target.get("sampling_session_id")).sampler_id, sampling.rt
-    clone, cursor = _int(target, "cloned_sampler_id", 0), _int(body, "prev_cursor", 0)
-    retrieved = body.get("retrieved_request_ids", [])
-    if not isinstance(retrieved, list) or not all(isinstance(r, str) for r in retrieved):
-        raise BadRequest("retrieved_request_ids must be a list of request id strings")
-    timeout = body.get("timeout")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0):
-        raise BadRequest(f"timeout must be a number of seconds >= 0 or null, got {timeout!r}")
-    rt.store.sample_requests.forget(tenant, retrieved)
+async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: b.FuturesRetrieveBody) -> dict:
+    sampler_id, rt = sampling.sampler(tenant, body.target.sampling_session_id).sampler_id, sampling.rt
+    clone, cursor, timeout = body.target.cloned_sampler_id, body.prev_cursor, body.timeout
+    rt.store.sample_requests.forget(tenant, body.retrieved_request_ids)
     deadline = time.monotonic() + min(rt.config.long_poll_s, rt.config.long_poll_s if timeout is None else timeout)
     while True:
         done, pending = rt.store.sample_requests.completions(tenant, sampler_id, clone, cursor)
@@ -60,13 +45,10 @@ async def retrieve_futures(sampling: TinkerSampling, tenant: str, body: dict) ->
     return {"completions": completions, "cursor": max([cursor] + [r["completion"] for r in done])}
 
 
-def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
+def cancel_future(svc: Service, tenant: str, body: b.FutureBody) -> dict:
     """Cancel a sample request: a queued one is dropped, a running one stops at its next decode step
     (its future fails saying how far it got), a finished one is left as it is (and said so)."""
-    request_id = body.get("request_id")
-    if not isinstance(request_id, str):
-        raise BadRequest(f"request_id must be a string, got {type(request_id).__name__}")
-    rt = svc.rt
+    request_id, rt = body.request_id, svc.rt
     if not rt.store.sample_requests.owned(request_id, tenant):
         if rt.store.futures.get(request_id, tenant) is not None:
             raise BadRequest(f"request {request_id!r} is not a sample request: only sampling can be cancelled")
@@ -74,6 +56,6 @@ def cancel_future(svc: Service, tenant: str, body: dict) -> dict:
     return {"request_id": request_id, "status": svc.cancel(tenant, request_id)}
 
 
-def join_sampling_session(sampling: TinkerSampling, tenant: str, body: dict) -> dict:
-    sampler_id = sampling.sampler(tenant, body.get("sampling_session_id")).sampler_id
+def join_sampling_session(sampling: TinkerSampling, tenant: str, body: b.JoinSamplingSessionBody) -> dict:
+    sampler_id = sampling.sampler(tenant, body.sampling_session_id).sampler_id
     return {"type": "join_sampling_session", "client_counter": sampling.rt.store.sample_requests.join(sampler_id)}

@@ -12,13 +12,11 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from twinkle.client.schema import bounds as B
-from twinkle.serve.core import audit, bounds
+from twinkle.serve.core import audit
 from twinkle.serve.core.service import LIVE_SESSION_S, Service
 from twinkle.serve.errors import BadRequest, NotFound
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker.usage import session_metadata
-
-STATUSES = {"active", "cancelled", "failed", "client_finished"}
 
 
 def owner_urn(tenant: str) -> str:
@@ -37,86 +35,43 @@ def _status(row: dict) -> dict | None:
     return None
 
 
-def _str_list(body: dict, name: str) -> list[str] | None:
-    v = body.get(name)
-    if v is not None and (not isinstance(v, list) or not all(isinstance(x, str) for x in v)):
-        raise BadRequest(f"{name} must be a list of strings")
-    return v
-
-
-def _matches(row: dict, body: dict, tenant: str) -> bool:
-    if body.get("session_id") is not None and row["session_id"] != body["session_id"]:
+def _matches(row: dict, body: b.SessionSearchBody, tenant: str) -> bool:
+    if body.session_id is not None and row["session_id"] != body.session_id:
         return False
-    projects = _str_list(body, "project_ids")
-    if projects is not None and row["project_id"] not in projects:
+    if body.project_ids is not None and row["project_id"] not in body.project_ids:
         return False
     meta = json.loads(row["user_metadata"]) if row["user_metadata"] else {}
-    if any(str(meta.get(k)) != v or k not in meta for k, v in body["user_metadata"].items()):
+    if any(str(meta.get(k)) != v or k not in meta for k, v in body.user_metadata.items()):
         return False
-    owner = body["owner"]
-    if owner.get("type") == "user" and owner_urn(tenant) not in (owner.get("owner_urns") or []):
+    if body.owner.type == "user" and owner_urn(tenant) not in (body.owner.owner_urns or []):
         return False
-    statuses = body.get("statuses")
-    if statuses is None:
+    if body.statuses is None:
         return True
     status = _status(row)
-    for query in statuses:
+    for query in body.statuses:
         if (
             status is not None
-            and query["type"] == status["type"]
-            and (
-                query["type"] != "client_finished"
-                or not query.get("reasons")
-                or status["reason"]["type"] in query["reasons"]
-            )
+            and query.type == status["type"]
+            and (query.type != "client_finished" or not query.reasons or status["reason"]["type"] in query.reasons)
         ):
             return True
     return False
 
 
-def _check_search(body: dict) -> None:
-    if body.get("display_name") is not None:
+def search(svc: Service, tenant: str, body: b.SessionSearchBody) -> dict:
+    if body.display_name is not None:
         raise BadRequest(
             "display_name: this server does not record session display names; search by session_id or user_metadata"
         )
-    if not isinstance(body.setdefault("user_metadata", {}), dict):
-        raise BadRequest("user_metadata must be an object of string keys and values")
-    owner = body.setdefault("owner", {"type": "own"})
-    if not isinstance(owner, dict) or owner.get("type") not in ("own", "accessible", "user"):
-        raise BadRequest(f"owner must be {{type: own | accessible | user}}, got {owner!r}")
-    _str_list(owner, "owner_urns")
-    statuses = body.get("statuses")
-    if statuses is not None and (
-        not isinstance(statuses, list)
-        or not statuses
-        or not all(isinstance(q, dict) and q.get("type") in STATUSES for q in statuses)
-    ):
-        raise BadRequest(f"statuses must be a non-empty list of {{type: {' | '.join(sorted(STATUSES))}}}")
-    for q in statuses or ():
-        _str_list(q, "reasons")
-    limit = body.setdefault("limit", 50)
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 200:
-        raise BadRequest(f"limit must be an integer from 1 to 200, got {limit!r}")
-    cursor = body.get("cursor")
-    if cursor is not None and (
-        not isinstance(cursor, dict)
-        or not isinstance(cursor.get("last_session_id"), str)
-        or not isinstance(cursor.get("last_created_at"), str)
-    ):
-        raise BadRequest("cursor must be a previous response's next_cursor: {last_created_at, last_session_id}")
-
-
-def search(svc: Service, tenant: str, body: dict) -> dict:
-    _check_search(body)
     rows = [r for r in svc.store.projects.sessions_with_details(tenant) if _matches(r, body, tenant)]
-    cursor = body.get("cursor")
+    cursor = body.cursor
     if cursor is not None:  # newest first: resume after the last (created_at, session_id) returned
         try:
-            after = (datetime.fromisoformat(cursor["last_created_at"]).timestamp(), cursor["last_session_id"])
+            after = (datetime.fromisoformat(cursor.last_created_at).timestamp(), cursor.last_session_id)
         except ValueError:
-            raise BadRequest(f"cursor.last_created_at is not a timestamp: {cursor['last_created_at']!r}") from None
+            raise BadRequest(f"cursor.last_created_at is not a timestamp: {cursor.last_created_at!r}") from None
         rows = [r for r in rows if (round(r["created_at"], 6), r["session_id"]) < (round(after[0], 6), after[1])]
-    page = rows[: body["limit"]]
+    page = rows[: body.limit]
     summaries = [
         {
             "session_id": r["session_id"],
@@ -140,10 +95,10 @@ def search(svc: Service, tenant: str, body: dict) -> dict:
     }
 
 
-def set_project(svc: Service, tenant: str, session_id: str, body: dict) -> dict:
+def set_project(svc: Service, tenant: str, session_id: str, body: b.ProjectBody) -> dict:
     svc.session(tenant, session_id)
-    project = body.get("project_id")
-    if not isinstance(project, str) or not project:
+    project = body.project_id
+    if not project:
         raise BadRequest("project_id is required (a non-empty string)")
     svc.store.projects.set(session_id, project)
     audit.project_assigned(svc.store, tenant, session_id, project)
@@ -197,21 +152,19 @@ def trace(svc: Service, signer, token: str) -> bytes:
     return json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}).encode()
 
 
-def copy_weights(svc: Service, weights, tenant: str, body: dict) -> dict:
-    if body.get("weights_access_token"):
+def copy_weights(svc: Service, weights, tenant: str, body: b.CopyWeightsBody) -> dict:
+    if body.weights_access_token:
         raise BadRequest("weights_access_token is not supported by this server: publish the checkpoint instead")
-    source = svc.checkpoints.readable(tenant, body.get("source_path"), purpose="copy")
-    ttl = body.get("ttl_seconds")
-    if ttl is not None:
-        bounds.check(B.TTL_SECONDS, "ttl_seconds", ttl)  # a positive integer the calendar can hold
-    session_id, seq = body.get("session_id"), body.get("model_seq_id")
+    source = svc.checkpoints.readable(tenant, body.source_path, purpose="copy")
+    ttl = body.ttl_seconds  # in range: a positive integer the calendar can hold
+    session_id, seq = body.session_id, body.model_seq_id
     if session_id is not None:
         svc.session(tenant, session_id)
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        if seq is None or seq < 0:
             raise BadRequest("model_seq_id (an integer >= 0) is required with session_id")
     else:
-        project = body.get("destination_project_id")
-        if not isinstance(project, str) or not project:
+        project = body.destination_project_id
+        if not project:
             raise BadRequest("copy_weights needs destination_project_id, or session_id and model_seq_id")
         # the copy's own session, finished at once: every run here belongs to a session
         session = svc.create_session(tenant, ["copy_weights"], {"created_by": "copy_weights"})

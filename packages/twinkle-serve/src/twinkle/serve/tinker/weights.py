@@ -8,30 +8,25 @@ import os
 import uuid
 from pathlib import Path
 
-from twinkle.client.schema import bounds as B
 from twinkle.serve.backend import LoraSpec
-from twinkle.serve.core import bounds
 from twinkle.serve.core.checkpoints import META_FILE, check_name
 from twinkle.serve.core.records import Checkpoint, Kind, Run
 from twinkle.serve.core.service import Service
 from twinkle.serve.core.work import StoredAnswer
 from twinkle.serve.errors import BadRequest
+from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker.models import TinkerModels, adapter_name
 from twinkle.serve.tinker.sampling import TinkerSampling
 
-
-def checked_fields(body: dict) -> None:
-    """A save's numbers, before it is queued: a TTL the calendar can hold, a 64-bit seq_id."""
-    for field, rng in (("ttl_seconds", B.TTL_SECONDS), ("seq_id", B.SEQ_ID)):
-        if body.get(field) is not None:
-            bounds.check(rng, field, body[field])
+# what a save reads, its TTL and seq_id in range (a TTL the calendar can hold, a 64-bit seq_id)
+Save = b.SaveWeightsBody | b.SaveWeightsForSamplerBody | b.SaveWeightsExternalBody
 
 
 class TinkerWeights:
     def __init__(self, svc: Service, models: TinkerModels, sampling: TinkerSampling):
         self.svc, self.rt, self.models, self.sampling = svc, svc.rt, models, sampling
 
-    def _write(self, run: Run, engine, kind: Kind, name: str, body: dict, overwrite: bool) -> Checkpoint:
+    def _write(self, run: Run, engine, kind: Kind, name: str, body: Save, overwrite: bool) -> Checkpoint:
         adapter = self.svc.live_adapter(run.model_id)
 
         def fill(staging: Path) -> dict:
@@ -44,39 +39,38 @@ class TinkerWeights:
             name,
             fill,
             overwrite=overwrite,
-            ttl=body.get("ttl_seconds"),
-            user_metadata=body.get("user_metadata"),
+            ttl=body.ttl_seconds,
+            user_metadata=body.user_metadata,
         )
 
-    def _queue(self, tenant, engine, run: Run, body: dict, work) -> dict:
-        checked_fields(body)
+    def _queue(self, tenant, engine, run: Run, body: Save, work) -> dict:
         return {
-            "request_id": self.svc.submit(tenant, engine, run.model_id, body.get("seq_id"), work),
+            "request_id": self.svc.submit(tenant, engine, run.model_id, body.seq_id, work),
             "model_id": run.model_id,
         }
 
-    def save_weights(self, tenant: str, body: dict) -> dict:
-        run = self.svc.run(tenant, body.get("model_id"))
+    def save_weights(self, tenant: str, body: b.SaveWeightsBody) -> dict:
+        run = self.svc.run(tenant, body.model_id)
         self.svc.admit_save(tenant)
         engine = self.rt.engine(run.base_model)
-        name = check_name(body.get("path") or f"ckpt-{uuid.uuid4().hex[:8]}")
+        name = check_name(body.path or f"ckpt-{uuid.uuid4().hex[:8]}")
 
         def work():
-            path = self._write(run, engine, "training", name, body, bool(body.get("overwrite", False))).tinker_path
+            path = self._write(run, engine, "training", name, body, body.overwrite).tinker_path
             return StoredAnswer.json({"type": "save_weights", "path": path})
 
         return self._queue(tenant, engine, run, body, work)
 
-    def save_weights_for_sampler(self, tenant: str, body: dict) -> dict:
-        run = self.svc.run(tenant, body.get("model_id"))
+    def save_weights_for_sampler(self, tenant: str, body: b.SaveWeightsForSamplerBody) -> dict:
+        run = self.svc.run(tenant, body.model_id)
         engine = self.rt.engine(run.base_model)
-        if body.get("path"):
-            if body.get("kind") == "inflight":
+        if body.path:
+            if body.kind == "inflight":
                 raise BadRequest(
                     "kind='inflight' publishes to the model's shared target and returns a sampling session: "
                     "send it without a path (save_weights_and_get_sampling_client(kind='inflight'))"
                 )
-            name = check_name(body["path"])
+            name = check_name(body.path)
             self.svc.admit_save(tenant)
 
             def work():
@@ -87,11 +81,10 @@ class TinkerWeights:
                     }
                 )
         else:
-            seq = body.get("sampling_session_seq_id")
-            if not isinstance(seq, int):
+            seq, kind = body.sampling_session_seq_id, body.kind
+            if seq is None:
                 raise BadRequest("save_weights_for_sampler needs a path (named) or sampling_session_seq_id (ephemeral)")
             self.svc.admit_sampler(tenant)
-            kind = body.get("kind", "snapshot")
 
             def work():
                 return StoredAnswer.json(
@@ -100,26 +93,21 @@ class TinkerWeights:
 
         return self._queue(tenant, engine, run, body, work)
 
-    def load_weights(self, tenant: str, body: dict) -> dict:
-        path = body.get("path")
+    def load_weights(self, tenant: str, body: b.LoadWeightsBody) -> dict:
+        path = body.path
         ckpt = self.svc.checkpoints.readable(tenant, path, "training", purpose="load")
         folder = self.svc.checkpoints.folder(ckpt)
         meta = self.svc.checkpoints.meta(ckpt)
-        with_optimizer = bool(body.get("optimizer"))
-        if body.get("session_id") is not None:  # create_training_client_from_state(_with_optimizer)
+        with_optimizer = body.optimizer
+        if body.session_id is not None:  # create_training_client_from_state(_with_optimizer)
             spec = LoraSpec(**{k: v for k, v in meta["lora"].items() if k in LoraSpec.__dataclass_fields__})
             run, engine = self.models.new_run(
-                tenant,
-                body["session_id"],
-                body.get("model_seq_id"),
-                meta["base_model"],
-                spec,
-                body.get("user_metadata"),
+                tenant, body.session_id, body.model_seq_id, meta["base_model"], spec, body.user_metadata
             )
             seq_id = 0
         else:  # TrainingClient.load_state: into an existing model
-            run = self.svc.run(tenant, body.get("model_id"))
-            engine, seq_id, spec = self.rt.engine(run.base_model), body.get("seq_id"), None
+            run = self.svc.run(tenant, body.model_id)
+            engine, seq_id, spec = self.rt.engine(run.base_model), body.seq_id, None
 
         def work():
             if spec is None:
@@ -136,14 +124,13 @@ class TinkerWeights:
         return {"request_id": self.svc.submit(tenant, engine, run.model_id, seq_id, work), "model_id": run.model_id}
 
     # ---- external weights (a PEFT adapter folder to download: tinker/external_weights.py serves it) ----
-    def save_weights_external(self, tenant: str, body: dict) -> dict:
-        if body.get("age_encryption_recipients"):
+    def save_weights_external(self, tenant: str, body: b.SaveWeightsExternalBody) -> dict:
+        if body.age_encryption_recipients:
             raise BadRequest("age_encryption_recipients: encrypted exports are not supported by this server")
-        run = self.svc.run(tenant, body.get("model_id"))
+        run = self.svc.run(tenant, body.model_id)
         self.svc.admit_save(tenant)
         engine = self.rt.engine(run.base_model)
-        name = check_name(body.get("path"))
-        checked_fields(body)
+        name = check_name(body.path)
 
         def work():
             ckpt = self._write(run, engine, "external", name, body, True)
