@@ -125,88 +125,95 @@ async def stream(
     images=None,
 ) -> StreamingResponse:
     """Choice `p * n + j` is sample j of prompt p; its chunks go out as its tokens are decoded."""
-    job = _Job(svc, tenant, target, prompts, n, params, images)
-    tokenizer = target.engine.backend.tokenizer
-    choices = [ChoiceText(tokenizer, params.stop_strings) for _ in range(len(prompts) * n)]
-    loop = asyncio.get_running_loop()
-    events: asyncio.Queue = asyncio.Queue()  # unbounded: the worker never waits on a slow reader
-    closed = threading.Event()
-    opening = [c for i in range(len(choices)) for c in chunks.opening(i)]
+    out = _Stream(_Job(svc, tenant, target, prompts, n, params, images), chunks, asyncio.get_running_loop())
+    request_id = out.job.submit(out.run)
+    out.request_id = request_id
+    try:
+        first = await out.events.get()
+    except BaseException:  # the handler was cancelled before the first step: stop the worker there too
+        out.leave()
+        raise
+    if first[0] == "error":
+        out.closed.set()
+        raise _as_openai(first[1])
+    return StreamingResponse(out.body(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    def send(kind: str, items) -> None:  # on the worker thread
-        nonlocal opening
-        if opening and kind != "error":
-            items, opening = opening + items, []
-        loop.call_soon_threadsafe(events.put_nowait, (kind, items))
 
-    def pieces(i: int, text: str, lo: int, hi: int, r) -> list[dict]:
-        return [chunks.piece(i, text, r, lo, hi)] if text else []
+class _Stream:
+    """One streamed request: `run` decodes on the worker thread and queues (kind, items) events, kind
+    "chunks", "done" or "error"; `body` sends them to the reader as server-sent events."""
 
-    def run():
-        results, decoded = [], 0
+    def __init__(self, job: _Job, chunks: responses.ChatChunks, loop: asyncio.AbstractEventLoop):
+        self.job, self.chunks, self.loop = job, chunks, loop
+        tokenizer = job.target.engine.backend.tokenizer
+        self.choices = [ChoiceText(tokenizer, job.params.stop_strings) for _ in range(len(job.prompts) * job.n)]
+        self.events: asyncio.Queue = asyncio.Queue()  # unbounded: the worker never waits on a slow reader
+        self.closed = threading.Event()
+        self.opening = [c for i in range(len(self.choices)) for c in chunks.opening(i)]
+        self.request_id = ""
 
-        def on_tokens(step) -> None:
-            nonlocal decoded
-            if closed.is_set():
-                raise StreamClosed
-            decoded += len(step)
-            out = []
-            for t in step:
-                i = p * n + t.index
-                out += pieces(i, *choices[i].add(t), choices[i].partial)
-            if out or opening:  # held-back text sends nothing yet
-                send("chunks", out)
+    # ---- on the worker thread ------------------------------------------------------------------
+    def send(self, kind: str, items) -> None:
+        if self.opening and kind != "error":
+            items, self.opening = self.opening + items, []
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, items))
 
-        if closed.is_set():  # the caller went away while this waited in the queue
+    def pieces(self, i: int, text: str, lo: int, hi: int, r) -> list[dict]:
+        return [self.chunks.piece(i, text, r, lo, hi)] if text else []
+
+    def run(self) -> StoredAnswer:
+        if self.closed.is_set():  # the caller went away while this waited in the queue
             return StoredAnswer.json({"closed": True})
+        job, results = self.job, []
         try:
             job.install()
-            for p, prompt in enumerate(prompts):
-                decoded = 0
+            for p, prompt in enumerate(job.prompts):
+                decoded = [0]
                 try:
-                    result = job.sample(prompt, on_tokens)
+                    result = job.sample(prompt, lambda step, p=p, decoded=decoded: self.on_tokens(p, step, decoded))
                 except (StreamClosed, Cancelled):
-                    job.count(prompt, decoded)
+                    job.count(prompt, decoded[0])
                     return StoredAnswer.json({"closed": True})
                 job.count(prompt, _sampled(result))
                 results.append(result)
                 out = []
                 for j, seq in enumerate(result.sequences):
-                    i = p * n + j
-                    text, lo, hi, final = choices[i].finish(seq)
-                    out += [*pieces(i, text, lo, hi, final), chunks.finish(i, final.finish_reason)]
-                send("chunks", out)
+                    i = p * job.n + j
+                    text, lo, hi, final = self.choices[i].finish(seq)
+                    out += [*self.pieces(i, text, lo, hi, final), self.chunks.finish(i, final.finish_reason)]
+                self.send("chunks", out)
         except Exception as e:
-            send("error", e)
+            self.send("error", e)
             raise
-        send("done", chunks.usage(responses.usage(prompts, results)))
+        self.send("done", self.chunks.usage(responses.usage(job.prompts, results)))
         return StoredAnswer.json({})
 
-    request_id = job.submit(run)
+    def on_tokens(self, p: int, step, decoded: list[int]) -> None:
+        if self.closed.is_set():
+            raise StreamClosed
+        decoded[0] += len(step)
+        out = []
+        for t in step:
+            i = p * self.job.n + t.index
+            out += self.pieces(i, *self.choices[i].add(t), self.choices[i].partial)
+        if out or self.opening:  # held-back text sends nothing yet
+            self.send("chunks", out)
 
-    def leave() -> None:
+    # ---- on the event loop ---------------------------------------------------------------------
+    def leave(self) -> None:
         """The reader is gone: the decode stops at its next step, also when it is paused for others' turns."""
-        closed.set()
-        svc.cancel(tenant, request_id)
+        self.closed.set()
+        self.job.svc.cancel(self.job.tenant, self.request_id)
 
-    try:
-        first = await events.get()
-    except BaseException:  # the handler was cancelled before the first step: stop the worker there too
-        leave()
-        raise
-    if first[0] == "error":
-        closed.set()
-        raise _as_openai(first[1])
-
-    async def body():
+    async def body(self, first):
         # What the worker queued meanwhile goes out as one write: a stream of n choices sends n chunks a
         # decode step, and a write per chunk is event-loop time (and the GIL) taken from other tenants' passes.
         kind, items = first
         try:
             while kind != "error":
                 out = [responses.sse(item) for item in items]
-                while kind == "chunks" and not events.empty():
-                    kind, items = events.get_nowait()
+                while kind == "chunks" and not self.events.empty():
+                    kind, items = self.events.get_nowait()
                     out += [responses.sse(item) for item in items] if kind != "error" else []
                 if kind == "done":
                     out.append(responses.sse("[DONE]"))
@@ -215,12 +222,10 @@ async def stream(
                 if kind == "done":
                     return
                 if kind != "error":
-                    kind, items = await events.get()
+                    kind, items = await self.events.get()
             e = _as_openai(items)
             yield responses.sse(error_body(e.status, e.message, e.param, e.code))
         finally:  # a reader who disconnected lands here too (the generator is cancelled or closed)
             if kind == "chunks":
-                leave()
-            closed.set()
-
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                self.leave()
+            self.closed.set()
