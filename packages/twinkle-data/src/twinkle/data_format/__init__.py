@@ -64,7 +64,7 @@ class LossOutput(TypedDict, total=False):
 _SAMPLING = ("SamplingParams", "SampledSequence", "SampleResponse")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name in _SAMPLING:  # owned by twinkle-sampler, above this layer: looked up only when asked for
         try:
             return getattr(importlib.import_module("twinkle.sampler.params"), name)

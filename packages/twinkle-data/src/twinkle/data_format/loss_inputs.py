@@ -15,11 +15,20 @@ a key the row already has is an error, never silently overwritten.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from twinkle.data_format.labels import IGNORE_INDEX
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
-def _plain(value):
+    # per row: one number, or one list (per completion token); a tensor or array of them is read alike
+    PerRow = Sequence[float | Sequence[float]] | torch.Tensor | np.ndarray
+    Rows = Mapping[str, Any] | Sequence[Mapping[str, Any]]
+
+
+def _plain(value: Any) -> Any:  # a tensor / array becomes lists; anything else is returned as is
     return value.tolist() if hasattr(value, "tolist") else value
 
 
@@ -38,14 +47,14 @@ def _on_completion(row: Mapping, values: Sequence[float], name: str, i: int) -> 
     return out
 
 
-def _per_row(values, n: int, name: str) -> list:
+def _per_row(values: PerRow, n: int, name: str) -> list:
     values = _plain(values)
     if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != n:
         raise ValueError(f"{name} must have one entry per row ({n} rows), got {values!r:.80}")
     return list(values)
 
 
-def completion_values(rows: Sequence[Mapping], values, name: str) -> list:
+def completion_values(rows: Sequence[Mapping], values: PerRow, name: str) -> list:
     """Row i's field `name` from values[i]: a number (for the whole row), or one per completion token
     (spread onto the positions whose label is not -100). `advantages` is read so; so are a critic's
     `returns` and `old_values` (twinkle.model.TransformersValueModel)."""
@@ -56,7 +65,13 @@ def completion_values(rows: Sequence[Mapping], values, name: str) -> list:
     ]
 
 
-def merge_loss_inputs(inputs, *, old_logps=None, advantages=None, ref_outputs=None) -> list:
+def merge_loss_inputs(
+    inputs: Rows,
+    *,
+    old_logps: PerRow | None = None,
+    advantages: PerRow | None = None,
+    ref_outputs: Mapping[str, Any] | None = None,
+) -> Rows:
     """`inputs` (encoded rows) with the keywords added as fields; `inputs` unchanged when none is given."""
     if old_logps is None and advantages is None and ref_outputs is None:
         return inputs

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -17,11 +18,14 @@ from twinkle.dataloader.mesh import check_remote_group, resolve_mesh, slice_for_
 from twinkle.dataset.dataset import ERROR_KEY
 from twinkle.dataset.errors import DataError
 
+if TYPE_CHECKING:
+    from twinkle.dataloader.mesh import DataRanks
+
 logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
-def default_check(row) -> str | None:
+def default_check(row: object) -> str | None:
     """Why a row cannot be trained on, or None when it can."""
     if not isinstance(row, dict):
         return f"expected a dict row, got {type(row).__name__}"
@@ -51,10 +55,10 @@ class DataLoader:
 
     def __init__(
         self,
-        dataset,
+        dataset: Iterable[dict] | Callable[[], Iterable[dict]],
         batch_size: int,
         min_batch_size: int | None = None,
-        device_mesh=None,
+        device_mesh: DataRanks | None = None,
         shuffle: bool = True,
         seed: int = 0,
         max_retries: int = 16,
@@ -63,16 +67,15 @@ class DataLoader:
         *,
         remote_group: str | None = None,
         num_workers: int = 0,
-    ):
+    ) -> None:
         if num_workers:
             raise NotImplementedError(
                 f"num_workers={num_workers}: this DataLoader reads rows in its own process (encode the dataset "
                 "beforehand, or stream it); pass num_workers=0"
             )
-        if callable(dataset) and not hasattr(dataset, "__iter__"):
-            dataset = dataset()
+        rows = dataset() if callable(dataset) and not isinstance(dataset, Iterable) else dataset
         check_remote_group(remote_group)
-        self.dataset = dataset
+        self.dataset: Iterable[dict] = rows
         self.mesh = resolve_mesh(device_mesh)
         world = self.mesh.data_world_size
         if batch_size < 1 or batch_size % world:
@@ -88,8 +91,8 @@ class DataLoader:
         self.position = 0  # rows of this epoch's order consumed, bad ones included
         self.skipped: list[tuple[int, str]] = []  # (position, reason), this process's record
         try:
-            self._length = len(dataset)
-        except TypeError:
+            self._length = len(rows) if isinstance(rows, Sized) else None
+        except TypeError:  # a Dataset over a stream says so
             self._length = None  # streamed: no random access
 
     # ---- order ---------------------------------------------------------------------------------
@@ -98,7 +101,7 @@ class DataLoader:
             return np.arange(length)
         return np.random.default_rng([self.seed, self.epoch]).permutation(length)
 
-    def _stream_order(self) -> Iterator[tuple[int, object]]:
+    def _stream_order(self) -> Iterator[tuple[int, dict]]:
         """(position, row) from a streamed dataset: a seeded shuffle buffer, replayed from the start on
         resume (the buffer itself is never saved, so the same seed must rebuild it)."""
         rows = iter(self.dataset)
@@ -107,11 +110,11 @@ class DataLoader:
             rows = _buffer_shuffle(rows, self.shuffle_buffer, rng)
         return enumerate(rows)
 
-    def _fetch(self, position: int, index: int | None, row=None):
+    def _fetch(self, position: int, index: int | None, row: dict | None = None) -> dict | None:
         try:
             if row is None:
                 assert index is not None, "a row by index comes from a dataset with random access"
-                row = self.dataset[int(index)]
+                row = cast("Sequence[dict]", self.dataset)[int(index)]  # random access: it has a length
             reason = self.check(row)
         except (DataError, KeyError, ValueError, TypeError, IndexError) as e:
             reason = f"{type(e).__name__}: {e}"

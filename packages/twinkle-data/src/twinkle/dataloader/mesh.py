@@ -4,6 +4,18 @@ torchrun mode; in ray mode the driver gets whole global batches)."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
+
+class DataRanks(Protocol):
+    """What a loader reads of a mesh (twinkle.mesh.DeviceMesh has it)."""
+
+    @property
+    def data_rank(self) -> int: ...
+
+    @property
+    def data_world_size(self) -> int: ...
+
 
 class _SingleRank:
     data_rank = 0
@@ -15,10 +27,10 @@ class _WholeBatches:
 
     data_rank = 0
 
-    def __init__(self, data_world_size: int):
+    def __init__(self, data_world_size: int) -> None:
         self.data_world_size = data_world_size
 
-    def slice_for_data_rank(self, rows):
+    def slice_for_data_rank(self, rows: list) -> list:
         return rows
 
 
@@ -44,7 +56,7 @@ def check_remote_group(name: str | None) -> None:
         raise ValueError(f"remote_group {name!r} is not a DeviceGroup of twinkle.initialize(mode='ray', ...): {groups}")
 
 
-def resolve_mesh(device_mesh):
+def resolve_mesh(device_mesh: DataRanks | None) -> DataRanks:
     if device_mesh is not None:
         for attr in ("data_rank", "data_world_size"):
             if not hasattr(device_mesh, attr):
@@ -63,11 +75,12 @@ def resolve_mesh(device_mesh):
     return get_global_mesh() or _SingleRank()
 
 
-def slice_for_rank(mesh, rows: list) -> list:
+def slice_for_rank(mesh: DataRanks, rows: list) -> list:
     """This data rank's rows of a global batch: the mesh decides where it can; otherwise contiguous
     equal chunks in rank order."""
-    if hasattr(mesh, "slice_for_data_rank"):
-        return list(mesh.slice_for_data_rank(rows))
+    split = getattr(mesh, "slice_for_data_rank", None)
+    if split is not None:
+        return list(split(rows))
     world, rank = mesh.data_world_size, mesh.data_rank
     per_rank = len(rows) // world
     return rows[rank * per_rank : (rank + 1) * per_rank]

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 import pyarrow as pa
@@ -28,6 +29,9 @@ from tqdm import tqdm
 
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.readers import rows_to_columns
+
+if TYPE_CHECKING:
+    from twinkle.template.template import Template
 
 
 @dataclass
@@ -38,17 +42,17 @@ class EncodeReport:
     max_rows_held: int = 0  # most rows read from the source but not yet written, at any moment
 
 
-_template = None  # a worker process's own copy, set once by _start_worker
+_template: Template | None = None  # a worker process's own copy, set once by _start_worker
 
 
-def _start_worker(template) -> None:
+def _start_worker(template: Template) -> None:
     global _template
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _template = template
 
 
 def encode_chunk(
-    rows: list[dict], first: int, add_generation_prompt: bool, template=None
+    rows: list[dict], first: int, add_generation_prompt: bool, template: Template | None = None
 ) -> tuple[pa.RecordBatch | None, int]:
     """One chunk of rows to (its record batch or None when every row was dropped, rows dropped)."""
     template = template or _template
@@ -89,7 +93,7 @@ class _Sink:
     schema, and at the end the segments are rewritten, batch by batch, into the final schema, so the
     file equals what one conversion of all rows would give."""
 
-    def __init__(self, path: Path, report: EncodeReport, bar):
+    def __init__(self, path: Path, report: EncodeReport, bar: tqdm) -> None:
         self.path, self.report, self.bar = path, report, bar
         self.writer = self.schema = None
         self.segments: list[Path] = []
@@ -145,7 +149,7 @@ def _chunks(rows: Iterable[dict], size: int, report: EncodeReport, sink: _Sink) 
 
 def encode_to_arrow(
     rows: Iterable[dict],
-    template,
+    template: Template,
     path: str | os.PathLike,
     *,
     add_generation_prompt: bool = False,
@@ -178,7 +182,13 @@ def encode_to_arrow(
     return datasets.Dataset.from_file(str(path)), report
 
 
-def _encode_in_pool(chunks, template, add_generation_prompt: bool, num_proc: int, sink: _Sink) -> None:
+def _encode_in_pool(
+    chunks: Iterable[tuple[int, list[dict]]],
+    template: Template,
+    add_generation_prompt: bool,
+    num_proc: int,
+    sink: _Sink,
+) -> None:
     # fork where there is one (as datasets.map does): a worker starts in milliseconds and shares the
     # parent's pages; spawn would re-import transformers in every worker (seconds, and its own ~0.7 GB).
     # Workers touch only Jinja and the Rust tokenizer, never torch, so the parent's threads are no hazard.

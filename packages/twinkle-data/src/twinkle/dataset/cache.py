@@ -16,12 +16,16 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import datasets
 
 from twinkle.dataset.arrow_encode import encode_to_arrow
 from twinkle.dataset.loading import lineage_hash
 from twinkle.hub import cache_root
+
+if TYPE_CHECKING:
+    from twinkle.template.template import Template
 
 logger = logging.getLogger(__name__)
 ENCODED_FILE = "encoded.arrow"
@@ -36,7 +40,7 @@ def iter_part_rows(part: datasets.Dataset, batch_size: int) -> Iterator[dict]:
 def _encode_into(
     folder: Path,
     part: datasets.Dataset,
-    template,
+    template: Template,
     add_generation_prompt: bool,
     batch_size: int,
     key: str,
@@ -65,7 +69,7 @@ def _encode_into(
 def encode_cached(
     part: datasets.Dataset,
     lineage: str | None,
-    template,
+    template: Template,
     add_generation_prompt: bool,
     batch_size: int,
     key: str,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import datasets
 
@@ -17,7 +17,11 @@ from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import Part, lineage_hash, load_part, rows_to_dataset
 from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.mixing import mix_order, mix_streams
-from twinkle.dataset.stream import RowStream
+from twinkle.dataset.stream import BatchOp, RowStream
+
+if TYPE_CHECKING:
+    from twinkle.preprocessor.base import Filter, Preprocessor
+    from twinkle.template.template import Template
 
 logger = logging.getLogger(__name__)
 ERROR_KEY = "_twinkle_error"  # a streamed row that failed encoding carries its reason here
@@ -47,10 +51,10 @@ class Dataset:
 
     def __init__(
         self, dataset_meta: DatasetMeta | str | None = None, *, streaming: bool = False, batch_size: int = 256
-    ):
+    ) -> None:
         self.streaming = streaming
         self.batch_size = batch_size
-        self.template = None
+        self.template: Template | None = None
         self._parts: dict[str, Part] = {}
         self._lineage: dict[str, str | None] = {}
         if dataset_meta is not None:
@@ -77,7 +81,7 @@ class Dataset:
             raise KeyError(f"no dataset {key!r} here; have: {', '.join(self._parts)}")
         return [key]
 
-    def _apply(self, op, dataset_meta, describe: str | None) -> None:
+    def _apply(self, op: BatchOp, dataset_meta: DatasetMeta | str | None, describe: str | None) -> None:
         for key in self._targets(dataset_meta):
             part = self._parts[key]
             if isinstance(part, RowStream):
@@ -90,7 +94,7 @@ class Dataset:
     # ---- ops -----------------------------------------------------------------------------------
     def map(
         self,
-        preprocessor,
+        preprocessor: Preprocessor | type[Preprocessor] | str | Callable[[dict], dict | list[dict] | None],
         dataset_meta: DatasetMeta | str | None = None,
         init_args: dict[str, Any] | None = None,
         *,
@@ -106,20 +110,30 @@ class Dataset:
         self._apply(preprocessor, dataset_meta, preprocessor.cache_key())
         return self
 
-    def filter(self, filter_, dataset_meta: DatasetMeta | str | None = None, **kwargs: Any) -> Dataset:
+    def filter(
+        self,
+        filter_: Filter | type[Filter] | str | Callable[[dict], bool],
+        dataset_meta: DatasetMeta | str | None = None,
+        **kwargs: Any,
+    ) -> Dataset:
         """Keep rows a Filter (instance, class, name or ``row -> bool`` function) accepts."""
         from twinkle.preprocessor.base import FILTERS, Filter, FunctionFilter
 
-        if callable(filter_) and not isinstance(filter_, (Filter, type)):
-            filter_ = FunctionFilter(filter_)
+        if isinstance(filter_, (str, Filter, type)) or not callable(filter_):
+            # a name, class or instance; the registry refuses anything else by name
+            filter_ = FILTERS.create(cast("str | type[Filter] | Filter", filter_), **kwargs)
         else:
-            filter_ = FILTERS.create(filter_, **kwargs)
+            filter_ = FunctionFilter(filter_)
         filter_.reset()
         self._apply(filter_, dataset_meta, filter_.cache_key())
         return self
 
     def set_template(
-        self, template, model_id: str | None = None, max_length: int | None = None, **kwargs: Any
+        self,
+        template: Template | type[Template] | str,
+        model_id: str | None = None,
+        max_length: int | None = None,
+        **kwargs: Any,
     ) -> Dataset:
         """Choose the Template (instance, class or registered name) that ``encode`` uses."""
         from twinkle.template import TEMPLATES, Template
@@ -239,7 +253,11 @@ class Dataset:
         return f"Dataset({sizes}, template={type(self.template).__name__ if self.template else None})"
 
 
-def build_preprocessor(preprocessor, init_args: dict[str, Any] | None = None, kwargs: dict[str, Any] | None = None):
+def build_preprocessor(
+    preprocessor: Preprocessor | type[Preprocessor] | str | Callable[[dict], dict | list[dict] | None],
+    init_args: dict[str, Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+) -> Preprocessor:
     """A Preprocessor from an instance, class, registered name or plain ``row -> row`` function; a class
     or name is built with ``init_args`` or ``kwargs`` (not both)."""
     from twinkle.preprocessor.base import PREPROCESSORS, FunctionPreprocessor, Preprocessor
@@ -249,12 +267,13 @@ def build_preprocessor(preprocessor, init_args: dict[str, Any] | None = None, kw
         if kwargs:
             raise TypeError(f"map() got both init_args and keyword arguments {sorted(kwargs)}: pass one of them")
         kwargs = dict(init_args)
-    if callable(preprocessor) and not isinstance(preprocessor, (Preprocessor, type)):
-        return FunctionPreprocessor(preprocessor)
-    return PREPROCESSORS.create(preprocessor, **kwargs)
+    if isinstance(preprocessor, (str, Preprocessor, type)) or not callable(preprocessor):
+        # a name, class or instance; the registry refuses anything else by name
+        return PREPROCESSORS.create(cast("str | type[Preprocessor] | Preprocessor", preprocessor), **kwargs)
+    return FunctionPreprocessor(preprocessor)
 
 
-def lazy_encoder(template, add_generation_prompt: bool, key: str):
+def lazy_encoder(template: Template, add_generation_prompt: bool, key: str) -> BatchOp:
     """Encode a streamed batch; a row that fails is kept with its reason so the DataLoader can skip
     and log it instead of the stream dying mid-epoch."""
 

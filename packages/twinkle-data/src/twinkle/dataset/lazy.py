@@ -14,14 +14,15 @@ from collections.abc import Iterator
 from twinkle.dataset.dataset import ERROR_KEY, Dataset, lazy_encoder
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.meta import DatasetMeta
+from twinkle.dataset.stream import BatchOp
 
 
 class LazyDataset(Dataset):
-    def __init__(self, dataset_meta: DatasetMeta | str | None = None, *, batch_size: int = 256):
+    def __init__(self, dataset_meta: DatasetMeta | str | None = None, *, batch_size: int = 256) -> None:
         super().__init__(dataset_meta, batch_size=batch_size)
-        self.ops: list = []  # preprocessors, then the encoder: run on each row as it is read
+        self.ops: list[BatchOp] = []  # preprocessors, then the encoder: run on each row as it is read
 
-    def _apply(self, op, dataset_meta, describe: str | None) -> None:
+    def _apply(self, op: BatchOp, dataset_meta: DatasetMeta | str | None, describe: str | None) -> None:
         """Dataset.map and .filter end here: a filter runs now, on the raw rows; a preprocessor is recorded."""
         from twinkle.preprocessor.base import Filter
 

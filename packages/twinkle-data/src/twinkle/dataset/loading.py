@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import datasets
@@ -59,7 +59,7 @@ def _in_memory(meta: DatasetMeta, streaming: bool) -> tuple[Part, str | None]:
 def _from_files(files: list[Path], streaming: bool) -> Part:
     if streaming:
 
-        def rows():
+        def rows() -> Iterator[dict]:
             for f in files:
                 yield from iter_rows(f)
 
@@ -72,7 +72,7 @@ def _from_files(files: list[Path], streaming: bool) -> Part:
     return _from_table(table)
 
 
-def _slice(part: Part, data_slice, key: str) -> Part:
+def _slice(part: Part, data_slice: range | slice | Sequence[int], key: str) -> Part:
     if isinstance(part, RowStream):
         if isinstance(data_slice, range | slice) and (data_slice.step or 1) == 1:
             return part.select(data_slice.start or 0, data_slice.stop)

@@ -26,7 +26,7 @@ class DatasetMeta:
     data_slice: range | slice | Sequence[int] | None = None
     data: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dataset_id is None and self.data is None:
             raise ValueError("DatasetMeta needs a dataset_id or in-memory data")
         if self.dataset_id is None:

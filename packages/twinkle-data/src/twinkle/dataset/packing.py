@@ -17,6 +17,7 @@ import datasets
 from twinkle.dataset.dataset import Dataset
 from twinkle.dataset.errors import DataError
 from twinkle.dataset.loading import rows_to_dataset
+from twinkle.dataset.meta import DatasetMeta
 from twinkle.dataset.stream import RowStream
 
 PACKED_KEYS = ("input_ids", "labels", "position_ids", "lengths")
@@ -102,12 +103,12 @@ class PackingDataset(Dataset):
 class IterablePackingDataset(PackingDataset):
     """PackingDataset over streamed data: rows are packed as they are read."""
 
-    def __init__(self, dataset_meta=None, *, batch_size: int = 256):
+    def __init__(self, dataset_meta: DatasetMeta | str | None = None, *, batch_size: int = 256) -> None:
         super().__init__(dataset_meta, streaming=True, batch_size=batch_size)
 
 
 class IterableDataset(Dataset):
     """A streamed Dataset (`Dataset(..., streaming=True)`): every op runs as rows are read."""
 
-    def __init__(self, dataset_meta=None, *, batch_size: int = 256):
+    def __init__(self, dataset_meta: DatasetMeta | str | None = None, *, batch_size: int = 256) -> None:
         super().__init__(dataset_meta, streaming=True, batch_size=batch_size)

@@ -10,6 +10,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 import pyarrow as pa
 
@@ -26,7 +27,7 @@ def data_format(path: Path) -> str:
     raise DataError(f"{path}: unsupported data file type; expected one of {', '.join(SUFFIXES)}")
 
 
-def _open_text(path: Path):
+def _open_text(path: Path) -> TextIO:
     if path.name.endswith(".gz"):
         import gzip
 

@@ -11,7 +11,9 @@ BatchOp = Callable[[list[dict], int], list[dict]]  # (rows, index of the first r
 class RowStream:
     """An iterable of row dicts: a re-startable source plus batched ops applied on the fly."""
 
-    def __init__(self, source: Callable[[], Iterable[dict]], ops: tuple[BatchOp, ...] = (), batch_size: int = 256):
+    def __init__(
+        self, source: Callable[[], Iterable[dict]], ops: tuple[BatchOp, ...] = (), batch_size: int = 256
+    ) -> None:
         self.source = source
         self.ops = ops
         self.batch_size = batch_size

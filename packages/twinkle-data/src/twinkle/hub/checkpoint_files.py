@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twinkle.hub.tokenizer_assets import SCHEME
 
+if TYPE_CHECKING:
+    from tqdm import tqdm
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-def write_checkpoint(folder: Path, name: str, model, tokenizer, preset: dict, bar=None) -> None:
+
+def write_checkpoint(
+    folder: Path,
+    name: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerFast,
+    preset: dict,
+    bar: tqdm | None = None,
+) -> None:
     """A built text model's checkpoint files (config, weights without the tied head, tokenizer, preset)."""
     from safetensors.torch import save_file
 

@@ -14,11 +14,15 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twinkle.hub.cache_folder import publish
 from twinkle.hub.checkpoint_files import write_checkpoint
 from twinkle.hub.portable_init import portable_init
-from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
+from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer, token_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen3ForCausalLM
 
 # Bump when the build itself changes (not the presets): it is part of every cache key.
 BUILDER_VERSION = 3  # 3: weights drawn by portable_init (bit-identical on any CPU)
@@ -100,12 +104,12 @@ def _fingerprint(name: str, preset: dict, assets: tuple[str, ...] = ("tokenizer.
     return h.hexdigest()[:16]
 
 
-def build_model(name: str, tokenizer):
+def build_model(name: str, tokenizer: PreTrainedTokenizerFast) -> Qwen3ForCausalLM:
     import torch
     from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     p = PRESETS[name]
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    eos, pad = token_ids(tokenizer, ["<|im_end|>", "<|endoftext|>"])
     config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=p.hidden_size,

@@ -10,10 +10,14 @@ and the router in the default tests at the cost of a tiny dense model.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from twinkle.hub.checkpoint_files import write_checkpoint
 from twinkle.hub.portable_init import portable_init
-from twinkle.hub.tokenizer_assets import SCHEME, build_tokenizer
+from twinkle.hub.tokenizer_assets import SCHEME, build_tokenizer, token_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen3MoeForCausalLM
 
 MOE_PRESETS: dict[str, dict] = {
     "qwen3-moe-tiny": {
@@ -36,13 +40,13 @@ PINNED_MOE_WEIGHTS = {
 MOE_TEST_MODEL = SCHEME + "qwen3-moe-tiny"
 
 
-def build_moe_model(name: str, tokenizer):
+def build_moe_model(name: str, tokenizer: PreTrainedTokenizerFast) -> Qwen3MoeForCausalLM:
     import torch
     from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     p = dict(MOE_PRESETS[name])
     seed = p.pop("seed")
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    eos, pad = token_ids(tokenizer, ["<|im_end|>", "<|endoftext|>"])
     config = Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         **p,

@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from twinkle.hub.portable_init import portable_init
-from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer
+from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, build_tokenizer, token_ids
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 # Qwen's own names for the vision tokens: the HF processor and the model config look them up by name.
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -59,14 +64,14 @@ VL_FILES = ("preprocessor_config.json", "processor_config.json")
 ASSET_FILES = ("tokenizer.json", "chat_template.jinja", "chat_template_vl.jinja")
 
 
-def build_vl_tokenizer():
+def build_vl_tokenizer() -> PreTrainedTokenizerFast:
     tokenizer = build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE.read_text()
     return tokenizer
 
 
-def build_image_processor():
+def build_image_processor() -> Qwen2VLImageProcessorPil:
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     return Qwen2VLImageProcessorPil(
@@ -74,14 +79,15 @@ def build_image_processor():
     )
 
 
-def build_vl_model(name: str, tokenizer):
+def build_vl_model(name: str, tokenizer: PreTrainedTokenizerFast) -> Qwen2_5_VLForConditionalGeneration:
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     p = VL_PRESETS[name]
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
-    start, end, image, video = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
-    special = {"bos_token_id": pad, "eos_token_id": eos, "pad_token_id": pad}
+    eos, pad = token_ids(tokenizer, ["<|im_end|>", "<|endoftext|>"])
+    start, end, image, video = token_ids(tokenizer, list(VISION_TOKENS))
+    # on the outer config too: transformers keeps keywords its signature lacks as attributes
+    special: dict[str, Any] = {"bos_token_id": pad, "eos_token_id": eos, "pad_token_id": pad}
     config = Qwen2_5_VLConfig(
         text_config={**p["text"], "vocab_size": len(tokenizer), **special},
         vision_config=p["vision"],

@@ -12,8 +12,12 @@ deviation the config asks for; for a tiny random model only the scale matters.
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _uniform(name: str, shape: tuple[int, ...], std: float, seed: int) -> np.ndarray:
@@ -23,7 +27,7 @@ def _uniform(name: str, shape: tuple[int, ...], std: float, seed: int) -> np.nda
     return ((2.0 * rng.random(shape, dtype=np.float64) - 1.0) * half_width).astype(np.float32)
 
 
-def portable_init(model, seed: int, std: float) -> None:
+def portable_init(model: torch.nn.Module, seed: int, std: float) -> None:
     """Redraw, in place, every parameter that is not a constant (matrices, embeddings, experts; a norm's
     ones and a bias's zeros stay); an embedding's padding row stays zero, as transformers leaves it."""
     import torch

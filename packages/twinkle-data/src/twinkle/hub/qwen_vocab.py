@@ -10,6 +10,10 @@ import base64
 import hashlib
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # GPT-2/Qwen pre-tokenisation: contractions, letter runs, single digits, punctuation runs, newlines, spaces.
 QWEN_PATTERN = (
@@ -122,7 +126,7 @@ def base_tokenizer_json(cache: Path) -> Path:
     return out
 
 
-def qwen_tokenizer(base_json: Path, chat_template: str):
+def qwen_tokenizer(base_json: Path, chat_template: str) -> PreTrainedTokenizerFast:
     """A fast tokenizer over the vocabulary with Qwen's added tokens, eos `<|im_end|>`, pad `<|endoftext|>`."""
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast

@@ -21,8 +21,13 @@ import json
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from twinkle.hub.tokenizer_assets import ASSETS, SCHEME
+from twinkle.hub.tokenizer_assets import ASSETS, SCHEME, token_ids
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3Config
 
 VOCAB_SIZE = 151936  # Qwen3's embedding rows: the 151,665 tokens padded to a multiple of 128
 SHAPE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "twinkle_shape.json")
@@ -49,11 +54,11 @@ SHAPE_PRESETS: dict[str, ShapePreset] = {  # Qwen3's published config.json value
 SHAPE_MODEL = SCHEME + "qwen3-0.6b-shape"
 
 
-def shape_config(name: str, tokenizer):
+def shape_config(name: str, tokenizer: PreTrainedTokenizerFast) -> Qwen3Config:
     from transformers import Qwen3Config
 
     p = SHAPE_PRESETS[name]
-    eos, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    eos, pad = token_ids(tokenizer, ["<|im_end|>", "<|endoftext|>"])
     fields = {k: v for k, v in asdict(p).items() if k != "seed"}
     return Qwen3Config(
         vocab_size=VOCAB_SIZE,
@@ -67,7 +72,7 @@ def shape_config(name: str, tokenizer):
     )
 
 
-def random_bf16_weights(config, seed: int) -> dict:
+def random_bf16_weights(config: Qwen3Config, seed: int) -> dict[str, torch.Tensor]:
     """Every tensor of the model's state dict, drawn without building the model in fp32: the modules
     are made on the meta device for their names and shapes; norms 1, the rest N(0, initializer_range)."""
     import torch

@@ -4,12 +4,16 @@ preset (text and vision-language); the presets themselves live in `embedded` and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 ASSETS = Path(__file__).parent / "assets"
 SCHEME = "twinkle://"
 
 
-def build_tokenizer():
+def build_tokenizer() -> PreTrainedTokenizerFast:
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
@@ -22,3 +26,10 @@ def build_tokenizer():
         model_max_length=1024,
         clean_up_tokenization_spaces=False,
     )
+
+
+def token_ids(tokenizer: PreTrainedTokenizerFast, tokens: list[str]) -> list[int]:
+    """The ids of `tokens`, in order (the tokenizer answers a list with a list)."""
+    ids = tokenizer.convert_tokens_to_ids(tokens)
+    assert isinstance(ids, list)
+    return ids

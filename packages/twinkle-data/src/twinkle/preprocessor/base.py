@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from twinkle.dataset.errors import DataError
@@ -75,13 +76,13 @@ class Preprocessor:
 class FunctionPreprocessor(Preprocessor):
     """A plain ``row -> row`` callable used as a preprocessor (never cached: its code is opaque)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[dict], dict | list[dict] | None]) -> None:
         self._fn = fn
 
-    def process(self, row):
+    def process(self, row: dict) -> dict | list[dict] | None:
         return self._fn(row)
 
-    def cache_key(self):
+    def cache_key(self) -> None:
         return None
 
 
@@ -103,13 +104,13 @@ class Filter:
 
 
 class FunctionFilter(Filter):
-    def __init__(self, fn):
+    def __init__(self, fn: Callable[[dict], object]) -> None:
         self._fn = fn
 
-    def keep(self, row):
+    def keep(self, row: dict) -> bool:
         return bool(self._fn(row))
 
-    def cache_key(self):
+    def cache_key(self) -> None:
         return None
 
 

@@ -27,7 +27,7 @@ class SelfCognitionProcessor(Preprocessor):
         *,
         model_name: str | None = None,
         model_author: str | None = None,
-    ):
+    ) -> None:
         """``model_name`` / ``model_author`` are twinkle-kit's names for ``name`` / ``author``."""
         for ours, theirs, label in ((name, model_name, "name"), (author, model_author, "author")):
             if ours is not None and theirs is not None:
@@ -41,7 +41,7 @@ class SelfCognitionProcessor(Preprocessor):
     def _fill(self, text: str) -> str:
         return text.replace("{{NAME}}", self.name).replace("{{AUTHOR}}", self.author)
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         return {
             "messages": _with_system(
                 [
@@ -58,10 +58,10 @@ class AlpacaProcessor(Preprocessor):
 
     required_columns = ("instruction", "output")
 
-    def __init__(self, system: str | None = None):
+    def __init__(self, system: str | None = None) -> None:
         self.system = system
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         prompt = row["instruction"]
         if row.get("input"):
             prompt = f"{prompt}\n\n{row['input']}"
@@ -99,10 +99,10 @@ class MessagesProcessor(Preprocessor):
 
     output_columns = ("messages", "tools")
 
-    def __init__(self, system: str | None = None):
+    def __init__(self, system: str | None = None) -> None:
         self.system = system
 
-    def check_columns(self, row, index=None):
+    def check_columns(self, row: dict, index: int | None = None) -> None:
         if not any(c in row for c in CONVERSATION_COLUMNS):
             where = f"row {index}" if index is not None else "a row"
             raise DataError(
@@ -141,7 +141,7 @@ class MessagesProcessor(Preprocessor):
             message["loss"] = bool(turn["loss"])
         return message
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         column = next(c for c in CONVERSATION_COLUMNS if c in row)
         turns = row[column]
         if isinstance(turns, str):

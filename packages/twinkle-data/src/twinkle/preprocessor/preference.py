@@ -6,7 +6,7 @@ from twinkle.dataset.errors import DataError
 from twinkle.preprocessor.base import Preprocessor
 
 
-def _as_messages(value, role: str) -> list[dict]:
+def _as_messages(value: object, role: str) -> list[dict]:
     if isinstance(value, str):
         return [{"role": role, "content": value}]
     if isinstance(value, list) and all(isinstance(m, dict) for m in value):
@@ -22,10 +22,10 @@ class PreferenceProcessor(Preprocessor):
     required_columns = ("chosen", "rejected")
     output_columns = ("messages", "rejected_messages")
 
-    def __init__(self, system: str | None = None):
+    def __init__(self, system: str | None = None) -> None:
         self.system = system
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         prompt = _as_messages(row["prompt"], "user") if row.get("prompt") else []
         if self.system and (not prompt or prompt[0]["role"] != "system"):
             prompt = [{"role": "system", "content": self.system}, *prompt]
@@ -51,10 +51,10 @@ class EmojiDPOProcessor(Preprocessor):
         chosen_key: str = "answer_zh",
         rejected_key: str = "answer_en",
         prompt_key: str = "prompt",
-    ):
+    ) -> None:
         self.system, self.chosen_key, self.rejected_key, self.prompt_key = system, chosen_key, rejected_key, prompt_key
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         missing = [k for k in (self.prompt_key, self.chosen_key, self.rejected_key) if k not in row]
         if missing:
             raise DataError(f"EmojiDPOProcessor: the row has no column {missing[0]!r} (it has {', '.join(row)})")

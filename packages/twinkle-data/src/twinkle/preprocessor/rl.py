@@ -25,11 +25,11 @@ class ArithmeticProcessor(Preprocessor):
     required_columns = ("question", "answer")
     output_columns = ("messages", "ground_truth")
 
-    def __init__(self, system: str | None = ARITHMETIC_SYSTEM, with_answer: bool = False):
+    def __init__(self, system: str | None = ARITHMETIC_SYSTEM, with_answer: bool = False) -> None:
         self.system = system
         self.with_answer = with_answer
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         answer = str(row["answer"]).strip()
         messages = _prompt(self.system, row["question"])
         if self.with_answer:
@@ -55,12 +55,12 @@ class GSM8KProcessor(Preprocessor):
 
     def __init__(
         self, system: str | None = GSM8K_SYSTEM, with_answer: bool = False, *, add_assistant: bool | None = None
-    ):
+    ) -> None:
         """``add_assistant`` is twinkle-kit's name for ``with_answer``."""
         self.system = system
         self.with_answer = with_answer if add_assistant is None else add_assistant
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         truth = gsm8k_final_answer(row["answer"])
         if truth is None:
             raise DataError(f"GSM8KProcessor: answer has no '#### <number>' line: {row['answer'][-80:]!r}")
@@ -83,10 +83,10 @@ class CountdownProcessor(Preprocessor):
     required_columns = ("nums", "target")
     output_columns = ("messages", "user_data")
 
-    def __init__(self, system: str | None = COUNTDOWN_SYSTEM):
+    def __init__(self, system: str | None = COUNTDOWN_SYSTEM) -> None:
         self.system = system
 
-    def process(self, row):
+    def process(self, row: dict) -> dict:
         nums, target = list(row["nums"]), row["target"]
         question = (
             f"Using the numbers {nums}, write an equation that equals {target}. Use + - * / and each number "

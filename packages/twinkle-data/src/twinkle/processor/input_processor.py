@@ -47,7 +47,7 @@ class InputProcessor:
         pad_to_multiple_of: int | None = None,
         *,
         padding_free: bool | None = None,
-    ):
+    ) -> None:
         if padding_free is not None:
             packing = packing or padding_free
         if padding_side not in ("right", "left"):
@@ -125,7 +125,9 @@ class InputProcessor:
         }
 
 
-def _sequences(rows: list[dict], ids: list[list[int]], labels: list[list[int]]):
+def _sequences(
+    rows: list[dict], ids: list[list[int]], labels: list[list[int]]
+) -> tuple[list[list[int]], list[list[int]]]:
     """The sequences of packed rows (a row without `lengths` is one sequence), in order."""
     out_ids, out_labels = [], []
     for i, (row, row_ids, row_labels) in enumerate(zip(rows, ids, labels)):

@@ -17,8 +17,12 @@ import binascii
 import io
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from twinkle.dataset.errors import DataError
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 PIL_BOMB_PIXELS = 89_478_485  # PIL's Image.MAX_IMAGE_PIXELS default: past it PIL warns, past twice it raises
 MAX_PNG_CHUNKS = 16_384  # PIL walks a PNG's chunks in Python; 16k chunks of 8 KB IDAT hold 128 MB
@@ -50,7 +54,7 @@ class ImageCaps:
     max_bytes: int = 20 * 2**20
     max_pixels: int = 1 << 24  # 4096 x 4096
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.max_pixels <= PIL_BOMB_PIXELS:
             raise ValueError(
                 f"max_pixels must be in (0, {PIL_BOMB_PIXELS}] (PIL's own bomb limit), got {self.max_pixels}"
@@ -117,7 +121,7 @@ def read_header(data: bytes, where: str, caps: ImageCaps) -> ImageHeader:
     return ImageHeader(kind, *sizes[-1])
 
 
-def decode(data: bytes, header: ImageHeader, where: str):
+def decode(data: bytes, header: ImageHeader, where: str) -> Image.Image:
     """The RGB image of bytes whose header `read_header` passed; any decoder failure is ImageRejected."""
     from PIL import Image
 
@@ -132,7 +136,7 @@ def decode(data: bytes, header: ImageHeader, where: str):
         raise ImageRejected(f"{where}: {len(data)} bytes of {header.format} do not decode: {e}") from None
 
 
-def decode_image(data: bytes, where: str, caps: ImageCaps = LOCAL_CAPS):
+def decode_image(data: bytes, where: str, caps: ImageCaps = LOCAL_CAPS) -> Image.Image:
     """`read_header` then `decode`: a PIL RGB image, or ImageRejected."""
     return decode(data, read_header(data, where, caps), where)
 

@@ -10,14 +10,19 @@ input takes (vLLM expands it again from the image itself).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from twinkle.template.template import TEMPLATES, Template
+
+if TYPE_CHECKING:
+    from twinkle.template.vision import ImageEncoder
 
 
 @TEMPLATES.register
 class Qwen3_5Template(Template):
     aliases = ("qwen3_5",)
 
-    def _vision(self):
+    def _vision(self) -> ImageEncoder | None:
         """The image encoder of a vision-language checkpoint (loaded on first use); None for text models."""
         if self._image_encoder is None and self._model_path is not None and not self._probed_images:
             from twinkle.template import vision
@@ -34,7 +39,7 @@ class Qwen3_5Template(Template):
     def patch_size(self) -> int | None:
         """Pixels per side of one vision patch (None for a text-only checkpoint)."""
         encoder = self._vision()
-        return None if encoder is None else int(encoder.image_processor.patch_size)
+        return None if encoder is None or encoder.patch_size is None else int(encoder.patch_size)
 
     @property
     def merge_size(self) -> int | None:

@@ -9,13 +9,18 @@ lstrip_blocks, loop controls, ``tojson``, ``raise_exception``, ``strftime_now``)
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Never
 
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+if TYPE_CHECKING:
+    from jinja2.parser import Parser
 
 START, END = "\ue000", "\ue001"  # Unicode private use: never produced by a tokenizer's text
 
@@ -23,16 +28,16 @@ START, END = "\ue000", "\ue001"  # Unicode private use: never produced by a toke
 class _GenerationTag(Extension):
     tags = {"generation"}  # noqa: RUF012 - jinja2.ext.Extension declares it a plain class attribute
 
-    def parse(self, parser):
+    def parse(self, parser: Parser) -> nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
 
-    def _mark(self, caller):
+    def _mark(self, caller: Callable[[], str]) -> str:
         return START + caller() + END
 
 
-def _raise_exception(message):
+def _raise_exception(message: str) -> Never:
     raise jinja2.exceptions.TemplateError(message)
 
 
@@ -40,7 +45,13 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -55,7 +66,7 @@ def has_generation_markers(source: str) -> bool:
     return "generation" in source and "endgeneration" in source
 
 
-def render(source: str, **context) -> tuple[str, list[tuple[int, int]]]:
+def render(source: str, **context: Any) -> tuple[str, list[tuple[int, int]]]:
     """Rendered text and the ``[start, end)`` character spans of each generation block, in order."""
     raw = compile_template(source).render(**context)
     text_parts: list[str] = []

@@ -9,8 +9,13 @@ render the same whatever follows), which is checked, never assumed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Literal
+
 from twinkle.dataset.errors import DataError
 from twinkle.template.render import render
+
+TrainedRounds = Literal["all", "last"] | int | Iterable[int]
 
 
 def marked_spans(text_spans: list[tuple[int, int]], assistant_idx: list[int]) -> dict[int, tuple[int, int]] | None:
@@ -43,7 +48,7 @@ def per_round_spans(
     return spans
 
 
-def select_trained(messages: list[dict], trained_rounds) -> set[int]:
+def select_trained(messages: list[dict], trained_rounds: TrainedRounds) -> set[int]:
     """Message indices whose assistant reply is trained: ``'all'``, ``'last'``, or round numbers
     (0 = first assistant reply, -1 = last); a message's own ``loss: true/false`` overrides."""
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -51,6 +56,8 @@ def select_trained(messages: list[dict], trained_rounds) -> set[int]:
         chosen = set(assistant)
     elif trained_rounds == "last":
         chosen = set(assistant[-1:])
+    elif isinstance(trained_rounds, str):
+        raise ValueError(f"trained_rounds must be 'all', 'last' or round numbers, got {trained_rounds!r}")
     else:
         rounds = [trained_rounds] if isinstance(trained_rounds, int) else list(trained_rounds)
         chosen = set()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,13 +20,14 @@ from twinkle.dataset.errors import DataError, SequenceTooLongError
 from twinkle.registry import Registry
 from twinkle.template import vision
 from twinkle.template.render import END, START, has_generation_markers, render
-from twinkle.template.spans import marked_spans, per_round_spans, select_trained
+from twinkle.template.spans import TrainedRounds, marked_spans, per_round_spans, select_trained
 
 logger = logging.getLogger(__name__)
 TRUNCATION_STRATEGIES = ("raise", "left", "right", "delete")
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+    from transformers.image_processing_utils import BaseImageProcessor
 
 
 def _load_tokenizer(model_id: str | None) -> PreTrainedTokenizerBase:
@@ -61,15 +63,15 @@ class Template:
         model_id: str | None = None,
         max_length: int | None = None,
         truncation_strategy: str = "raise",
-        trained_rounds: Any = "all",
+        trained_rounds: TrainedRounds = "all",
         default_system: str | None = None,
         tokenizer: PreTrainedTokenizerBase | None = None,
         chat_template: str | None = None,
         template_kwargs: dict | None = None,
-        image_processor=None,
+        image_processor: BaseImageProcessor | None = None,
         *,
         enable_thinking: bool | None = None,
-    ):
+    ) -> None:
         if enable_thinking is not None:  # twinkle-kit's keyword: a chat-template variable like any other
             template_kwargs = {**(template_kwargs or {}), "enable_thinking": enable_thinking}
         if truncation_strategy not in TRUNCATION_STRATEGIES:
@@ -101,7 +103,9 @@ class Template:
         self._probed_images = False
 
     # ---- input ---------------------------------------------------------------------------------
-    def _conversation(self, row, index: int | None, key: str = "messages") -> tuple[list[dict], Any, dict]:
+    def _conversation(
+        self, row: dict | list[dict], index: int | None, key: str = "messages"
+    ) -> tuple[list[dict], list[dict] | None, dict]:
         if isinstance(row, list):
             row = {key: row}
         if not isinstance(row, dict) or key not in row:
@@ -132,11 +136,13 @@ class Template:
             tools = json.loads(tools) if tools.strip() else None
         return messages, tools or None, row
 
-    def _context(self, tools) -> dict:
+    def _context(self, tools: list[dict] | None) -> dict:
         special = {k: v for k, v in self.tokenizer.special_tokens_map.items() if isinstance(v, str)}
         return {**special, **self.template_kwargs, "tools": tools}
 
-    def _render_train(self, messages, tools, index) -> tuple[str, list[tuple[int, int]]]:
+    def _render_train(
+        self, messages: list[dict], tools: list[dict] | None, index: int | None
+    ) -> tuple[str, list[tuple[int, int]]]:
         context = self._context(tools)
         text, gen_spans = render(self.chat_template, messages=messages, add_generation_prompt=False, **context)
         assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
@@ -155,7 +161,9 @@ class Template:
         return text, [by_message[i] for i in sorted(trained)]
 
     # ---- images ---------------------------------------------------------------------------------
-    def _images(self, messages, text: str, spans, index):
+    def _images(
+        self, messages: list[dict], text: str, spans: list[tuple[int, int]], index: int | None
+    ) -> tuple[str, list[tuple[int, int]], dict[str, list]]:
         """Expand the image placeholders of ``text``; (text, spans, image columns or {})."""
         sources = vision.image_sources(messages)
         if not sources:
@@ -168,7 +176,7 @@ class Template:
         # a list of patch rows, not one 2-D array: Arrow stores it as list<list<float>>
         return text, spans, {"pixel_values": list(pixels), "image_grid_thw": grid.tolist()}
 
-    def _require_images(self, messages, index) -> None:
+    def _require_images(self, messages: list[dict], index: int | None) -> None:
         """Before rendering: a text-only model's template cannot even place an image."""
         n = len(vision.image_sources(messages))
         if not n:
@@ -183,7 +191,7 @@ class Template:
                 f"(no image processor in its folder); use a vision-language model such as twinkle://qwen2.5-vl-tiny"
             )
 
-    def _check_image_truncation(self, n_tokens: int, images: dict, index) -> None:
+    def _check_image_truncation(self, n_tokens: int, images: dict, index: int | None) -> None:
         too_long = images and self.max_length is not None and n_tokens > self.max_length
         if too_long and self.truncation_strategy in ("left", "right"):
             raise SequenceTooLongError(
@@ -192,10 +200,12 @@ class Template:
             )
 
     # ---- encoding ------------------------------------------------------------------------------
-    def _tokenize(self, texts: list[str]):
+    def _tokenize(self, texts: list[str]) -> BatchEncoding:
         return self.tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
 
-    def _truncate(self, ids: list[int], labels: list[int] | None, index):
+    def _truncate(
+        self, ids: list[int], labels: list[int] | None, index: int | None
+    ) -> tuple[list[int] | None, list[int] | None]:
         limit = self.max_length
         if limit is None or len(ids) <= limit:
             return ids, labels
@@ -268,12 +278,12 @@ class Template:
             out.append(None if pos is None or neg is None else {**row, "positive": pos, "negative": neg})
         return out
 
-    def encode(self, messages_or_trajectory, index: int | None = None) -> dict | None:
+    def encode(self, messages_or_trajectory: dict | list[dict], index: int | None = None) -> dict | None:
         """``{'input_ids', 'labels', ...carried keys}`` for one conversation (a message list or a row
         with ``messages``); None when ``truncation_strategy='delete'`` drops it."""
         return self.batch_encode([messages_or_trajectory], first_index=index or 0)[0]
 
-    def encode_prompt(self, messages_or_trajectory, index: int | None = None) -> dict:
+    def encode_prompt(self, messages_or_trajectory: dict | list[dict], index: int | None = None) -> dict:
         """The generation prompt for sampling: ``{'input_ids', ...carried keys}`` (no labels)."""
         messages, tools, original = self._conversation(messages_or_trajectory, index)
         text, _ = render(self.chat_template, messages=messages, add_generation_prompt=True, **self._context(tools))
@@ -285,13 +295,13 @@ class Template:
         row.update(input_ids=ids, **images)
         return row
 
-    def render_text(self, messages_or_trajectory, add_generation_prompt: bool = False) -> str:
+    def render_text(self, messages_or_trajectory: dict | list[dict], add_generation_prompt: bool = False) -> str:
         messages, tools, _ = self._conversation(messages_or_trajectory, None)
         return render(
             self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt, **self._context(tools)
         )[0]
 
-    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+    def decode(self, token_ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
         assert isinstance(text, str)  # one sequence of ids decodes to one string
         return text

@@ -15,12 +15,17 @@ many times, exactly as the Hugging Face processor does, before the text is token
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twinkle.dataset.errors import DataError
 from twinkle.template import image_decode
+
+if TYPE_CHECKING:
+    from PIL import Image
+    from transformers import PreTrainedTokenizerBase
+    from transformers.image_processing_utils import BaseImageProcessor
 
 IMAGE_PART_TYPES = ("image", "image_url")
 
@@ -72,7 +77,7 @@ def text_of(content: Any) -> str:
     return ""
 
 
-def load_image(src: Any):
+def load_image(src: Any) -> Image.Image:
     """A PIL RGB image from any of the accepted forms (see the module docs), local paths included: the
     library reads its own user's files. A server resolves parts to bytes before this (it opens no path)."""
     from PIL import Image
@@ -122,11 +127,17 @@ def expand_placeholders(
 class ImageEncoder:
     """The model's image processor plus its placeholder token: images to pixels and token counts."""
 
-    def __init__(self, image_processor, tokenizer, placeholder: str = "<|image_pad|>"):
+    def __init__(
+        self,
+        image_processor: BaseImageProcessor,
+        tokenizer: PreTrainedTokenizerBase,
+        placeholder: str = "<|image_pad|>",
+    ) -> None:
         self.image_processor = image_processor
         self.placeholder = placeholder
         self.token_id = tokenizer.convert_tokens_to_ids(placeholder)
         self.merge = getattr(image_processor, "merge_size", 1)
+        self.patch_size: int | None = getattr(image_processor, "patch_size", None)  # Qwen-VL's processors have it
 
     def encode(self, sources: list[Any]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """(pixel_values [patches, dim], image_grid_thw [images, 3], tokens per image)."""
@@ -137,7 +148,7 @@ class ImageEncoder:
         return np.asarray(out["pixel_values"], dtype=np.float32), grid, counts
 
 
-def load_image_encoder(model_path: str, tokenizer) -> ImageEncoder | None:
+def load_image_encoder(model_path: str, tokenizer: PreTrainedTokenizerBase) -> ImageEncoder | None:
     """The encoder of a vision-language checkpoint folder; None for a text-only model."""
     if not os.path.isfile(os.path.join(model_path, "preprocessor_config.json")):
         return None
