@@ -44,7 +44,11 @@ class LossContext:
 
     @classmethod
     def from_logits(
-        cls, logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor, ref_logps_B_T=None, **fields: torch.Tensor
+        cls,
+        logits_B_T_V: torch.Tensor,
+        targets_B_T: torch.Tensor,
+        ref_logps_B_T: torch.Tensor | None = None,
+        **fields: torch.Tensor,
     ) -> LossContext:
         """A context over already-shifted logits (position t predicts targets_B_T[:, t])."""
         return cls(LogitsHead(logits_B_T_V), targets_B_T, dict(fields), ref_logps_B_T)
@@ -100,7 +104,7 @@ class Loss:
     required_fields: ClassVar[tuple[str, ...]] = ()
     unit: ClassVar[Literal["token", "pair", "sequence"]] = "token"  # what a 'mean' reduction averages over
 
-    def __init__(self, reduction: str = "mean"):
+    def __init__(self, reduction: str = "mean") -> None:
         if reduction not in ("mean", "sum"):
             raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
         self.reduction = reduction
@@ -176,5 +180,5 @@ LOSSES: Registry[Loss] = Registry("loss", "twinkle.loss", Loss)
 register_loss = LOSSES.register
 
 
-def create_loss(name_or_cls, **kwargs) -> Loss:
+def create_loss(name_or_cls: str | type[Loss] | Loss, **kwargs: Any) -> Loss:
     return LOSSES.create(name_or_cls, **kwargs)

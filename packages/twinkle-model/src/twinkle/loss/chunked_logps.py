@@ -20,13 +20,21 @@ which depends on the incoming g: its backward recomputes each chunk's logits (on
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from twinkle.data_format.labels import IGNORE_INDEX
 
+Grads = tuple[torch.Tensor | None, ...]  # one per input of ChunkedLogps.forward
+# torch's autograd ctx: saved_tensors, needs_input_grad, and the attributes forward sets on it
+Ctx = Any
 
-def _logits(hidden_N_H, weight_V_H, bias_V, scale: float) -> torch.Tensor:
+
+def _logits(
+    hidden_N_H: torch.Tensor, weight_V_H: torch.Tensor, bias_V: torch.Tensor | None, scale: float
+) -> torch.Tensor:
     logits_N_V = F.linear(hidden_N_H, weight_V_H, bias_V).float()
     return logits_N_V.mul_(scale) if scale != 1.0 else logits_N_V
 
@@ -34,7 +42,9 @@ def _logits(hidden_N_H, weight_V_H, bias_V, scale: float) -> torch.Tensor:
 class _Chunk:
     """One chunk's softmax statistics, computed in place over its fp32 logits."""
 
-    def __init__(self, logits_N_V: torch.Tensor, targets_N, index_N_K, want_entropy: bool):
+    def __init__(
+        self, logits_N_V: torch.Tensor, targets_N: torch.Tensor, index_N_K: torch.Tensor | None, want_entropy: bool
+    ) -> None:
         safe_N = targets_N.clamp(min=0)
         self.target_logit_N = logits_N_V.gather(-1, safe_N[:, None]).squeeze(-1)
         self.index_logit_N_K = logits_N_V.gather(-1, index_N_K) if index_N_K is not None else None
@@ -49,14 +59,24 @@ class _Chunk:
             self.entropy_N = sum_N.log() - torch.linalg.vecdot(self.probs_N_V, shifted_N_V)
             self.log_probs_N_V = shifted_N_V.sub_(sum_N.log()[:, None])  # log p, in place
 
-    def target_logps(self, targets_N) -> torch.Tensor:
+    def target_logps(self, targets_N: torch.Tensor) -> torch.Tensor:
         logps_N = self.target_logit_N - self.lse_N
         return logps_N.masked_fill(targets_N == IGNORE_INDEX, 0.0)
 
 
 class ChunkedLogps(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_N_H, weight_V_H, bias_V, targets_N, index_N_K, want_entropy, chunk, scale):
+    def forward(
+        ctx: Ctx,
+        hidden_N_H: torch.Tensor,
+        weight_V_H: torch.Tensor,
+        bias_V: torch.Tensor | None,
+        targets_N: torch.Tensor,
+        index_N_K: torch.Tensor | None,
+        want_entropy: bool,
+        chunk: int,
+        scale: float,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         from twinkle.model.preemption import point  # a served long row may pause between chunks
 
         N = hidden_N_H.shape[0]
@@ -85,7 +105,6 @@ class ChunkedLogps(torch.autograd.Function):
             point()
         ctx.mark_non_differentiable(argmax_N)
         ctx.want_entropy, ctx.chunk, ctx.scale, ctx.keep_products = want_entropy, chunk, scale, keep_products
-        ctx.has_index = index_N_K is not None
         saved = (hidden_N_H, weight_V_H, bias_V, targets_N, index_N_K)
         if keep_products:
             ctx.save_for_backward(*saved, entropy_N, pw_N_H, qw_N_H)
@@ -94,7 +113,7 @@ class ChunkedLogps(torch.autograd.Function):
         return logps_N, entropy_N, at_N_K, argmax_N
 
     @staticmethod
-    def backward(ctx, *grads):
+    def backward(ctx: Ctx, *grads: torch.Tensor) -> Grads:
         g_logps_N, g_entropy_N, g_at_N_K, _ = grads  # one per output; argmax has none that matters
         if ctx.keep_products:
             hidden, weight, _, targets, index, entropy, pw, qw = ctx.saved_tensors
@@ -105,7 +124,19 @@ class ChunkedLogps(torch.autograd.Function):
         return _recompute_backward(ctx, g_logps_N, g_entropy_N, g_at_N_K)
 
 
-def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, g_entropy, g_at) -> torch.Tensor:
+def _hidden_grad(
+    ctx: Ctx,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    index: torch.Tensor | None,
+    entropy: torch.Tensor,
+    pw: torch.Tensor,
+    qw: torch.Tensor,
+    g_logps: torch.Tensor,
+    g_entropy: torch.Tensor,
+    g_at: torch.Tensor,
+) -> torch.Tensor:
     """The frozen-head backward: per position a sum of stored [H] vectors and gathered head rows."""
     from twinkle.model.preemption import point
 
@@ -116,7 +147,7 @@ def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, 
         # Σ over what was asked of position n: coefficient of W rows, and of pW
         rows = weight[targets[sl].clamp(min=0)].float().mul_(g_logps[sl, None])
         coef_pw = g_logps[sl].clone()
-        if ctx.has_index:
+        if index is not None:  # an index was given
             rows.add_(torch.bmm(g_at[sl, None, :], weight[index[sl]].float()).squeeze(1))
             coef_pw.add_(g_at[sl].sum(-1))
         g = rows.sub_(pw[sl] * coef_pw[:, None])
@@ -127,7 +158,7 @@ def _hidden_grad(ctx, hidden, weight, targets, index, entropy, pw, qw, g_logps, 
     return grad_N_H
 
 
-def _recompute_backward(ctx, g_logps, g_entropy, g_at):
+def _recompute_backward(ctx: Ctx, g_logps: torch.Tensor, g_entropy: torch.Tensor, g_at: torch.Tensor) -> Grads:
     """A trained head: each chunk's logits again, their gradient, then the input, weight and bias grads."""
     from twinkle.model.preemption import point
 
@@ -176,7 +207,7 @@ def chunked_logps(
     entropy: bool = False,
     chunk: int = 1024,
     scale: float = 1.0,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(target log-probs [N], entropy [N] or empty, log-probs at index [N, K] or empty, argmax [N])."""
     if chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")

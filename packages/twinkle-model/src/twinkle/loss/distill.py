@@ -24,7 +24,7 @@ class GKDLoss(Loss):
     aliases = ("gkd",)
     required_fields = ("teacher_topk_ids", "teacher_topk_logprobs")
 
-    def __init__(self, beta: float = 0.5, temperature: float = 1.0, reduction: str = "mean"):
+    def __init__(self, beta: float = 0.5, temperature: float = 1.0, reduction: str = "mean") -> None:
         super().__init__(reduction)
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"GKD beta must lie in [0, 1], got {beta}")
@@ -33,12 +33,12 @@ class GKDLoss(Loss):
     def head_needs(self, ctx: LossContext) -> HeadNeeds:
         return HeadNeeds(index_B_T_K=ctx.fields.get("teacher_topk_ids"))
 
-    def per_token(self, ctx: LossContext):
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
         ids = ctx.fields["teacher_topk_ids"]
         teacher = F.log_softmax(ctx.fields["teacher_topk_logprobs"].float() / self.temperature, dim=-1)
         student = F.log_softmax(ctx.head.logps_at(ids) / self.temperature, dim=-1)
 
-        def kl(log_a, log_b):
+        def kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
             return (log_a.exp() * (log_a - log_b)).sum(-1)
 
         if self.beta == 0:

@@ -16,6 +16,8 @@ change nothing there. `reduction='sum'` drops the final division (DR-GRPO: by B,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from twinkle.loss.base import register_loss
@@ -32,7 +34,7 @@ class _KitGRPO(GRPOLoss):
         beta: float = 0.0,
         entropy_coef: float = 0.0,
         reduction: str = "mean",
-    ):
+    ) -> None:
         upper = epsilon if epsilon_high is None else epsilon_high
         super().__init__(
             epsilon_low=epsilon, epsilon_high=upper, beta=beta, entropy_coef=entropy_coef, reduction=reduction
@@ -54,7 +56,7 @@ class DRGRPOLoss(_KitGRPO):
     aliases = ("dr_grpo",)
     unit = "sequence"
 
-    def __init__(self, epsilon: float = 0.2, beta: float = 0.0, max_completion_length: int = 1024, **kit):
+    def __init__(self, epsilon: float = 0.2, beta: float = 0.0, max_completion_length: int = 1024, **kit: Any) -> None:
         super().__init__(epsilon=epsilon, beta=beta, **kit)
         if isinstance(max_completion_length, bool) or not isinstance(max_completion_length, int):
             raise TypeError(f"max_completion_length must be an int, got {max_completion_length!r}")
@@ -74,13 +76,15 @@ class SAPOLoss(_KitGRPO):
     aliases = ("sapo",)
     unit = "sequence"
 
-    def __init__(self, epsilon: float = 0.2, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.0, **kit):
+    def __init__(
+        self, epsilon: float = 0.2, beta: float = 0.0, tau_pos: float = 1.0, tau_neg: float = 1.0, **kit: Any
+    ) -> None:
         super().__init__(epsilon=epsilon, beta=beta, **kit)
         if not (tau_pos > 0 and tau_neg > 0):  # also refuses NaN
             raise ValueError(f"SAPO temperatures must be positive, got tau_pos={tau_pos}, tau_neg={tau_neg}")
         self.tau_pos, self.tau_neg = float(tau_pos), float(tau_neg)
 
-    def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor):
+    def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor) -> tuple[torch.Tensor, None]:
         tau_B_T = torch.where(adv_B_T > 0, self.tau_pos, self.tau_neg)
         gate_B_T = torch.sigmoid(tau_B_T * (ratio_B_T - 1)) * (4.0 / tau_B_T)
         return -gate_B_T * adv_B_T, None

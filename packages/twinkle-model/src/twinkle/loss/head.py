@@ -11,6 +11,7 @@ All tensors here are already shifted: position t predicts `targets_B_T[:, t]`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -97,19 +98,19 @@ class TokenHead:
 
 
 class LogitsHead(TokenHead):
-    def __init__(self, logits_B_T_V: torch.Tensor):
+    def __init__(self, logits_B_T_V: torch.Tensor) -> None:
         self.logits_B_T_V = logits_B_T_V
 
-    def target_logps(self, targets_B_T):
+    def target_logps(self, targets_B_T: torch.Tensor) -> torch.Tensor:
         return _target_logps(self.logits_B_T_V, targets_B_T)
 
-    def entropy(self):
+    def entropy(self) -> torch.Tensor:
         return _entropy(self.logits_B_T_V)
 
-    def logps_at(self, index_B_T_K):
+    def logps_at(self, index_B_T_K: torch.Tensor) -> torch.Tensor:
         return _logps_at(self.logits_B_T_V, index_B_T_K)
 
-    def argmax(self):
+    def argmax(self) -> torch.Tensor:
         return self.logits_B_T_V.argmax(-1)
 
 
@@ -125,7 +126,7 @@ class ChunkedHead(TokenHead):
         bias_V: torch.Tensor | None = None,
         chunk_size: int | None = None,
         logit_scale: float = 1.0,
-    ):
+    ) -> None:
         self.hidden_B_T_H, self.weight_V_H, self.bias_V = hidden_B_T_H, weight_V_H, bias_V
         self.chunk_size = chunk_size or chunk_positions(weight_V_H.shape[0])
         self.logit_scale = logit_scale
@@ -165,22 +166,22 @@ class ChunkedHead(TokenHead):
             "argmax": argmax.view(B, T),
         }
 
-    def target_logps(self, targets_B_T):
+    def target_logps(self, targets_B_T: torch.Tensor) -> torch.Tensor:
         return self._main(targets_B_T)["logps"]
 
-    def entropy(self):
+    def entropy(self) -> torch.Tensor:
         swept = self._swept or self._main(self._targets)
         if swept["entropy"] is None:  # not requested: a sweep of its own
             return self._sweep(None, True, None)["entropy"]
         return swept["entropy"]
 
-    def logps_at(self, index_B_T_K):
+    def logps_at(self, index_B_T_K: torch.Tensor) -> torch.Tensor:
         swept = self._swept or self._main(self._targets)
         if swept["index"] is not index_B_T_K:
             return self._sweep(None, False, index_B_T_K)["at"]
         return swept["at"]
 
-    def argmax(self):
+    def argmax(self) -> torch.Tensor:
         if not self._swept:  # nothing asked yet: a sweep without gradient, not kept
             with torch.no_grad():
                 return self._sweep(None, False, None)["argmax"]
@@ -190,19 +191,19 @@ class ChunkedHead(TokenHead):
 class _MappedHead(TokenHead):
     """A head whose quantities come from `_map(fn, *per_position)`: fn applied to logits a chunk at a time."""
 
-    def _map(self, fn, *per_position: torch.Tensor) -> torch.Tensor:
+    def _map(self, fn: Callable[..., torch.Tensor], *per_position: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def target_logps(self, targets_B_T):
+    def target_logps(self, targets_B_T: torch.Tensor) -> torch.Tensor:
         return self._map(_target_logps, targets_B_T)
 
-    def entropy(self):
+    def entropy(self) -> torch.Tensor:
         return self._map(_entropy)
 
-    def logps_at(self, index_B_T_K):
+    def logps_at(self, index_B_T_K: torch.Tensor) -> torch.Tensor:
         return self._map(_logps_at, index_B_T_K)
 
-    def argmax(self):
+    def argmax(self) -> torch.Tensor:
         with torch.no_grad():
             return self._map(lambda logits: logits.argmax(-1))
 
@@ -213,14 +214,16 @@ class ProjectedHead(_MappedHead):
     (a LoRA-wrapped unembedding routed by batch rows included): unlike `ChunkedHead` it keeps the
     batch dimension, so row-routed layers see the rows they were routed for."""
 
-    def __init__(self, hidden_B_T_H: torch.Tensor, project, chunk_tokens: int = 4096):
+    def __init__(
+        self, hidden_B_T_H: torch.Tensor, project: Callable[[torch.Tensor], torch.Tensor], chunk_tokens: int = 4096
+    ) -> None:
         self.hidden_B_T_H, self.project = hidden_B_T_H, project
         self.step = max(1, chunk_tokens // max(1, hidden_B_T_H.shape[0]))
 
-    def _map(self, fn, *per_position: torch.Tensor) -> torch.Tensor:
+    def _map(self, fn: Callable[..., torch.Tensor], *per_position: torch.Tensor) -> torch.Tensor:
         B, T, _ = self.hidden_B_T_H.shape
 
-        def chunk(h_B_t_H, *args):
+        def chunk(h_B_t_H: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
             logits_B_t_V = self.project(h_B_t_H)
             t = h_B_t_H.shape[1]
             out = fn(logits_B_t_V.reshape(B * t, -1), *(a.reshape(B * t, *a.shape[2:]) for a in args))

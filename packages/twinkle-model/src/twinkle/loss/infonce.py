@@ -24,6 +24,7 @@ data-parallel step equals one process over the whole batch.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -62,9 +63,9 @@ class InfonceLoss(Loss):
         fake_neg_margin: float = 0.1,
         include_qq: bool = False,
         include_dd: bool = False,
-        process_group=None,
+        process_group: dist.ProcessGroup | None = None,
         reduction: str = "mean",
-    ):
+    ) -> None:
         super().__init__(reduction)
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
@@ -139,14 +140,14 @@ class _GatherRows(torch.autograd.Function):
     process's loss sent its rows (an all-reduce of the gathered gradient, then its own block)."""
 
     @staticmethod
-    def forward(ctx, local_M_H: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, local_M_H: torch.Tensor) -> torch.Tensor:  # ctx: torch's, with our `rows`
         blocks = [torch.empty_like(local_M_H) for _ in range(dist.get_world_size())]
         dist.all_gather(blocks, local_M_H.contiguous())
         ctx.rows = slice(dist.get_rank() * local_M_H.shape[0], (dist.get_rank() + 1) * local_M_H.shape[0])
         return torch.cat(blocks)
 
     @staticmethod
-    def backward(ctx, *grads: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, *grads: torch.Tensor) -> torch.Tensor:
         summed = grads[0].contiguous().clone()
         dist.all_reduce(summed)
         return summed[ctx.rows]

@@ -15,7 +15,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from twinkle.loss.base import LossContext, register_loss
+from twinkle.loss.base import LossContext, LossOutput, register_loss
 from twinkle.loss.preference import PairLoss
 
 
@@ -37,11 +37,11 @@ def _log1m_exp(x: torch.Tensor) -> torch.Tensor:
 class CPOLoss(PairLoss):
     aliases = ("cpo",)
 
-    def __init__(self, beta: float = 0.1, bc_coef: float = 1.0, reduction: str = "mean"):
+    def __init__(self, beta: float = 0.1, bc_coef: float = 1.0, reduction: str = "mean") -> None:
         super().__init__(reduction)
         self.beta, self.bc_coef = beta, bc_coef
 
-    def compute(self, ctx: LossContext):
+    def compute(self, ctx: LossContext) -> LossOutput:
         s_c, s_r, n_c, _ = _chosen_rejected(ctx)
         losses = -F.logsigmoid(self.beta * (s_c - s_r)) + self.bc_coef * (-s_c / n_c)
         return self._finish(losses, self.beta * s_c.detach(), self.beta * s_r.detach())
@@ -51,11 +51,11 @@ class CPOLoss(PairLoss):
 class ORPOLoss(PairLoss):
     aliases = ("orpo",)
 
-    def __init__(self, lambda_orpo: float = 0.1, reduction: str = "mean"):
+    def __init__(self, lambda_orpo: float = 0.1, reduction: str = "mean") -> None:
         super().__init__(reduction)
         self.lambda_orpo = lambda_orpo
 
-    def compute(self, ctx: LossContext):
+    def compute(self, ctx: LossContext) -> LossOutput:
         s_c, s_r, n_c, n_r = _chosen_rejected(ctx)
         a_c, a_r = s_c / n_c, s_r / n_r
         log_odds = (a_c - _log1m_exp(a_c)) - (a_r - _log1m_exp(a_r))

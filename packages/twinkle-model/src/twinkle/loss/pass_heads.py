@@ -8,6 +8,8 @@ embedding pass runs the model with its output projection skipped (`twinkle.model
 
 from __future__ import annotations
 
+from typing import Never
+
 import torch
 import torch.nn.functional as F
 
@@ -17,19 +19,19 @@ from twinkle.loss.head import TokenHead
 class _NoTokens(TokenHead):
     what = ""
 
-    def _refuse(self):
+    def _refuse(self) -> Never:
         raise ValueError(f"{self.what} has no next-token distribution: a token loss cannot train on it")
 
-    def target_logps(self, targets_B_T):  # noqa: ARG002 - TokenHead's signature
+    def target_logps(self, targets_B_T: torch.Tensor) -> Never:  # noqa: ARG002 - TokenHead's signature
         self._refuse()
 
-    def entropy(self):
+    def entropy(self) -> Never:
         self._refuse()
 
-    def logps_at(self, index_B_T_K):  # noqa: ARG002 - TokenHead's signature
+    def logps_at(self, index_B_T_K: torch.Tensor) -> Never:  # noqa: ARG002 - TokenHead's signature
         self._refuse()
 
-    def argmax(self):
+    def argmax(self) -> Never:
         self._refuse()
 
     def correct(self, targets_B_T: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,7 @@ class ValueHead(_NoTokens):
 
     what = "a value model"
 
-    def __init__(self, values_B_T: torch.Tensor):
+    def __init__(self, values_B_T: torch.Tensor) -> None:
         self.values_B_T = values_B_T
 
     def values(self) -> torch.Tensor:
@@ -56,7 +58,7 @@ class EmbeddingHead(_NoTokens):
 
     what = "an embedding pass"
 
-    def __init__(self, embeddings_N_H: torch.Tensor):
+    def __init__(self, embeddings_N_H: torch.Tensor) -> None:
         self.embeddings_N_H = embeddings_N_H
 
     @classmethod

@@ -17,7 +17,9 @@ def _ratio(ctx: LossContext) -> torch.Tensor:
     return torch.exp(ctx.logps_B_T - ctx.token_field("logprobs"))
 
 
-def _clipped_surrogate(ratio, adv, lo, hi):
+def _clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, lo: float, hi: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """-min(r·A, clip(r, lo, hi)·A) per token, and whether the clipped branch was taken."""
     unclipped, clipped = ratio * adv, ratio.clamp(lo, hi) * adv
     return -torch.minimum(unclipped, clipped), (clipped < unclipped)
@@ -26,7 +28,9 @@ def _clipped_surrogate(ratio, adv, lo, hi):
 class _ThresholdLoss(Loss):
     required_fields = ("advantages", "logprobs")
 
-    def __init__(self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, reduction: str = "mean"):
+    def __init__(
+        self, clip_low_threshold: float = 0.8, clip_high_threshold: float = 1.2, reduction: str = "mean"
+    ) -> None:
         super().__init__(reduction)
         if not 0 <= clip_low_threshold <= 1 <= clip_high_threshold:
             raise ValueError(
@@ -43,7 +47,7 @@ class ImportanceSamplingLoss(Loss):
     aliases = ("importance_sampling",)
     required_fields = ("advantages", "logprobs")
 
-    def per_token(self, ctx):
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
         return -_ratio(ctx) * ctx.token_field("advantages")
 
 
@@ -53,7 +57,7 @@ class PPOLoss(_ThresholdLoss):
 
     aliases = ("ppo",)
 
-    def compute(self, ctx):
+    def compute(self, ctx: LossContext) -> LossOutput:
         per_tok, clipped = _clipped_surrogate(_ratio(ctx), ctx.token_field("advantages"), self.lo, self.hi)
         frac = (clipped.float() * ctx.mask_B_T).sum() / ctx.mask_B_T.sum().clamp(min=1)
         return LossOutput(self.reduce(per_tok, ctx.mask_B_T), {"clip_fraction": frac.item()})
@@ -65,7 +69,7 @@ class CISPOLoss(_ThresholdLoss):
 
     aliases = ("cispo",)
 
-    def per_token(self, ctx):
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
         weight = _ratio(ctx).detach().clamp(self.lo, self.hi)
         return -weight * ctx.token_field("advantages") * ctx.logps_B_T
 
@@ -77,11 +81,11 @@ class DROLoss(Loss):
     aliases = ("dro",)
     required_fields = ("advantages", "logprobs")
 
-    def __init__(self, beta: float = 0.05, reduction: str = "mean"):
+    def __init__(self, beta: float = 0.05, reduction: str = "mean") -> None:
         super().__init__(reduction)
         self.beta = beta
 
-    def per_token(self, ctx):
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
         logp = ctx.logps_B_T
         return -(logp * ctx.token_field("advantages") - 0.5 * self.beta * (logp - ctx.token_field("logprobs")) ** 2)
 
@@ -99,7 +103,7 @@ class GSPOLoss(_ThresholdLoss):
 
     aliases = ("gspo",)
 
-    def compute(self, ctx):
+    def compute(self, ctx: LossContext) -> LossOutput:
         logp = ctx.logps_B_T
         ratio_mask = ctx.mask_B_T * ctx.token_field("sequence_ratio_mask", 1.0)
         log_ratio = (logp - ctx.token_field("logprobs")).detach()
@@ -134,7 +138,7 @@ class GRPOLoss(Loss):
         reduction: str = "mean",
         *,
         epsilon: float | None = None,
-    ):
+    ) -> None:
         """`epsilon` (twinkle-kit's keyword) clips symmetrically: epsilon_low = epsilon_high = epsilon."""
         super().__init__(reduction)
         if epsilon is not None:
@@ -148,18 +152,18 @@ class GRPOLoss(Loss):
             entropy_coef,
         )
 
-    def needs_reference(self, fields):
+    def needs_reference(self, fields: dict) -> bool:
         return self.beta > 0 and "ref_logprobs" not in fields
 
-    def head_needs(self, ctx):  # noqa: ARG002 - Loss.head_needs' signature
+    def head_needs(self, ctx: LossContext) -> HeadNeeds:  # noqa: ARG002 - Loss.head_needs' signature
         return HeadNeeds(entropy=bool(self.entropy_coef))
 
-    def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor):
+    def surrogate(self, ratio_B_T: torch.Tensor, adv_B_T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The per-token policy term and where it clipped (None: a loss that never clips); a variant
         that shapes the ratio otherwise overrides this, the KL and entropy terms stay."""
         return _clipped_surrogate(ratio_B_T, adv_B_T, 1 - self.epsilon_low, 1 + self.epsilon_high)
 
-    def compute(self, ctx):
+    def compute(self, ctx: LossContext) -> LossOutput:
         logp, mask = ctx.logps_B_T, ctx.mask_B_T
         old = ctx.token_field("logprobs") if ctx.has("logprobs") else logp.detach()
         per_tok, clipped = self.surrogate(torch.exp(logp - old), ctx.token_field("advantages"))

@@ -23,7 +23,9 @@ def _pairs(values_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class PairLoss(Loss):
     unit = "pair"  # averaged over (chosen, rejected) pairs, not tokens
 
-    def _finish(self, losses_P, chosen_reward_P, rejected_reward_P) -> LossOutput:
+    def _finish(
+        self, losses_P: torch.Tensor, chosen_reward_P: torch.Tensor, rejected_reward_P: torch.Tensor
+    ) -> LossOutput:
         loss = losses_P.sum() if self.reduction == "sum" else losses_P.mean()
         return LossOutput(
             loss,
@@ -61,17 +63,17 @@ class DPOLoss(PairLoss):
         *,
         reference_free: bool = False,
         sft_weight: float = 0.0,
-    ):
+    ) -> None:
         super().__init__(reduction)
         if loss_type not in self.LOSS_TYPES:
             raise ValueError(f"unknown DPO loss_type {loss_type!r}; expected one of {self.LOSS_TYPES}")
         self.beta, self.loss_type, self.label_smoothing = beta, loss_type, label_smoothing
         self.reference_free, self.sft_weight = reference_free, sft_weight
 
-    def needs_reference(self, fields):
+    def needs_reference(self, fields: dict) -> bool:
         return not self.reference_free and "ref_logprobs" not in fields
 
-    def compute(self, ctx: LossContext):
+    def compute(self, ctx: LossContext) -> LossOutput:
         mask = ctx.mask_B_T
         policy_c, policy_r = _pairs((ctx.logps_B_T * mask).sum(1))
         if self.reference_free:
@@ -111,11 +113,11 @@ class SimPOLoss(PairLoss):
 
     aliases = ("simpo",)
 
-    def __init__(self, beta: float = 2.0, gamma: float = 0.5, reduction: str = "mean"):
+    def __init__(self, beta: float = 2.0, gamma: float = 0.5, reduction: str = "mean") -> None:
         super().__init__(reduction)
         self.beta, self.gamma = beta, gamma
 
-    def compute(self, ctx: LossContext):
+    def compute(self, ctx: LossContext) -> LossOutput:
         mask = ctx.mask_B_T
         avg_B = (ctx.logps_B_T * mask).sum(1) / mask.sum(1).clamp(min=1)
         chosen, rejected = _pairs(avg_B)

@@ -23,7 +23,7 @@ class CrossEntropyLoss(Loss):
 
     aliases = ("cross_entropy", "ce")
 
-    def per_token(self, ctx: LossContext):
+    def per_token(self, ctx: LossContext) -> torch.Tensor:
         if "target_ids" not in ctx.fields:
             return -ctx.token_field("weights", 1.0) * ctx.logps_B_T
         logps_B_T_K = ctx.scored_logps()

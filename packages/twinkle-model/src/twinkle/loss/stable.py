@@ -43,7 +43,7 @@ class StableReinforceLoss(Loss):
     aliases = ("stable_reinforce",)
     required_fields = ("advantages", "logprobs")
 
-    def __init__(self, ratio_cap: float = 2.0, reduction: str = "mean"):
+    def __init__(self, ratio_cap: float = 2.0, reduction: str = "mean") -> None:
         super().__init__(reduction)
         if not ratio_cap >= 1.0:  # also refuses NaN
             raise ValueError(f"ratio_cap must be >= 1 (1 is on-policy REINFORCE), got {ratio_cap}")

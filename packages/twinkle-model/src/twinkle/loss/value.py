@@ -43,7 +43,7 @@ class PPOValueLoss(Loss):
     aliases = ("ppo_value",)
     required_fields = ("returns", "old_values")
 
-    def __init__(self, epsilon: float = 0.2, ignore_index: int = IGNORE_INDEX, reduction: str = "mean"):
+    def __init__(self, epsilon: float = 0.2, ignore_index: int = IGNORE_INDEX, reduction: str = "mean") -> None:
         super().__init__(reduction)
         _check_ignore_index(ignore_index)
         if not epsilon > 0:
@@ -61,7 +61,9 @@ class PPOValueLoss(Loss):
         )
 
 
-def critic_numbers(values_B_T, returns_B_T, moved_B_T, ctx: LossContext, epsilon: float) -> dict[str, float]:
+def critic_numbers(
+    values_B_T: torch.Tensor, returns_B_T: torch.Tensor, moved_B_T: torch.Tensor, ctx: LossContext, epsilon: float
+) -> dict[str, float]:
     """What PPOValueMetric reports, over the loss tokens: mean value and return, the fraction of values
     clipped, and the variance of the returns the values explain, 1 − Var(R − V) / Var(R)."""
     keep = ctx.mask_B_T.bool()

@@ -15,14 +15,14 @@ class LossMetric(Metric):
 
     aliases = ("loss",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         self.total, self.tokens, self.nonfinite = 0.0, 0, 0
         self.extras, self.extra_counts = defaultdict(float), defaultdict(int)
 
-    def on_forward(self, record: ForwardRecord):
+    def on_forward(self, record: ForwardRecord) -> None:
         if record.loss is None:
             return
         if not record.finite:
@@ -34,7 +34,7 @@ class LossMetric(Metric):
             self.extras[k] += v
             self.extra_counts[k] += 1
 
-    def compute(self):
+    def compute(self) -> dict[str, float]:
         out = {"loss": self.total / self.tokens if self.tokens else float("nan")}
         if self.nonfinite:
             out["nonfinite_losses"] = float(self.nonfinite)
@@ -48,17 +48,17 @@ class TokenAccuracy(Metric):
 
     aliases = ("accuracy", "token_accuracy")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         self.correct = self.tokens = 0
 
-    def on_forward(self, record):
+    def on_forward(self, record: ForwardRecord) -> None:
         self.correct += record.correct_tokens
         self.tokens += record.loss_tokens
 
-    def compute(self):
+    def compute(self) -> dict[str, float]:
         return {"token_accuracy": self.correct / self.tokens if self.tokens else float("nan")}
 
 
@@ -68,14 +68,14 @@ class OptimizerMetric(Metric):
 
     aliases = ("optimizer",)
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
         self.total_skipped = 0
 
-    def reset(self):
+    def reset(self) -> None:
         self.norms, self.lr, self.skipped = [], None, 0
 
-    def on_step(self, record: StepRecord):
+    def on_step(self, record: StepRecord) -> None:
         if record.lr is not None:
             self.lr = record.lr
         if record.skipped:
@@ -84,7 +84,7 @@ class OptimizerMetric(Metric):
         elif record.grad_norm is not None:
             self.norms.append(record.grad_norm)
 
-    def compute(self):
+    def compute(self) -> dict[str, float]:
         out = {"skipped_steps": float(self.total_skipped)}
         if self.norms:
             out["grad_norm"] = sum(self.norms) / len(self.norms)
@@ -102,22 +102,22 @@ class ThroughputMetric(Metric):
 
     aliases = ("throughput", "mfu")
 
-    def __init__(self, peak_flops: float):
+    def __init__(self, peak_flops: float) -> None:
         self.peak_flops = peak_flops
         self.reset()
 
-    def reset(self):
+    def reset(self) -> None:
         self.tokens, self.flops, self.seconds = 0, 0.0, 0.0
 
-    def on_forward(self, record):
+    def on_forward(self, record: ForwardRecord) -> None:
         self.tokens += record.input_tokens
         self.flops += record.flops
         self.seconds += record.seconds
 
-    def on_step(self, record):
+    def on_step(self, record: StepRecord) -> None:
         self.seconds += record.seconds
 
-    def compute(self):
+    def compute(self) -> dict[str, float]:
         if not self.seconds:
             return {}
         out = {"tokens_per_s": self.tokens / self.seconds}

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import ClassVar
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 from twinkle.metric.base import ForwardRecord, Metric, register_metric
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from twinkle.mesh import DeviceMesh
 
 
 @register_metric
@@ -15,15 +21,21 @@ class CompletionRewardMetric(Metric):
     """Completion lengths and named rewards of the rollouts since the last reset:
     `train/<name>_reward` (mean), `train/<name>_reward_std` (sample std), `train/completion_length` (mean)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
         self.rewards: dict[str, list[float]] = defaultdict(list)
         self.completion_lengths: list[int] = []
 
-    # ARG002: Metric.accumulate's signature
-    def accumulate(self, inputs=None, outputs=None, *, completion_lengths=(), rewards=None) -> None:  # noqa: ARG002
+    def accumulate(
+        self,
+        inputs: object = None,  # noqa: ARG002 - twinkle-kit's positional slot, not read
+        outputs: object = None,  # noqa: ARG002 - twinkle-kit's positional slot, not read
+        *,
+        completion_lengths: Iterable[int] = (),
+        rewards: Mapping[str, Iterable[float]] | None = None,
+    ) -> None:
         """`inputs` / `outputs` are twinkle-kit's positional slots; this metric reads neither."""
         for name, values in (rewards or {}).items():
             self.rewards[name].extend(float(v) for v in values)
@@ -47,7 +59,7 @@ class _LossNumbers(Metric):
 
     KEYS: ClassVar[dict[str, str]] = {}
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
@@ -79,7 +91,7 @@ class DPOMetric(_LossNumbers):
         "logps_rejected": "logps/rejected",
     }
 
-    def __init__(self, beta: float = 0.1):
+    def __init__(self, beta: float = 0.1) -> None:
         super().__init__()
         self.beta = beta
 
@@ -101,7 +113,11 @@ class EmbeddingMetric(_LossNumbers):
 
     KEYS: ClassVar[dict[str, str]] = {"pos_sim": "pos_sim", "neg_sim": "neg_sim"}
 
-    def __init__(self, device_mesh=None, process_group=None):  # noqa: ARG002 - twinkle-kit's signature
+    def __init__(
+        self,
+        device_mesh: DeviceMesh | None = None,  # noqa: ARG002 - twinkle-kit's signature
+        process_group: dist.ProcessGroup | None = None,  # noqa: ARG002
+    ) -> None:
         super().__init__()
 
     def reset(self) -> None:
@@ -133,6 +149,12 @@ class PPOValueMetric(_LossNumbers):
         "explained_variance": "train/explained_variance",
     }
 
-    def __init__(self, device_mesh=None, process_group=None, epsilon: float = 0.2, ignore_index: int = -100):  # noqa: ARG002
+    def __init__(
+        self,
+        device_mesh: DeviceMesh | None = None,  # noqa: ARG002 - twinkle-kit's signature
+        process_group: dist.ProcessGroup | None = None,  # noqa: ARG002
+        epsilon: float = 0.2,
+        ignore_index: int = -100,
+    ) -> None:
         super().__init__()
         self.epsilon, self.ignore_index = epsilon, ignore_index

@@ -10,8 +10,12 @@ scores and values (2·2·T·d per layer per token forward, causal masking not di
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _PEAKS: dict[tuple[str, torch.dtype], float] = {}
 
@@ -67,7 +71,7 @@ def matmul_params(model: torch.nn.Module) -> tuple[int, int]:
     return total, trainable
 
 
-def attention_dims(config) -> tuple[int, int]:
+def attention_dims(config: PretrainedConfig) -> tuple[int, int]:
     """(layers, query width = heads·head_dim) from a transformers config."""
     layers = getattr(config, "num_hidden_layers", 0)
     heads = getattr(config, "num_attention_heads", 0)

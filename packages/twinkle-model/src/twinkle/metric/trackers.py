@@ -23,6 +23,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 NAMES = ("tensorboard", "wandb", "mlflow", "trackio")
@@ -34,7 +35,7 @@ class Tracker(Protocol):
     def close(self) -> None: ...
 
 
-def _require(module: str, name: str, package: str):
+def _require(module: str, name: str, package: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -59,18 +60,18 @@ class TensorBoardTracker:
     """Event files under `{logging_dir}/tensorboard/{run_name}` (`tensorboard --logdir` on the parent)."""
 
     # ARG002: every tracker's constructor signature
-    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None):  # noqa: ARG002
+    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None) -> None:  # noqa: ARG002
         writer_cls = _require("torch.utils.tensorboard", "tensorboard", "tensorboard").SummaryWriter
         self.log_dir = Path(logging_dir) / "tensorboard" / run_name
         self.writer = writer_cls(log_dir=str(self.log_dir))
         if config:
             self.writer.add_text("config", json.dumps(dict(config), default=str, indent=1), 0)
 
-    def log(self, metrics, step):
+    def log(self, metrics: Mapping[str, object], step: int) -> None:
         for key, value in _numbers(metrics).items():
             self.writer.add_scalar(key, value, step)
 
-    def close(self):
+    def close(self) -> None:
         self.writer.close()
 
 
@@ -78,7 +79,7 @@ class WandbTracker:
     """A wandb run; offline unless WANDB_MODE says otherwise (these machines have no network: upload
     later with `wandb sync {logging_dir}/wandb/offline-run-*`)."""
 
-    def __init__(self, logging_dir, run_name, project, config):
+    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None) -> None:
         wandb = _require("wandb", "wandb", "wandb")
         Path(logging_dir).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(
@@ -90,10 +91,10 @@ class WandbTracker:
             reinit="create_new",
         )
 
-    def log(self, metrics, step):
+    def log(self, metrics: Mapping[str, object], step: int) -> None:
         self.run.log(_numbers(metrics), step=step)
 
-    def close(self):
+    def close(self) -> None:
         self.run.finish()
 
 
@@ -103,7 +104,7 @@ class MLflowTracker:
 
     _BAD_KEY_CHARS = re.compile(r"[^\w./\- ]")  # MLflow refuses e.g. the ':' of Tinker's `loss:sum`
 
-    def __init__(self, logging_dir, run_name, project, config):
+    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None) -> None:
         tracking = _require("mlflow.tracking", "mlflow", "mlflow-skinny")
         self._entities = _require("mlflow.entities", "mlflow", "mlflow-skinny")
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(logging_dir) / "mlruns").resolve().as_uri()
@@ -123,13 +124,13 @@ class MLflowTracker:
     def _key(self, key: str) -> str:
         return self._BAD_KEY_CHARS.sub("_", key)
 
-    def log(self, metrics, step):
+    def log(self, metrics: Mapping[str, object], step: int) -> None:
         now = int(time.time() * 1000)
         batch = [self._entities.Metric(self._key(k), v, now, step) for k, v in _numbers(metrics).items()]
         if batch:
             self.client.log_batch(self.run_id, metrics=batch)
 
-    def close(self):
+    def close(self) -> None:
         self.client.set_terminated(self.run_id)
 
 
@@ -137,14 +138,14 @@ class TrackioTracker:
     """A trackio run in project `project`, stored where trackio stores (TRACKIO_DIR, read by trackio
     at import); `trackio show --project NAME` opens its dashboard."""
 
-    def __init__(self, logging_dir, run_name, project, config):  # noqa: ARG002 - every tracker's constructor signature
+    def __init__(self, logging_dir: str | os.PathLike, run_name: str, project: str, config: Mapping | None) -> None:  # noqa: ARG002 - every tracker's constructor signature
         trackio = _require("trackio", "trackio", "trackio")
         self.run = trackio.init(project=project, name=run_name, config=dict(config or {}), embed=False)
 
-    def log(self, metrics, step):
+    def log(self, metrics: Mapping[str, object], step: int) -> None:
         self.run.log(_numbers(metrics), step=step)
 
-    def close(self):
+    def close(self) -> None:
         self.run.finish()
 
 
@@ -159,7 +160,7 @@ _TRACKERS = {
 class Trackers:
     """Several trackers as one; also a context manager that closes them."""
 
-    def __init__(self, trackers: Iterable[Tracker] = ()):
+    def __init__(self, trackers: Iterable[Tracker] = ()) -> None:
         self.trackers = list(trackers)
 
     def log(self, metrics: Mapping[str, object], step: int) -> None:
@@ -174,7 +175,7 @@ class Trackers:
     def __enter__(self) -> Trackers:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -4,6 +4,8 @@ scheduler the optimizer steps a run takes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 _LAZY = {
     "TwinkleModel": "twinkle.model.base",
     "num_training_steps": "twinkle.model.base",
@@ -19,7 +21,7 @@ _LAZY = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:  # a class or function of the submodule that owns `name`
     # Lazy: `import twinkle.model` must not pull in torch models (or megatron) until one is used.
     if name in _LAZY:
         import importlib

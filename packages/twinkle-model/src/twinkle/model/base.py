@@ -39,9 +39,20 @@ add keyword-only options after the contract's parameters; they never reorder the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twinkle.registry import Registry
+
+if TYPE_CHECKING:
+    import inspect
+    import os
+
+    import torch
+    from peft import LoraConfig
+
+    from twinkle.data_format.loss_inputs import Rows
+    from twinkle.loss.base import Loss, LossContext
+    from twinkle.model.optim import OptimizerSpec, SchedulerSpec
 
 # The contract's method names, in the order a loop uses them (the signature test walks this list).
 CONTRACT_METHODS = (
@@ -66,25 +77,27 @@ def refuse(engine: object, what: str, instead: str) -> NotImplementedError:
 
 
 class TwinkleModel:
-    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:
+    def add_adapter_to_model(self, adapter_name: str, config: LoraConfig, gradient_accumulation_steps: int = 1) -> None:
         """Add a LoRA adapter (a peft LoraConfig) with its own accumulation window. Names are unique."""
         raise refuse(self, "train LoRA adapters", "use TransformersModel or MultiLoraModel")
 
-    def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> None:
+    def set_loss(self, loss: str | type[Loss] | Loss, adapter_name: str | None = None, **kwargs: Any) -> None:
         """The loss by registered name or class (kwargs go to its constructor)."""
         raise refuse(self, "set a loss", "use TransformersModel")
 
-    def set_optimizer(self, optimizer_cls="AdamW", adapter_name: str | None = None, **kwargs) -> None:
+    def set_optimizer(
+        self, optimizer_cls: OptimizerSpec = "AdamW", adapter_name: str | None = None, **kwargs: Any
+    ) -> None:
         """A torch optimizer by name or class over the adapter's trainable parameters; replaces any
         previous optimizer and drops its scheduler."""
         raise refuse(self, "set an optimizer", "use TransformersModel")
 
-    def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
+    def set_lr_scheduler(self, scheduler_cls: SchedulerSpec, adapter_name: str | None = None, **kwargs: Any) -> None:
         """A scheduler by name or class on the current optimizer (ValueError without one). It steps
         once per optimizer step: see `num_training_steps`."""
         raise refuse(self, "set an lr scheduler", "use TransformersModel")
 
-    def forward(self, inputs, adapter_name: str | None = None):
+    def forward(self, inputs: Rows, adapter_name: str | None = None) -> LossContext:
         """The network pass with autograd on: the LossContext (per-token log-probs, targets, mask)
         a custom loop computes its own loss from. In-process engines only: a graph cannot cross a
         process boundary, so remote proxies refuse it."""
@@ -94,20 +107,20 @@ class TwinkleModel:
             "use forward_only for log-probs, or forward_backward with set_loss for training",
         )
 
-    def backward(self, loss, adapter_name: str | None = None) -> bool:
+    def backward(self, loss: torch.Tensor, adapter_name: str | None = None) -> bool:
         """Back-propagate a loss computed from `forward`'s LossContext, counted like one
         forward_backward (scaled by 1/gradient_accumulation_steps; a non-finite loss is not
         propagated and skips the coming step). Returns whether gradients were accumulated.
         In-process engines only, as `forward`."""
         raise refuse(self, "back-propagate a local loss", "use forward_backward with set_loss")
 
-    def forward_only(self, inputs, adapter_name: str | None = None) -> dict[str, Any]:
+    def forward_only(self, inputs: Rows, adapter_name: str | None = None) -> dict[str, Any]:
         """No-gradient pass: {'loss': float | None (None when the batch lacks what the loss needs),
         'logprobs': one list per row, aligned with its labels (0.0 at position 0)}. Counts toward
         the eval metrics."""
         raise NotImplementedError
 
-    def forward_backward(self, inputs, adapter_name: str | None = None) -> dict[str, Any]:
+    def forward_backward(self, inputs: Rows, adapter_name: str | None = None) -> dict[str, Any]:
         """Forward, loss and backward on one micro-batch: {'loss': the micro-batch loss, ...loss
         metrics}. Gradients accumulate (scaled by 1/gradient_accumulation_steps) until the step."""
         raise NotImplementedError
@@ -124,18 +137,22 @@ class TwinkleModel:
         raise NotImplementedError
 
     def save(
-        self, path, adapter_name: str | None = None, save_training_state: bool = False, data_position: int | None = None
+        self,
+        path: str | os.PathLike,
+        adapter_name: str | None = None,
+        save_training_state: bool = False,
+        data_position: int | None = None,
     ) -> str:
         """A PEFT adapter folder (`twinkle.model.checkpoint`); with save_training_state also the
         optimizer, scheduler, RNG and data position. Returns where it was written."""
         raise NotImplementedError
 
-    def load(self, path, adapter_name: str | None = None) -> None:
+    def load(self, path: str | os.PathLike, adapter_name: str | None = None) -> None:
         """Weights from a folder written by `save` (or by peft) into the adapter; an adapter that does
         not exist yet is created from the folder's adapter_config.json."""
         raise NotImplementedError
 
-    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict[str, Any]:
+    def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None) -> dict[str, Any]:
         """`load` plus the training state: the next step is bit-exact the one the saved run would have
         taken. Returns {'data_position', 'optimizer_steps', 'micro_step'}: skip `data_position`
         batches of the data loader to continue where the saved run was. Call set_optimizer (and
@@ -189,7 +206,7 @@ def contract_mismatches(cls: type) -> list[str]:
     return problems
 
 
-def _plain(params) -> str:
+def _plain(params: list[inspect.Parameter]) -> str:
     """Parameters as `name=default`, without self and annotations."""
     out = []
     for p in params:

@@ -31,7 +31,7 @@ import copy
 import json
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,7 +40,15 @@ from safetensors.torch import load_file, save_file
 from twinkle.model.strategy import full_tensor
 
 if TYPE_CHECKING:
-    from peft import LoraConfig
+    import os
+
+    from peft import LoraConfig, PeftConfig
+    from torch.optim.lr_scheduler import LRScheduler
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from twinkle.model.state import AdapterState
+
+    StrPath = str | os.PathLike
 
 CONFIG_NAME, WEIGHTS_NAME = "adapter_config.json", "adapter_model.safetensors"
 STATE_DIR, STATE_TENSORS, STATE_JSON = "training_state", "state.safetensors", "state.json"
@@ -56,11 +64,13 @@ def base_model_id(model_id: str | None, local_path: str | None) -> str | None:
     return local_path or model_id
 
 
-def is_adapter_folder(path) -> bool:
+def is_adapter_folder(path: StrPath) -> bool:
     return (Path(path) / CONFIG_NAME).is_file()
 
 
-def save_adapter(path, config, tensors: dict[str, torch.Tensor], base_model: str | None = None) -> None:
+def save_adapter(
+    path: StrPath, config: PeftConfig, tensors: dict[str, torch.Tensor], base_model: str | None = None
+) -> None:
     """Write a peft LoRA folder: `config` (a peft LoraConfig, not modified) and `tensors` keyed by
     peft's saved names."""
     folder = Path(path)
@@ -77,7 +87,7 @@ def save_adapter(path, config, tensors: dict[str, torch.Tensor], base_model: str
     config.save_pretrained(str(folder))
 
 
-def load_adapter(path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
+def load_adapter(path: StrPath) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
     """(LoraConfig, tensors by peft's saved names) from a folder written by `save_adapter` or peft."""
     from peft import LoraConfig
 
@@ -89,7 +99,7 @@ def load_adapter(path) -> tuple[LoraConfig, dict[str, torch.Tensor]]:
 
 
 # -- training state: nested containers as JSON, their tensors as safetensors -------------------------
-def _flatten(obj, tensors: dict):
+def _flatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:  # nested containers -> JSON
     if isinstance(obj, torch.Tensor):
         key = str(len(tensors))
         tensors[key] = full_tensor(obj.detach()).to("cpu").contiguous()  # a sharded moment: gathered (collective)
@@ -105,7 +115,7 @@ def _flatten(obj, tensors: dict):
     raise TypeError(f"cannot store {type(obj).__name__} in a training state (tensors and plain containers only)")
 
 
-def _unflatten(obj, tensors: dict):
+def _unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:  # JSON -> nested containers
     if isinstance(obj, list):
         return [_unflatten(v, tensors) for v in obj]
     if not isinstance(obj, dict):
@@ -117,7 +127,7 @@ def _unflatten(obj, tensors: dict):
     return {_unflatten(k, tensors): _unflatten(v, tensors) for k, v in obj["items"]}
 
 
-def _shard_like_params(state: dict, optimizer) -> dict:
+def _shard_like_params(state: dict, optimizer: torch.optim.Optimizer) -> dict:
     """Whole saved moments cut to this rank's shard where the optimizer's parameter is a DTensor
     (FSDP2); every rank holds the whole tensor, so no communication is needed."""
     from torch.distributed.tensor import DTensor, distribute_tensor
@@ -161,7 +171,13 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_training_state(path, optimizer, scheduler, counters: dict, write: bool = True) -> None:
+def save_training_state(
+    path: StrPath,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: LRScheduler | None,
+    counters: dict,
+    write: bool = True,
+) -> None:
     """Optimizer, scheduler (either may be None), this process's RNG and the engine's `counters`
     (plain JSON values) under `path/training_state/`. Sharded (DTensor) optimizer state is gathered
     whole, a collective: under FSDP2 every rank calls this, and only the one with `write` writes."""
@@ -180,7 +196,7 @@ def save_training_state(path, optimizer, scheduler, counters: dict, write: bool 
     (folder / STATE_JSON).write_text(json.dumps(skeleton))
 
 
-def load_training_state(path, optimizer, scheduler) -> dict:
+def load_training_state(path: StrPath, optimizer: torch.optim.Optimizer | None, scheduler: LRScheduler | None) -> dict:
     """Restore what `save_training_state` wrote into `optimizer` / `scheduler` (built as in the saved
     run) and the RNG; returns the counters."""
     folder = Path(path) / STATE_DIR
@@ -190,22 +206,25 @@ def load_training_state(path, optimizer, scheduler) -> dict:
     saved = _unflatten(
         {"items": [[k, v] for k, v in skeleton.items() if k != "counters"]}, load_file(str(folder / STATE_TENSORS))
     )
-    for what, target, setter in (
-        ("optimizer", optimizer, "set_optimizer"),
-        ("scheduler", scheduler, "set_lr_scheduler"),
-    ):
-        if saved[what] is None:
-            continue
-        if target is None:
-            raise ValueError(f"the checkpoint has {what} state: call {setter}(...) before resuming")
-        target.load_state_dict(_shard_like_params(saved[what], target) if what == "optimizer" else saved[what])
+    if saved["optimizer"] is not None:
+        if optimizer is None:
+            raise ValueError("the checkpoint has optimizer state: call set_optimizer(...) before resuming")
+        optimizer.load_state_dict(_shard_like_params(saved["optimizer"], optimizer))
+    if saved["scheduler"] is not None:
+        if scheduler is None:
+            raise ValueError("the checkpoint has scheduler state: call set_lr_scheduler(...) before resuming")
+        scheduler.load_state_dict(saved["scheduler"])
     _set_rng_state(saved["rng"])
     return skeleton["counters"]
 
 
 # -- an engine's per-adapter state ---------------------------------------------------------------
 def save_adapter_state(
-    path, state, data_position: int | None = None, write: bool = True, consumed_train_samples: int | None = None
+    path: StrPath,
+    state: AdapterState,
+    data_position: int | None = None,
+    write: bool = True,
+    consumed_train_samples: int | None = None,
 ) -> None:
     """`save_training_state` for an engine's adapter state (optimizer, scheduler, micro_step,
     optimizer_steps, consumed_batches, gradient_accumulation_steps; and, when the caller counts them,
@@ -224,7 +243,7 @@ def save_adapter_state(
 RESUMED = ("data_position", "optimizer_steps", "micro_step")
 
 
-def resume_adapter_state(path, state) -> dict:
+def resume_adapter_state(path: StrPath, state: AdapterState) -> dict:
     """Restore what `save_adapter_state` wrote; {'data_position', 'optimizer_steps', 'micro_step'} (plus
     'consumed_train_samples' when it was saved)."""
     counters = load_training_state(path, state.optimizer, state.scheduler)
@@ -232,7 +251,7 @@ def resume_adapter_state(path, state) -> dict:
     return {k: counters[k] for k in (*RESUMED, "consumed_train_samples") if k in counters}
 
 
-def record_consumed_samples(path, consumed_train_samples: int) -> None:
+def record_consumed_samples(path: StrPath, consumed_train_samples: int) -> None:
     """Add the consumed training samples to a training state already written (a server's save: the
     engine wrote the state, the client counted the samples)."""
     folder = Path(path) / STATE_DIR
@@ -241,12 +260,12 @@ def record_consumed_samples(path, consumed_train_samples: int) -> None:
     (folder / STATE_JSON).write_text(json.dumps(skeleton))
 
 
-def has_training_state(path) -> bool:
+def has_training_state(path: StrPath) -> bool:
     """Whether the folder holds what `save_training_state` writes (a checkpoint that can resume)."""
     return (Path(path) / STATE_DIR / STATE_JSON).is_file()
 
 
-def read_counters(path) -> dict:
+def read_counters(path: StrPath) -> dict:
     """The counters `save_adapter_state` wrote, restoring nothing (a weights-only resume reports them)."""
     folder = Path(path) / STATE_DIR
     if not (folder / STATE_JSON).is_file():
@@ -256,13 +275,18 @@ def read_counters(path) -> dict:
 
 
 # -- full-model checkpoints ----------------------------------------------------------------------
-def save_full(hf_model, state: dict[str, torch.Tensor], path, tokenizer=None) -> None:
+def save_full(
+    hf_model: PreTrainedModel,
+    state: dict[str, torch.Tensor],
+    path: StrPath,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> None:
     hf_model.save_pretrained(str(path), state_dict=state, safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
 
 
-def load_full(hf_model, path) -> None:
+def load_full(hf_model: torch.nn.Module, path: StrPath) -> None:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{path} holds no *.safetensors weights")

@@ -22,12 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
+if TYPE_CHECKING:
+    from twinkle.patch.base import PatchTarget
 
-def reentrant_checkpointing_fits(model) -> bool:
+
+def reentrant_checkpointing_fits(model: PatchTarget) -> bool:
     """Whether TransformersModel `model` checkpoints its layers reentrantly: a model trained in one
     process and not compiled. Data, tensor and context parallel runs keep the non-reentrant
     checkpoint (their collectives and FSDP2's hooks are only verified with it), and a compiled layer
@@ -49,7 +53,7 @@ class GradArena:
     optimizer and the step rule see what they would have seen (a parameter without a gradient is
     not stepped)."""
 
-    def __init__(self, params: list[torch.nn.Parameter]):
+    def __init__(self, params: list[torch.nn.Parameter]) -> None:
         self.params = params  # the list it was built for (a new list means new parameters)
         self.trained = [p for p in params if p.requires_grad]  # a frozen one never gets a gradient
         self.slots: list[torch.Tensor] = []

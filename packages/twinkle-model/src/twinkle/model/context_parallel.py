@@ -22,12 +22,18 @@ Contiguous shards leave the last rank the most attention work (no zig-zag balanc
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from twinkle.data_format.labels import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from twinkle.loss.base import Loss
 
 ATTENTION_NAME = "twinkle_cp"
 # The shard the latest forward computed. Set by `Shard.activate` and left in place until the next
@@ -37,7 +43,7 @@ _current: Shard | None = None
 
 @dataclass
 class Shard:
-    group: dist.ProcessGroup  # the cp process group
+    group: dist.ProcessGroup | None  # the cp process group (None: the default group)
     rank: int
     size: int
     start: int  # first global position of this rank's tokens
@@ -60,22 +66,30 @@ class _GatherSequence(torch.autograd.Function):
     (all-reduce, which gloo has; it lacks reduce-scatter) and keeps this rank's slice."""
 
     @staticmethod
-    def forward(ctx, x, shard: Shard):
+    def forward(ctx: Any, x: torch.Tensor, shard: Shard) -> torch.Tensor:  # ctx: torch's, carrying `shard`
         ctx.shard = shard
         parts = [torch.empty_like(x) for _ in range(shard.size)]
         dist.all_gather(parts, x.contiguous(), group=shard.group)
         return torch.cat(parts, dim=2)
 
     @staticmethod
-    def backward(ctx, *grad_outputs):
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor, None]:
         shard = ctx.shard
         grad = grad_outputs[0].contiguous()
         dist.all_reduce(grad, group=shard.group)
         return grad.chunk(shard.size, dim=2)[shard.rank].contiguous(), None
 
 
-# ARG001: transformers' attention-function signature
-def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # noqa: ARG001
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # noqa: ARG001 - causal by global position instead
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; query/key/value are [B, H, T_local, D]."""
     shard = _current
     if shard is None:
@@ -97,7 +111,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return out.transpose(1, 2).contiguous(), None
 
 
-def enable(hf_model) -> None:
+def enable(hf_model: PreTrainedModel) -> None:
     """Route the model's attention through `attention` (registered once, by name)."""
     from transformers import AttentionInterface
 
@@ -112,7 +126,7 @@ def enable(hf_model) -> None:
     hf_model.set_attn_implementation(ATTENTION_NAME)
 
 
-def check_loss(loss) -> None:
+def check_loss(loss: Loss) -> None:
     from twinkle.loss.policy import GSPOLoss
     from twinkle.loss.preference import PairLoss
 
@@ -123,7 +137,14 @@ def check_loss(loss) -> None:
         )
 
 
-def shard_batch(batch: dict, targets_B_T: torch.Tensor, fields: dict, group, rank: int, size: int):
+def shard_batch(
+    batch: dict[str, torch.Tensor],
+    targets_B_T: torch.Tensor,
+    fields: dict[str, torch.Tensor],
+    group: dist.ProcessGroup | None,
+    rank: int,
+    size: int,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, dict[str, torch.Tensor], Shard]:
     """(this rank's model inputs, targets, per-token fields, its Shard). `targets_B_T` and `fields`
     are already shifted (length T-1); they are padded to the shard layout here."""
     if "pixel_values" in batch:
@@ -154,7 +175,7 @@ def shard_batch(batch: dict, targets_B_T: torch.Tensor, fields: dict, group, ran
     return model_batch, targets, local_fields, Shard(group, rank, size, start, padded)
 
 
-def _cut(t: torch.Tensor, padded: int, start: int, n: int, value=0) -> torch.Tensor:
+def _cut(t: torch.Tensor, padded: int, start: int, n: int, value: int = 0) -> torch.Tensor:
     """Pad dim 1 of t at the end to `padded`, then keep [start, start + n) of it."""
     pad = [0, 0] * (t.dim() - 2) + [0, padded - t.shape[1]]
     return F.pad(t, pad, value=value)[:, start : start + n]

@@ -16,19 +16,24 @@ Stable API:
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from twinkle.model.checkpoint import CONFIG_NAME, is_adapter_folder, load_adapter
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
 SERVER_META = "twinkle_checkpoint.json"  # written beside the adapter by the server's checkpoint store
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def checkpoint_base(checkpoint) -> str:
+def checkpoint_base(checkpoint: str | os.PathLike) -> str:
     """The base model a checkpoint was trained on: the server's record, else peft's `base_model_name_or_path`."""
     folder = Path(checkpoint)
     meta = folder / SERVER_META
@@ -43,7 +48,9 @@ def checkpoint_base(checkpoint) -> str:
     return base
 
 
-def export_merged(checkpoint, out, base: str | None = None, dtype: str | None = None) -> Path:
+def export_merged(
+    checkpoint: str | os.PathLike, out: str | os.PathLike, base: str | None = None, dtype: str | None = None
+) -> Path:
     """Write base + LoRA merged to `out` (a new or empty folder). `dtype`: float32, bfloat16 or float16
     (default: the base model's own)."""
     from peft import PeftModel
@@ -82,12 +89,12 @@ def export_merged(checkpoint, out, base: str | None = None, dtype: str | None = 
     return out
 
 
-def _saved_dtype(config) -> torch.dtype:
+def _saved_dtype(config: PretrainedConfig) -> torch.dtype:
     saved = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
     return getattr(torch, saved) if isinstance(saved, str) else saved
 
 
-def _untie_output_embeddings(model) -> None:
+def _untie_output_embeddings(model: PreTrainedModel) -> None:
     head = model.get_output_embeddings()
     if head.weight is model.get_input_embeddings().weight:
         head.weight = torch.nn.Parameter(head.weight.detach().clone())

@@ -7,6 +7,11 @@ defaults (tied embeddings, sliding windows, softcapping, multipliers, MLA, exper
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
 FAMILIES = (
     "llama",
     "qwen2",
@@ -54,7 +59,7 @@ _EXTRA = {
 }
 
 
-def tiny_config(family: str, vocab_size: int = 256):
+def tiny_config(family: str, vocab_size: int = 256) -> PretrainedConfig:
     from transformers import AutoConfig
 
     if family not in FAMILIES:
@@ -62,7 +67,7 @@ def tiny_config(family: str, vocab_size: int = 256):
     return AutoConfig.for_model(family, vocab_size=vocab_size, **{**_COMMON, **_EXTRA.get(family, {})})
 
 
-def tiny_model(family: str, vocab_size: int = 256, seed: int = 0):
+def tiny_model(family: str, vocab_size: int = 256, seed: int = 0) -> PreTrainedModel:
     """A randomly initialised fp32 causal LM of this family (deterministic for a seed)."""
     import torch
     from transformers import AutoModelForCausalLM

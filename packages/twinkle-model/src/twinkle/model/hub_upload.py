@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twinkle.model.base import TwinkleModel
 
 
 def _hub_and_repo(repo_id: str) -> tuple[str, str]:
@@ -37,7 +41,7 @@ def _upload(
 
 
 def push_to_hub(
-    model,
+    model: TwinkleModel,
     repo_id: str,
     adapter_name: str | None = None,
     *,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -19,13 +20,21 @@ from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.processor import InputProcessor
 from twinkle.processor.images import IMAGE_KEYS
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from twinkle.data_format.loss_inputs import Rows
+
 # images (IMAGE_KEYS) are model inputs, concatenated over the batch, not per-row loss inputs;
 # `lengths`: the sequences of a packed row (twinkle.dataset.packing), which the InputProcessor splits
 MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids", "lengths", *IMAGE_KEYS)
 FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_ratio_mask", "teacher_topk_logprobs")
 
 
-def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
+def as_rows(
+    inputs: Rows,
+    template=None,  # noqa: ANN001 - a twinkle.template.Template; AdapterState.template is typed `object`
+) -> list[dict] | dict[str, torch.Tensor]:
     """Normalise `inputs` to a list of encoded rows, or pass a collated tensor dict through."""
     if isinstance(inputs, Mapping):
         ids = inputs.get("input_ids")
@@ -59,7 +68,7 @@ def as_rows(inputs, template=None) -> list[dict] | dict[str, torch.Tensor]:
     return rows
 
 
-def has_trajectories(inputs) -> bool:
+def has_trajectories(inputs: Rows) -> bool:
     if isinstance(inputs, Mapping):
         return "input_ids" not in inputs
     return isinstance(inputs, Sequence) and any(not (isinstance(r, Mapping) and "input_ids" in r) for r in inputs)
@@ -93,7 +102,10 @@ def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
     return out
 
 
-def collate(rows: list[dict] | dict, processor=None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def collate(
+    rows: list[dict] | dict,
+    processor=None,  # noqa: ANN001 - an InputProcessor; AdapterState.processor is typed `object`
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(model tensors, loss-input fields) for a batch of encoded rows; `processor` (default: a right-
     padding InputProcessor) makes the model tensors."""
     if isinstance(rows, dict):  # already collated
@@ -169,7 +181,7 @@ def shift_fields(fields: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: (v[:, 1:] if v.dim() >= 2 else v) for k, v in fields.items()}
 
 
-def image_kwargs(batch: dict[str, torch.Tensor], config) -> dict:
+def image_kwargs(batch: dict[str, torch.Tensor], config: PretrainedConfig) -> dict:
     """Model kwargs for a batch with images. The 1-D ``position_ids`` are dropped (set to None): a
     Qwen-VL model builds its own 3-D rope positions (time, height, width) from the image grids, and
     finds the image tokens through ``mm_token_type_ids`` (1 on an image token)."""

@@ -14,10 +14,17 @@ import json
 import os
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from twinkle.model.strategy import mean_units
+
+if TYPE_CHECKING:
+    from twinkle.data_format.loss_inputs import Rows
+    from twinkle.loss import LossContext
+    from twinkle.model.state import AdapterState
+    from twinkle.processor import InputProcessor
 
 TASKS = ("causal_lm", "embedding")  # 'embedding': twinkle.model.embedding_pass
 
@@ -29,7 +36,12 @@ def check_task(task: str) -> None:
         )
 
 
-def save_target(path, save_training_state: bool, output_dir, save_optimizer: bool | None) -> tuple[str, bool]:
+def save_target(
+    path: str | os.PathLike,
+    save_training_state: bool,
+    output_dir: str | os.PathLike | None,
+    save_optimizer: bool | None,
+) -> tuple[str, bool]:
     """(folder, whether to save the training state) from save()'s own and twinkle-kit's keywords:
     `output_dir` is the folder the checkpoint `path` is written in; `save_optimizer` is
     `save_training_state`."""
@@ -56,7 +68,7 @@ class OptimizerGroupView:
     """twinkle-kit's per-adapter `optimizer_group` entry: a live view of our adapter state (a loop may
     hold it and read `cur_step` after every step)."""
 
-    def __init__(self, state):
+    def __init__(self, state: AdapterState) -> None:
         self.state = state
 
     adapter_name = property(lambda self: self.state.name or "default")
@@ -133,7 +145,7 @@ class KitModelMixin:
         state.count_micro_batch(finite)
         return {"loss": total if finite else float("nan"), **metrics}
 
-    def forward_only_base(self, inputs, adapter_name: str | None = None) -> dict:
+    def forward_only_base(self, inputs: Rows, adapter_name: str | None = None) -> dict:
         """forward_only with the adapter switched off: the base model (the reference of a LoRA run)."""
         peft = getattr(self, "peft_model", None)
         if peft is None:
@@ -142,7 +154,7 @@ class KitModelMixin:
             return self.forward_only(inputs, adapter_name)  # ty: ignore[missing-attribute]
 
 
-def _targets_only(rows, state):
+def _targets_only(rows: list, state: AdapterState) -> LossContext:
     """A LossContext holding the targets of `rows` (what `mean_units` counts), without a forward pass."""
     from twinkle.loss import LossContext
     from twinkle.model import inputs as model_inputs
@@ -152,7 +164,7 @@ def _targets_only(rows, state):
     return LossContext(head=None, targets_B_T=batch["labels"][:, 1:])  # ty: ignore[invalid-argument-type]
 
 
-def _right_padding():
+def _right_padding() -> InputProcessor:
     from twinkle.processor import InputProcessor
 
     return InputProcessor(padding_side="right")

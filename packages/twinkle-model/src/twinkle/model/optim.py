@@ -13,18 +13,24 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 T = TypeVar("T")
+# (optimizer, **kwargs) -> scheduler: a torch scheduler class or a factory function
+SchedulerFactory = Callable[..., LRScheduler]
+OptimizerSpec = str | type[torch.optim.Optimizer]  # a torch.optim name or class
+SchedulerSpec = str | SchedulerFactory  # a name (see scheduler_names) or a class / factory
 
 NO_DECAY_MARKERS = ("bias", "norm", "ln_")
 
 
 def CosineWarmupScheduler(
-    optimizer,
+    optimizer: torch.optim.Optimizer,
     num_warmup_steps: int,
     num_training_steps: int,
     min_lr_ratio: float = 0.0,
@@ -42,7 +48,7 @@ def CosineWarmupScheduler(
 
 
 def LinearWarmupScheduler(
-    optimizer,
+    optimizer: torch.optim.Optimizer,
     num_warmup_steps: int,
     num_training_steps: int | None = None,
     min_lr_ratio: float = 0.0,
@@ -66,8 +72,13 @@ def LinearWarmupScheduler(
     return get_linear_schedule_with_warmup(optimizer, num_warmup_steps, num_training_steps, last_epoch)
 
 
-def _transformers_schedule(name: str):
-    def make(optimizer, num_warmup_steps: int | None = None, num_training_steps: int | None = None, **kwargs):
+def _transformers_schedule(name: str) -> SchedulerFactory:
+    def make(
+        optimizer: torch.optim.Optimizer,
+        num_warmup_steps: int | None = None,
+        num_training_steps: int | None = None,
+        **kwargs: Any,
+    ) -> LRScheduler:
         from transformers import get_scheduler
 
         return get_scheduler(
@@ -92,13 +103,13 @@ _NAMED_SCHEDULERS = {
 }
 
 
-def _transformers_schedulers() -> dict:
+def _transformers_schedulers() -> dict[str, SchedulerFactory]:
     from transformers import SchedulerType
 
     return {t.value: _transformers_schedule(t.value) for t in SchedulerType if t.value not in _NAMED_SCHEDULERS}
 
 
-def _subclasses_in(module, base: type[T]) -> dict[str, type[T]]:
+def _subclasses_in(module: ModuleType, base: type[T]) -> dict[str, type[T]]:
     return {
         name: obj
         for name, obj in vars(module).items()
@@ -110,7 +121,7 @@ def optimizer_names() -> list[str]:
     return sorted(_subclasses_in(torch.optim, torch.optim.Optimizer))
 
 
-def _schedulers() -> dict:
+def _schedulers() -> dict[str, SchedulerFactory]:
     return {**_subclasses_in(torch.optim.lr_scheduler, LRScheduler), **_transformers_schedulers(), **_NAMED_SCHEDULERS}
 
 
@@ -118,7 +129,7 @@ def scheduler_names() -> list[str]:
     return sorted(_schedulers())
 
 
-def resolve_optimizer(optimizer_cls) -> type[torch.optim.Optimizer]:
+def resolve_optimizer(optimizer_cls: OptimizerSpec) -> type[torch.optim.Optimizer]:
     if isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer):
         return optimizer_cls
     found = _subclasses_in(torch.optim, torch.optim.Optimizer).get(optimizer_cls)
@@ -127,13 +138,14 @@ def resolve_optimizer(optimizer_cls) -> type[torch.optim.Optimizer]:
     return found
 
 
-def resolve_scheduler(scheduler_cls):
+def resolve_scheduler(scheduler_cls: SchedulerSpec) -> SchedulerFactory:
     """A callable `(optimizer, **kwargs) -> LRScheduler` for a scheduler class, factory or name."""
-    if isinstance(scheduler_cls, type) and issubclass(scheduler_cls, LRScheduler):
-        return scheduler_cls
-    if callable(scheduler_cls) and not isinstance(scheduler_cls, type):
+    if isinstance(scheduler_cls, type):
+        if issubclass(scheduler_cls, LRScheduler):
+            return scheduler_cls
+    elif not isinstance(scheduler_cls, str) and callable(scheduler_cls):
         return scheduler_cls  # a factory (one of ours, resolved already, or the caller's own)
-    found = _schedulers().get(scheduler_cls)
+    found = _schedulers().get(scheduler_cls) if isinstance(scheduler_cls, str) else None
     if found is None:
         raise ValueError(f"unknown lr scheduler {scheduler_cls!r}; registered: {', '.join(scheduler_names())}")
     return found
@@ -144,12 +156,12 @@ class SchedulerArgumentError(ValueError):
     later step; a negative step count or factor makes a nonsense or negative lr): refused when the
     scheduler is set, naming the argument, never later as a failure of a training step."""
 
-    def __init__(self, message: str, field: str):
+    def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
 
 
-def _refuse(scheduler: str, field: str, value, expected: str) -> SchedulerArgumentError:
+def _refuse(scheduler: str, field: str, value: object, expected: str) -> SchedulerArgumentError:
     shown = repr(value) if len(repr(value)) <= 64 else f"{repr(value)[:30]}...({len(repr(value))} characters)"
     return SchedulerArgumentError(
         f"lr scheduler {scheduler}: {field} = {shown} is outside its range: {expected}", field
@@ -167,15 +179,15 @@ _CALLABLES = {"lr_lambda", "scale_fn", "schedulers"}
 _NEEDS_A_METRIC = {"ReduceLROnPlateau", "reduce_lr_on_plateau"}
 
 
-def _is_int(v) -> bool:  # numpy's integers too: a step count is often computed from a dataset's length
+def _is_int(v: object) -> bool:  # numpy's integers too: a step count is often computed from a dataset's length
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _is_number(v) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def check_scheduler_args(scheduler_cls, kwargs: dict) -> None:
+def check_scheduler_args(scheduler_cls: SchedulerFactory, kwargs: dict[str, Any]) -> None:
     """Refuse (SchedulerArgumentError) an argument that would break the schedule later: every step
     count an integer (a period >= 1, a count >= 0, milestones >= 0), every number finite and >= 0,
     ratios in [0, 1], callables callable; a scheduler that needs a metric at each step."""
@@ -204,14 +216,14 @@ def check_scheduler_args(scheduler_cls, kwargs: dict) -> None:
             raise _refuse(name, key, v, "a finite number >= 0")
 
 
-def build_scheduler(scheduler_cls, optimizer: torch.optim.Optimizer, **kwargs):
+def build_scheduler(scheduler_cls: SchedulerSpec, optimizer: torch.optim.Optimizer, **kwargs: Any) -> LRScheduler:
     """The one place a learning-rate scheduler is made: named or given, its arguments checked first."""
     factory = resolve_scheduler(scheduler_cls)
     check_scheduler_args(factory, kwargs)
     return factory(optimizer, **kwargs)
 
 
-def param_groups(named_params, weight_decay: float) -> list[dict]:
+def param_groups(named_params: Iterable[tuple[str, torch.Tensor]], weight_decay: float) -> list[dict]:
     """Parameters split into decay / no-decay groups (empty groups dropped)."""
     decay, no_decay = [], []
     for name, p in named_params:
@@ -234,7 +246,9 @@ def _is_sharded(p: torch.Tensor) -> bool:
     return isinstance(p, DTensor) or isinstance(p.data, DTensor)
 
 
-def _cpu_kernels(cls, params: list[torch.Tensor], signature) -> dict:
+def _cpu_kernels(
+    cls: type[torch.optim.Optimizer], params: list[torch.Tensor], signature: Mapping[str, inspect.Parameter]
+) -> dict:
     """How torch should update CPU parameters. Its CPU default is a Python loop over parameters, and
     even its foreach path does per-parameter Python work (a LoRA has ~100 small factors a tenant:
     that work dominates a step). Its fused CPU kernel updates every tensor in one call, ~2.5x faster
@@ -253,7 +267,7 @@ def _cpu_kernels(cls, params: list[torch.Tensor], signature) -> dict:
 
 
 # ARG001: torch's optimizer pre-hook signature
-def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args, kwargs) -> None:  # noqa: ARG001
+def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:  # noqa: ARG001
     """Before each step of a fused CPU optimizer: torch's fused CPU kernels (Adam, AdamW, SGD,
     Adagrad; torch 2.15) read a non-contiguous gradient or parameter as if it were contiguous and
     apply a wrong update without an error (a transposed gradient: AdamW off by 0.4 in one step).
@@ -270,7 +284,9 @@ def _contiguous_for_fused(optimizer: torch.optim.Optimizer, args, kwargs) -> Non
                 group["fused"], group["foreach"] = False, True
 
 
-def build_optimizer(optimizer_cls, named_params, **kwargs) -> torch.optim.Optimizer:
+def build_optimizer(
+    optimizer_cls: OptimizerSpec, named_params: Iterable[tuple[str, torch.Tensor]], **kwargs: Any
+) -> torch.optim.Optimizer:
     cls = resolve_optimizer(optimizer_cls)
     params = list(named_params)  # the caller's trainable set (an inactive LoRA has requires_grad off)
     if not params:

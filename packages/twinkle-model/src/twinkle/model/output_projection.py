@@ -8,16 +8,20 @@ stays registered where it was: state dicts, saving and optimizers never notice.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from twinkle.loss.head import ChunkedHead, chunk_positions
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def check_chunkable(hf_model) -> torch.nn.Linear:
+
+def check_chunkable(hf_model: PreTrainedModel) -> torch.nn.Linear:
     """The output projection, or a ValueError naming why its logits cannot be computed in chunks."""
     config = hf_model.config
     if getattr(config, "final_logit_softcapping", None):
@@ -28,7 +32,7 @@ def check_chunkable(hf_model) -> torch.nn.Linear:
     return head
 
 
-def default_chunk(hf_model, positions: int, budget_bytes: int) -> int | None:
+def default_chunk(hf_model: PreTrainedModel, positions: int, budget_bytes: int) -> int | None:
     """Positions per chunk when a pass of `positions` would hold more fp32 logits than `budget_bytes`
     and this model's head can be chunked, else None (whole logits): a LoRA on the head, soft-capped
     logits and a sharded (tp / FSDP2) projection keep whole logits."""
@@ -41,15 +45,23 @@ def default_chunk(hf_model, positions: int, budget_bytes: int) -> int | None:
     return chunk_positions(head.out_features)
 
 
-def chunked_head(hidden_B_T_H, projection, chunk: int, dtype: torch.dtype | None, local) -> ChunkedHead:
-    """The head over hidden states; `dtype`: the autocast dtype the projection would have multiplied in."""
+def chunked_head(
+    hidden_B_T_H: torch.Tensor,
+    projection: torch.nn.Linear,
+    chunk: int,
+    dtype: torch.dtype | None,
+    local: Callable[[torch.Tensor], torch.Tensor],
+) -> ChunkedHead:
+    """The head over hidden states; `dtype`: the autocast dtype the projection would have multiplied in;
+    `local`: a sharded parameter's local part."""
     weight = local(projection.weight)
     if dtype is not None:
         hidden_B_T_H, weight = hidden_B_T_H.to(dtype), weight.to(dtype)
-    return ChunkedHead(hidden_B_T_H, weight, local(projection.bias), chunk)
+    bias = local(projection.bias) if projection.bias is not None else None
+    return ChunkedHead(hidden_B_T_H, weight, bias, chunk)
 
 
-def _identity(hidden_states):
+def _identity(hidden_states: torch.Tensor) -> torch.Tensor:
     return hidden_states
 
 

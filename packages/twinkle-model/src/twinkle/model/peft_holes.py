@@ -11,11 +11,15 @@ Linear the config names; MultiLoraModel (its own layers, no rewrite) trains thos
 from __future__ import annotations
 
 import copy
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
-def _matched(model: nn.Module, config) -> set[str]:
+
+def _matched(model: nn.Module, config: LoraConfig) -> set[str]:
     from peft.tuners.tuners_utils import check_target_module_exists
 
     return {
@@ -25,7 +29,7 @@ def _matched(model: nn.Module, config) -> set[str]:
     }
 
 
-def dropped_by_peft(model: nn.Module, config) -> list[str]:
+def dropped_by_peft(model: nn.Module, config: LoraConfig) -> list[str]:
     """The Linear layers `config` names that peft's v5 MoE rewrite would leave without LoRA."""
     try:
         from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
@@ -38,7 +42,7 @@ def dropped_by_peft(model: nn.Module, config) -> list[str]:
     return sorted(_matched(model, config) - _matched(model, rewritten))
 
 
-def refuse_peft_holes(model: nn.Module, config) -> None:
+def refuse_peft_holes(model: nn.Module, config: LoraConfig) -> None:
     dropped = dropped_by_peft(model, config)
     if dropped:
         model_type = getattr(getattr(model, "config", None), "model_type", None)

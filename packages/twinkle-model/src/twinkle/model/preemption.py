@@ -27,8 +27,12 @@ import threading
 import weakref
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 NAME = "twinkle_preemptible"
 # Multiply-accumulates of one chunk's forward (attention: queries x keys x heads x head_dim; MLP: tokens
@@ -86,7 +90,7 @@ def point() -> None:
         fn(pausing)
 
 
-def _point_in_backward(grad):
+def _point_in_backward(grad: torch.Tensor) -> torch.Tensor:
     point()
     return grad
 
@@ -97,14 +101,14 @@ def pause_before_backward_of(t: torch.Tensor) -> None:
         t.register_hook(_point_in_backward)
 
 
-def _layer_pre_hook(_module, args, kwargs):
+def _layer_pre_hook(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
     point()
     hidden = args[0] if args else kwargs.get("hidden_states")
     if isinstance(hidden, torch.Tensor):
         pause_before_backward_of(hidden)  # its gradient is ready once this layer's backward is done
 
 
-def _chunkable(module, query, kwargs) -> bool:
+def _chunkable(module: torch.nn.Module, query: torch.Tensor, kwargs: dict[str, Any]) -> bool:
     return (
         active()
         and bool(kwargs.get("is_causal", getattr(module, "is_causal", False)))
@@ -113,7 +117,16 @@ def _chunkable(module, query, kwargs) -> bool:
     )
 
 
-def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers' attention-function signature, over sdpa ([B, H, T, D] in, [B, T, H, D] out)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -149,7 +162,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     return torch.cat(outs, dim=1), None
 
 
-def dense_mlp(layer) -> torch.nn.Module | None:
+def dense_mlp(layer: torch.nn.Module) -> torch.nn.Module | None:
     """The layer's MLP when it works token by token with no routing across tokens (not a mixture of experts)."""
     mlp = getattr(layer, "mlp", None)
     if mlp is None or not hasattr(mlp, "down_proj") or any(hasattr(mlp, a) for a in ("experts", "gate", "router")):
@@ -162,7 +175,7 @@ def _chunk_tokens(mlp: torch.nn.Module) -> None:
     whole = mlp.forward
     per_token = sum(p.numel() for p in mlp.parameters())  # multiply-accumulates per token, forward
 
-    def forward(x, *args, **kwargs):
+    def forward(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         tokens = max(MIN_CHUNK, CHUNK_MACS // max(1, per_token * x.shape[0]))
         if not active() or args or kwargs or x.dim() != 3 or tokens >= x.shape[1]:
             return whole(x, *args, **kwargs)
@@ -177,7 +190,7 @@ def _chunk_tokens(mlp: torch.nn.Module) -> None:
     mlp.forward = forward
 
 
-def enable(hf_model, layers: list[torch.nn.Module]) -> bool:
+def enable(hf_model: PreTrainedModel, layers: list[torch.nn.Module]) -> bool:
     """Give `hf_model` its pause points: the decoder `layers`' starts and, where it runs sdpa, chunked
     attention (registered once, by name, with sdpa's masks). -> whether attention is chunked."""
     if hf_model in _enabled:

@@ -14,8 +14,13 @@ lists, in `unplaced`, the weights it could not give a role.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PretrainedConfig
 
 ROLES = ("attention", "mlp", "experts", "router", "unembedding")
 
@@ -95,7 +100,7 @@ class Structure:
         return sorted(p.name for p in self.of(*roles) if p.param is not None)
 
 
-def _expert_count(config) -> int | None:
+def _expert_count(config: PretrainedConfig | None) -> int | None:
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
         n = getattr(config, key, None)
         if isinstance(n, int) and n > 0:
@@ -182,7 +187,7 @@ def _inside_adapter(name: str) -> bool:
     return ".lora_" in name or name.endswith(".base_layer")
 
 
-def with_explicit_targets(model: nn.Module, config):
+def with_explicit_targets(model: nn.Module, config: LoraConfig) -> LoraConfig:
     """A copy of a peft LoraConfig whose 'all-linear' is spelled out from the model's structure, so
     peft wraps what `Structure.all_linear` names; any other config is returned as it is."""
     import copy
@@ -190,5 +195,6 @@ def with_explicit_targets(model: nn.Module, config):
     if getattr(config, "target_modules", None) != "all-linear":
         return config
     config = copy.deepcopy(config)
-    config.target_modules = set(describe(model).all_linear())
+    # a set, as LoraConfig.__post_init__ keeps it (its annotation says list)
+    config.target_modules = set(describe(model).all_linear())  # ty: ignore[invalid-assignment]
     return config

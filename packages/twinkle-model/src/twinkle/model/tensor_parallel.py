@@ -24,11 +24,18 @@ dims then treat every parameter alike. Tied weights stay tied.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from twinkle.model.structure import TP_LAYOUT, describe
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
+    from transformers import PretrainedConfig
 
 COLWISE = tuple(leaf for leaf, how in TP_LAYOUT.items() if how == "col")
 ROWWISE = tuple(leaf for leaf, how in TP_LAYOUT.items() if how == "row")
@@ -73,7 +80,7 @@ def check_shardable(model: torch.nn.Module) -> None:
         )
 
 
-def check_divisible(config, tp: int, model: torch.nn.Module | None = None) -> None:
+def check_divisible(config: PretrainedConfig, tp: int, model: torch.nn.Module | None = None) -> None:
     """Heads and MLP width must split evenly over the tp ranks, and every weight have a plan."""
     if model is not None:
         check_shardable(model)
@@ -105,7 +112,7 @@ def _role(name: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _style(module: torch.nn.Module, name: str):
+def _style(module: torch.nn.Module, name: str) -> ParallelStyle | None:
     if name.rsplit(".", 1)[-1] in HEAD_NORMS:
         return SequenceParallel(sequence_dim=2, use_local_output=True)  # input [B, T, heads, head_dim]
     if "lora_magnitude_vector" in name.split(".")[:-1]:  # an adapter's entry in peft's (always present) dict
@@ -132,7 +139,7 @@ def _is_distributed(module: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters(recurse=False))
 
 
-def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, tp_mesh: DeviceMesh) -> torch.nn.Module:
     """Apply the tp plan to every module not yet distributed (so adapters added later are placed
     the next time), then replicate what remains. Idempotent."""
     plan = {}
@@ -146,10 +153,10 @@ def parallelize(model: torch.nn.Module, tp_mesh) -> torch.nn.Module:
     return model
 
 
-def _replicate_rest(model: torch.nn.Module, tp_mesh) -> None:
+def _replicate_rest(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     replaced: dict[int, torch.nn.Parameter] = {}  # by identity, so tied weights stay one parameter
 
-    def partition(module, mesh):
+    def partition(module: torch.nn.Module, mesh: DeviceMesh) -> None:
         for pname, p in list(module.named_parameters(recurse=False)):
             if isinstance(p, DTensor):
                 continue
@@ -163,10 +170,17 @@ def _replicate_rest(model: torch.nn.Module, tp_mesh) -> None:
         own = list(module.parameters(recurse=False))
         if own and not all(isinstance(p, DTensor) for p in own):
             partition(module, tp_mesh)  # this module's own parameters only, not its children's
-            distribute_module(module, tp_mesh, lambda *_: None, input_fn=_inputs_replicated, output_fn=_outputs_local)
+            # torch annotates input_fn / output_fn as returning None, and uses what they return
+            distribute_module(
+                module,
+                tp_mesh,
+                lambda *_: None,
+                input_fn=_inputs_replicated,  # ty: ignore[invalid-argument-type]
+                output_fn=_outputs_local,  # ty: ignore[invalid-argument-type]
+            )
 
 
-def _inputs_replicated(_module, inputs, mesh):
+def _inputs_replicated(_module: torch.nn.Module, inputs: tuple, mesh: DeviceMesh) -> tuple:
     return tuple(
         DTensor.from_local(x, mesh, [Replicate()], run_check=False)
         if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
@@ -175,5 +189,5 @@ def _inputs_replicated(_module, inputs, mesh):
     )
 
 
-def _outputs_local(_module, outputs, _mesh):
+def _outputs_local(_module: torch.nn.Module, outputs: object, _mesh: DeviceMesh) -> object:
     return outputs.to_local() if isinstance(outputs, DTensor) else outputs

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,8 +26,15 @@ from twinkle.model import inputs as model_inputs
 from twinkle.model.base import MODELS
 from twinkle.model.transformers_model import TransformersModel
 
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from transformers import PreTrainedModel
 
-def install_value_head(hf_model) -> str:
+    from twinkle.data_format.loss_inputs import PerRow, Rows
+    from twinkle.model.vision import TrainVision
+
+
+def install_value_head(hf_model: PreTrainedModel) -> str:
     """Replace `hf_model`'s output projection by a zeroed Linear(hidden, 1); returns its module name."""
     old = hf_model.get_output_embeddings()
     if not isinstance(old, torch.nn.Linear):
@@ -46,13 +54,18 @@ class TransformersValueModel(TransformersModel):
     """A value model: `forward_only` returns per-row values aligned with labels; `forward_backward`
     trains the value head (and the adapter or the whole model) on a value loss."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # TransformersModel's
         super().__init__(*args, **kwargs)
         self.value_head_name = install_value_head(self.hf_model)
 
     @remote_method()
     def add_adapter_to_model(
-        self, adapter_name: str, config, gradient_accumulation_steps: int = 1, *, train_vision=()
+        self,
+        adapter_name: str,
+        config: LoraConfig,
+        gradient_accumulation_steps: int = 1,
+        *,
+        train_vision: TrainVision = (),
     ) -> None:
         """A LoRA adapter whose value head is its own trained copy (saved with it)."""
         saved = list(config.modules_to_save or [])
@@ -62,7 +75,13 @@ class TransformersValueModel(TransformersModel):
         super().add_adapter_to_model(adapter_name, config, gradient_accumulation_steps, train_vision=train_vision)
 
     def forward_backward(
-        self, inputs, adapter_name: str | None = None, *, returns=None, old_values=None, **kit
+        self,
+        inputs: Rows,
+        adapter_name: str | None = None,
+        *,
+        returns: PerRow | None = None,
+        old_values: PerRow | None = None,
+        **kit: Any,
     ) -> dict:
         """twinkle-kit's critic keywords: `returns` / `old_values`, per row a number or one value per
         completion token (labels not -100), become the rows' loss inputs; the rest is TransformersModel's."""
@@ -77,7 +96,9 @@ class TransformersValueModel(TransformersModel):
             inputs = [{**r, **{k: col[i] for k, col in columns.items()}} for i, r in enumerate(rows)]
         return super().forward_backward(inputs, adapter_name, **kit)
 
-    def _run(self, module, batch, drop_last: bool = True, task: str = "causal_lm") -> TokenHead:
+    def _run(
+        self, module: torch.nn.Module, batch: dict[str, torch.Tensor], drop_last: bool = True, task: str = "causal_lm"
+    ) -> TokenHead:
         if task != "causal_lm":
             raise ValueError(f"a value model runs task='causal_lm' only, got task={task!r}")
         head = super()._run(module, batch, drop_last)
@@ -87,7 +108,7 @@ class TransformersValueModel(TransformersModel):
 
     @remote_method(dispatch="slice", collect="merge")
     def forward_only(
-        self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
+        self, inputs: Rows, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
     ) -> dict:
         """Per row, V before each token (aligned with labels, 0 at position 0), and the loss when it is
         a value loss whose inputs (`returns`, ...) the rows carry."""

@@ -16,21 +16,27 @@ default nothing on the vision side trains.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+    from peft import LoraConfig
+    from transformers import PretrainedConfig, PreTrainedModel
+    from transformers.models.auto.auto_factory import _BaseAutoModelClass
+
+TrainVision = str | Iterable[str] | None  # "projector", "tower", or both
 
 VISION_PREFIXES = ("visual.", "vision_tower.", "vision_model.")
 VISION_PARTS = ("projector", "tower")
 PROJECTOR_NAMES = ("merger", "multi_modal_projector")
 
 
-def is_vision_language(config) -> bool:
+def is_vision_language(config: PretrainedConfig) -> bool:
     return hasattr(config, "vision_config")
 
 
-def auto_model_class(config):
+def auto_model_class(config: PretrainedConfig) -> type[_BaseAutoModelClass]:
     """The transformers Auto class that loads a checkpoint with this config."""
     import transformers
 
@@ -39,7 +45,9 @@ def auto_model_class(config):
     return transformers.AutoModelForCausalLM
 
 
-def load_pretrained(path: str, **kwargs):
+# Returns a PreTrainedModel, unsaid while multi_lora/model.py calls its tenants' own methods on
+# base.get_submodule(...) (typed nn.Module), which that return type would flag.
+def load_pretrained(path: str, **kwargs: Any):  # noqa: ANN201
     """A causal LM or a vision-language model from a local folder, whichever its config is."""
     from transformers import AutoConfig
 
@@ -62,7 +70,7 @@ def language_modules(names: list[str]) -> list[str]:
     return kept
 
 
-def vision_parts(train_vision) -> tuple[str, ...]:
+def vision_parts(train_vision: TrainVision) -> tuple[str, ...]:
     """``train_vision`` as a tuple of known parts; a ValueError names anything else."""
     parts = (train_vision,) if isinstance(train_vision, str) else tuple(train_vision or ())
     unknown = [p for p in parts if p not in VISION_PARTS]
@@ -71,7 +79,7 @@ def vision_parts(train_vision) -> tuple[str, ...]:
     return parts
 
 
-def vision_module_names(model, train_vision) -> list[str]:
+def vision_module_names(model: PreTrainedModel, train_vision: TrainVision) -> list[str]:
     """Full names of the modules that ``train_vision`` trains: the projector, and the tower's own
     layers (its patch embedding and each block; a ModuleList is iterated by its owner, so its
     elements are named, not the list)."""
@@ -98,7 +106,7 @@ def vision_module_names(model, train_vision) -> list[str]:
     return names
 
 
-def with_vision_modules(model, config, train_vision):
+def with_vision_modules(model: PreTrainedModel, config: LoraConfig, train_vision: TrainVision) -> LoraConfig:
     """A copy of the peft ``config`` whose ``modules_to_save`` adds the flagged vision modules."""
     import copy
 
@@ -110,7 +118,7 @@ def with_vision_modules(model, config, train_vision):
     return config
 
 
-def packed_rope_positions(model, batch: dict) -> torch.Tensor | None:
+def packed_rope_positions(model: PreTrainedModel, batch: dict) -> torch.Tensor | None:
     """``[4, 1, T]`` position ids for a packed (padding-free) batch with images, else None.
 
     A Qwen-VL model takes packed rows as ``[4, B, T]`` positions: row 0 the text positions that
@@ -126,8 +134,9 @@ def packed_rope_positions(model, batch: dict) -> torch.Tensor | None:
 
     if "attention_mask" in batch or batch.get("position_ids") is None or batch["position_ids"].dim() != 2:
         return None
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    rope_index = inner.model.get_rope_index
+    # a PeftModel's base; nn.Module.__getattr__ types what hasattr found as Tensor | Module
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # ty: ignore[not-callable]
+    rope_index = inner.model.get_rope_index  # a Qwen-VL model's
     merge = model.config.vision_config.spatial_merge_size
     ids, mm = batch["input_ids"], (batch["input_ids"] == model.config.image_token_id).int()
     grids, used = batch["image_grid_thw"], 0
@@ -149,7 +158,7 @@ def packed_rope_positions(model, batch: dict) -> torch.Tensor | None:
     return torch.cat([batch["position_ids"][None], out])
 
 
-def split_vision_modules(config):
+def split_vision_modules(config: LoraConfig) -> tuple[LoraConfig, tuple[str, ...]]:
     """(the peft ``config`` without its vision ``modules_to_save``, the ``train_vision`` parts they meant)."""
     import copy
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from twinkle.patch.base import Patch, register_patch
+
+if TYPE_CHECKING:
+    from twinkle.patch.base import PatchTarget
 
 
 @register_patch
@@ -18,7 +23,7 @@ class GradientCheckpointing(Patch):
 
     aliases = ("gradient_checkpointing",)
 
-    def apply(self, model):
+    def apply(self, model: PatchTarget) -> None:
         from twinkle.model.compact_heap import reentrant_checkpointing_fits
 
         hf = model.hf_model
@@ -32,7 +37,7 @@ class GradientCheckpointing(Patch):
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         hf.config.use_cache = False
 
-    def revert(self, model):
+    def revert(self, model: PatchTarget) -> None:
         if self._was_on:
             return
         hf = model.hf_model
@@ -52,17 +57,17 @@ class ChunkedCrossEntropy(Patch):
 
     aliases = ("chunked_cross_entropy", "chunked_ce")
 
-    def __init__(self, chunk_size: int = 1024):
+    def __init__(self, chunk_size: int = 1024) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         self.chunk_size = chunk_size
 
-    def apply(self, model):
+    def apply(self, model: PatchTarget) -> None:
         from twinkle.model.output_projection import check_chunkable
 
         check_chunkable(model.hf_model)
         self._previous = model.head_chunk_size
         model.head_chunk_size = self.chunk_size
 
-    def revert(self, model):
+    def revert(self, model: PatchTarget) -> None:
         model.head_chunk_size = self._previous

@@ -6,8 +6,13 @@ imports without the extra; `MegatronModel` imports megatron-core only when built
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def __getattr__(name: str):
+if TYPE_CHECKING:
+    from twinkle.model.megatron.model import MegatronModel
+
+
+def __getattr__(name: str) -> type[MegatronModel]:
     if name == "MegatronModel":
         from twinkle.model.megatron.model import MegatronModel
 

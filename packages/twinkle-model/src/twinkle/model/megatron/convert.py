@@ -15,8 +15,12 @@ layer ranges, renumbered from 0, the first the embedding, the last the final nor
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 _LAYER = re.compile(r"^(model\.layers|decoder\.layers)\.(\d+)\.(.+)$")
 # per-layer names that map one to one (HF suffix -> Megatron suffix)
@@ -37,11 +41,11 @@ COLUMN_PARALLEL = ("linear_qkv.weight", "linear_fc1.weight", "word_embeddings.we
 ROW_PARALLEL = ("linear_proj.weight", "linear_fc2.weight")
 
 
-def _get(config, name, default=None):
+def _get(config: PretrainedConfig, name: str, default: Any = None) -> Any:  # a field some configs lack
     return getattr(config, name, default)
 
 
-def attention_shape(config) -> tuple[int, int, int]:
+def attention_shape(config: PretrainedConfig) -> tuple[int, int, int]:
     """(query heads, query groups = KV heads, head_dim)."""
     heads = config.num_attention_heads
     groups = _get(config, "num_key_value_heads") or heads
@@ -49,14 +53,14 @@ def attention_shape(config) -> tuple[int, int, int]:
     return heads, groups, head_dim
 
 
-def rope_theta(config) -> float:
+def rope_theta(config: PretrainedConfig) -> float:
     params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
     if params.get("rope_type", "default") not in ("default", None):
         raise ValueError(f"MegatronModel maps plain RoPE only; this config has rope_type={params['rope_type']!r}")
     return float(params.get("rope_theta", _get(config, "rope_theta", 10000.0)))
 
 
-def transformer_config_kwargs(config) -> dict:
+def transformer_config_kwargs(config: PretrainedConfig) -> dict:
     """megatron-core TransformerConfig fields for an HF Qwen3 config (fp32 unless told otherwise).
     The fusions are off: they need CUDA extensions the extra does not install."""
     if _get(config, "model_type") not in ("qwen3", "qwen2"):
@@ -89,7 +93,7 @@ def transformer_config_kwargs(config) -> dict:
     }
 
 
-def gpt_model_kwargs(config) -> dict:
+def gpt_model_kwargs(config: PretrainedConfig) -> dict:
     """GPTModel arguments besides the TransformerConfig and the layer spec."""
     return {
         "vocab_size": config.vocab_size,
@@ -101,7 +105,7 @@ def gpt_model_kwargs(config) -> dict:
 
 
 # -- full (unsharded) state dicts ------------------------------------------------------------------
-def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config) -> torch.Tensor:
+def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: PretrainedConfig) -> torch.Tensor:
     heads, groups, head_dim = attention_shape(config)
     hidden = q.shape[1:]
     q_G = q.reshape(groups, heads // groups * head_dim, *hidden)
@@ -110,7 +114,7 @@ def pack_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config) -> torch
     )
 
 
-def unpack_qkv(qkv: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_qkv(qkv: torch.Tensor, config: PretrainedConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     heads, groups, head_dim = attention_shape(config)
     per_group = heads // groups * head_dim
     qkv_G = qkv.reshape(groups, per_group + 2 * head_dim, *qkv.shape[1:])
@@ -118,7 +122,7 @@ def unpack_qkv(qkv: torch.Tensor, config) -> tuple[torch.Tensor, torch.Tensor, t
     return (q.reshape(-1, *qkv.shape[1:]), k.reshape(-1, *qkv.shape[1:]), v.reshape(-1, *qkv.shape[1:]))
 
 
-def hf_to_megatron(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+def hf_to_megatron(state: dict[str, torch.Tensor], config: PretrainedConfig) -> dict[str, torch.Tensor]:
     """An HF Qwen3 state dict as GPTModel's full (tp=pp=1) state dict."""
     tied = bool(_get(config, "tie_word_embeddings", False))
     out, layers = {}, {}
@@ -153,7 +157,7 @@ def hf_to_megatron(state: dict[str, torch.Tensor], config) -> dict[str, torch.Te
     return out
 
 
-def megatron_to_hf(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
+def megatron_to_hf(state: dict[str, torch.Tensor], config: PretrainedConfig) -> dict[str, torch.Tensor]:
     """The inverse of `hf_to_megatron` (tied models get no separate lm_head.weight)."""
     reverse_global = {v: k for k, v in _GLOBAL.items()}
     reverse_direct = {v: k for k, v in _DIRECT.items()}
@@ -222,7 +226,12 @@ def stage_layers(num_layers: int, pp_rank: int, pp_size: int) -> range:
 
 
 def stage_state(
-    full: dict[str, torch.Tensor], config, pp_rank: int, pp_size: int, tp_rank: int = 0, tp_size: int = 1
+    full: dict[str, torch.Tensor],
+    config: PretrainedConfig,
+    pp_rank: int,
+    pp_size: int,
+    tp_rank: int = 0,
+    tp_size: int = 1,
 ) -> dict[str, torch.Tensor]:
     """The slice of a full Megatron state dict one (pp, tp) rank loads, with local layer numbers."""
     layers = stage_layers(config.num_hidden_layers, pp_rank, pp_size)

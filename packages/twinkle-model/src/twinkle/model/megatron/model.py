@@ -15,8 +15,12 @@ refused with that reason. The losses are twinkle.loss (full-vocabulary logits, g
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -32,10 +36,18 @@ from twinkle.model.optim import build_scheduler
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import barrier, is_main_process
 
+if TYPE_CHECKING:
+    from peft import LoraConfig
+
+    from twinkle.data_format.loss_inputs import Rows
+    from twinkle.loss.base import Loss
+    from twinkle.mesh import DeviceMesh
+    from twinkle.model.optim import OptimizerSpec, SchedulerSpec
+
 EXTRA_HINT = "MegatronModel needs megatron-core: pip install 'twinkle-model[megatron]'"
 
 
-def require_megatron():
+def require_megatron() -> ModuleType:
     """megatron.core, or an ImportError naming the extra that provides it."""
     try:
         import megatron.core as mcore
@@ -47,7 +59,7 @@ def require_megatron():
 _OPTIMIZERS = {"adam": "adam", "adamw": "adam", "sgd": "sgd"}  # megatron's 'adam' decays decoupled (AdamW)
 
 
-def _init_parallel(mesh, seed: int) -> None:
+def _init_parallel(mesh: DeviceMesh, seed: int) -> None:
     from megatron.core import parallel_state, tensor_parallel
 
     if mesh.get_size("cp") > 1:
@@ -84,7 +96,13 @@ def _read_hf_folder(path: Path) -> dict[str, torch.Tensor]:
 
 
 class MegatronModel(TwinkleModel, metaclass=RemoteClass):
-    def __init__(self, model_id: str, device_mesh=None, mixed_precision: str | None = None, seed: int = 42):
+    def __init__(
+        self,
+        model_id: str,
+        device_mesh: DeviceMesh | None = None,
+        mixed_precision: str | None = None,
+        seed: int = 42,
+    ) -> None:
         require_megatron()
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -136,13 +154,17 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         self.state = AdapterState.from_named(FULL_MODEL, gpt.named_parameters(), peak_flops=0.0)
 
     # -- configuration --------------------------------------------------------------------------
-    def _check_adapter(self, adapter_name):
+    def _check_adapter(self, adapter_name: str | None) -> None:
         if adapter_name not in (None, FULL_MODEL):
             raise ValueError(f"MegatronModel trains the whole model; it has no adapter {adapter_name!r}")
 
-    # ARG002: TwinkleModel's signature; refused
     @remote_method()
-    def add_adapter_to_model(self, adapter_name: str, config, gradient_accumulation_steps: int = 1) -> None:  # noqa: ARG002
+    def add_adapter_to_model(
+        self,
+        adapter_name: str,  # noqa: ARG002 - TwinkleModel's signature; refused
+        config: LoraConfig,  # noqa: ARG002
+        gradient_accumulation_steps: int = 1,  # noqa: ARG002
+    ) -> None:
         raise refuse(self, "train LoRA adapters (it trains full parameters)", "use TransformersModel or MultiLoraModel")
 
     @remote_method()
@@ -152,19 +174,19 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         self.state.gradient_accumulation_steps = steps
 
     @remote_method()
-    def set_loss(self, loss, adapter_name: str | None = None, **kwargs) -> None:
+    def set_loss(self, loss: str | type[Loss] | Loss, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._check_adapter(adapter_name)
         self.state.loss = create_loss(loss, **kwargs)
 
     @remote_method()
     def set_optimizer(
         self,
-        optimizer_cls="AdamW",
+        optimizer_cls: OptimizerSpec = "AdamW",
         adapter_name: str | None = None,
         *,
         lr: float = 1e-5,
         weight_decay: float = 0.0,
-        betas=(0.9, 0.999),
+        betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         momentum: float = 0.0,
         max_grad_norm: float = 1.0,
@@ -198,21 +220,21 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         return [o.optimizer for o in chained]
 
     @remote_method()
-    def set_lr_scheduler(self, scheduler_cls, adapter_name: str | None = None, **kwargs) -> None:
+    def set_lr_scheduler(self, scheduler_cls: SchedulerSpec, adapter_name: str | None = None, **kwargs: Any) -> None:
         self._check_adapter(adapter_name)
         if self.optimizer is None:
             raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
         self.schedulers = [build_scheduler(scheduler_cls, opt, **kwargs) for opt in self._torch_optimizers()]
 
     # -- compute --------------------------------------------------------------------------------
-    def _batch(self, inputs) -> tuple[dict, dict]:
+    def _batch(self, inputs: Rows) -> tuple[dict, dict]:
         rows = model_inputs.as_rows(inputs, self.state.template)
         batch, fields = model_inputs.collate(rows, None)
         model_inputs.check_vocab(batch, self.vocab_size)
         return {k: v.cuda() for k, v in batch.items()}, {k: v.cuda() for k, v in fields.items()}
 
     @staticmethod
-    def _attention_mask(batch) -> torch.Tensor:
+    def _attention_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Megatron's boolean mask [B, 1, T, T], True = may not attend: the future and padding keys.
         Given explicitly (megatron builds its default causal mask on 'cuda' by name)."""
         ids_B_T = batch["input_ids"]
@@ -230,7 +252,9 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
 
         return gather_from_tensor_model_parallel_region(logits_B_T_V)  # vocabulary shards -> full rows
 
-    def _run_schedule(self, batch, fields, forward_only: bool, boundary: bool) -> dict:
+    def _run_schedule(
+        self, batch: dict[str, torch.Tensor], fields: dict[str, torch.Tensor], forward_only: bool, boundary: bool
+    ) -> dict:
         from megatron.core.distributed import finalize_model_grads
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -238,7 +262,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         seen: dict = {}
         scale = 1.0 / self.state.gradient_accumulation_steps
 
-        def loss_func(logits_B_T_V):
+        def loss_func(logits_B_T_V: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             ctx = LossContext(
                 LogitsHead(self._full_logits(logits_B_T_V)[:, :-1].float()),
                 targets_B_T,
@@ -249,7 +273,9 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
             # a non-finite loss poisons only gradients that clip_grad_and_step then drops (step skipped)
             return out.loss * scale, {"loss": out.loss.detach()}
 
-        def forward_step(data_iterator, model):
+        def forward_step(
+            data_iterator: Iterator[dict[str, torch.Tensor]], model: torch.nn.Module
+        ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]]:
             b = next(data_iterator)
             T = b["input_ids"].shape[1]
             positions_B_T = torch.arange(T, device=b["input_ids"].device)[None].expand_as(b["input_ids"])
@@ -280,7 +306,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
             )
         return {"loss": float(value), **seen.get("metrics", {}), "_ctx": seen.get("ctx")}
 
-    def _record(self, result, batch, seconds, training):
+    def _record(self, result: dict, batch: dict[str, torch.Tensor], seconds: float, training: bool) -> bool:
         ctx = result.pop("_ctx")
         mask = batch["labels"][:, 1:] != -100
         correct = int(((ctx.head.argmax() == ctx.targets_B_T) & mask).sum()) if ctx is not None else 0
@@ -300,7 +326,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         return finite
 
     @remote_method(dispatch="slice", collect="mean")
-    def forward_backward(self, inputs, adapter_name: str | None = None) -> dict:
+    def forward_backward(self, inputs: Rows, adapter_name: str | None = None) -> dict:
         self._check_adapter(adapter_name)
         t0 = time.perf_counter()
         batch, fields = self._batch(inputs)
@@ -310,7 +336,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         return result
 
     @remote_method(dispatch="slice", collect="mean")
-    def forward_only(self, inputs, adapter_name: str | None = None) -> dict:
+    def forward_only(self, inputs: Rows, adapter_name: str | None = None) -> dict:
         self._check_adapter(adapter_name)
         t0 = time.perf_counter()
         batch, fields = self._batch(inputs)
@@ -385,7 +411,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
     @remote_method()
     def save(
         self,
-        path,
+        path: str | os.PathLike,
         adapter_name: str | None = None,
         save_training_state: bool = False,
         data_position: int | None = None,  # noqa: ARG002 - TwinkleModel's signature
@@ -410,7 +436,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
         return str(path)
 
     @remote_method()
-    def load(self, path, adapter_name: str | None = None) -> None:
+    def load(self, path: str | os.PathLike, adapter_name: str | None = None) -> None:
         self._check_adapter(adapter_name)
         self._load_hf_state(_read_hf_folder(Path(path)))
         if self.optimizer is not None:
@@ -418,7 +444,7 @@ class MegatronModel(TwinkleModel, metaclass=RemoteClass):
 
     # ARG002: TwinkleModel's signature
     @remote_method()
-    def resume_from_checkpoint(self, path, adapter_name: str | None = None) -> dict:  # noqa: ARG002
+    def resume_from_checkpoint(self, path: str | os.PathLike, adapter_name: str | None = None) -> dict:  # noqa: ARG002
         raise refuse(
             self,
             "resume training state (it saves weights only)",

@@ -77,7 +77,7 @@ def heads(model, segments, train: bool, ids_B_T: torch.Tensor, mask_B_T: torch.T
         project = _projection(model, name) if chunked else None
         if isinstance(project, torch.nn.Linear):
             result.append(ChunkedHead(part, project.weight, project.bias, chunk_size=_pausing_chunk(model)))
-        elif chunked:
+        elif project is not None:  # chunked
             result.append(ProjectedHead(part, project, _pausing_chunk(model) or CHUNK_TOKENS))
         else:
             result.append(LogitsHead(part))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from twinkle.model.patterns.syntax import Alt, Anchor, CharSet, PatternError, Repeat, Seq
+from twinkle.model.patterns.syntax import Alt, Anchor, CharSet, Node, PatternError, Repeat, Seq
 
 MAX_PROGRAM = 1024  # instructions once {m,n} is expanded: the per-character bound on work
 MAX_CACHED = 1 << 20  # program counters held in cached states before the cache starts over
@@ -21,7 +21,7 @@ AT_START, AT_END, BEFORE_FINAL_NEWLINE = 1, 2, 4  # where in the name a position
 _ANCHOR_NEEDS = {"start": AT_START, "end": AT_END | BEFORE_FINAL_NEWLINE, "end_only": AT_END}
 
 
-def program_size(node) -> int:
+def program_size(node: Node) -> int:
     if isinstance(node, (CharSet, Anchor)):
         return 1
     if isinstance(node, Seq):
@@ -34,16 +34,16 @@ def program_size(node) -> int:
 
 
 class _Program:
-    def __init__(self):
+    def __init__(self) -> None:
         self.ops: list[int] = []
         self.args: list = []
 
-    def emit(self, op: int, arg=None) -> int:
+    def emit(self, op: int, arg: CharSet | int | tuple[int, int] | None = None) -> int:
         self.ops.append(op)
         self.args.append(arg)
         return len(self.ops) - 1
 
-    def build(self, node) -> None:
+    def build(self, node: Node) -> None:
         if isinstance(node, CharSet):
             self.emit(CHAR, node)
         elif isinstance(node, Anchor):
@@ -84,7 +84,7 @@ class _Program:
 class _States:
     """The DFA built so far: interned sets of program counters and the transitions between them."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.sets: list[frozenset[int]] = []
         self.ids: dict[frozenset[int], int] = {}
         self.moves: dict[tuple, int] = {}
@@ -104,7 +104,7 @@ class _States:
 class Pattern:
     """`fullmatch(name)`: whether the whole name matches, as `re.fullmatch(source, name)` says."""
 
-    def __init__(self, source: str, tree):
+    def __init__(self, source: str, tree: Node) -> None:
         size = program_size(tree)
         if size > MAX_PROGRAM:
             raise PatternError(

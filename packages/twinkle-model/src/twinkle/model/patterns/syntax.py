@@ -12,6 +12,7 @@ atomic groups, possessive quantifiers, conditionals, inline flags, `\\b`) is ref
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Never
 
 MAX_DEPTH = 32  # nested groups
 
@@ -50,17 +51,17 @@ ANY = CharSet(frozenset("\n"), negate=True)  # `.` without DOTALL
 
 @dataclass(frozen=True)
 class Seq:
-    items: tuple
+    items: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Alt:
-    options: tuple
+    options: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
-    item: object
+    item: Node
     lo: int
     hi: int | None  # None: unbounded
 
@@ -68,6 +69,9 @@ class Repeat:
 @dataclass(frozen=True)
 class Anchor:
     kind: str  # start (^, \A), end ($: the end or before a final newline), end_only (\Z)
+
+
+Node = CharSet | Seq | Alt | Repeat | Anchor  # a parsed pattern's tree
 
 
 _CONTROL = {"a": "\a", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
@@ -83,10 +87,10 @@ _REFUSED_GROUPS = {
 
 
 class _Parser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str) -> None:
         self.src, self.pos = pattern, 0
 
-    def refuse(self, what: str):
+    def refuse(self, what: str) -> Never:
         raise PatternError(
             f"pattern {self.src!r} uses {what} at position {self.pos}, which the linear-time module matcher "
             "does not support; use literals, '.', classes, groups, '|', quantifiers and anchors"
@@ -103,15 +107,15 @@ class _Parser:
         self.pos += 1
         return ch
 
-    def alternation(self, depth: int):
+    def alternation(self, depth: int) -> Node:
         options = [self.sequence(depth)]
         while self.peek() == "|":
             self.pos += 1
             options.append(self.sequence(depth))
         return options[0] if len(options) == 1 else Alt(tuple(options))
 
-    def sequence(self, depth: int):
-        items: list = []
+    def sequence(self, depth: int) -> Node:
+        items: list[Node] = []
         while (ch := self.peek()) is not None and ch not in "|)":
             bounds = self.quantifier()
             if bounds is None:
@@ -148,7 +152,7 @@ class _Parser:
             raise PatternError(f"pattern {self.src!r}: min repeat greater than max repeat at position {self.pos}")
         return low, high
 
-    def atom(self, depth: int):
+    def atom(self, depth: int) -> Node:
         ch = self.take()
         if ch == "(":
             return self.group(depth)
@@ -164,7 +168,7 @@ class _Parser:
             return self.escape()
         return CharSet(frozenset(ch))
 
-    def group(self, depth: int):
+    def group(self, depth: int) -> Node:
         if depth >= MAX_DEPTH:
             raise PatternError(f"pattern {self.src!r} nests groups deeper than {MAX_DEPTH}")
         if self.peek() == "?":
@@ -187,7 +191,7 @@ class _Parser:
         self.pos += 1
         return Seq((inner,))  # a group is one item: `(a*)*` and `(^)?` repeat it, as `re` does
 
-    def escape(self):
+    def escape(self) -> Node:
         ch = self.take()
         if ch == "A":
             return Anchor("start")
@@ -253,7 +257,7 @@ class _Parser:
         return CharSet(frozenset(chars), tuple(ranges), tuple(categories), negate)
 
 
-def parse(pattern: str):
+def parse(pattern: str) -> Node:
     """The tree of `pattern` (Seq / Alt / Repeat / Anchor / CharSet); PatternError names what is refused."""
     parser = _Parser(pattern)
     tree = parser.alternation(0)
