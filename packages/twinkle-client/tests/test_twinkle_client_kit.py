@@ -85,3 +85,32 @@ def test_input_feature_to_datum_shifts_as_the_tinker_sdk_defines_targets():
     assert datum.loss_fn_inputs["weights"].tolist() == [0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="3 labels for 4 input_ids"):
         input_feature_to_datum({"input_ids": [7, 8, 9, 10], "labels": [1, 2, 3]})
+
+
+class _Recorder:
+    """Stands in for TwinkleClient: keeps what a proxy posts, answers a future's reference."""
+
+    def __init__(self):
+        self.posted: list[tuple[str, dict]] = []
+
+    def post(self, path: str, body: dict, seq: int | None = None) -> dict:
+        self.posted.append((path, body))
+        return {"request_id": f"r{len(self.posted)}", "model_id": "m"}
+
+
+def test_task_travels_with_the_rows_and_a_reference_embedding_is_refused_by_name():
+    from twinkle_client.model import MultiLoraTransformersModel
+
+    from twinkle.client.model import TransformersModel
+
+    recorder = _Recorder()
+    proxy = TransformersModel.attach("m", client=recorder)
+    rows = [{"input_ids": [5, 6, 7], "labels": [1], "attention_mask": [1, 1, 1]}, {"input_ids": [5, 8], "labels": [0]}]
+    proxy.forward_backward(rows, task="embedding")
+    proxy.forward_only(rows)
+    (path, body), (_, plain) = recorder.posted
+    assert path == "/models/m/forward_backward" and body["task"] == "embedding" and plain["task"] == "causal_lm"
+    assert [(r["input_ids"], r["labels"]) for r in body["inputs"]["rows"]] == [([5, 6, 7], [1]), ([5, 8], [0])]
+    kit = MultiLoraTransformersModel.__new__(MultiLoraTransformersModel)  # no server: only the refusal is asked
+    with pytest.raises(NotImplementedError, match=r"disable_lora=True, task='embedding'"):
+        kit.forward_only(rows, disable_lora=True, task="embedding")
