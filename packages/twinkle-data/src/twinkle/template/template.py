@@ -10,8 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -104,15 +104,15 @@ class Template:
 
     # ---- input ---------------------------------------------------------------------------------
     def _conversation(
-        self, row: dict | list[dict], index: int | None, key: str = "messages"
-    ) -> tuple[list[dict], list[dict] | None, dict]:
+        self, row: Mapping[str, Any] | list[dict], index: int | None, key: str = "messages"
+    ) -> tuple[list[dict], list[dict] | None, Mapping[str, Any]]:
         if isinstance(row, list):
             row = {key: row}
-        if not isinstance(row, dict) or key not in row:
+        if not isinstance(row, Mapping) or key not in row:
             from twinkle.preprocessor.base import producers_of
 
             where = f"row {index}" if index is not None else "the row"
-            have = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+            have = ", ".join(row) if isinstance(row, Mapping) else type(row).__name__
             makers = ", ".join(producers_of(key)) or "a Preprocessor"
             raise DataError(
                 f"{where} has no {key!r} column (it has: {have}); map a preprocessor that "
@@ -278,12 +278,12 @@ class Template:
             out.append(None if pos is None or neg is None else {**row, "positive": pos, "negative": neg})
         return out
 
-    def encode(self, messages_or_trajectory: dict | list[dict], index: int | None = None) -> dict | None:
+    def encode(self, messages_or_trajectory: Mapping[str, Any] | list[dict], index: int | None = None) -> dict | None:
         """``{'input_ids', 'labels', ...carried keys}`` for one conversation (a message list or a row
         with ``messages``); None when ``truncation_strategy='delete'`` drops it."""
         return self.batch_encode([messages_or_trajectory], first_index=index or 0)[0]
 
-    def encode_prompt(self, messages_or_trajectory: dict | list[dict], index: int | None = None) -> dict:
+    def encode_prompt(self, messages_or_trajectory: Mapping[str, Any] | list[dict], index: int | None = None) -> dict:
         """The generation prompt for sampling: ``{'input_ids', ...carried keys}`` (no labels)."""
         messages, tools, original = self._conversation(messages_or_trajectory, index)
         text, _ = render(self.chat_template, messages=messages, add_generation_prompt=True, **self._context(tools))
@@ -295,7 +295,9 @@ class Template:
         row.update(input_ids=ids, **images)
         return row
 
-    def render_text(self, messages_or_trajectory: dict | list[dict], add_generation_prompt: bool = False) -> str:
+    def render_text(
+        self, messages_or_trajectory: Mapping[str, Any] | list[dict], add_generation_prompt: bool = False
+    ) -> str:
         messages, tools, _ = self._conversation(messages_or_trajectory, None)
         return render(
             self.chat_template, messages=messages, add_generation_prompt=add_generation_prompt, **self._context(tools)

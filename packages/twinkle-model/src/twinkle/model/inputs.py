@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
     from twinkle.data_format.loss_inputs import Rows
+    from twinkle.template import Template
 
 # images (IMAGE_KEYS) are model inputs, concatenated over the batch, not per-row loss inputs;
 # `lengths`: the sequences of a packed row (twinkle.dataset.packing), which the InputProcessor splits
@@ -33,7 +34,7 @@ FLOAT_FIELDS = ("weights", "advantages", "logprobs", "ref_logprobs", "sequence_r
 
 def as_rows(
     inputs: Rows,
-    template=None,  # noqa: ANN001 - a twinkle.template.Template; AdapterState.template is typed `object`
+    template: Template | None = None,
 ) -> list[dict] | dict[str, torch.Tensor]:
     """Normalise `inputs` to a list of encoded rows, or pass a collated tensor dict through."""
     if isinstance(inputs, Mapping):
@@ -104,7 +105,7 @@ def _field_tensor(name: str, values: list, T: int) -> torch.Tensor | None:
 
 def collate(
     rows: list[dict] | dict,
-    processor=None,  # noqa: ANN001 - an InputProcessor; AdapterState.processor is typed `object`
+    processor: InputProcessor | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(model tensors, loss-input fields) for a batch of encoded rows; `processor` (default: a right-
     padding InputProcessor) makes the model tensors."""

@@ -10,14 +10,20 @@ The step rule that acts on it (accumulate, skip non-finite, clip, step, schedule
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from twinkle.loss import CrossEntropyLoss, Loss, create_loss
 from twinkle.metric import LossMetric, Metric, OptimizerMetric, ThroughputMetric, TokenAccuracy
 from twinkle.model.optim import build_optimizer, build_scheduler
+
+if TYPE_CHECKING:
+    from twinkle.model.optim import OptimizerSpec, SchedulerSpec
+    from twinkle.processor import InputProcessor
+    from twinkle.template import Template
 
 FULL_MODEL = ""  # the state key when no adapter exists: the whole model trains
 
@@ -48,8 +54,8 @@ class AdapterState:
     loss: Loss = field(default_factory=CrossEntropyLoss)
     optimizer: torch.optim.Optimizer | None = None
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
-    template: object = None
-    processor: object = None
+    template: Template | None = None
+    processor: InputProcessor | None = None
     # multi-LoRA engines: the adapter's spec (rank, scaling, targets) and the layers it adapts
     spec: Any = None  # a twinkle.model.multi_lora.AdapterSpec
     module_names: list[str] = field(default_factory=list)
@@ -62,7 +68,7 @@ class AdapterState:
     train_metrics: list[Metric] = field(default_factory=list)
     eval_metrics: list[Metric] = field(default_factory=list)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.gradient_accumulation_steps, int) or self.gradient_accumulation_steps < 1:
             raise ValueError(
                 f"gradient_accumulation_steps must be a positive integer, got {self.gradient_accumulation_steps!r}"
@@ -73,7 +79,9 @@ class AdapterState:
         self.eval_metrics = self.eval_metrics or default_metrics(self.peak_flops, is_training=False)
 
     @classmethod
-    def from_named(cls, name: str, named_params, **kwargs) -> AdapterState:
+    def from_named(
+        cls, name: str, named_params: Iterable[tuple[str, torch.nn.Parameter]], **kwargs: Any
+    ) -> AdapterState:  # kwargs: the other fields
         named = list(named_params)
         return cls(name, [p for _, p in named], [n for n, _ in named], **kwargs)
 
@@ -152,10 +160,10 @@ class AdapterState:
         return self.optimizer.param_groups[0]["lr"] if self.optimizer else None
 
     # -- what a user sets ---------------------------------------------------------------------
-    def set_loss(self, name_or_cls, **kwargs) -> None:
+    def set_loss(self, name_or_cls: str | type[Loss] | Loss, **kwargs: Any) -> None:
         self.loss = create_loss(name_or_cls, **kwargs)
 
-    def set_optimizer(self, optimizer_cls="AdamW", **kwargs) -> None:
+    def set_optimizer(self, optimizer_cls: OptimizerSpec = "AdamW", **kwargs: Any) -> None:
         self.optimizer = build_optimizer(optimizer_cls, self.named_params(), **kwargs)
         self.scheduler = None  # a scheduler is bound to one optimizer
 
@@ -171,7 +179,7 @@ class AdapterState:
             self.set_optimizer("AdamW", lr=1e-4)
         return self.require_optimizer()
 
-    def set_scheduler(self, scheduler_cls, **kwargs) -> None:
+    def set_scheduler(self, scheduler_cls: SchedulerSpec, **kwargs: Any) -> None:
         if self.optimizer is None:
             raise ValueError("call set_optimizer(...) before set_lr_scheduler(...)")
         # One schedule implementation for every engine, so a tenant's lr curve does not depend on which runs it.

@@ -39,14 +39,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from twinkle.metric import ForwardRecord
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from twinkle.loss.base import Loss, LossContext
+    from twinkle.mesh import DeviceMesh
+    from twinkle.model.state import AdapterState
 
 _MaybeTensor = TypeVar("_MaybeTensor", torch.Tensor, None)
 
@@ -63,7 +70,7 @@ DDP_OPTIONS = (
 UNIMPLEMENTED_DIMS = {"pp": "pipeline parallelism", "ep": "expert parallelism"}
 
 
-def resolve_strategy(strategy: str | None, mesh) -> str:
+def resolve_strategy(strategy: str | None, mesh: DeviceMesh | None) -> str:
     """The data-parallel strategy for this mesh; refuses dims TransformersModel does not implement."""
     if strategy is not None and strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES} (or None: from the mesh)")
@@ -91,7 +98,7 @@ def resolve_strategy(strategy: str | None, mesh) -> str:
     return strategy or ("fsdp2" if fsdp > 1 else "ddp")
 
 
-def check_ddp_config(ddp_config, strategy: str, mesh) -> dict:
+def check_ddp_config(ddp_config: dict[str, Any] | None, strategy: str, mesh: DeviceMesh | None) -> dict:
     """The DDP keyword arguments of a `ddp_config`; a key DDP does not take here, or a mesh whose model is
     not wrapped in DDP (FSDP2, tensor parallelism), is refused by name. In one process nothing is wrapped."""
     if ddp_config is None:
@@ -110,30 +117,30 @@ def check_ddp_config(ddp_config, strategy: str, mesh) -> dict:
     return dict(ddp_config)
 
 
-def tensor_parallel_size(mesh) -> int:
+def tensor_parallel_size(mesh: DeviceMesh | None) -> int:
     return 1 if mesh is None else mesh.get_size("tp")
 
 
-def check_tensor_parallel(mesh, model) -> None:
+def check_tensor_parallel(mesh: DeviceMesh | None, model: PreTrainedModel) -> None:
     if tensor_parallel_size(mesh) > 1:
         from twinkle.model.tensor_parallel import check_divisible
 
         check_divisible(model.config, tensor_parallel_size(mesh), model)
 
 
-def shards_on_wrap(strategy: str, mesh) -> bool:
+def shards_on_wrap(strategy: str, mesh: DeviceMesh | None) -> bool:
     """Whether wrapping hands the model to FSDP2 (fsdp2, or any data parallelism with tp > 1):
     then the parameter set is final, and adapters cannot be added after the first forward."""
     return data_parallel_size(mesh) > 1 and (strategy == "fsdp2" or tensor_parallel_size(mesh) > 1)
 
 
-def gradient_dims(mesh) -> str | tuple[str, ...]:
+def gradient_dims(mesh: DeviceMesh) -> str | tuple[str, ...]:
     """The ranks whose losses make one global batch and whose gradients are averaged: the data
     ranks, and with context parallelism also the cp peers (each holds part of every sequence)."""
     return "data" if mesh.get_size("cp") == 1 else ("dp", "fsdp", "cp")
 
 
-def data_parallel_size(mesh) -> int:
+def data_parallel_size(mesh: DeviceMesh | None) -> int:
     if mesh is None or not (dist.is_available() and dist.is_initialized()):
         return 1
     return mesh.get_size(gradient_dims(mesh))
@@ -147,14 +154,18 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in set(names)]
 
 
-def _fsdp_mesh(mesh):
+def _fsdp_mesh(mesh: DeviceMesh) -> torch.distributed.device_mesh.DeviceMesh:
     """fsdp alone shards; dp x fsdp is HSDP (replicate over dp, shard over fsdp)."""
     torch_mesh = mesh.to_torch()
     return torch_mesh["fsdp"] if mesh.get_size("dp") == 1 else torch_mesh["dp", "fsdp"]
 
 
 def wrap(
-    module: torch.nn.Module, strategy: str, mesh, hf_model: torch.nn.Module, ddp_options: dict | None = None
+    module: torch.nn.Module,
+    strategy: str,
+    mesh: DeviceMesh,
+    hf_model: torch.nn.Module,
+    ddp_options: dict | None = None,
 ) -> torch.nn.Module:
     """`ddp_options`: DistributedDataParallel's keyword arguments (check_ddp_config), where it wraps."""
     if strategy not in STRATEGIES:
@@ -180,7 +191,7 @@ def wrap(
     return module
 
 
-def rebind_parameters(module: torch.nn.Module, states) -> None:
+def rebind_parameters(module: torch.nn.Module, states: Iterable[AdapterState]) -> None:
     """Point each state's parameter list and optimizer at the module's current parameters (by
     name). FSDP2 replaces parameters with sharded DTensors; DDP keeps them (then this is a no-op).
     Optimizer state already built for the old tensors cannot follow a sharding: refuse it."""
@@ -205,19 +216,21 @@ def rebind_parameters(module: torch.nn.Module, states) -> None:
                 group["fused"], group["foreach"] = False, True
 
 
-def mean_units(loss, ctx) -> torch.Tensor:
+def mean_units(loss: Loss, ctx: LossContext) -> torch.Tensor:
     """What a 'mean' loss divides by for this context's rows (`Loss.units`), as a float64 scalar."""
     return torch.tensor(loss.units(ctx.targets_B_T, ctx.fields), dtype=torch.float64)
 
 
-def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
+def data_parallel_loss(
+    loss: torch.Tensor, loss_fn: Loss, ctx: LossContext, mesh: DeviceMesh | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(what this rank backpropagates, the loss of the global micro-batch).
 
     One all-reduce of two numbers per micro-batch (also on no-sync micro-batches: it is not the
     gradient sync). A non-finite loss on any rank makes the global value non-finite on all ranks,
     and it is returned as both, so every rank skips the same step."""
     world = data_parallel_size(mesh)
-    if world == 1:
+    if world == 1 or mesh is None:
         return loss, loss
     if loss_fn.reduction == "sum":  # global sum: each rank's gradient counts fully
         units = torch.tensor(1.0, dtype=torch.float64)
@@ -240,7 +253,7 @@ def data_parallel_loss(loss: torch.Tensor, loss_fn, ctx, mesh):
     return loss * (world * weight), reported
 
 
-def data_parallel_weights(units: Sequence[float], group=None) -> list[float]:
+def data_parallel_weights(units: Sequence[float], group: dist.ProcessGroup | None = None) -> list[float]:
     """Each pass's share of the data-parallel batch: this rank's loss units (`Loss.units`) over all
     ranks' (one all-reduce for every pass at once, before the forward). A rank that scales its 'mean'
     loss by its share before backward and has its gradients summed (`sum_gradients`) gets what
@@ -255,7 +268,7 @@ def data_parallel_weights(units: Sequence[float], group=None) -> list[float]:
     return [float(m) / float(t) if t > 0 else 1.0 / world for m, t in zip(mine.tolist(), total.tolist())]
 
 
-def sum_gradients(params: Sequence[torch.nn.Parameter], group=None) -> None:
+def sum_gradients(params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
     """Sum the data ranks' gradients into every rank (flattened, one all-reduce): DDP's gradient sync,
     taken at step time for an engine whose parameter set changes between steps (adapters added and
     removed), which DDP cannot wrap once. Ranks without any gradient take part with zeros."""
@@ -272,9 +285,9 @@ def sum_gradients(params: Sequence[torch.nn.Parameter], group=None) -> None:
         p.grad = chunk.view_as(p).clone()
 
 
-def data_parallel_sums(mesh, counts: Sequence[int]) -> tuple[int, ...]:
+def data_parallel_sums(mesh: DeviceMesh | None, counts: Sequence[int]) -> tuple[int, ...]:
     """Counts (loss tokens, correct tokens) summed over the ranks of the global micro-batch."""
-    if data_parallel_size(mesh) == 1:
+    if data_parallel_size(mesh) == 1 or mesh is None:
         return tuple(counts)
     device = torch.device("cuda", torch.cuda.current_device()) if mesh.resolved_device_type == "cuda" else "cpu"
     packed = torch.tensor(list(counts), dtype=torch.int64, device=device)
@@ -291,7 +304,7 @@ class RankRecord:
     units: float  # its loss units (`Loss.units`)
 
 
-def merge_records(parts: Sequence[RankRecord], loss) -> ForwardRecord:
+def merge_records(parts: Sequence[RankRecord], loss: Loss) -> ForwardRecord:
     """The record one process would have made of the whole pass: a summed loss adds up over the parts,
     a mean one is averaged over the loss's units (tokens, or pairs); each of the loss's metrics combines
     as the loss says (`Loss.metric_merge`: 'sum', 'row_mean', or 'unit_mean'). Parts without a loss
@@ -330,7 +343,7 @@ def merge_records(parts: Sequence[RankRecord], loss) -> ForwardRecord:
     )
 
 
-def no_sync(wrapped: torch.nn.Module, accumulate: bool):
+def no_sync(wrapped: torch.nn.Module, accumulate: bool) -> contextlib.AbstractContextManager[None]:
     """Skip the gradient all-reduce on micro-batches that are not the last of an accumulation."""
     # DDP's no_sync / FSDP2's set_requires_gradient_sync: looked up, as nn.Module types neither
     ddp_no_sync, fsdp_sync = getattr(wrapped, "no_sync", None), getattr(wrapped, "set_requires_gradient_sync", None)
@@ -338,16 +351,16 @@ def no_sync(wrapped: torch.nn.Module, accumulate: bool):
         return ddp_no_sync()
     if accumulate and fsdp_sync is not None:
         fsdp_sync(False)
-        return _restore_sync(wrapped)
+        return _restore_sync(fsdp_sync)
     return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
-def _restore_sync(wrapped):
+def _restore_sync(set_sync: Callable[[bool], None]) -> Generator[None]:
     try:
         yield
     finally:
-        wrapped.set_requires_gradient_sync(True)
+        set_sync(True)
 
 
 def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> float:
