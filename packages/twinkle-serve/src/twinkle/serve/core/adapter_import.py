@@ -17,7 +17,6 @@ from it the way it resumes any checkpoint (Tinker `create_training_client_from_s
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import re
 import uuid
@@ -52,9 +51,11 @@ def decode_files(files) -> dict[str, bytes]:
         raise BadRequest(f"files: the adapter folder needs {missing} (a PEFT LoRA folder has {CONFIG} and {WEIGHTS})")
     out = {}
     for name, data in files.items():
+        if not isinstance(data, str):
+            raise BadRequest(f"files: {name!r} must be base64 text, got {type(data).__name__}")
         try:
             out[name] = base64.b64decode(data, validate=True)
-        except (binascii.Error, TypeError, ValueError):
+        except ValueError:  # binascii.Error, and text that is not ASCII
             raise BadRequest(f"files: {name!r} is not valid base64") from None
     return out
 

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from twinkle.serve.backend import UserError
 from twinkle.serve.tinker import dmel, images
@@ -132,7 +133,7 @@ def decode_forward_backward(body: bytes) -> ForwardBackwardInput:
     msg = pb.ForwardBackwardRequest()
     try:
         msg.ParseFromString(body)
-    except Exception as e:
+    except DecodeError as e:
         raise UserError(f"forward_backward body is not a valid ForwardBackwardRequest protobuf: {e}") from None
     data = []
     for i, d in enumerate(msg.data):

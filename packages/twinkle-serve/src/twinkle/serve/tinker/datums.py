@@ -18,6 +18,7 @@ are defined on the one sampled token per position, and refuse K > 1.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,14 +62,22 @@ class TinkerForwardResult:
 
 
 def make_loss(loss_fn: str, config: dict):
-    """The twinkle.loss object for a Tinker loss name, summed over tokens as Tinker defines its losses."""
-    from twinkle.loss import create_loss
+    """The twinkle.loss object for a Tinker loss name, summed over tokens as Tinker defines its losses.
+    The config's names are checked against the loss's parameters before it is built, so a TypeError
+    from inside the constructor stays what it is: a bug (a 500 with its traceback), not the client's."""
+    from twinkle.loss import LOSSES
 
     if loss_fn not in TINKER_LOSSES:
         raise UserError(f"unknown loss_fn {loss_fn!r}; supported: {', '.join(TINKER_LOSSES)}")
+    cls = LOSSES.get(loss_fn)
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    known = [n for n, p in inspect.signature(cls).parameters.items() if p.kind in named and n != "reduction"]
+    unknown = sorted(set(config) - set(known))
+    if unknown:
+        raise UserError(f"bad loss_fn_config for {loss_fn!r}: it takes {known or 'no options'}, not {unknown}")
     try:
-        return create_loss(loss_fn, reduction="sum", **config)
-    except (TypeError, ValueError) as e:
+        return cls(reduction="sum", **config)
+    except ValueError as e:  # the loss's own range checks, naming the option
         raise UserError(f"bad loss_fn_config for {loss_fn!r}: {e}") from None
 
 
