@@ -120,6 +120,6 @@ class _DeadlineGuard(asyncio.Protocol):
             self.transport.abort()  # close() would wait for the buffer to drain, i.e. forever
 
 
-def guarded(base: type, deadlines: Deadlines) -> type:
+def guarded(base: type[asyncio.Protocol], deadlines: Deadlines) -> type[asyncio.Protocol]:
     """`base` (uvicorn's HttpToolsProtocol or H11Protocol) with the three deadlines."""
     return type(f"Guarded{base.__name__}", (_DeadlineGuard, base), {"deadlines": deadlines})
