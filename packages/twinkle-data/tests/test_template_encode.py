@@ -117,6 +117,12 @@ def test_choice_of_trained_rounds(rounds, expected, tiny_template):
     assert trained_text(template, template.encode(CHAT)) == expected
 
 
+def test_unknown_trained_rounds_word_is_refused_by_name(tiny_template):
+    template = Template(tokenizer=tiny_template.tokenizer, trained_rounds="first")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"trained_rounds must be 'all', 'last' or round numbers, got 'first'"):
+        template.encode(CHAT)
+
+
 def test_message_loss_flag_overrides(tiny_template, llama_tokenizer):
     messages = [dict(m) for m in CHAT]
     messages[2]["loss"] = False
