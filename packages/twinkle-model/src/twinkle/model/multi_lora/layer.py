@@ -252,8 +252,11 @@ class _Group:
     def shaped(self, part: torch.Tensor) -> torch.Tensor:
         return part.reshape(self.count, -1, part.shape[-1]) if self.count > 1 else part.reshape(-1, part.shape[-1])
 
-    def x(self, x: torch.Tensor, dtype) -> torch.Tensor:
-        """This group's rows of x, dropout applied, in the adapters' dtype."""
+    def x(self, x: torch.Tensor, dtype, x_in: torch.Tensor | None = None) -> torch.Tensor:
+        """This group's rows of x, dropout applied, in the adapters' dtype: a view of `x_in` (x already
+        in that dtype, `_in_dtype`) where no tenant of the group drops; a mask applies to x as given."""
+        if x_in is not None and not self.drops:
+            return self.shaped(x_in[self.start : self.end])
         part = self.dropped(x[self.start : self.end])
         return self.shaped(part if part.dtype == dtype else part.to(dtype))
 
@@ -273,21 +276,54 @@ def _t(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-1, -2)
 
 
+def _in_dtype(t: torch.Tensor, plan: list[_Group], dtype: torch.dtype) -> torch.Tensor:
+    """t's routed rows in `dtype`, in one conversion for every group (rows outside them left unset:
+    never read); t itself when it is in `dtype` already. One op, not one per group: on a shared
+    machine each op is a parallel region, whose threads spin while one of them waits for a core."""
+    if t.dtype == dtype:
+        return t
+    span = slice(plan[0].start, plan[-1].end)
+    out = torch.empty(t.shape, dtype=dtype, device=t.device)
+    out[span].copy_(t[span])
+    return out
+
+
+def _buffer(like: torch.Tensor, plan: list[_Group], dtype: torch.dtype, whole: bool) -> torch.Tensor:
+    """A tensor shaped like `like` in `dtype` that the groups write their rows into; the rows no group
+    writes are zero: those between the groups, and with `whole` those before and after them too."""
+    rows = like.shape[0] if whole else plan[-1].end - plan[0].start
+    covered = sum(g.size for g in plan) == rows
+    return (torch.empty if covered else torch.zeros)(like.shape, dtype=dtype, device=like.device)
+
+
+def _x_in(x: torch.Tensor, plan: list[_Group], dtype: torch.dtype) -> torch.Tensor | None:
+    """x in the factors' dtype for the groups that draw no dropout (`_Group.x`; a mask applies to x
+    as given, so those groups convert their own rows); None when every group draws."""
+    return None if all(g.drops for g in plan) else _in_dtype(x, plan, dtype)
+
+
 def _add_low_rank(x, out, plan, weights) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """out[rows] += (scaling * (x[rows] * keep) @ A.T) @ B.T for every group, in place; returns
     per group what backward needs: its (A, B), stacked for several tenants, and the scaled
-    rank-r activations."""
+    rank-r activations. fp32 adapters on a bf16 base: x converted once, every group's product
+    written into one fp32 buffer, added and rounded to the base's dtype once (as peft does)."""
     saved, offset = [], 0
+    dtype = weights[0].dtype
+    x_in = _x_in(x, plan, dtype)
+    acc = None if out.dtype == dtype else _buffer(out, plan, dtype, whole=False)
     for group in plan:
         a, b = group.factors(weights, offset)
-        low = _mm(group.x(x, a.dtype), _t(a)).mul_(group.scale(a))
-        out_g = group.into(out)
-        if out.dtype == low.dtype:
+        low = _mm(group.x(x, dtype, x_in), _t(a)).mul_(group.scale(a))
+        if acc is None:
+            out_g = group.into(out)
             (out_g.addmm_ if group.count == 1 else out_g.baddbmm_)(low, _t(b))
-        else:  # fp32 adapters on a bf16 base: added in fp32, rounded to the base's dtype once (as peft does)
-            out_g.add_(_mm(low, _t(b)))
+        else:
+            (torch.mm if group.count == 1 else torch.bmm)(low, _t(b), out=group.into(acc))
         saved.append((a, b, low))
         offset += group.count
+    if acc is not None:
+        span = slice(plan[0].start, plan[-1].end)
+        out[span].add_(acc[span])
     return saved
 
 
@@ -322,30 +358,33 @@ class _MultiLoraAdd(torch.autograd.Function):
         masks = iter(saved[1 + ctx.n_weights + len(plan) :])
         for group in plan:
             group.restore_masks(masks)
+        dtype = weights[0].dtype
+        # one conversion of the output gradient and of x for all groups (not one per group)
+        g_all = _in_dtype(grad_out, plan, dtype)
+        x_in = _x_in(x, plan, dtype)
         grad_x = None
-        if ctx.needs_input_grad[0]:
-            make = torch.empty if sum(g.size for g in plan) == x.shape[0] else torch.zeros
-            grad_x = make(x.shape, dtype=x.dtype, device=x.device)
+        if ctx.needs_input_grad[0]:  # written in the factors' dtype, converted to x's once at the end
+            grad_x = _buffer(x, plan, dtype, whole=True)
         grad_weights, offset = [], 0
         for group, low, stack in zip(plan, lows, ctx.stacks):
             a, b = stack or (weights[2 * offset], weights[2 * offset + 1])
-            g = group.rows(grad_out)
-            g = g if g.dtype == low.dtype else g.to(low.dtype)
+            g = group.rows(g_all)
             grad_b = _mm(_t(g), low)  # [(count,) out, r]
             g_low = _mm(g, b).mul_(group.scale(low))
-            grad_a = _mm(_t(g_low), group.x(x, low.dtype))  # [(count,) r, in]
+            grad_a = _mm(_t(g_low), group.x(x, dtype, x_in))  # [(count,) r, in]
             if group.count == 1:
                 grad_weights += [grad_a, grad_b]
             else:
                 grad_weights += [w for pair in zip(grad_a.unbind(), grad_b.unbind()) for w in pair]
-            if grad_x is None:
-                pass
-            elif not group.drops and a.dtype == x.dtype:
-                (torch.mm if group.count == 1 else torch.bmm)(g_low, a, out=group.into(grad_x))
-            else:
-                rows = grad_x[group.start : group.end]
-                rows.copy_(group.dropped(_mm(g_low, a).reshape(rows.shape)))
+            if grad_x is not None:
+                rows = group.into(grad_x)
+                (torch.mm if group.count == 1 else torch.bmm)(g_low, a, out=rows)
+                if group.drops:
+                    part = grad_x[group.start : group.end]
+                    part.copy_(group.dropped(part))
             offset += group.count
+        if grad_x is not None and grad_x.dtype != x.dtype:
+            grad_x = grad_x.to(x.dtype)
         return grad_x, grad_out, None, *grad_weights
 
 
