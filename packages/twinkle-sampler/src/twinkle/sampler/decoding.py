@@ -44,7 +44,17 @@ def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generators: 
     if params.temperature == 0:
         return logits_B_V.argmax(dim=-1)
     probs_B_V = filter_logits(logits_B_V.float(), params).softmax(dim=-1)
-    return torch.cat([torch.multinomial(probs_B_V[i], 1, generator=g) for i, g in enumerate(generators)])
+    # torch.multinomial's own draw for one sample (argmax of p / Exp(1) noise), with the noise drawn per
+    # row from the row's generator and the rest batched: the same tokens, bit for bit, as one multinomial
+    # call per row, in three whole-batch passes over the vocabulary instead of four per row.
+    noise_B_V = torch.empty_like(probs_B_V)
+    for row_V, g in zip(noise_B_V, generators):
+        row_V.exponential_(generator=g)
+    ratio_B_V = probs_B_V.div_(noise_B_V)
+    next_B = ratio_B_V.argmax(dim=-1)
+    if not ratio_B_V.gather(-1, next_B[:, None]).isfinite().all():  # a NaN anywhere in a row is its argmax
+        raise RuntimeError("the model's next-token probabilities contain NaN or inf")
+    return next_B
 
 
 class StopChecker:

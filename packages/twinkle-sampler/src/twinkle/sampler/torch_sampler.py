@@ -17,13 +17,14 @@ import torch
 
 from twinkle.model import preemption
 from twinkle.model.structure import decoder_layer_list
-from twinkle.sampler import prefill, vision
+from twinkle.sampler import kv_room, prefill, vision
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler, prompt_items
 from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
 from twinkle.sampler.prefix_cache import PrefixCache, PrefixCacheStats
 from twinkle.sampler.routing import LoRARouter
+from twinkle.sampler.step_threads import StepThreads
 
 # Default prefix-cache budget, as a fraction of the model's weight bytes: room for many prompts' KV
 # on a small model without rivalling the weights themselves for device memory.
@@ -315,7 +316,10 @@ class TorchSampler(Sampler):
         reasons: list[StopReason] = ["length"] * n
         active = list(range(n))  # batch row -> original row
         prompt_lps = None
-        with self.router.route(adapters[::group], self.device):
+        # An unseeded decode picks its steps' thread count by timing them (step_threads.py); a seeded one
+        # keeps the caller's, so that its tokens depend on its request alone, as with the prefix cache.
+        threads = StepThreads(adaptive=params.seed is None and self.device.type == "cpu")
+        with self.router.route(adapters[::group], self.device), threads:
             pre = prefill.run(
                 self,
                 prompts[::group],
@@ -339,6 +343,7 @@ class TorchSampler(Sampler):
                     t.repeat_interleave(group, dim=0) for t in (logits_B_V, mask_B_T, next_pos_B)
                 )
                 self.router.reroute(adapters, self.device)
+            kv_room.make_room(cache, params.max_tokens)
             for step in range(params.max_tokens):
                 logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
                 next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
@@ -372,13 +377,14 @@ class TorchSampler(Sampler):
                 # in between (a server runs long decodes in turns), and finished rows leave the batch
                 self.router.reroute([adapters[r] for r in active], self.device)
                 mask_B_T = torch.cat([mask_B_T, mask_B_T.new_ones((len(active), 1))], dim=1)
-                out = self.model(
-                    input_ids=next_B[:, None],
-                    attention_mask=mask_B_T,
-                    position_ids=next_pos_B[:, None],
-                    use_cache=True,
-                    **{self.cache_kw: cache},
-                )
+                with threads.step():
+                    out = self.model(
+                        input_ids=next_B[:, None],
+                        attention_mask=mask_B_T,
+                        position_ids=next_pos_B[:, None],
+                        use_cache=True,
+                        **{self.cache_kw: cache},
+                    )
                 logits_B_V = out.logits[:, -1].float()
                 next_pos_B = next_pos_B + 1
         tokenizer = self.tokenizer
