@@ -3,8 +3,6 @@ picked by timing. Each changes how a step runs, never what it computes."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from transformers import DynamicCache
@@ -60,17 +58,28 @@ def test_the_roomy_cache_appends_in_place_and_holds_what_a_dynamic_one_holds():
     assert buffers[2] != buffers[3] and buffers[6] != buffers[7]
 
 
+class _Clock:
+    """perf_counter for step_threads: a step at 2 threads takes 10 s (a loaded machine), at 1 thread 1 s."""
+
+    now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 def test_steps_run_at_the_faster_thread_count_and_the_other_is_timed_again(monkeypatch):
-    monkeypatch.setattr(step_threads, "PROBE_EVERY", 4)
+    clock = _Clock()
+    monkeypatch.setattr(step_threads, "time", clock)
     torch.set_num_threads(2)
     used = []
     with StepThreads() as threads:
-        for _ in range(12):
+        for _ in range(214):
             with threads.step():
                 used.append(torch.get_num_threads())
-                time.sleep(0.02 if used[-1] > 1 else 0.002)  # as on a loaded machine: 2 threads wait
+                clock.now += 10.0 if used[-1] > 1 else 1.0
     assert torch.get_num_threads() == 2  # the caller's count is back
-    assert used == [2, 1, 1, 1, 2, 1, 1, 1, 2, 1, 1, 1]  # each tried, then the faster; the other every 4
+    # each tried, then the faster; the slower timed again once 10 / PROBE_SHARE = 100 s went to the faster
+    assert [i for i, n in enumerate(used) if n == 2] == [0, 101, 202]
     with StepThreads(adaptive=False) as threads:
         for _ in range(3):
             with threads.step():
