@@ -4,6 +4,7 @@ after the session and written as markdown to $CONFORMANCE_MATRIX when that is se
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -47,6 +48,26 @@ def ray_group():
     tm.initialize(mode="ray", groups=[tm.DeviceGroup("model", 2, "cpu")], seed=42, num_cpus=2)
     yield tm.DeviceMesh.from_sizes(dp_size=2)
     tm.shutdown()
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist (nox runs two workers) each worker holds the cells of the tests it ran: it
+    hands them to the controller, whose terminal summary writes the matrices."""
+    import arch_cells
+
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["conformance"] = json.dumps({"matrix": MATRIX, "arch": arch_cells.ARCH})
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: absent without it
+def pytest_testnodedown(node):
+    import arch_cells
+
+    cells = json.loads(getattr(node, "workeroutput", {}).get("conformance", "{}"))
+    MATRIX.update(cells.get("matrix", {}))
+    for family, row in cells.get("arch", {}).items():
+        arch_cells.ARCH.setdefault(family, {}).update(row)
 
 
 def pytest_terminal_summary(terminalreporter):
