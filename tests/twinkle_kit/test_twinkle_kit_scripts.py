@@ -30,7 +30,14 @@ def judge():
     return AdapterJudge()
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def _param(script):
+    # one local Ray cluster at a time: two starting together on a loaded machine time out in Ray's own startup
+    return pytest.param(
+        script, id=script.name, marks=pytest.mark.xdist_group("ray") if script.launcher == "ray" else ()
+    )
+
+
+@pytest.mark.parametrize("script", [_param(s) for s in SCRIPTS])
 def test_script_runs_trains_and_saves(script, recorded, judge, request, tmp_path):
     env = request.getfixturevalue("kit_env") if script.server else None
     out = kit_runner.run(script, tmp_path, TEST_MODEL, env)
