@@ -9,8 +9,11 @@ max_new_tokens=64)`, KV cache on, batched as the library batches. Twinkle side: 
 prompt, num_samples=8, SamplingParams(max_tokens=64, temperature=1))` of a LoRA training client's
 sampler (the weights a GRPO loop samples from), every sample run to 64 tokens (no stop sequence, and a
 random-weight model rarely emits its end token; a shorter sample is counted as what it is). The SDK
-side includes everything a user waits for: HTTP, queueing, the returned log-probs. Runs alternate (HF,
-Twinkle, ...); medians. Random weights measure speed and memory, not quality.
+side includes everything a user waits for: HTTP, queueing, the returned log-probs. The server's sampler
+runs an unseeded decode's steps (and its prefill) at 2 threads or 1, whichever its steps time faster
+(twinkle.sampler.step_threads: on a loaded machine a 2-thread team waits for its second thread at every
+parallel region); HF's side runs at the 2 threads set here, as a user of `generate` would. Runs alternate
+(HF, Twinkle, ...); medians. Random weights measure speed and memory, not quality.
 
     uv run python benchmarks/bench_scale_sampling.py [--repeats 3]
 

@@ -80,6 +80,15 @@ def test_steps_run_at_the_faster_thread_count_and_the_other_is_timed_again(monke
     assert torch.get_num_threads() == 2  # the caller's count is back
     # each tried, then the faster; the slower timed again once 10 / PROBE_SHARE = 100 s went to the faster
     assert [i for i, n in enumerate(used) if n == 2] == [0, 101, 202]
+    times = threads.state
+    with StepThreads(times) as threads:  # the next decode: its prefill, then its steps at the faster count
+        threads.use_faster()
+        assert torch.get_num_threads() == 1
+        for _ in range(3):
+            with threads.step():
+                used.append(torch.get_num_threads())
+                clock.now += 1.0
+    assert used[-3:] == [1, 1, 1] and torch.get_num_threads() == 2
     with StepThreads(adaptive=False) as threads:
         for _ in range(3):
             with threads.step():

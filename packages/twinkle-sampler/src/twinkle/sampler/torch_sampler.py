@@ -24,7 +24,7 @@ from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_to
 from twinkle.sampler.params import SampledSequence, SampleResponse, SamplingParams, StopReason
 from twinkle.sampler.prefix_cache import PrefixCache, PrefixCacheStats
 from twinkle.sampler.routing import LoRARouter
-from twinkle.sampler.step_threads import StepThreads
+from twinkle.sampler.step_threads import StepThreads, StepTimes
 
 # Default prefix-cache budget, as a fraction of the model's weight bytes: room for many prompts' KV
 # on a small model without rivalling the weights themselves for device memory.
@@ -100,6 +100,7 @@ class TorchSampler(Sampler):
         # None: learnt at the first store, from the cache's layers (prefill.py)
         self.kv_cacheable: bool | None = None if prefill.full_attention_only(self.model.config) else False
         self.head_ok: bool | None = None
+        self.step_times = StepTimes()  # decode steps' times per thread count, across decodes (step_threads.py)
         self._adapter_tensors: dict[str, list[torch.Tensor]] = {}
 
     def prefix_cache_stats(self) -> PrefixCacheStats:
@@ -318,8 +319,9 @@ class TorchSampler(Sampler):
         prompt_lps = None
         # An unseeded decode picks its steps' thread count by timing them (step_threads.py); a seeded one
         # keeps the caller's, so that its tokens depend on its request alone, as with the prefix cache.
-        threads = StepThreads(adaptive=params.seed is None and self.device.type == "cpu")
+        threads = StepThreads(self.step_times, adaptive=params.seed is None and self.device.type == "cpu")
         with self.router.route(adapters[::group], self.device), threads:
+            threads.use_faster()
             pre = prefill.run(
                 self,
                 prompts[::group],
