@@ -125,7 +125,7 @@ OWN_SESSION = {"serve": ["packages/twinkle-serve/tests/reliability", "packages/t
 XDIST = ["-n", "2", "--dist", "loadgroup"]
 # The meta suite is mostly documented commands in subprocesses (a `--help` is ~15 s of imports on one
 # core): two at a time, spread one by one.
-PYTEST_ARGS = {"meta": ["-n", "2"], "sampler": XDIST}
+PYTEST_ARGS = {"meta": ["-n", "2"], "model": XDIST, "sampler": XDIST}
 
 
 def _install_xdist(session: nox.Session) -> None:
@@ -431,7 +431,7 @@ def conformance(session: nox.Session) -> None:
         "CONFORMANCE_ARCH_MATRIX": str(ROOT / ".nox" / "architecture-matrix.md"),
     }
     with _cold_caches(_prebuilt_models(session)) as caches:
-        session.run("pytest", "--durations=8", "tests/conformance", *session.posargs, env={**env, **caches})
+        session.run("pytest", "--durations=8", *XDIST, "tests/conformance", *session.posargs, env={**env, **caches})
 
 
 @nox.session(name="twinkle_kit")
