@@ -15,25 +15,23 @@ is `twinkle.model.multi_lora.planner`'s choice.
 from __future__ import annotations
 
 import functools
-import time
 import zlib
 from contextlib import contextmanager
 
 import torch
 from peft import LoraConfig
 
-from twinkle.data_format.labels import IGNORE_INDEX
 from twinkle.loss import Loss, LossContext
 from twinkle.mesh import get_global_mesh
-from twinkle.metric import ForwardRecord, attention_dims, matmul_params, measure_matmul_peak, step_flops
+from twinkle.metric import attention_dims, matmul_params, measure_matmul_peak, step_flops
 from twinkle.model import base_dtype as base_dtypes
 from twinkle.model import checkpoint, embedding_pass, preemption, vision
 from twinkle.model import step as step_rule
 from twinkle.model.base import TwinkleModel
 from twinkle.model.kit import progress
 from twinkle.model.multi_lora import experts as expert_lora
+from twinkle.model.multi_lora import fused_pass, recompute, vision_tenants
 from twinkle.model.multi_lora import heads as head_rule
-from twinkle.model.multi_lora import recompute, vision_tenants
 from twinkle.model.multi_lora.batch import Batch, collate, fuse, fused_images
 from twinkle.model.multi_lora.data_parallel import DataParallel
 from twinkle.model.multi_lora.layer import MultiLoraLinear, Routing, unwrap_empty_layers, wrap_linear_layers
@@ -505,18 +503,6 @@ class MultiLoraModel(TwinkleModel):
                 return embedding_pass.fused_heads(self.base, rows, input_ids=ids_B_T, attention_mask=mask_B_T, **extra)
             return head_rule.heads(self, segments, train, ids_B_T, mask_B_T, extra)
 
-    def _reference_logps(self, work: list[tuple[AdapterState, Batch]], losses: dict) -> dict[str, torch.Tensor]:
-        """log p(target) under the base model (adapter off), for tenants whose loss needs it."""
-        needing = [(s.name, b) for s, b in work if losses.get(s.name, s.loss).needs_reference(b.fields)]
-        if not needing:
-            return {}
-        out = {}
-        with torch.no_grad():
-            ref_heads = self._heads([(None, b) for _, b in needing], train=False)
-            for (name, b), head in zip(needing, ref_heads):
-                out[name] = head.target_logps(b.labels_B_T[:, 1:].to(self.device)).detach()
-        return out
-
     def _pass(
         self,
         work: list[tuple[AdapterState, Batch]],
@@ -526,73 +512,8 @@ class MultiLoraModel(TwinkleModel):
         losses: dict,
         task: str = "causal_lm",
     ) -> dict:
-        start = time.perf_counter()
-        embedding = task == embedding_pass.EMBEDDING
-        # tenants with equally many rows and equal ranks next to each other: each layer runs them as one bmm
-        work = sorted(work, key=lambda item: (item[1].rows, item[0].spec.rank))
-        refs = {} if embedding else self._reference_logps(work, losses)  # a forward-only pass scores its loss too
-        pass_heads = self._heads([(s.name, b) for s, b in work], train, task)
-        outcomes, records, total = {}, {}, None
-        for (state, batch), head in zip(work, pass_heads):
-            targets_B_T = batch.labels_B_T[:, 1:].to(self.device)
-            fields = {k: v.to(self.device) for k, v in batch.shifted_fields().items()}
-            try:
-                ctx = LossContext(head, targets_B_T, fields, refs.get(state.name))
-                loss_fn = losses.get(state.name, state.loss)
-                if embedding:
-                    scored = embedding_pass.wants_loss(train, loss_fn, fields)
-                else:
-                    scored = bool((targets_B_T != IGNORE_INDEX).any())
-                out = loss_fn(ctx) if scored else None
-            except (ValueError, KeyError, TypeError) as error:
-                outcomes[state.name] = error
-                continue
-            loss = float(out.loss.detach()) if out is not None else float("nan")
-            finite = out is not None and torch.isfinite(out.loss).item()
-            if train and finite:
-                scaled = out.loss * weights.get(state.name, 1.0) / state.gradient_accumulation_steps
-                total = scaled if total is None else total + scaled
-            with torch.no_grad():
-                mask_B_T = targets_B_T != IGNORE_INDEX
-                correct = int((head.correct(targets_B_T) & mask_B_T).sum())
-            records[state.name] = ForwardRecord(
-                loss=loss,
-                loss_tokens=int(mask_B_T.sum()),
-                input_tokens=batch.tokens,
-                correct_tokens=correct,
-                seconds=0.0,
-                flops=self._flops(state, batch, train),
-                finite=bool(finite),
-                extras=dict(out.metrics) if out else {},
-            )
-            result = {
-                "loss": loss,
-                "loss_tokens": records[state.name].loss_tokens,
-                "finite": bool(finite),
-                "metrics": dict(out.metrics) if out else {},
-            }
-            if embedding and not train:
-                result["embeddings"] = head.embeddings().tolist()
-            elif return_logprobs and not embedding:
-                lengths = batch.attention_mask_B_T.sum(1).tolist()
-                logps = ctx.scored_logps().detach().cpu()  # [B, T] or [B, T, K]
-                result["logprobs"] = [logps[i, : int(L) - 1].tolist() for i, L in enumerate(lengths)]
-            outcomes[state.name] = result
-        if total is not None:
-            total.backward()
-        # The pass's wall time is shared out by tokens: a tenant's throughput counts only its rows.
-        seconds, all_tokens = time.perf_counter() - start, sum(b.tokens for _, b in work)
-        for state, batch in work:
-            if state.name in records:
-                record = records[state.name]
-                record.seconds = seconds * batch.tokens / max(all_tokens, 1)
-                if record.seconds > 0 and self.peak_flops:  # this tenant's share of the pass, as a fraction of peak
-                    outcomes[state.name]["mfu"] = record.flops / record.seconds / self.peak_flops
-                for metric in state.metrics(train):
-                    metric.on_forward(records[state.name])
-                if train:
-                    state.count_micro_batch(records[state.name].finite)
-        return outcomes
+        model = fused_pass.PassModel(self._heads, self._flops, self.device, self.peak_flops)
+        return fused_pass.run(model, work, train, return_logprobs, weights, losses, task)
 
     def _flops(self, state: AdapterState, batch: Batch, train: bool) -> float:
         own = sum(p.numel() for p in state.params)  # this tenant's LoRA factors: matmuls too, trained
