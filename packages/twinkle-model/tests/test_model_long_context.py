@@ -61,8 +61,8 @@ def test_chunked_pass_equals_whole_logits_pass():
     chunked_heads = []
     original = chunked._heads
 
-    def spy(segments, train):
-        out = original(segments, train)
+    def spy(segments, train, task="causal_lm"):
+        out = original(segments, train, task)
         chunked_heads.extend(out)
         return out
 
