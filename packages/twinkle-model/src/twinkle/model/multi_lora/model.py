@@ -453,7 +453,8 @@ class MultiLoraModel(TwinkleModel):
         if work:
             names = [state.name for state, _ in work]
             with preemption.preserving(lambda: self._paused(names)):  # what a pause lets other passes change
-                outcomes.update(self._pass(work, train, return_logprobs, weights, losses, task))
+                model = fused_pass.PassModel(self._heads, self._flops, self.device, self.peak_flops)
+                outcomes.update(fused_pass.run(model, work, train, return_logprobs, weights, losses, task))
             self._worked()
         return outcomes
 
@@ -502,18 +503,6 @@ class MultiLoraModel(TwinkleModel):
                 rows = [b.rows for _, b in segments]
                 return embedding_pass.fused_heads(self.base, rows, input_ids=ids_B_T, attention_mask=mask_B_T, **extra)
             return head_rule.heads(self, segments, train, ids_B_T, mask_B_T, extra)
-
-    def _pass(
-        self,
-        work: list[tuple[AdapterState, Batch]],
-        train: bool,
-        return_logprobs: bool,
-        weights: dict,
-        losses: dict,
-        task: str = "causal_lm",
-    ) -> dict:
-        model = fused_pass.PassModel(self._heads, self._flops, self.device, self.peak_flops)
-        return fused_pass.run(model, work, train, return_logprobs, weights, losses, task)
 
     def _flops(self, state: AdapterState, batch: Batch, train: bool) -> float:
         own = sum(p.numel() for p in state.params)  # this tenant's LoRA factors: matmuls too, trained
