@@ -152,3 +152,36 @@ def test_chunked_attention_and_mlp_equal_the_whole_on_every_family(monkeypatch, 
     torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
     # a point at every layer's start, more between chunks (attention under sdpa, projections, dense MLPs)
     assert len(points) > 2 * len(layers), (len(points), len(layers))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_norms_and_rotary_pause_in_chunks_and_equal_the_whole_on_every_family(monkeypatch, family):
+    """A long row's norms and rotary embedding are cut by elements with a point between chunks; the
+    logits and the input embedding's gradient equal the uncut pass's."""
+    base = tiny_model(family)
+    model = copy.deepcopy(base)
+    layers = decoder_layer_list(model)
+    preemption.enable(model, layers)
+    ids = torch.randint(3, 250, (1, 96), generator=torch.Generator().manual_seed(2))
+
+    def run(elements: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        monkeypatch.setattr(preemption, "CHUNK_ELEMENTS", elements)
+        points = []
+        embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
+        preemption.handler(lambda pausing: points.append(1) is None and False)
+        try:
+            logits = model(inputs_embeds=embeds).logits
+            logits.float().square().mean().backward()
+        finally:
+            preemption.handler(None)
+        return logits.detach(), embeds.grad, len(points)
+
+    whole_logits, whole_grad, whole_points = run(2**40)
+    cut_logits, cut_grad, cut_points = run(2**8)
+    torch.testing.assert_close(cut_logits, whole_logits, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cut_grad, whole_grad, rtol=1e-5, atol=1e-8)
+    norms = [m for layer in layers for m in layer.modules() if preemption._is_norm(m)]
+    assert norms and cut_points > whole_points + 2 * len(norms), (family, whole_points, cut_points, len(norms))
+    family_module = __import__(type(layers[0].self_attn).__module__, fromlist=["_"])
+    rotary = getattr(family_module, "apply_rotary_pos_emb", None)
+    assert rotary is None or rotary in preemption.CHUNKED_ROTARY

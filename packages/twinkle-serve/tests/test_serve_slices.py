@@ -126,3 +126,32 @@ def test_a_queued_request_is_dropped_and_a_whole_one_runs_on(world):
     assert scheduler.cancel(whole) == "running"
     gate.set()
     assert _outcome(store, whole)[0] == "complete"
+
+
+def test_new_jobs_first_turns_do_not_add_up_for_fresh_work(world):
+    """A new sliced job's first turn lets a short request end unpaused, but fresh work that has already
+    waited a turn's length (SLICE_S) does not wait through several new jobs' first turns in a row: each
+    of three long jobs started together runs one step, then the short request runs."""
+    from twinkle.serve.core.scheduler import SLICE_S
+
+    store, hub, scheduler = world
+    gate, held = threading.Event(), threading.Event()
+    whole = hub.create("t")
+    scheduler.submit(Call("busy", None, whole, lambda: (held.set(), gate.wait(30), StoredAnswer.json({}))[2]))
+    assert held.wait(30)
+    longs = [Long(1_000) for _ in range(3)]
+    ids = [hub.create("t") for _ in longs]
+    for i, (long, request_id) in enumerate(zip(longs, ids)):
+        scheduler.submit(Call(f"long{i}", None, request_id, long, sliced=True))
+    steps_before = []
+    short = hub.create("t")
+    scheduler.submit(
+        Call("short", None, short, lambda: (steps_before.append([len(x.ran) for x in longs]), StoredAnswer.json({}))[1])
+    )
+    time.sleep(2 * SLICE_S)  # the short request has waited longer than a first turn's grace
+    gate.set()
+    assert _outcome(store, short)[0] == "complete"
+    assert steps_before == [[1, 1, 1]], steps_before
+    for request_id in ids:
+        scheduler.cancel(request_id)
+        assert _outcome(store, request_id)[0] == "failed"

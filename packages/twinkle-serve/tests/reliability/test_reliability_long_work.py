@@ -11,10 +11,9 @@ import pytest
 from harness import SUMMARY
 
 ROW_TOKENS, SAMPLE_TOKENS = 32_768, 32_000
-# The goal is 2x (each attempt stops once it is met, and the figures are printed); what the engine
-# holds reliably today is 1.6-2.9x (docs/reliability.md), so the default run guards against a regression
-# past 3x rather than failing CI on the last part of the goal.
-GUARD = 3.0
+# The goal, 2x (each attempt stops once it is met; every attempt's figures are printed). On a quiet
+# machine the engine holds 1.3-1.4x (docs/reliability.md), so a machine's other load has room before this fails.
+GUARD = 2.0
 BUDGET = 8 * SAMPLE_TOKENS + 1024  # 8 x 32,000 decoded, plus the prompt
 
 

@@ -7,7 +7,8 @@ it may pause: the start of every decoder layer, forward and backward; and where 
 is large, it is cut into chunks of bounded work with a point between chunks (and between their
 backward steps): attention by query rows; a dense MLP, the attention projections (their base GEMMs;
 a multi-LoRA layer's low-rank update stays whole) and the log-prob head (twinkle.loss.chunked_logps)
-by tokens. Norms, rotary embeddings and residual adds stay whole.
+by tokens; norms and the rotary embedding (cheap per element, but a whole row's tensors at once: a
+32K-token row's q_norm and rotary were ~50 ms without a point) by elements. Residual adds stay whole.
 
 A thread that may pause installs a handler (`handler(fn)`): at each point, `fn(pausing)` decides
 whether to pause and, if it does, calls `pausing()` right before it waits and what that returned once
@@ -39,6 +40,9 @@ NAME = "twinkle_preemptible"
 # x its weights): a few ms of fp32 on two cores, its backward ~2-4x that; a server's slice is 20 ms.
 CHUNK_MACS = 2**25
 MIN_CHUNK = 16
+# Elements of one chunk of element-wise work over the tokens (norms, the rotary embedding): ~1 ms each.
+CHUNK_ELEMENTS = 2**18
+CHUNKED_ROTARY: set[Callable] = set()  # the families' apply_rotary_pos_emb, once replaced (never twice)
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 
 _local = threading.local()
@@ -190,6 +194,75 @@ def _chunk_tokens(mlp: torch.nn.Module) -> None:
     mlp.forward = forward
 
 
+def _is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith(("RMSNorm", "LayerNorm"))
+
+
+def _norm_forward(self: torch.nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A norm's forward along dim 1 in chunks, with a point between them while a handler is on: a norm
+    reduces only its last dimension, so each chunk's values are the whole's."""
+    whole = type(self).forward
+    if not active() or args or kwargs or x.dim() < 3:
+        return whole(self, x, *args, **kwargs)
+    step = max(MIN_CHUNK, CHUNK_ELEMENTS // max(1, x.numel() // x.shape[1]))
+    if step >= x.shape[1]:
+        return whole(self, x)
+    outs = []
+    for lo in range(0, x.shape[1], step):
+        out = whole(self, x[:, lo : lo + step])
+        pause_before_backward_of(out)
+        outs.append(out)
+        point()
+    return torch.cat(outs, dim=1)
+
+
+def _chunked_rotary(whole: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable:
+    """A family's `apply_rotary_pos_emb(q, k, cos, sin)` ([B, H, T, D] and [B, T, D]) over token chunks with
+    a point between them while a handler is on (element-wise: each chunk's values are the whole's); any
+    other call form (partial rotary, multimodal sections, extra arguments) runs whole."""
+
+    def apply(
+        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = q.shape[2] if q.dim() == 4 else 0
+        if not active() or args or kwargs or not tokens or k.dim() != 4 or k.shape[2] != tokens:
+            return whole(q, k, cos, sin, *args, **kwargs)
+        step = max(MIN_CHUNK, CHUNK_ELEMENTS // max(1, q.numel() // tokens))
+        if step >= tokens or cos.dim() != 3 or cos.shape[1] != tokens or sin.shape != cos.shape:
+            return whole(q, k, cos, sin)
+        qs, ks = [], []
+        for lo in range(0, tokens, step):
+            hi = lo + step
+            q_chunk, k_chunk = whole(q[:, :, lo:hi], k[:, :, lo:hi], cos[:, lo:hi], sin[:, lo:hi])
+            pause_before_backward_of(q_chunk)
+            qs.append(q_chunk)
+            ks.append(k_chunk)
+            point()
+        return torch.cat(qs, dim=2), torch.cat(ks, dim=2)
+
+    CHUNKED_ROTARY.add(apply)
+    return apply
+
+
+def _chunk_elementwise(hf_model: torch.nn.Module, layers: list[torch.nn.Module]) -> None:
+    """The norms of the decoder layers and the decoder's final norm (a vision tower's, which may normalize
+    channels on dim 1, are left alone), and the rotary embedding of the layers' attention's family."""
+    import sys
+    import types
+
+    get_decoder = getattr(hf_model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    final = getattr(decoder, "norm", None)
+    for module in [m for layer in layers for m in layer.modules()] + ([final] if final is not None else []):
+        if _is_norm(module):
+            module.forward = types.MethodType(_norm_forward, module)
+    for layer in layers:
+        family = sys.modules.get(type(getattr(layer, "self_attn", layer)).__module__)
+        rotary = getattr(family, "apply_rotary_pos_emb", None)
+        if callable(rotary) and rotary not in CHUNKED_ROTARY:
+            family.apply_rotary_pos_emb = _chunked_rotary(rotary)  # ty: ignore[invalid-assignment]
+
+
 def enable(hf_model: PreTrainedModel, layers: list[torch.nn.Module]) -> bool:
     """Give `hf_model` its pause points: the decoder `layers`' starts and, where it runs sdpa, chunked
     attention (registered once, by name, with sdpa's masks). -> whether attention is chunked."""
@@ -205,6 +278,7 @@ def enable(hf_model: PreTrainedModel, layers: list[torch.nn.Module]) -> bool:
             projection = getattr(attn, name, None)
             if isinstance(projection, torch.nn.Linear):  # token by token: chunked like the MLP
                 _chunk_tokens(projection)
+    _chunk_elementwise(hf_model, layers)
     chunked = getattr(hf_model.config, "_attn_implementation", None) == "sdpa"  # eager / flash: layer starts only
     _enabled[hf_model] = chunked
     if not chunked:

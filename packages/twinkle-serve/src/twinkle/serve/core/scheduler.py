@@ -18,7 +18,8 @@ request.
 Long work runs in slices (`slices.py`): a sampling call, and a pass job bigger than a fused pass may be
 (the planner's group_max_tokens; `slice_runner` runs it as micro-batches of about SLICE_S), runs on a
 thread of its own and hands the engine back at its step boundaries whenever other work is due: after
-SLICE_S on its first turn (a short request ends within it), then at once for fresh work (requests that
+SLICE_S on its first turn (a short request ends within it; fresh work waits no longer than SLICE_S in all
+for such first turns), then at once for fresh work (requests that
 have not started: short requests are not held behind long ones), after SLICE_S for another paused job. A
 paused job keeps the head of its queue (its queue's later requests still wait for it). Once every
 AGED_S, the paused jobs, taking this in turns, go before fresh work for one turn, so a stream of short
@@ -290,7 +291,13 @@ class Scheduler:
                 if queue == own or not head.due(now):
                     continue
                 other = self._jobs.get(head.request_id)
-                if elapsed >= (job.grace_s if other is None else 0.0 if other.cancelled else SLICE_S):
+                if other is not None:  # another paused job: after a turn's length (at once if it was cancelled)
+                    if other.cancelled or elapsed >= SLICE_S:
+                        return True
+                # fresh work: after this turn's grace; a first turn's grace (for a short request to end
+                # unpaused) also ends once the work has waited SLICE_S, so new jobs' first turns in a row
+                # do not add up for it
+                elif elapsed >= job.grace_s or (job.turns == 1 and head.waited(now) >= SLICE_S):
                     return True
             return False
 

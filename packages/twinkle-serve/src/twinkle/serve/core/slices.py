@@ -48,6 +48,7 @@ class SlicedJob:
         self.fn, self.should_pause = fn, should_pause
         self.cancelled: str | None = None  # why it was cancelled (cancel()); seen at the next step boundary
         self.steps = 0  # step boundaries passed: how far it got
+        self.turns = 0  # turns given (its first turn's grace differs: core/scheduler.py)
         self.grace_s = 0.0  # this turn is not cut short for fresh work before it has run this long
         self.paused_at = 0.0  # monotonic time of its last pause (how long it has waited for a turn)
         self.done = False
@@ -60,6 +61,7 @@ class SlicedJob:
     def turn(self) -> bool:
         """On the worker: let the job run until it pauses or ends; True once it has ended."""
         with self._cond:
+            self.turns += 1
             self._jobs_turn, self._began = True, time.monotonic()
             if self._thread.ident is None:
                 self._thread.start()

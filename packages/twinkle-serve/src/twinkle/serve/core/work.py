@@ -12,8 +12,9 @@ planner`) weighs when it decides which runs' passes share one pass over the base
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twinkle.model.multi_lora.planner import batch_shape
 from twinkle.serve.backend import RowsPass
@@ -74,9 +75,14 @@ class Call:
     # runs on a thread of its own, in turns the scheduler gives it between other work (core/slices.py):
     # work that may run long (sampling); a pass job over the engine's micro-batch size is sliced anyway
     sliced: bool = False
+    queued_at: float = field(default_factory=time.monotonic)
 
     def due(self, now: float) -> bool:
         return self.hold is None or self.hold.until <= now
+
+    def waited(self, now: float) -> float:
+        """How long it has been due and waiting (a held call waits from the end of its hold)."""
+        return now - max(self.queued_at, self.hold.until if self.hold is not None else 0.0)
 
     @property
     def order(self) -> int:
