@@ -110,10 +110,15 @@ class MultiLoraTransformersModel:
             return ModelResult(result=BASE_MODEL_REFERENCE)
         return ModelResult(result=self.proxy.forward_only(inputs, self.adapter_name, task=task).result())
 
-    def clip_grad_and_step(self, max_grad_norm: float = 1.0, norm_type: int = 2) -> ModelResult:
+    def clip_grad_and_step(
+        self, max_grad_norm: float = 1.0, norm_type: int = 2, *, gradient_accumulation_steps: int | None = None
+    ) -> ModelResult:
         _check_norm(norm_type)
         self._stepped = True
-        return ModelResult(result=self.proxy.clip_grad_and_step(max_grad_norm, self.adapter_name).result())
+        step = self.proxy.clip_grad_and_step(
+            max_grad_norm, self.adapter_name, gradient_accumulation_steps=gradient_accumulation_steps
+        )
+        return ModelResult(result=step.result())
 
     # twinkle-kit's four-call step: our server clips, steps, clears and schedules in one call
     def clip_grad_norm(self, max_grad_norm: float = 1.0, norm_type: int = 2) -> None:

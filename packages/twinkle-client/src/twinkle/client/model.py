@@ -181,8 +181,21 @@ class TransformersModel:
             "TransformersModel over HTTP cannot back-propagate a local loss: use forward_backward with set_loss"
         )
 
-    def clip_grad_and_step(self, max_grad_norm: float | None = 1.0, adapter_name: str | None = None) -> Future:
-        return self._call("clip_grad_and_step", StepRequest(adapter_name=adapter_name, max_grad_norm=max_grad_norm))
+    def clip_grad_and_step(
+        self,
+        max_grad_norm: float | None = 1.0,
+        adapter_name: str | None = None,
+        *,
+        gradient_accumulation_steps: int | None = None,
+    ) -> Future:
+        """`gradient_accumulation_steps`: the adapter's window is that many micro-batches from this call on
+        (as TransformersModel's); shrinking a window that has begun fails the request by name."""
+        req = StepRequest(
+            adapter_name=adapter_name,
+            max_grad_norm=max_grad_norm,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+        )
+        return self._call("clip_grad_and_step", req)
 
     def calculate_metric(self, is_training: bool = True, adapter_name: str | None = None) -> Future:
         return self._call("calculate_metric", MetricRequest(adapter_name=adapter_name, is_training=is_training))

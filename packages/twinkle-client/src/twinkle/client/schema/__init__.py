@@ -115,6 +115,8 @@ class ForwardRequest(_Strict):
 class StepRequest(_Strict):
     adapter_name: str | None = None
     max_grad_norm: float | None = B.GRAD_CLIP.field(1.0)  # None: no clipping
+    # twinkle-kit's per-call window: the adapter's accumulation window from this call on (None: unchanged)
+    gradient_accumulation_steps: int | None = B.GRAD_ACCUMULATION.field(None)
 
 
 class MetricRequest(_Strict):

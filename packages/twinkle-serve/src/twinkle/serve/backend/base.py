@@ -200,8 +200,11 @@ class Backend(ABC):
         """Set the adapter's `loss`, `optimizer` or `lr_scheduler`, or add a `metric` (registered names)."""
 
     @abstractmethod
-    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
-        """The TwinkleModel step rule (accumulation boundary, clip, step, scheduler) for one adapter."""
+    def clip_grad_and_step(
+        self, name: str, max_grad_norm: float | None, *, gradient_accumulation_steps: int | None = None
+    ) -> dict:
+        """The TwinkleModel step rule (accumulation boundary, clip, step, scheduler) for one adapter;
+        `gradient_accumulation_steps` resizes its window from this call on (twinkle-kit's per-call window)."""
 
     @abstractmethod
     def calculate_metric(self, name: str, is_training: bool) -> dict[str, float]:

@@ -131,9 +131,17 @@ class MultiLoraBackend(ResidentAdapters, TorchSampling, Backend):
             raise UserError(f"{what} {component!r}: {e}") from None
 
     @exclusive
-    def clip_grad_and_step(self, name: str, max_grad_norm: float | None) -> dict:
-        if self._state(name).optimizer is None:
+    def clip_grad_and_step(
+        self, name: str, max_grad_norm: float | None, *, gradient_accumulation_steps: int | None = None
+    ) -> dict:
+        state = self._state(name)
+        if state.optimizer is None:
             raise UserError("no optimizer: call set_optimizer(...) before clip_grad_and_step")
+        if gradient_accumulation_steps is not None:
+            try:
+                state.resize_window(gradient_accumulation_steps)
+            except ValueError as e:
+                raise UserError(str(e)) from None
         return self.engine.clip_grad_and_step(max_grad_norm=max_grad_norm, adapter_name=name)
 
     @exclusive

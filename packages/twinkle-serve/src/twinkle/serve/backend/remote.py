@@ -158,9 +158,11 @@ class RemoteBackend(Backend):
         self._check(name)
         self._train("configure_adapter", name, what, component, kwargs, is_training)
 
-    def clip_grad_and_step(self, name, max_grad_norm):
+    def clip_grad_and_step(self, name, max_grad_norm, *, gradient_accumulation_steps=None):
         self._check(name)
-        return self._train("clip_grad_and_step", name, max_grad_norm)
+        return self._train(
+            "clip_grad_and_step", name, max_grad_norm, gradient_accumulation_steps=gradient_accumulation_steps
+        )
 
     def calculate_metric(self, name, is_training):
         self._check(name)

@@ -167,7 +167,9 @@ class NativeCompute:
 
         def work(backend, run):
             internal = self.models.adapter(model_id, req.adapter_name)
-            out = backend.clip_grad_and_step(internal, req.max_grad_norm)
+            out = backend.clip_grad_and_step(
+                internal, req.max_grad_norm, gradient_accumulation_steps=req.gradient_accumulation_steps
+            )
             if out.get("stepped"):
                 self.rt.store.curves.add(
                     model_id, tenant, out["step"], {"grad_norm": out["grad_norm"], "lr": out["lr"]}
