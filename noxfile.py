@@ -311,13 +311,19 @@ def vllm(session: nox.Session) -> None:
         "packages/twinkle-model",
         "-e",
         "packages/twinkle-sampler",
+        "-e",
+        "packages/twinkle",  # the facade twinkle-kit's scripts import from (`from twinkle import DeviceGroup`)
     )
-    session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66")
+    # ray: twinkle-kit's vLLMSampler scripts put the sampler in a Ray group (remote_group='sampler')
+    session.install("peft>=0.15", "pytest>=8", "datasets>=3.0", "jinja2>=3.1", "tqdm>=4.66", "ray==2.60.0")
     with _cold_caches(_prebuilt_models(session)) as caches:
         session.run(
             "pytest",
             "packages/twinkle-sampler/tests/test_sampler_contract.py",
             "packages/twinkle-sampler/tests/test_vllm_server_checkpoint.py",
+            "packages/twinkle-sampler/tests/test_vllm_kit_sampler.py",
+            # twinkle-kit's vLLM scripts (docs/twinkle-kit-compat.md), run with the suite's rewrite
+            "tests/twinkle_kit/test_twinkle_kit_scripts.py",
             "-k",
             "vllm",
             "-p",

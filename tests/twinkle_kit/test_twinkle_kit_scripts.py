@@ -34,7 +34,7 @@ def judge():
 # miss Ray's node-startup deadline. This file names Ray, so the root conftest.py's scheduler keeps all its
 # tests on one worker (xdist_group marks are ignored under pytest 9).
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
-def test_script_runs_trains_and_saves(script, recorded, judge, request, tmp_path):
+def test_script_runs_trains_and_saves(script, recorded, request, tmp_path):
     env = request.getfixturevalue("kit_env") if script.server else None
     out = kit_runner.run(script, tmp_path, TEST_MODEL, env)
     if out.status == "needs":
@@ -48,6 +48,7 @@ def test_script_runs_trains_and_saves(script, recorded, judge, request, tmp_path
         folder = (
             tmp_path / name if where == "local" else server_checkpoint(**_server(env), name=name, into=tmp_path / "dl")
         )
+        judge = request.getfixturevalue("judge")
         tuned, base = judge.losses(folder, judge.rows(script.names))
         assert tuned < base, f"the saved adapter did not learn: loss {tuned:.4f} vs the base model's {base:.4f}"
     for name in script.server_saves:

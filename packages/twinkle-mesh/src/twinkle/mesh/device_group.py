@@ -26,6 +26,9 @@ class DeviceGroup:
     # Extra Ray resources per rank (e.g. {"CPU": 2}), for when one logical device per rank is not enough.
     resources_per_rank: dict[str, float] = field(default_factory=dict)
     placement: str = "pack"
+    # twinkle-kit's: devices one worker holds (a tensor-parallel vLLM engine's); here every rank is one
+    # actor holding one device, so only 1 is honoured
+    gpus_per_worker: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -37,6 +40,11 @@ class DeviceGroup:
                 f"(or 'GPU' / 'CPU')"
             )
         object.__setattr__(self, "device_type", device_type)
+        if self.gpus_per_worker != 1:
+            raise NotImplementedError(
+                f"DeviceGroup {self.name!r}: gpus_per_worker={self.gpus_per_worker!r}: every rank is one actor "
+                "holding one device (gpus_per_worker=1)"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"DeviceGroup {self.name!r}: placement {self.placement!r} is not one of {PLACEMENTS}")
         if isinstance(self.ranks, bool) or not isinstance(self.ranks, (int, list, tuple)):

@@ -32,4 +32,8 @@ def __getattr__(name: str):
         from twinkle.sampler.vllm_sampler import VLLMSampler
 
         return VLLMSampler
+    if name == "vLLMSampler":  # twinkle-kit's name and signature (engine_args=, device_mesh=, adapter_path=)
+        from twinkle.sampler.kit_vllm import vLLMSampler
+
+        return vLLMSampler
     raise AttributeError(f"module 'twinkle.sampler' has no attribute {name!r}")

@@ -1,0 +1,130 @@
+"""twinkle-kit's `vLLMSampler` (`from twinkle.sampler import vLLMSampler`): its constructor, `set_template`
+and `sample(..., adapter_path=)` on our VLLMSampler, so a twinkle-kit sampling script runs unchanged.
+
+`vLLMSampler(model_id, engine_args={...}, device_mesh=mesh, remote_group='sampler')`: `engine_args` are
+vLLM's engine arguments, as twinkle-kit passes them; the ones VLLMSampler takes itself (max_model_len,
+max_loras, max_lora_rank, seed, dtype) set those, the rest go to vLLM, which refuses any it does not know
+by name. `enable_lora` is accepted either way: the engine always serves LoRA (a LoRA slot nobody uses costs
+memory, not results). A mesh's data ranks are the remote group's actors, each with its own engine and its
+share of the prompts; a mesh with tp_size > 1 is refused (each rank here is an actor holding one device:
+give a sampler outside a remote group engine_args={'tensor_parallel_size': n} instead).
+
+In a remote group the driver keeps a copy of the template set with `set_template` (`sampler.template`,
+read by twinkle-kit scripts to decode), built from the same arguments as the actors' own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twinkle.mesh import RemoteClass
+from twinkle.sampler.base import Sampler
+from twinkle.sampler.params import SampleResponse
+from twinkle.sampler.vllm_sampler import VLLMSampler
+
+# engine_args that are VLLMSampler's own keywords
+OWN_ENGINE_ARGS = ("max_model_len", "max_loras", "max_lora_rank", "seed", "dtype")
+
+
+def build_template(template_cls, default_model_id: str, kwargs: dict[str, Any]):
+    """A template from its registered class name (`'Qwen3_5Template'`), class or instance, as
+    TransformersModel.set_template builds one."""
+    if not isinstance(template_cls, (str, type)):
+        return template_cls
+    import twinkle.template as templates
+
+    cls = getattr(templates, template_cls) if isinstance(template_cls, str) else template_cls
+    return cls(**{"model_id": default_model_id, **kwargs})
+
+
+class RemoteSamplerView:
+    """A remote group of vLLMSamplers as twinkle-kit's driver sees one: every method runs on the group;
+    `template` is the driver's copy of the template set on it."""
+
+    def __init__(self, group, model_id: str):
+        self._group, self._model_id = group, model_id
+        self.template = None
+
+    def set_template(self, template_cls="Template", **kwargs) -> None:
+        self._group.set_template(template_cls, **kwargs)
+        self.template = build_template(template_cls, self._model_id, kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._group, name)
+
+
+class _KitSamplerClass(RemoteClass):
+    def __call__(cls, *args: Any, remote_group: str | None = None, **kwargs: Any) -> Any:
+        built = super().__call__(*args, remote_group=remote_group, **kwargs)
+        if isinstance(built, Sampler):
+            return built
+        return RemoteSamplerView(built, kwargs.get("model_id") or args[0])
+
+
+class vLLMSampler(VLLMSampler, metaclass=_KitSamplerClass):  # twinkle-kit's class name
+    def __init__(self, model_id: str, engine_args: dict[str, Any] | None = None, device_mesh=None, *, template=None):
+        engine = dict(engine_args or {})
+        engine.pop("enable_lora", None)  # always on here
+        tp = device_mesh.sizes["tp"] if device_mesh is not None else 1
+        if tp > 1:
+            raise NotImplementedError(
+                f"vLLMSampler(device_mesh=<tp_size={tp}>): each rank of a remote group is one actor holding one "
+                "device; pass engine_args={'tensor_parallel_size': n} to a sampler outside a remote group"
+            )
+        own = {name: engine.pop(name) for name in OWN_ENGINE_ARGS if name in engine}
+        super().__init__(model_id, template=template, **own, **engine)
+        self.device_mesh = device_mesh
+        self._path_adapters: dict[str, tuple[float, str]] = {}  # folder -> (its mtime, the adapter name)
+
+    def set_template(self, template_cls="Template", **kwargs) -> None:
+        """The template chats are encoded with (`'Qwen3_5Template'`, a class or an instance);
+        `model_id` defaults to the sampler's."""
+        self.template = build_template(template_cls, self.model_id, kwargs)
+        self.tokenizer = getattr(self.template, "tokenizer", None) or self.tokenizer
+
+    def sample(
+        self,
+        inputs,
+        sampling_params=None,
+        adapter_name: str | Sequence[str | None] | None = "",
+        adapter_path: str | None = None,
+        *,
+        return_encoded: bool = False,
+        use_base_model: bool = False,
+    ) -> list[SampleResponse]:
+        """twinkle-kit's sample: `adapter_name=''` is the base model; `adapter_path`, a LoRA folder in
+        peft format, is loaded once (again when the folder changes), under `adapter_name` when one is
+        given, and samples every prompt; `use_base_model=True` samples the base model whatever else is
+        named. A path that holds no adapter is an error naming it (twinkle-kit warns and samples the base
+        model)."""
+        if return_encoded:
+            raise NotImplementedError("sample(return_encoded=True): responses carry prompt_tokens, not encoded rows")
+        names: str | Sequence[str | None] | None = adapter_name or None
+        if use_base_model:
+            names = None
+        elif adapter_path is not None:
+            if names is not None and not isinstance(names, str):
+                raise ValueError(
+                    "sample(adapter_path=...) samples every prompt with that adapter: name one, not a list"
+                )
+            names = self._adapter_at(adapter_path, names)
+        return super().sample(inputs, sampling_params, adapter_name=names)
+
+    def _adapter_at(self, path: str, name: str | None) -> str:
+        folder = Path(path).expanduser().resolve()
+        config = folder / "adapter_config.json"
+        if not config.is_file():
+            raise FileNotFoundError(f"adapter_path {path!r} holds no LoRA adapter (no adapter_config.json)")
+        mtime = config.stat().st_mtime
+        known = self._path_adapters.get(str(folder))
+        if known is not None and known[0] == mtime and (name is None or name == known[1]):
+            return known[1]
+        name = name or (known[1] if known is not None else f"path-{len(self._path_adapters)}")
+        self.load_adapter(name, folder)
+        self._path_adapters[str(folder)] = (mtime, name)
+        return name
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
