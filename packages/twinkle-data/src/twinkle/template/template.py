@@ -278,9 +278,20 @@ class Template:
             out.append(None if pos is None or neg is None else {**row, "positive": pos, "negative": neg})
         return out
 
-    def encode(self, messages_or_trajectory: Mapping[str, Any] | list[dict], index: int | None = None) -> dict | None:
+    def encode(
+        self,
+        messages_or_trajectory: Mapping[str, Any] | list[dict],
+        index: int | None = None,
+        *,
+        add_generation_prompt: bool = False,
+    ) -> dict | None:
         """``{'input_ids', 'labels', ...carried keys}`` for one conversation (a message list or a row
-        with ``messages``); None when ``truncation_strategy='delete'`` drops it."""
+        with ``messages``); None when ``truncation_strategy='delete'`` drops it. ``add_generation_prompt``
+        (twinkle-kit's): the sampling prompt (``encode_prompt``), its ``input_ids`` an array as in
+        twinkle-kit's InputFeature (its scripts read them with ``.tolist()``)."""
+        if add_generation_prompt:
+            row = self.encode_prompt(messages_or_trajectory, index)
+            return {**row, "input_ids": np.asarray(row["input_ids"], dtype=np.int64)}
         return self.batch_encode([messages_or_trajectory], first_index=index or 0)[0]
 
     def encode_prompt(self, messages_or_trajectory: Mapping[str, Any] | list[dict], index: int | None = None) -> dict:
