@@ -6,6 +6,8 @@ header orders a model's requests as the client issued them (pipelined clients se
 """
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import Depends, Header, Query, Request
 from fastapi.responses import Response
@@ -58,7 +60,22 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     tenant, ready = auth.unmetered, auth.ready
 
     r = PrefixRouter(PREFIX, tags=["twinkle"])
-    Seq = Header(None, alias="X-Twinkle-Seq", description="client order of this model's requests")
+    seq_header = Header(None, alias="X-Twinkle-Seq", description="client order of this model's requests")
+    # in this order: the OpenAPI document lists the routes as they are added
+    _model_routes(r, models, ready, seq_header)
+    _pass_routes(r, compute, ready, seq_header)
+    _checkpoint_routes(r, core, saving, compute, auth, seq_header)
+    _sample_and_future_routes(r, core, views, ready, tenant)
+    _read_routes(r, views, tenant)
+    add_capacity_route(r, rt, tenant)  # GET /capacity (twinkle.serve.native.capacity)
+    return r, views
+
+
+Dependency = Callable[..., Any]  # an Auth dependency: resolves to the caller's tenant
+
+
+def _model_routes(r: PrefixRouter, models: NativeModels, ready: Dependency, seq_header: Any) -> None:
+    """Create and close a model, add its adapter, set its loss, optimizer, scheduler and metrics."""
 
     @r.post("/models", response_model=ModelInfo, summary="Create a training model (a run) on a base model")
     def create_model(body: CreateModelRequest, t: str = Depends(ready)):
@@ -73,11 +90,11 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Add a LoRA adapter (full peft LoraConfig); result {adapter_name, rank}",
     )
-    def add_adapter(model_id: str, body: AddAdapterRequest, t: str = Depends(ready), seq: int | None = Seq):
+    def add_adapter(model_id: str, body: AddAdapterRequest, t: str = Depends(ready), seq: int | None = seq_header):
         return models.add_adapter(t, model_id, seq, body)
 
     def configure_route(what: str, model):
-        def handler(model_id: str, body: model, t: str = Depends(ready), seq: int | None = Seq):
+        def handler(model_id: str, body: model, t: str = Depends(ready), seq: int | None = seq_header):
             return models.configure(t, model_id, seq, what, body)
 
         handler.__name__ = f"set_{what}"
@@ -95,6 +112,10 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     configure_route("lr_scheduler", NamedComponent)
     configure_route("metric", AddMetricRequest)
 
+
+def _pass_routes(r: PrefixRouter, compute: NativeCompute, ready: Dependency, seq_header: Any) -> None:
+    """The passes and the step: forward_backward, forward_only, forward, clip_grad_and_step, calculate_metric."""
+
     async def submit_forward(request: Request, t: str, model_id: str, seq, body: ForwardRequest, backward: bool):
         # chats are templated (and their images decoded) here: never on the event loop
         light = body.inputs.trajectories is None
@@ -106,7 +127,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         summary="Forward, loss and backward (gradients accumulate); result ForwardResult",
     )
     async def forward_backward(
-        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq
+        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = seq_header
     ):
         return await submit_forward(request, t, model_id, seq, body, True)
 
@@ -116,7 +137,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         summary="No-gradient forward: per-row log-probs and the loss; result ForwardResult",
     )
     async def forward_only(
-        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq
+        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = seq_header
     ):
         return await submit_forward(request, t, model_id, seq, body, False)
 
@@ -126,7 +147,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         summary="Forward pass (no gradient kept over HTTP): same result as forward_only",
     )
     async def forward(
-        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = Seq
+        request: Request, model_id: str, body: ForwardRequest, t: str = Depends(ready), seq: int | None = seq_header
     ):
         return await submit_forward(request, t, model_id, seq, body, False)
 
@@ -135,7 +156,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Clip and step on accumulation boundaries; result StepResult",
     )
-    async def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = Seq):
+    async def step(model_id: str, body: StepRequest, t: str = Depends(ready), seq: int | None = seq_header):
         # On the event loop (twinkle/serve/queueing.py): queuing a step is a few journaled rows, while a
         # sync route costs two thread-pool hops (the endpoint and its response model).
         return compute.clip_grad_and_step(t, model_id, seq, body)
@@ -145,15 +166,27 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Metrics since the last call (then reset); result {name: value}",
     )
-    async def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = Seq):
+    async def metric(model_id: str, body: MetricRequest, t: str = Depends(ready), seq: int | None = seq_header):
         return compute.calculate_metric(t, model_id, seq, body)
+
+
+def _checkpoint_routes(
+    r: PrefixRouter,
+    core: Service,
+    saving: NativeCheckpoints,
+    compute: NativeCompute,
+    auth: Auth,
+    seq_header: Any,
+) -> None:
+    """Save, load and resume a model's checkpoints, import a PEFT adapter, log client-side numbers."""
+    rt, ready = core.rt, auth.ready
 
     @r.post(
         "/models/{model_id}/save",
         response_model=FutureRef,
         summary="Save the adapter as a PEFT folder (+ training state); result CheckpointRef",
     )
-    def save(model_id: str, body: SaveRequest, t: str = Depends(ready), seq: int | None = Seq):
+    def save(model_id: str, body: SaveRequest, t: str = Depends(ready), seq: int | None = seq_header):
         return saving.save(t, model_id, seq, body)
 
     @r.post(
@@ -161,7 +194,7 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         response_model=FutureRef,
         summary="Load a checkpoint's weights (resume=true: also optimizer/scheduler state)",
     )
-    def load(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
+    def load(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = seq_header):
         return saving.load(t, model_id, seq, body)
 
     imports = AdapterImports(core)
@@ -179,12 +212,19 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
         return await run_in_threadpool(work)
 
     @r.post("/models/{model_id}/resume_from_checkpoint", response_model=FutureRef, summary="load with resume=true")
-    def resume(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = Seq):
+    def resume(model_id: str, body: LoadRequest, t: str = Depends(ready), seq: int | None = seq_header):
         return saving.load(t, model_id, seq, body.model_copy(update={"resume": True}))
 
     @r.post("/models/{model_id}/log", summary="Record client-side numbers (e.g. reward) on the run's curves")
     def log(model_id: str, body: LogRequest, t: str = Depends(auth.metered)) -> dict:
         return compute.log(t, model_id, body)
+
+
+def _sample_and_future_routes(
+    r: PrefixRouter, core: Service, views: NativeViews, ready: Dependency, tenant: Dependency
+) -> None:
+    """Sampling, and the futures every submission answers: long-poll and cancel."""
+    rt = core.rt
 
     @r.post(
         "/sample",
@@ -227,6 +267,10 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
     def cancel(request_id: str, t: str = Depends(tenant)) -> dict:
         return {"request_id": request_id, "status": core.cancel(t, request_id)}
 
+
+def _read_routes(r: PrefixRouter, views: NativeViews, tenant: Dependency) -> None:
+    """What a caller reads: runs, curves, checkpoints and their archives, the server, the result types."""
+
     @r.get("/runs", response_model=RunList, summary="The caller's training runs (native and Tinker)")
     def runs(limit: int = Query(100, ge=1, le=10_000), t: str = Depends(tenant)):  # SQLite ints are 64-bit
         return views.runs(t, limit)
@@ -265,6 +309,3 @@ def build_native_router(core: Service) -> tuple[PrefixRouter, NativeViews]:
             sample={"outputs": []},
             calculate_metric={"loss": 2.5, "step": 1.0},
         )
-
-    add_capacity_route(r, rt, tenant)  # GET /capacity (twinkle.serve.native.capacity)
-    return r, views
