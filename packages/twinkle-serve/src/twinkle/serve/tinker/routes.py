@@ -6,7 +6,8 @@ routes answer a future (`{request_id}`); `retrieve_future` long-polls it.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -20,6 +21,7 @@ from twinkle.serve.core.work import PROTO
 from twinkle.serve.errors import BadRequest, NotFound
 from twinkle.serve.queueing import queue_work
 from twinkle.serve.routing import PrefixRouter
+from twinkle.serve.runtime import ServerRuntime
 from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import model_names
 from twinkle.serve.tinker.models import TinkerModels
@@ -64,6 +66,9 @@ async def read(request: Request, model: type[M]) -> M:
     return b.parse(model, await json_body(request))
 
 
+Dependency = Callable[..., Any]  # an Auth dependency: resolves to the caller's tenant
+
+
 def build_router(svc: Service) -> PrefixRouter:
     rt, auth = svc.rt, Auth(svc.rt)
     models, sampling, rest = TinkerModels(svc), TinkerSampling(svc), TinkerRest(svc)
@@ -72,8 +77,20 @@ def build_router(svc: Service) -> PrefixRouter:
     tenant, unmetered, ready_tenant = auth.metered, auth.unmetered, auth.ready
 
     r = PrefixRouter("/api/v1", tags=["tinker"])
+    # in this order: the OpenAPI document lists the routes as they are added
+    _bootstrap_routes(r, rt, tenant, unmetered, ready_tenant)
+    _session_routes(r, models, rest, tenant, unmetered)
+    _training_routes(r, models, sampling, weights, tenant, ready_tenant)
+    _future_route(r, svc, unmetered)
+    _rest_routes(r, rest, tenant)
+    return r
 
-    # ---- bootstrap, sessions, telemetry ----
+
+def _bootstrap_routes(
+    r: PrefixRouter, rt: ServerRuntime, tenant: Dependency, unmetered: Dependency, ready_tenant: Dependency
+) -> None:
+    """What the SDK asks before it starts: its client config, liveness, the server's models."""
+
     @r.post("/client/config")
     def client_config(t: str = Depends(tenant)):
         return CLIENT_CONFIG
@@ -93,6 +110,12 @@ def build_router(svc: Service) -> PrefixRouter:
     @r.get("/get_server_capabilities")
     def capabilities(t: str = Depends(ready_tenant)):
         return {"supported_models": model_names.capabilities(rt)}  # with each model's caps
+
+
+def _session_routes(
+    r: PrefixRouter, models: TinkerModels, rest: TinkerRest, tenant: Dependency, unmetered: Dependency
+) -> None:
+    """Sessions (create, heartbeat, finish, list, read) and the SDK's telemetry."""
 
     @r.post("/create_session", openapi_extra=b.documented(b.CreateSessionBody))
     async def create_session(request: Request, t: str = Depends(tenant)):
@@ -122,7 +145,17 @@ def build_router(svc: Service) -> PrefixRouter:
     def session(session_id: str, t: str = Depends(tenant)):
         return rest.get_session(t, session_id)
 
-    # ---- training ----
+
+def _training_routes(
+    r: PrefixRouter,
+    models: TinkerModels,
+    sampling: TinkerSampling,
+    weights: TinkerWeights,
+    tenant: Dependency,
+    ready_tenant: Dependency,
+) -> None:
+    """The training loop's submissions: models, passes, the step, weights, sampling sessions and samples."""
+
     def json_route(path: str, fn, body_model: type[BaseModel], per_step: bool = False):
         async def handler(request: Request, t: str = Depends(ready_tenant)):
             return await queue_work(request, fn, t, await read(request, body_model), light=per_step)
@@ -163,6 +196,11 @@ def build_router(svc: Service) -> PrefixRouter:
     def sampler(sampler_id: str, t: str = Depends(tenant)):
         return sampling.get_sampler(t, sampler_id)
 
+
+def _future_route(r: PrefixRouter, svc: Service, unmetered: Dependency) -> None:
+    """`retrieve_future`: the long poll every submission is answered through."""
+    rt = svc.rt
+
     @r.post("/retrieve_future", openapi_extra=b.documented(b.FutureBody))
     async def retrieve_future(request: Request, t: str = Depends(unmetered)):
         request_id = (await read(request, b.FutureBody)).request_id
@@ -179,7 +217,10 @@ def build_router(svc: Service) -> PrefixRouter:
             }
         return Response(row.payload, media_type=PROTO if row.content_type == PROTO else "application/json")
 
-    # ---- REST: runs, checkpoints ----
+
+def _rest_routes(r: PrefixRouter, rest: TinkerRest, tenant: Dependency) -> None:
+    """Training runs and their checkpoints: list, read, delete, publish, TTL, weights info."""
+
     @r.get("/training_runs")
     def runs(limit: int = Query(20, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62), t: str = Depends(tenant)):
         return rest.list_runs(t, limit, offset)
@@ -221,5 +262,3 @@ def build_router(svc: Service) -> PrefixRouter:
         limit: int = Query(100, ge=0, le=1000), offset: int = Query(0, ge=0, le=2**62), t: str = Depends(tenant)
     ):
         return rest.list_user_checkpoints(t, limit, offset)
-
-    return r

@@ -19,11 +19,12 @@ from twinkle.serve.core import audit as audit_log
 from twinkle.serve.core.adapter_import import AdapterImports
 from twinkle.serve.core.service import Service
 from twinkle.serve.routing import PrefixRouter
+from twinkle.serve.runtime import ServerRuntime
 from twinkle.serve.tinker import bodies as b
 from twinkle.serve.tinker import custom_loss_service, model_names, sampling_queue, sessions, usage
 from twinkle.serve.tinker.external_weights import ExternalWeights, UrlSigner
 from twinkle.serve.tinker.models import TinkerModels
-from twinkle.serve.tinker.routes import read
+from twinkle.serve.tinker.routes import Dependency, read
 from twinkle.serve.tinker.sampling import TinkerSampling
 from twinkle.serve.tinker.weights import TinkerWeights
 
@@ -34,8 +35,22 @@ def build_services_router(svc: Service) -> PrefixRouter:
     caller, poller = auth.metered, auth.unmetered
     sampling = TinkerSampling(svc)
     weights = TinkerWeights(svc, TinkerModels(svc), sampling)
+    signer = UrlSigner()  # signs the checkpoint-file and session-trace URLs
 
     r = PrefixRouter("/api/v1", tags=["tinker"])
+    # in this order: the OpenAPI document lists the routes as they are added
+    _loss_and_sampling_queue_routes(r, svc, sampling, caller, poller)
+    _import_route(r, svc, auth.ready)
+    _external_weights_routes(r, svc, weights, signer, caller, auth.ready)
+    _session_routes(r, svc, signer, caller)
+    _account_routes(r, rt, caller)
+    return r
+
+
+def _loss_and_sampling_queue_routes(
+    r: PrefixRouter, svc: Service, sampling: TinkerSampling, caller: Dependency, poller: Dependency
+) -> None:
+    """Server-side custom losses, and the sampling completion queue."""
 
     @r.post("/create_custom_loss", openapi_extra=b.documented(b.CreateCustomLossBody))
     async def create_custom_loss(request: Request, t: str = Depends(caller)):
@@ -55,7 +70,10 @@ def build_services_router(svc: Service) -> PrefixRouter:
         body = await read(request, b.JoinSamplingSessionBody)
         return await run_in_threadpool(sampling_queue.join_sampling_session, sampling, t, body)
 
-    # ---- a PEFT adapter made elsewhere, as a training checkpoint (twinkle.serve.core.adapter_import) ----
+
+def _import_route(r: PrefixRouter, svc: Service, ready: Dependency) -> None:
+    """A PEFT adapter made elsewhere, as a training checkpoint (twinkle.serve.core.adapter_import)."""
+    rt = svc.rt
     imports = AdapterImports(svc)
 
     def import_adapter(t: str, body: b.ImportAdapterBody) -> dict:
@@ -66,15 +84,23 @@ def build_services_router(svc: Service) -> PrefixRouter:
         return {"type": "import_adapter", "path": ckpt.tinker_path, "model_id": ckpt.model_id}
 
     @r.post("/import_adapter", openapi_extra=b.documented(b.ImportAdapterBody))
-    async def import_adapter_route(request: Request, t: str = Depends(auth.ready)):
+    async def import_adapter_route(request: Request, t: str = Depends(ready)):
         return await run_in_threadpool(import_adapter, t, await read(request, b.ImportAdapterBody))
 
-    # ---- external weights: export, signed URLs, the files themselves ----
-    signer = UrlSigner()
+
+def _external_weights_routes(
+    r: PrefixRouter,
+    svc: Service,
+    weights: TinkerWeights,
+    signer: UrlSigner,
+    caller: Dependency,
+    ready: Dependency,
+) -> None:
+    """External weights: export, signed URLs, the files themselves; copies."""
     external = ExternalWeights(svc, signer)
 
     @r.post("/save_weights_external", openapi_extra=b.documented(b.SaveWeightsExternalBody))
-    async def save_weights_external(request: Request, t: str = Depends(auth.ready)):
+    async def save_weights_external(request: Request, t: str = Depends(ready)):
         body = await read(request, b.SaveWeightsExternalBody)
         return await run_in_threadpool(weights.save_weights_external, t, body)
 
@@ -92,7 +118,10 @@ def build_services_router(svc: Service) -> PrefixRouter:
         body = await read(request, b.CopyWeightsBody)
         return await run_in_threadpool(sessions.copy_weights, svc, weights, t, body)
 
-    # ---- sessions: search, project, trace ----
+
+def _session_routes(r: PrefixRouter, svc: Service, signer: UrlSigner, caller: Dependency) -> None:
+    """Sessions: search, project, trace."""
+
     @r.post("/sessions/search", openapi_extra=b.documented(b.SessionSearchBody))
     async def search_sessions(request: Request, t: str = Depends(caller)):
         return sessions.search(svc, t, await read(request, b.SessionSearchBody))
@@ -109,7 +138,10 @@ def build_services_router(svc: Service) -> PrefixRouter:
     def session_trace(token: str):  # no API key: the signed token is the credential
         return Response(sessions.trace(svc, signer, token), media_type="application/json")
 
-    # ---- the key's own record, usage ----
+
+def _account_routes(r: PrefixRouter, rt: ServerRuntime, caller: Dependency) -> None:
+    """The key's own record, usage, storage and audit."""
+
     @r.get("/auth/apikey/me")
     def api_key_me(t: str = Depends(caller)):
         return usage.api_key_record(rt.store, t)
@@ -131,5 +163,3 @@ def build_services_router(svc: Service) -> PrefixRouter:
     @r.get("/audit")
     def audit(event_type: str = "all", day: str | None = None, t: str = Depends(caller)):
         return audit_log.entries(rt.store, t, event_type, day)
-
-    return r
