@@ -124,28 +124,8 @@ class LossProgram:
                 placeholders.append(target)
             elif op == "output":
                 output = args
-            elif op == "call_function":
-                fn = _function(target, args, where)
-                if not _refers(args):  # constant operands: `operator.pow(7, 10**7)` is refused on upload
-                    try:
-                        loss_bounds.check_python(fn, tuple(args))
-                    except OverBound as e:
-                        raise LossGraphError(f"{where}: {e}") from None
-                program.append(_Node(op, node_name, fn, tuple(args), kwargs))
-            elif op == "call_method":
-                if target not in METHODS:
-                    raise LossGraphError(
-                        f"{where}: Tensor method {target!r} is not allowed in a custom loss; "
-                        f"allowed: {', '.join(sorted(METHODS))}"
-                    )
-                if not args:
-                    raise LossGraphError(f"{where}: method call {target!r} has no tensor to call it on")
-                program.append(_Node(op, node_name, target, tuple(args), kwargs))
-            else:  # get_attr (a captured tensor), call_module (an nn.Module): never rebuilt here
-                raise LossGraphError(
-                    f"{where}: op {op!r} (target {target!r}) is not allowed in a custom loss; "
-                    "only placeholder, call_function, call_method and output"
-                )
+            else:
+                program.append(_call_node(op, node_name, target, args, kwargs, where))
             known.add(node_name)
         if placeholders != [n for n, _ in parsed_inputs]:
             raise LossGraphError(
@@ -221,6 +201,32 @@ def _node_fields(i: int, node) -> tuple[str, str, str, str]:
     if not isinstance(node.get("args", []), list) or not isinstance(node.get("kwargs", {}), dict):
         raise LossGraphError(f"node {i} ({name!r}): args must be a list and kwargs an object")
     return op, name, target, f"node {i} ({name!r})"
+
+
+def _call_node(op: str, node_name: str, target: str, args: list, kwargs: dict, where: str) -> _Node:
+    """A call_function or call_method node, checked; any other op is refused."""
+    if op == "call_function":
+        fn = _function(target, args, where)
+        if not _refers(args):  # constant operands: `operator.pow(7, 10**7)` is refused on upload
+            try:
+                loss_bounds.check_python(fn, tuple(args))
+            except OverBound as e:
+                raise LossGraphError(f"{where}: {e}") from None
+        return _Node(op, node_name, fn, tuple(args), kwargs)
+    if op == "call_method":
+        if target not in METHODS:
+            raise LossGraphError(
+                f"{where}: Tensor method {target!r} is not allowed in a custom loss; "
+                f"allowed: {', '.join(sorted(METHODS))}"
+            )
+        if not args:
+            raise LossGraphError(f"{where}: method call {target!r} has no tensor to call it on")
+        return _Node(op, node_name, target, tuple(args), kwargs)
+    # get_attr (a captured tensor), call_module (an nn.Module): never rebuilt here
+    raise LossGraphError(
+        f"{where}: op {op!r} (target {target!r}) is not allowed in a custom loss; "
+        "only placeholder, call_function, call_method and output"
+    )
 
 
 def _function(target: str, args: list, where: str):
