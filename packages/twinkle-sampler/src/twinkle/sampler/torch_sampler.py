@@ -17,7 +17,7 @@ import torch
 
 from twinkle.model import preemption
 from twinkle.model.structure import decoder_layer_list
-from twinkle.sampler import kv_room, prefill, vision
+from twinkle.sampler import decode_attention, kv_room, prefill, vision
 from twinkle.sampler.adapters import AdapterWeights
 from twinkle.sampler.base import Prompt, Sampler, prompt_items
 from twinkle.sampler.decoding import OnTokens, StepToken, StopChecker, choose_tokens, row_seed
@@ -29,6 +29,10 @@ from twinkle.sampler.step_threads import StepThreads, StepTimes
 # Default prefix-cache budget, as a fraction of the model's weight bytes: room for many prompts' KV
 # on a small model without rivalling the weights themselves for device memory.
 PREFIX_CACHE_FRACTION = 0.2
+# A half-precision model decodes on a float32 copy of its KV cache (decode_attention.py: sdpa's bf16 kernel
+# is several times slower for one-query rows) while that copy stays under this fraction of the weights'
+# bytes; a longer decode keeps its cache in the model's dtype (and bf16 attention), not twice the memory.
+FLOAT32_KV_FRACTION = 0.5
 
 
 class TorchSampler(Sampler):
@@ -79,6 +83,7 @@ class TorchSampler(Sampler):
         self.max_batch_size = max_batch_size
         self.router = LoRARouter(self.model)
         preemption.enable(self.model, decoder_layer_list(self.model))  # a long prefill may pause (served)
+        self.float32_decode = decode_attention.enable(self.model)
         gen = getattr(self.model, "generation_config", None)
         eos = getattr(gen, "eos_token_id", None)
         if eos is None:
@@ -130,6 +135,16 @@ class TorchSampler(Sampler):
         self.router.remove_adapter(name)
         self._adapter_tensors.pop(name, None)
         self.prefix_cache.drop_adapter(name)
+
+    def _decode_kv_dtype(self, cache, tokens: int) -> torch.dtype | None:
+        """float32 for a half-precision model's decode cache where decode_attention runs and the copy
+        fits FLOAT32_KV_FRACTION of the weights; None (the cache's own dtype) otherwise."""
+        layers = getattr(cache, "layers", None) or []
+        keys = getattr(layers[0], "keys", None) if layers else None
+        if not self.float32_decode or keys is None or keys.dtype not in (torch.bfloat16, torch.float16):
+            return None
+        weight_bytes = sum(p.numel() * p.element_size() for p in self._base_params)
+        return torch.float32 if kv_room.float32_bytes(cache, tokens) <= FLOAT32_KV_FRACTION * weight_bytes else None
 
     # ---- forward pieces --------------------------------------------------------------------------
     def left_pad(self, prompts: list[Prompt]):
@@ -345,7 +360,7 @@ class TorchSampler(Sampler):
                     t.repeat_interleave(group, dim=0) for t in (logits_B_V, mask_B_T, next_pos_B)
                 )
                 self.router.reroute(adapters, self.device)
-            kv_room.make_room(cache, params.max_tokens)
+            kv_room.make_room(cache, params.max_tokens, self._decode_kv_dtype(cache, params.max_tokens))
             for step in range(params.max_tokens):
                 logp_B_V = torch.log_softmax(logits_B_V, dim=-1)
                 next_B = choose_tokens(logits_B_V, params, [generators[r] for r in active])
