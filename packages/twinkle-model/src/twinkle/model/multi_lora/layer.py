@@ -16,6 +16,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from twinkle.model.multi_lora import one_adapter
+
 
 class RoutingState(NamedTuple):
     names: tuple[str | None, ...]
@@ -171,6 +173,16 @@ class MultiLoraLinear(nn.Module):
         out = self.base_layer(x)
         segments = self._segments(x.shape[0])
         if not segments:
+            return out
+        name = segments[0][2]
+        if (  # one adapter over every row, inference: the few-op path (a served decode step)
+            len(segments) == 1
+            and segments[0][1] - segments[0][0] == x.shape[0]
+            and not torch.is_grad_enabled()
+            and not (self.routing.training and self.dropout[name])
+        ):
+            a, b = self.lora_A[name].weight, self.lora_B[name].weight
+            one_adapter.add_update(x, out, a, b, self.scaling[name])  # ty: ignore[invalid-argument-type]
             return out
         plan = self._plan(x, segments)
         weights = [w for _, _, name, _ in segments for w in (self.lora_A[name].weight, self.lora_B[name].weight)]
