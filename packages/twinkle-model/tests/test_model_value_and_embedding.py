@@ -119,7 +119,7 @@ def test_embedding_task_pools_the_last_token_and_infonce_trains():
     model.set_optimizer("AdamW", lr=1e-2)
     model.add_metric("EmbeddingMetric", is_training=True)
     first = model.forward_only(PAIRS, task="embedding")
-    embeddings = torch.tensor(first["embeddings"])
+    embeddings = first["embeddings"]
     assert embeddings.shape == (6, model.hf_model.config.hidden_size)
     # padded rows pool their own last token: the same as each row run alone
     with model.peft_model.disable_adapter():

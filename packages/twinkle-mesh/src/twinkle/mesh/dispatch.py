@@ -105,6 +105,8 @@ def _merge(results: list) -> dict:
             out[key] = None
         elif isinstance(values[0], (list, tuple)):
             out[key] = _flatten(values)
+        elif isinstance(values[0], torch.Tensor) and values[0].dim() > 0:  # per-row values: rows in rank order
+            out[key] = torch.cat(values)
         else:
             out[key] = _mean(values)
     return out

@@ -67,8 +67,21 @@ def _collated(batch: Mapping) -> dict:
 
 def wants_loss(train: bool, loss: Loss, fields: Mapping) -> bool:
     """Whether an embedding pass computes its loss: always when it trains (a token loss then refuses the
-    pass by name), without gradients only when the loss is an embedding loss and the rows mark their groups."""
-    return train or ("group_start" in loss.required_fields and "group_start" in fields)
+    pass by name), without gradients only when the loss is an embedding loss and the rows form whole
+    groups. Rows that do not (anchors alone: what twinkle-kit's emb_sample embeds) get embeddings only."""
+    if train:
+        return True
+    return "group_start" in loss.required_fields and "group_start" in fields and whole_groups(fields["group_start"])
+
+
+def whole_groups(group_start) -> bool:
+    """Whether the rows' marks (1 on an anchor, 0 on the rest) make groups of an anchor and at least one
+    more row, the first row an anchor."""
+    marks = torch.as_tensor(group_start).reshape(-1).tolist()
+    starts = [i for i, mark in enumerate(marks) if mark == 1]
+    if not starts or starts[0] != 0:
+        return False
+    return all(end - start >= 2 for start, end in zip(starts, [*starts[1:], len(marks)]))
 
 
 def fused_heads(model, rows_per_segment: list[int], **model_kwargs) -> list[EmbeddingHead]:
@@ -99,4 +112,6 @@ class EmbeddingTaskMixin:
             out = self.calculate_loss(ctx, adapter_name) if wanted else None  # ty: ignore[missing-attribute]
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)  # ty: ignore[missing-attribute]
         self.last_eval_loss = float(out.loss) if out is not None else None
-        return {"loss": self.last_eval_loss, "embeddings": ctx.head.embeddings().tolist()}
+        # a tensor [rows, hidden], as twinkle-kit's (its scripts slice and compare them); data ranks' are
+        # concatenated in rank order (twinkle.mesh.dispatch's merge)
+        return {"loss": self.last_eval_loss, "embeddings": ctx.head.embeddings().detach().cpu()}

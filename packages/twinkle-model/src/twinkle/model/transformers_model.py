@@ -30,6 +30,14 @@ from twinkle.model.transformers_checkpoints import TransformersCheckpoints
 from twinkle.model.transformers_pass import TransformersPass
 
 
+def refuse_logits(return_logits: bool) -> None:
+    if return_logits:
+        raise NotImplementedError(
+            "forward_only(return_logits=True): a token pass returns each label's log-prob (`logprobs`), not "
+            "[B, T, V] logits; task='embedding' returns its embeddings either way"
+        )
+
+
 class TransformersModel(
     KitModelMixin, EmbeddingTaskMixin, TransformersCheckpoints, TransformersPass, metaclass=RemoteClass
 ):
@@ -68,15 +76,24 @@ class TransformersModel(
 
     @remote_method(dispatch="slice", collect="merge")
     def forward_only(
-        self, inputs, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
+        self,
+        inputs,
+        adapter_name: str | None = None,
+        *,
+        disable_lora: bool = False,
+        task: str = "causal_lm",
+        return_logits: bool = False,
     ) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
         where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
         On data-parallel ranks the loss is the global batch's and the rows come back in rank order.
         `disable_lora=True` runs the base model (the adapter switched off): a LoRA run's reference.
-        `task='embedding'`: each row's embedding instead (twinkle.model.embedding_pass)."""
+        `task='embedding'`: each row's embedding instead (twinkle.model.embedding_pass).
+        `return_logits` (twinkle-kit's): an embedding pass returns its embeddings either way; a token
+        pass returns each label's log-prob, not [B, T, V] logits, so True is refused there."""
         if task != "causal_lm":
             return self.embedding_forward_only(inputs, adapter_name, task)
+        refuse_logits(return_logits)
         if disable_lora:
             return self.forward_only_base(inputs, adapter_name)
         state = self._state(adapter_name)

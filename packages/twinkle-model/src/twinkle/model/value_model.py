@@ -24,7 +24,7 @@ from twinkle.loss import LogitsHead, TokenHead, ValueHead
 from twinkle.mesh import remote_method
 from twinkle.model import inputs as model_inputs
 from twinkle.model.base import MODELS
-from twinkle.model.transformers_model import TransformersModel
+from twinkle.model.transformers_model import TransformersModel, refuse_logits
 
 if TYPE_CHECKING:
     from peft import LoraConfig
@@ -108,10 +108,17 @@ class TransformersValueModel(TransformersModel):
 
     @remote_method(dispatch="slice", collect="merge")
     def forward_only(
-        self, inputs: Rows, adapter_name: str | None = None, *, disable_lora: bool = False, task: str = "causal_lm"
+        self,
+        inputs: Rows,
+        adapter_name: str | None = None,
+        *,
+        disable_lora: bool = False,
+        task: str = "causal_lm",
+        return_logits: bool = False,
     ) -> dict:
         """Per row, V before each token (aligned with labels, 0 at position 0), and the loss when it is
         a value loss whose inputs (`returns`, ...) the rows carry."""
+        refuse_logits(return_logits)
         if disable_lora:
             raise ValueError("a value model has no reference pass: disable_lora=True is for a policy's LoRA")
         state = self._state(adapter_name)

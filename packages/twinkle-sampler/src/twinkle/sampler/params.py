@@ -105,6 +105,11 @@ class SampledSequence:
     text: str | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
+    @property
+    def decoded(self) -> str | None:
+        """twinkle-kit's name for `text`."""
+        return self.text
+
 
 @dataclass
 class SampleResponse:
