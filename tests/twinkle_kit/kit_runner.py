@@ -82,7 +82,8 @@ def run(
         return Outcome("needs", f"needs the vllm nox session's venv ({VLLM_VENV_PYTHON}): uvx nox -s vllm", "", workdir)
     missing = missing_modules(script, python)
     if missing:
-        return Outcome("needs", f"needs {', '.join(missing)} installed (the script imports it)", "", workdir)
+        where = " (it runs in the vllm nox session)" if script.venv == "vllm" else " (the script imports it)"
+        return Outcome("needs", f"needs {', '.join(missing)} installed{where}", "", workdir)
     if script.adapter:
         write_lora(workdir / script.adapter, model)
     if script.checkpoint:
