@@ -9,7 +9,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from twinkle.sampler import SamplingParams, kv_room, step_threads
-from twinkle.sampler.decoding import choose_tokens, filter_logits
+from twinkle.sampler.decoding import choose_tokens, exponential_rows, filter_logits
 from twinkle.sampler.step_threads import StepThreads
 
 
@@ -24,6 +24,17 @@ def test_the_batched_draw_is_one_multinomial_per_row(kw):
     for _ in range(5):  # the generators move on alike, step after step
         want = [int(torch.multinomial(probs_B_V[i], 1, generator=g)) for i, g in enumerate(theirs)]
         assert choose_tokens(logits_B_V, params, ours).tolist() == want
+
+
+def test_the_vectorized_noise_is_exponential_bit_for_bit():
+    like_B_V, dtype = torch.empty(3, 60_000), torch.float32
+    ours = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+    theirs = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+    for _ in range(3):  # and the generators move on alike
+        want_B_V = torch.stack([torch.empty(60_000, dtype=dtype).exponential_(generator=g) for g in theirs])
+        got_B_V = exponential_rows(like_B_V, ours)
+        assert got_B_V.dtype == dtype and torch.equal(got_B_V, want_B_V)
+    assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs))
 
 
 def test_a_nan_logit_is_a_clear_error():

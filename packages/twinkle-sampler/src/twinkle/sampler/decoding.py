@@ -47,14 +47,31 @@ def choose_tokens(logits_B_V: torch.Tensor, params: SamplingParams, generators: 
     # torch.multinomial's own draw for one sample (argmax of p / Exp(1) noise), with the noise drawn per
     # row from the row's generator and the rest batched: the same tokens, bit for bit, as one multinomial
     # call per row, in three whole-batch passes over the vocabulary instead of four per row.
-    noise_B_V = torch.empty_like(probs_B_V)
-    for row_V, g in zip(noise_B_V, generators):
-        row_V.exponential_(generator=g)
+    noise_B_V = exponential_rows(probs_B_V, generators)
     ratio_B_V = probs_B_V.div_(noise_B_V)
     next_B = ratio_B_V.argmax(dim=-1)
     if not ratio_B_V.gather(-1, next_B[:, None]).isfinite().all():  # a NaN anywhere in a row is its argmax
         raise RuntimeError("the model's next-token probabilities contain NaN or inf")
     return next_B
+
+
+def exponential_rows(like_B_V: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Exp(1) noise shaped like `like_B_V`, row i from generator i: for float32 noise on the CPU, what
+    `row.exponential_(generator=g)` draws, ~3x faster. torch's CPU kernel computes -log1p(-u) of a float64
+    uniform u per element, serially (~2.8 ms a 151,936-token row, 23 ms of a 0.6B-shaped decode step for 8
+    rows; issue 47); `uniform_` draws the same u from the same stream (53 bits of one 64-bit draw in both)
+    and the transform runs vectorized. Its log1p may differ from the scalar one in the last bit of the
+    float64, which rounding to float32 hides: 0 differences in 18M draws with the AVX-512, AVX2 and default
+    kernels (float64 noise would show them: it keeps exponential_, as other devices do)."""
+    if like_B_V.device.type != "cpu" or like_B_V.dtype != torch.float32:
+        noise_B_V = torch.empty_like(like_B_V)
+        for row_V, g in zip(noise_B_V, generators):
+            row_V.exponential_(generator=g)
+        return noise_B_V
+    u_B_V = torch.empty(like_B_V.shape, dtype=torch.float64)
+    for row_V, g in zip(u_B_V, generators):
+        row_V.uniform_(generator=g)
+    return torch.log1p(u_B_V.neg_(), out=u_B_V).neg_().to(like_B_V.dtype)
 
 
 class StopChecker:
