@@ -18,7 +18,7 @@ from twinkle.loss import LOGITS_BUDGET_BYTES
 from twinkle.mesh import get_global_mesh, remote_method
 from twinkle.metric import METRICS, attention_dims, measure_matmul_peak
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import compact_heap, context_parallel, vision
+from twinkle.model import compact_heap, context_parallel, router_replay, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model.base import TwinkleModel
 from twinkle.model.hf_loading import load_hf_model
@@ -67,6 +67,7 @@ class TransformersCore(TwinkleModel):
         compile: bool = False,
         base_dtype: str = "auto",
         ddp_config: dict | None = None,
+        enable_router_replay: bool = False,
         **model_kwargs: Any,
     ) -> None:
         """`compile=True` compiles each decoder layer with torch.compile (`twinkle.model.compile`):
@@ -76,7 +77,9 @@ class TransformersCore(TwinkleModel):
         parameters or more); `torch_dtype` instead loads the model in exactly that dtype. `ddp_config`:
         keyword arguments of torch's DistributedDataParallel where the mesh wraps the model in DDP
         (twinkle-kit's; `strategy.DDP_OPTIONS`), e.g. {'find_unused_parameters': True} for a pass that
-        leaves parameters unused (task='embedding' skips the output projection)."""
+        leaves parameters unused (task='embedding' skips the output projection). `enable_router_replay`
+        (twinkle-kit's): a mixture-of-experts model's passes can record and replay each token's experts
+        (`twinkle.model.router_replay`; forward_backward / forward_only's `router_replay_action`)."""
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
         base_dtypes.check(base_dtype)
@@ -106,6 +109,7 @@ class TransformersCore(TwinkleModel):
                 f"and fp16 matmuls on {self.device.type} are ~100x slower): use 'bf16' or None here"
             )
         self.hf_model.to(self.device)
+        self.router_replay = router_replay.install(self.hf_model, self.cp_size) if enable_router_replay else None
         if compile:
             tp_size = self.device_mesh.get_size("tp") if self.device_mesh is not None else 1
             compile_layers.check_compilable(self.device.type, self.cp_size, tp_size)

@@ -20,11 +20,12 @@ import torch
 from twinkle.data_format.loss_inputs import merge_loss_inputs
 from twinkle.mesh import RemoteClass, remote_method
 from twinkle.model import base_dtype as base_dtypes
-from twinkle.model import embedding_pass
+from twinkle.model import embedding_pass, router_replay
 from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.embedding_pass import EmbeddingTaskMixin
 from twinkle.model.kit import KitModelMixin
+from twinkle.model.router_replay import RouterReplayAction
 from twinkle.model.strategy import clip_grad_norm, data_parallel_loss, no_sync
 from twinkle.model.transformers_checkpoints import TransformersCheckpoints
 from twinkle.model.transformers_pass import TransformersPass
@@ -53,10 +54,21 @@ class TransformersModel(
         ref_outputs=None,
         micro_batch_size: int | None = None,
         task: str = "causal_lm",
+        router_replay_action: RouterReplayAction | str | None = None,
     ) -> dict:
         """Forward, loss and backward on one micro-batch; gradients accumulate until the step.
         twinkle-kit's keywords: old_logps / advantages / ref_outputs become the rows' loss inputs
-        (`twinkle.data_format.loss_inputs`); micro_batch_size runs the rows that many at a time."""
+        (`twinkle.data_format.loss_inputs`); micro_batch_size runs the rows that many at a time;
+        router_replay_action=REPLAY_FORWARD routes each token to its row's `routed_experts`
+        (`twinkle.model.router_replay`)."""
+        with router_replay.acting(self.router_replay, router_replay_action, inputs):
+            return self._forward_backward(
+                inputs, adapter_name, old_logps, advantages, ref_outputs, micro_batch_size, task
+            )
+
+    def _forward_backward(
+        self, inputs, adapter_name, old_logps, advantages, ref_outputs, micro_batch_size: int | None, task: str
+    ) -> dict:
         inputs = merge_loss_inputs(inputs, old_logps=old_logps, advantages=advantages, ref_outputs=ref_outputs)
         inputs = embedding_pass.task_inputs(task, inputs)
         if micro_batch_size is not None and not isinstance(inputs, dict) and len(inputs) > micro_batch_size:
@@ -83,6 +95,7 @@ class TransformersModel(
         disable_lora: bool = False,
         task: str = "causal_lm",
         return_logits: bool = False,
+        router_replay_action: RouterReplayAction | str | None = None,
     ) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
         where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
@@ -90,7 +103,17 @@ class TransformersModel(
         `disable_lora=True` runs the base model (the adapter switched off): a LoRA run's reference.
         `task='embedding'`: each row's embedding instead (twinkle.model.embedding_pass).
         `return_logits` (twinkle-kit's): an embedding pass returns its embeddings either way; a token
-        pass returns each label's log-prob, not [B, T, V] logits, so True is refused there."""
+        pass returns each label's log-prob, not [B, T, V] logits, so True is refused there.
+        `router_replay_action` (`twinkle.model.router_replay`): RECORD also returns `routed_experts`, each
+        row's chosen experts [rows, tokens, moe layers, top_k]; REPLAY_FORWARD forces the rows' own."""
+        with router_replay.acting(self.router_replay, router_replay_action, inputs):
+            out = self._forward_only(inputs, adapter_name, disable_lora, task, return_logits)
+            routed = self.router_replay.routed_experts() if self.router_replay is not None else None
+            return {**out, "routed_experts": routed} if routed is not None else out
+
+    def _forward_only(
+        self, inputs, adapter_name: str | None, disable_lora: bool, task: str, return_logits: bool
+    ) -> dict:
         if task != "causal_lm":
             return self.embedding_forward_only(inputs, adapter_name, task)
         refuse_logits(return_logits)

@@ -16,7 +16,7 @@ import torch
 
 from twinkle.loss import EmbeddingHead, LogitsHead, LossContext, TokenHead
 from twinkle.metric import ForwardRecord, matmul_params, step_flops
-from twinkle.model import compact_heap, context_parallel, output_projection, vision
+from twinkle.model import compact_heap, context_parallel, output_projection, router_replay, vision
 from twinkle.model import inputs as model_inputs
 from twinkle.model.state import AdapterState
 from twinkle.model.strategy import data_parallel_sums, local_tensor
@@ -38,9 +38,12 @@ class TransformersPass(TransformersCore):
         if state.template is None and model_inputs.has_trajectories(inputs):
             self.set_template(adapter_name=state.name or None)  # the model's own chat template
         rows = model_inputs.as_rows(inputs, state.template)
+        routed = router_replay.take_routed(rows) if self.router_replay is not None else None
         processor = state.processor if state.processor is not None else _default_processor()
         batch, fields = model_inputs.collate(rows, processor)
         model_inputs.check_vocab(batch, self.vocab_size)  # before any kernel sees the ids
+        if self.router_replay is not None:
+            self.router_replay.prepared(batch, routed)
         batch = {k: v.to(self.device) for k, v in batch.items()}
         return batch, {k: v.to(self.device) for k, v in fields.items()}
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from twinkle.data_format.loss_inputs import PerRow, Rows
+    from twinkle.model.router_replay import RouterReplayAction
     from twinkle.model.vision import TrainVision
 
 
@@ -115,10 +116,13 @@ class TransformersValueModel(TransformersModel):
         disable_lora: bool = False,
         task: str = "causal_lm",
         return_logits: bool = False,
+        router_replay_action: RouterReplayAction | str | None = None,
     ) -> dict:
         """Per row, V before each token (aligned with labels, 0 at position 0), and the loss when it is
         a value loss whose inputs (`returns`, ...) the rows carry."""
         refuse_logits(return_logits)
+        if router_replay_action is not None:
+            raise ValueError("router_replay_action: a value model's forward_only neither records nor replays routing")
         if disable_lora:
             raise ValueError("a value model has no reference pass: disable_lora=True is for a policy's LoRA")
         state = self._state(adapter_name)

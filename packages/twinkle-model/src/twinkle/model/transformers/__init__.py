@@ -1,0 +1,1 @@
+"""twinkle-kit's `twinkle.model.transformers` import path: only its `moe.router_replay` names, ours."""

@@ -1,0 +1,1 @@
+"""twinkle-kit's `twinkle.model.transformers.moe` import path (`router_replay`)."""
