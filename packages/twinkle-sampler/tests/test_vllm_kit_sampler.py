@@ -80,6 +80,8 @@ def test_what_cannot_be_honoured_is_refused_by_name(kit, prompts, tmp_path, mode
         vLLMSampler(model_path, device_mesh=DeviceMesh.from_sizes(dp_size=1, tp_size=2))
     with pytest.raises(TypeError, match="bogus_engine_arg"):
         vLLMSampler(model_path, engine_args={"bogus_engine_arg": 1})
+    with pytest.raises(NotImplementedError, match="enable_return_routed_experts.*needs Triton.*router_replay_action"):
+        vLLMSampler(model_path, engine_args={"enable_return_routed_experts": True})
 
 
 def test_a_chat_is_encoded_with_the_template_set_by_name(kit, model_path):

