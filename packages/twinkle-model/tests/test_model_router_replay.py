@@ -102,3 +102,19 @@ def test_bad_routing_and_actions_are_refused_by_name():
         dense.forward_only([dict(r) for r in ROWS], router_replay_action=RouterReplayAction.RECORD)
     # twinkle-kit's loop passes REPLAY_FORWARD with replay off: with nothing to replay it is a plain pass
     assert dense.forward_backward([dict(r) for r in ROWS], router_replay_action="replay_forward")["loss"] > 0
+
+
+def test_under_a_lora_adapter_replay_is_the_plain_pass_and_the_base_records_too():
+    from peft import LoraConfig
+
+    model = _model("qwen3_moe")
+    model.add_adapter_to_model("default", LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    plain_loss, plain_grads = _train_pass(model, ROWS)
+    routed = model.forward_only([dict(r) for r in ROWS], router_replay_action="record")["routed_experts"]
+    loss, grads = _train_pass(model, _with_routed(ROWS, routed), router_replay_action="replay_forward")
+    assert loss == pytest.approx(plain_loss, rel=1e-6) and grads.keys() == plain_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, plain_grads[name], rtol=1e-6, atol=1e-9, msg=name)
+    # the reference pass (disable_lora) runs forward_only inside forward_only: it records under the outer action
+    base = model.forward_only([dict(r) for r in ROWS], disable_lora=True, router_replay_action="record")
+    assert base["routed_experts"].shape == routed.shape
