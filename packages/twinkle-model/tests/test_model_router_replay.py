@@ -118,3 +118,19 @@ def test_under_a_lora_adapter_replay_is_the_plain_pass_and_the_base_records_too(
     # the reference pass (disable_lora) runs forward_only inside forward_only: it records under the outer action
     base = model.forward_only([dict(r) for r in ROWS], disable_lora=True, router_replay_action="record")
     assert base["routed_experts"].shape == routed.shape
+
+
+def test_a_forced_routing_holds_in_the_backward_recompute_of_activation_checkpointing():
+    def replayed_grads(checkpointing: bool) -> tuple[float, dict[str, torch.Tensor]]:
+        model = _model("qwen3_moe")
+        if checkpointing:
+            model.hf_model.gradient_checkpointing_enable()
+        routed = model.forward_only([dict(r) for r in ROWS], router_replay_action="record")["routed_experts"]
+        other = torch.where(routed >= 0, (routed + 1) % model.router_replay.num_experts, routed)
+        return _train_pass(model, _with_routed(ROWS, other), router_replay_action=RouterReplayAction.REPLAY_BACKWARD)
+
+    loss, grads = replayed_grads(False)
+    ckpt_loss, ckpt_grads = replayed_grads(True)  # backward re-runs each layer, its router hook included
+    assert ckpt_loss == pytest.approx(loss, rel=1e-6)
+    for name, g in grads.items():
+        torch.testing.assert_close(ckpt_grads[name], g, rtol=1e-6, atol=1e-9, msg=name)
