@@ -177,13 +177,14 @@ class TransformersModel(
     @remote_method()
     def get_info(self) -> dict:
         """What this model runs as: the frozen base's dtype (`base_dtype`), mixed precision, whether
-        this device multiplies bf16 fast, the vocabulary."""
+        this device multiplies bf16 fast, the vocabulary, the LoRA adapters (`adapters`)."""
         return {
             "model_id": self.model_id,
             "base_dtype": base_dtypes.name(next(self.hf_model.parameters()).dtype),
             "mixed_precision": self.mixed_precision,
             "fast_bf16": base_dtypes.fast_bf16(self.device),
             "vocab_size": self.vocab_size,
+            "adapters": self.adapter_names,
         }
 
     @remote_method()

@@ -124,6 +124,17 @@ class Sampler(ABC, metaclass=RemoteClass):
     def remove_adapter(self, name: str) -> None:
         self._uninstall_adapter(name)
         self._versions.pop(name, None)
+        if self.synced_adapter == name:
+            self.synced_adapter = None
+
+    # twinkle-kit's CheckpointEngineManager marks the adapter it syncs; twinkle-kit's vLLMSampler.sample
+    # samples it when no adapter is named (our sample's None stays the base model).
+    synced_adapter: str | None = None
+
+    def set_synced_adapter(self, name: str | None) -> None:
+        if name is not None and name not in self._versions:
+            raise KeyError(f"unknown adapter {name!r}; loaded: {self.adapter_names}")
+        self.synced_adapter = name
 
     @property
     def adapter_names(self) -> list[str]:

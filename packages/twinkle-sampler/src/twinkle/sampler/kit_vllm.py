@@ -118,11 +118,12 @@ class vLLMSampler(VLLMSampler, metaclass=_KitSamplerClass):  # twinkle-kit's cla
         """twinkle-kit's sample: `adapter_name=''` is the base model; `adapter_path`, a LoRA folder in
         peft format, is loaded once (again when the folder changes), under `adapter_name` when one is
         given, and samples every prompt; `use_base_model=True` samples the base model whatever else is
-        named. A path that holds no adapter is an error naming it (twinkle-kit warns and samples the base
-        model)."""
+        named; with no adapter named, the adapter a CheckpointEngineManager synced (if any), as twinkle-kit
+        samples its synced LoRA. A path that holds no adapter is an error naming it (twinkle-kit warns and
+        samples the base model)."""
         if return_encoded:
             raise NotImplementedError("sample(return_encoded=True): responses carry prompt_tokens, not encoded rows")
-        names: str | Sequence[str | None] | None = adapter_name or None
+        names: str | Sequence[str | None] | None = adapter_name or self.synced_adapter
         if use_base_model:
             names = None
         elif adapter_path is not None:
