@@ -22,6 +22,7 @@ from twinkle.model import compact_heap, context_parallel, router_replay, vision
 from twinkle.model import compile as compile_layers
 from twinkle.model.base import TwinkleModel
 from twinkle.model.hf_loading import load_hf_model
+from twinkle.model.kit_fsdp import resolve_kit_strategy
 from twinkle.model.peft_holes import refuse_peft_holes
 from twinkle.model.state import FULL_MODEL, AdapterState
 from twinkle.model.strategy import (
@@ -68,6 +69,7 @@ class TransformersCore(TwinkleModel):
         base_dtype: str = "auto",
         ddp_config: dict | None = None,
         enable_router_replay: bool = False,
+        fsdp_config: dict | None = None,
         **model_kwargs: Any,
     ) -> None:
         """`compile=True` compiles each decoder layer with torch.compile (`twinkle.model.compile`):
@@ -79,7 +81,9 @@ class TransformersCore(TwinkleModel):
         (twinkle-kit's; `strategy.DDP_OPTIONS`), e.g. {'find_unused_parameters': True} for a pass that
         leaves parameters unused (task='embedding' skips the output projection). `enable_router_replay`
         (twinkle-kit's): a mixture-of-experts model's passes can record and replay each token's experts
-        (`twinkle.model.router_replay`; forward_backward / forward_only's `router_replay_action`)."""
+        (`twinkle.model.router_replay`; forward_backward / forward_only's `router_replay_action`).
+        twinkle-kit's `strategy='native_fsdp'` is 'fsdp2', with the `fsdp_config` keys it takes
+        (`twinkle.model.kit_fsdp`)."""
         if mixed_precision not in PRECISIONS:
             raise ValueError(f"unknown mixed_precision {mixed_precision!r}; expected one of {list(PRECISIONS)}")
         base_dtypes.check(base_dtype)
@@ -87,6 +91,7 @@ class TransformersCore(TwinkleModel):
             raise ValueError(f"give torch_dtype ({torch_dtype}) or base_dtype ({base_dtype!r}), not both")
         self.model_id, self.mixed_precision = model_id, mixed_precision
         self.device_mesh = device_mesh if device_mesh is not None else get_global_mesh()
+        strategy = resolve_kit_strategy(strategy, fsdp_config, self.device_mesh)
         self.strategy = resolve_strategy(strategy, self.device_mesh)  # refuses unimplemented mesh dims
         self.ddp_options = check_ddp_config(ddp_config, self.strategy, self.device_mesh)
         self.hf_model, self.model_path = load_hf_model(model_id, model_cls, config, torch_dtype, **model_kwargs)
