@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from twinkle.model.kit_outputs import joined_logps, row_logps
 from twinkle.model.strategy import mean_units
 
 if TYPE_CHECKING:
@@ -129,11 +130,12 @@ class KitModelMixin:
         mean = state.loss.reduction == "mean"
         units = [float(mean_units(state.loss, _targets_only(chunk, state))) for chunk in chunks] if mean else []
         whole = sum(units)
-        total, finite, metrics = 0.0, True, {}
+        total, finite, metrics, logps = 0.0, True, {}, []
         for i, chunk in enumerate(chunks):
             t0 = time.perf_counter()
             ctx = self.forward(chunk, adapter_name)  # ty: ignore[missing-attribute]
             out = self.calculate_loss(ctx, adapter_name)  # ty: ignore[missing-attribute]
+            logps.append(row_logps(ctx))
             weight = units[i] / whole if mean and whole > 0 else 1.0
             if bool(torch.isfinite(out.loss.detach()).all()):
                 (out.loss * weight / state.gradient_accumulation_steps).backward()
@@ -143,7 +145,31 @@ class KitModelMixin:
             metrics = out.metrics
             self._record(state, ctx, out, time.perf_counter() - t0, training=True)  # ty: ignore[missing-attribute]
         state.count_micro_batch(finite)
-        return {"loss": total if finite else float("nan"), **metrics}
+        return {"loss": total if finite else float("nan"), **metrics, **joined_logps(logps)}
+
+    def micro_batched_forward_only(
+        self, rows: list, adapter_name: str | None, micro_batch_size: int, **kit: object
+    ) -> dict:
+        """forward_only over `rows`, `micro_batch_size` rows per pass (each its own forward_only, router
+        replay included): row outputs in row order, the loss the whole batch's, weighted as above."""
+        from twinkle.model.kit_outputs import join_passes
+        from twinkle.model.strategy import data_parallel_size
+
+        state = self._state(adapter_name)  # ty: ignore[missing-attribute]
+        if data_parallel_size(self.device_mesh) > 1:  # ty: ignore[missing-attribute]
+            raise NotImplementedError(
+                "forward_only(micro_batch_size=) under data parallelism is not offered: the ranks' passes would "
+                "not pair up; pass the rows whole (each rank runs its share) or one call per micro-batch"
+            )
+        chunks = [rows[i : i + micro_batch_size] for i in range(0, len(rows), micro_batch_size)]
+        outs = [self.forward_only(chunk, adapter_name, **kit) for chunk in chunks]  # ty: ignore[missing-attribute]
+        weights = [1.0] * len(chunks)
+        if state.loss.reduction == "mean" and all(o.get("loss") is not None for o in outs):
+            units = [float(mean_units(state.loss, _targets_only(chunk, state))) for chunk in chunks]
+            weights = [u / sum(units) if sum(units) > 0 else 1.0 for u in units]
+        joined = join_passes(outs, weights)
+        self.last_eval_loss = joined.get("loss")
+        return joined
 
     def forward_only_base(self, inputs: Rows, adapter_name: str | None = None) -> dict:
         """forward_only with the adapter switched off: the base model (the reference of a LoRA run)."""

@@ -25,6 +25,7 @@ from twinkle.model import inputs as model_inputs
 from twinkle.model import step as step_rule
 from twinkle.model.embedding_pass import EmbeddingTaskMixin
 from twinkle.model.kit import KitModelMixin
+from twinkle.model.kit_outputs import merge_ranks, row_logps
 from twinkle.model.router_replay import RouterReplayAction
 from twinkle.model.strategy import clip_grad_norm, data_parallel_loss, no_sync
 from twinkle.model.transformers_checkpoints import TransformersCheckpoints
@@ -43,7 +44,7 @@ class TransformersModel(
     KitModelMixin, EmbeddingTaskMixin, TransformersCheckpoints, TransformersPass, metaclass=RemoteClass
 ):
     # -- the loop's calls ---------------------------------------------------------------------------
-    @remote_method(dispatch="slice", collect="mean")
+    @remote_method(dispatch="slice", collect=merge_ranks)
     def forward_backward(
         self,
         inputs,
@@ -60,7 +61,8 @@ class TransformersModel(
         twinkle-kit's keywords: old_logps / advantages / ref_outputs become the rows' loss inputs
         (`twinkle.data_format.loss_inputs`); micro_batch_size runs the rows that many at a time;
         router_replay_action=REPLAY_FORWARD routes each token to its row's `routed_experts`
-        (`twinkle.model.router_replay`)."""
+        (`twinkle.model.router_replay`). A token pass also returns twinkle-kit's `logps`, each row's
+        label log-probs as one tensor (`twinkle.model.kit_outputs`)."""
         with router_replay.acting(self.router_replay, router_replay_action, inputs):
             return self._forward_backward(
                 inputs, adapter_name, old_logps, advantages, ref_outputs, micro_batch_size, task
@@ -80,13 +82,15 @@ class TransformersModel(
         with no_sync(wrapped, accumulate):
             ctx = self.forward(inputs, adapter_name, task=task)
             out = self.calculate_loss(ctx, adapter_name)
+            logps = row_logps(ctx) if task == "causal_lm" else None  # before backward frees the head
             # under DDP/FSDP2: this rank's share of the global micro-batch loss, which is reported
             local, out.loss = data_parallel_loss(out.loss, state.loss, ctx, self.device_mesh)
             self.backward(local, adapter_name)
         self._record(state, ctx, out, time.perf_counter() - t0, training=True)
-        return {"loss": float(out.loss.detach()), **out.metrics}
+        kit = {"logps": logps} if logps is not None else {}
+        return {"loss": float(out.loss.detach()), **out.metrics, **kit}
 
-    @remote_method(dispatch="slice", collect="merge")
+    @remote_method(dispatch="slice", collect=merge_ranks)
     def forward_only(
         self,
         inputs,
@@ -96,6 +100,7 @@ class TransformersModel(
         task: str = "causal_lm",
         return_logits: bool = False,
         router_replay_action: RouterReplayAction | str | None = None,
+        micro_batch_size: int | None = None,
     ) -> dict:
         """No-gradient forward: per-row target log-probs (aligned with labels; 0 at position 0 and
         where labels are -100) and the loss when the batch has labels. Counts toward eval metrics.
@@ -105,7 +110,14 @@ class TransformersModel(
         `return_logits` (twinkle-kit's): an embedding pass returns its embeddings either way; a token
         pass returns each label's log-prob, not [B, T, V] logits, so True is refused there.
         `router_replay_action` (`twinkle.model.router_replay`): RECORD also returns `routed_experts`, each
-        row's chosen experts [rows, tokens, moe layers, top_k]; REPLAY_FORWARD forces the rows' own."""
+        row's chosen experts [rows, tokens, moe layers, top_k]; REPLAY_FORWARD forces the rows' own.
+        A token pass also returns twinkle-kit's `logps` (`twinkle.model.kit_outputs`); `micro_batch_size`
+        runs the rows that many at a time, as one call."""
+        if micro_batch_size is not None and not isinstance(inputs, dict) and len(inputs) > micro_batch_size:
+            kit = dict(disable_lora=disable_lora, task=task, return_logits=return_logits)
+            return self.micro_batched_forward_only(
+                list(inputs), adapter_name, micro_batch_size, router_replay_action=router_replay_action, **kit
+            )
         with router_replay.acting(self.router_replay, router_replay_action, inputs):
             out = self._forward_only(inputs, adapter_name, disable_lora, task, return_logits)
             routed = self.router_replay.routed_experts() if self.router_replay is not None else None
@@ -134,7 +146,7 @@ class TransformersModel(
         self._record(state, ctx, out, time.perf_counter() - t0, training=False)
         rows = [[0.0, *logps[b, s : s + n - 1].tolist()] for b, s, n in model_inputs.sequence_spans(ctx.batch)]
         self.last_eval_loss = float(out.loss) if out else None
-        return {"loss": self.last_eval_loss, "logprobs": rows}
+        return {"loss": self.last_eval_loss, "logprobs": rows, "logps": row_logps(ctx)}
 
     @remote_method()
     def clip_grad_norm(

@@ -117,9 +117,12 @@ class TransformersValueModel(TransformersModel):
         task: str = "causal_lm",
         return_logits: bool = False,
         router_replay_action: RouterReplayAction | str | None = None,
+        micro_batch_size: int | None = None,
     ) -> dict:
         """Per row, V before each token (aligned with labels, 0 at position 0), and the loss when it is
-        a value loss whose inputs (`returns`, ...) the rows carry."""
+        a value loss whose inputs (`returns`, ...) the rows carry; `micro_batch_size` as TransformersModel's."""
+        if micro_batch_size is not None and not isinstance(inputs, Mapping) and len(inputs) > micro_batch_size:
+            return self.micro_batched_forward_only(list(inputs), adapter_name, micro_batch_size, task=task)
         refuse_logits(return_logits)
         if router_replay_action is not None:
             raise ValueError("router_replay_action: a value model's forward_only neither records nor replays routing")
