@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from twinkle.mesh import RemoteClass
-from twinkle.sampler.base import Sampler
+from twinkle.sampler.base import Sampler, prompt_items
 from twinkle.sampler.params import SampleResponse
 from twinkle.sampler.vllm_sampler import VLLMSampler
 
@@ -132,7 +132,11 @@ class vLLMSampler(VLLMSampler, metaclass=_KitSamplerClass):  # twinkle-kit's cla
                     "sample(adapter_path=...) samples every prompt with that adapter: name one, not a list"
                 )
             names = self._adapter_at(adapter_path, names)
-        return super().sample(inputs, sampling_params, adapter_name=names)
+        responses = super().sample(inputs, sampling_params, adapter_name=names)
+        for item, response in zip(prompt_items(inputs), responses):  # new_input_feature keeps the row's keys
+            for sequence in response.sequences:
+                sequence.follow(response.prompt_tokens, item)
+        return responses
 
     def _adapter_at(self, path: str, name: str | None) -> str:
         folder = Path(path).expanduser().resolve()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+
+from twinkle.sampler.input_feature import build_input_feature
 
 StopReason = Literal["stop", "length"]
 
@@ -110,6 +112,24 @@ class SampledSequence:
         """twinkle-kit's name for `text`."""
         return self.text
 
+    # twinkle-kit's new_input_feature is built from the prompt; it is kept off the dataclass fields, so
+    # asdict, equality and what goes over the wire stay the continuation's own
+    @property
+    def new_input_feature(self) -> dict | None:
+        """The prompt and this continuation as one row ready for training (`twinkle.sampler.input_feature`);
+        None for a sequence built outside a SampleResponse. Built on first read, then the same dict."""
+        cached = self.__dict__.get("_new_input_feature")
+        if cached is None and "_prompt" in self.__dict__:
+            prompt_tokens, prompt = self.__dict__["_prompt"]
+            cached = build_input_feature(prompt_tokens, self.tokens, self.text, prompt)
+            self.__dict__["_new_input_feature"] = cached
+        return cached
+
+    def follow(self, prompt_tokens: list[int], prompt: Any = None) -> None:
+        """Say which prompt this continues (`prompt`: the item the sampler was given), for new_input_feature."""
+        self.__dict__["_prompt"] = (prompt_tokens, prompt)
+        self.__dict__.pop("_new_input_feature", None)
+
 
 @dataclass
 class SampleResponse:
@@ -128,3 +148,7 @@ class SampleResponse:
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     cached_prompt_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (its first prefill)
     meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for sequence in self.sequences:
+            sequence.follow(self.prompt_tokens)
