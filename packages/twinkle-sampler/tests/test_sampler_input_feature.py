@@ -58,3 +58,8 @@ def test_the_prompt_rows_keys_come_along_and_a_chat_gains_the_reply():
 def test_prompt_labels_of_another_length_become_minus_100(labels):
     row = {"input_ids": [3, 4, 5], **({"labels": labels} if labels else {})}
     assert build_input_feature([3, 4, 5], [7], None, row)["labels"] == [-100, -100, -100, 7]
+
+
+def test_decoded_is_twinkle_kits_name_for_the_text():
+    assert SampledSequence(tokens=[1], logprobs=None, stop_reason="stop", text="hi").decoded == "hi"
+    assert SampledSequence(tokens=[1], logprobs=None, stop_reason="stop", text="").decoded == ""
