@@ -12,6 +12,11 @@ step) and peak RSS. Final line: JSON with
 
     uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8] [--cp 2]
 
+At the Qwen3-0.6B shape (issue 47: does one 32K-token row at the 151,936 vocabulary train in 24 GiB?):
+
+    uv run python benchmarks/bench_long_context.py --model twinkle://qwen3-0.6b-shape --lengths 32768 \
+        --cap-gib 24 --cp 1 --engines twinkle
+
 `twinkle_cp2` (`--cp 2`, the default; `--cp 1` leaves it out) is the same Twinkle run under torchrun
 on 2 processes of 1 thread each, with a DeviceMesh of cp_size=2 (each rank runs half the row;
 twinkle.model.context_parallel), its peak RSS the larger rank's (the cap applies per process) and
@@ -48,11 +53,10 @@ def _row(n: int, vocab: int) -> list[int]:
     return [3 + (i * 7919) % (vocab - 3) for i in range(n)]
 
 
-def run_twinkle(n: int, mesh=None) -> float:
-    from twinkle.hub import TEST_MODEL
+def run_twinkle(n: int, model_id: str, mesh=None) -> float:
     from twinkle.model import TransformersModel
 
-    model = TransformersModel(TEST_MODEL, device_mesh=mesh)
+    model = TransformersModel(model_id, device_mesh=mesh)
     model.add_adapter_to_model("long", _lora())
     model.set_loss("CrossEntropyLoss")
     model.set_optimizer("AdamW", lr=1e-4)
@@ -68,14 +72,14 @@ def run_twinkle(n: int, mesh=None) -> float:
     return _timed(times)
 
 
-def run_plain(n: int) -> float:
+def run_plain(n: int, model_id: str) -> float:
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from twinkle.hub import TEST_MODEL, resolve_model_path
+    from twinkle.hub import resolve_model_path
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model_path(TEST_MODEL)), _lora())
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(resolve_model_path(model_id)), _lora())
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4)
@@ -91,7 +95,7 @@ def run_plain(n: int) -> float:
     return _timed(times)
 
 
-def worker(engine: str, n: int, cap_gib: float) -> None:
+def worker(engine: str, n: int, cap_gib: float, model_id: str) -> None:
     cap = int(cap_gib * 2**30)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
     import torch
@@ -106,7 +110,7 @@ def worker(engine: str, n: int, cap_gib: float) -> None:
     else:
         torch.set_num_threads(2)
     try:
-        seconds = run_plain(n) if engine == "plain" else run_twinkle(n, mesh)
+        seconds = run_plain(n, model_id) if engine == "plain" else run_twinkle(n, model_id, mesh)
         out = {"tokens_per_s": n / seconds, "step_s": seconds}
     except (MemoryError, RuntimeError) as e:
         if "memory" not in str(e).lower() and not isinstance(e, MemoryError):
@@ -131,15 +135,22 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384, 32768])
     parser.add_argument("--cap-gib", type=float, default=8.0, help="memory cap of each run (RLIMIT_DATA)")
     parser.add_argument("--cp", type=int, default=2, help="also run Twinkle at this cp_size (torchrun; 1: not)")
+    parser.add_argument("--model", default=None, help="model id (default: twinkle.hub.TEST_MODEL)")
+    parser.add_argument("--engines", nargs="+", default=["twinkle", "plain"], choices=["twinkle", "plain"])
     parser.add_argument("--worker", nargs=2, metavar=("ENGINE", "TOKENS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.model is None:
+        from twinkle.hub import TEST_MODEL
+
+        args.model = TEST_MODEL
     if args.worker:
-        worker(args.worker[0], int(args.worker[1]), args.cap_gib)
+        worker(args.worker[0], int(args.worker[1]), args.cap_gib, args.model)
         return
     runs = {}
     for n in args.lengths:
-        for engine in ("twinkle", "plain", *([f"twinkle_cp{args.cp}"] if args.cp > 1 else [])):
+        for engine in (*args.engines, *([f"twinkle_cp{args.cp}"] if args.cp > 1 else [])):
             cmd = [sys.executable, __file__, "--worker", engine, str(n), "--cap-gib", str(args.cap_gib)]
+            cmd += ["--model", args.model]
             if engine.startswith("twinkle_cp"):
                 cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.cp}"]
             proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -147,7 +158,11 @@ def main() -> None:
             # killed outright (the allocator's failure not even reaching Python) also counts as out of memory
             runs[f"{engine}_{n}"] = _combined(lines) if lines else {"oom": True, "exit": proc.returncode}
             print(f"{engine:8s} {n:6d} tokens: {runs[f'{engine}_{n}']}", flush=True)
-    both = [n for n in args.lengths if "tokens_per_s" in runs[f"twinkle_{n}"] and "tokens_per_s" in runs[f"plain_{n}"]]
+    both = [
+        n
+        for n in args.lengths
+        if "tokens_per_s" in runs.get(f"twinkle_{n}", {}) and "tokens_per_s" in runs.get(f"plain_{n}", {})
+    ]
     ratio = runs[f"twinkle_{both[-1]}"]["tokens_per_s"] / runs[f"plain_{both[-1]}"]["tokens_per_s"] if both else None
     longest = max(args.lengths)
     rss = {e: runs[f"{e}_{longest}"]["peak_rss_gib"] for e in ("twinkle", "plain") if f"{e}_{longest}" in runs}
@@ -157,6 +172,7 @@ def main() -> None:
                 "ratio": ratio,
                 "ratio_at_tokens": both[-1] if both else None,
                 "peak_rss_ratio_longest": rss["twinkle"] / rss["plain"] if len(rss) == 2 and rss["plain"] else None,
+                "model": args.model,
                 "cap_gib": args.cap_gib,
                 "runs": runs,
             }
