@@ -165,13 +165,13 @@ def main() -> None:
     ]
     ratio = runs[f"twinkle_{both[-1]}"]["tokens_per_s"] / runs[f"plain_{both[-1]}"]["tokens_per_s"] if both else None
     longest = max(args.lengths)
-    rss = {e: runs[f"{e}_{longest}"]["peak_rss_gib"] for e in ("twinkle", "plain") if f"{e}_{longest}" in runs}
+    rss = {e: runs.get(f"{e}_{longest}", {}).get("peak_rss_gib") for e in ("twinkle", "plain")}
     print(
         json.dumps(
             {
                 "ratio": ratio,
                 "ratio_at_tokens": both[-1] if both else None,
-                "peak_rss_ratio_longest": rss["twinkle"] / rss["plain"] if len(rss) == 2 and rss["plain"] else None,
+                "peak_rss_ratio_longest": rss["twinkle"] / rss["plain"] if rss["twinkle"] and rss["plain"] else None,
                 "model": args.model,
                 "cap_gib": args.cap_gib,
                 "runs": runs,
