@@ -314,6 +314,8 @@ def vllm(session: nox.Session) -> None:
         "-e",
         "packages/twinkle-sampler",
         "-e",
+        "packages/twinkle-rl",  # the GRPO script's advantages and rewards (twinkle.advantage, twinkle.reward)
+        "-e",
         "packages/twinkle",  # the facade twinkle-kit's scripts import from (`from twinkle import DeviceGroup`)
     )
     # ray: twinkle-kit's vLLMSampler scripts put the sampler in a Ray group (remote_group='sampler')

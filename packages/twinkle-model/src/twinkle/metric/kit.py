@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 from twinkle.metric.base import ForwardRecord, Metric, register_metric
+from twinkle.metric.kit_grpo import RolloutLogps
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -98,9 +99,29 @@ class DPOMetric(_LossNumbers):
 
 @register_metric
 class GRPOMetric(_LossNumbers):
-    """The policy loss's clipped fraction, KL to the reference and entropy, under twinkle-kit's keys."""
+    """The policy loss's clipped fraction, KL to the reference and entropy, under twinkle-kit's keys.
+    Standalone, as twinkle-kit's GRPO loops use it: `accumulate(inputs, outputs, old_logps=, advantages=)`
+    per mini-batch, then `calculate()` (the drift from the sampling policy, kit_grpo.py; resets)."""
 
     KEYS: ClassVar[dict[str, str]] = {"clip_fraction": "clip_ratio", "kl": "kl", "entropy": "entropy"}
+
+    def __init__(self, epsilon: float = 0.2) -> None:
+        self.epsilon = epsilon
+        super().__init__()
+
+    def reset(self) -> None:
+        super().reset()
+        self.rollout = RolloutLogps(self.epsilon)
+
+    def accumulate(
+        self, inputs: object, outputs: object, *, old_logps: list | None = None, advantages: list | None = None
+    ) -> None:
+        self.rollout.add(inputs, outputs, old_logps, advantages)
+
+    def calculate(self) -> dict[str, float]:
+        out = {**self.compute(), **self.rollout.result()}
+        self.reset()
+        return out
 
 
 @register_metric

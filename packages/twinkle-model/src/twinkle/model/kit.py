@@ -186,7 +186,11 @@ def _targets_only(rows: list, state: AdapterState) -> LossContext:
     from twinkle.model import inputs as model_inputs
 
     processor = state.processor if state.processor is not None else _right_padding()
-    batch, _ = model_inputs.collate(model_inputs.as_rows(rows, state.template), processor)
+    encoded = model_inputs.as_rows(rows, state.template)
+    if isinstance(encoded, list):  # the targets alone: a row's other fields (routed_experts padded to a
+        # longer batch's width, as forward_only returns them) need not fit this chunk's width
+        encoded = [{k: r[k] for k in ("input_ids", "labels", "lengths") if k in r} for r in encoded]
+    batch, _ = model_inputs.collate(encoded, processor)
     return LossContext(head=None, targets_B_T=batch["labels"][:, 1:])  # ty: ignore[invalid-argument-type]
 
 

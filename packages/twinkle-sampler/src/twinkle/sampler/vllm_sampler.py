@@ -43,6 +43,7 @@ class VLLMSampler(Sampler):
         max_model_len: int = 1024,
         dtype: str = "auto",
         seed: int = 0,
+        enable_lora: bool = True,  # False: no LoRA slots (twinkle-kit's vLLMSampler merges adapters instead)
         **engine_kwargs,
     ):
         vllm = _import_vllm()
@@ -61,7 +62,7 @@ class VLLMSampler(Sampler):
         self.llm = vllm.LLM(
             model=self.model_path,
             dtype=dtype,
-            enable_lora=True,
+            enable_lora=enable_lora,
             max_lora_rank=max_lora_rank,
             max_loras=max_loras,
             max_model_len=max_model_len,
