@@ -7,11 +7,13 @@ from twinkle.client import model as client_model
 from twinkle.model.base import contract_mismatches
 
 
+@pytest.mark.no_float
 def test_the_http_proxy_has_the_contract_signatures():
     assert contract_mismatches(client_model.TransformersModel) == []
     assert client_model.MultiLoraModel is client_model.TransformersModel  # the server's engine is multi-LoRA
 
 
+@pytest.mark.no_float
 def test_the_http_proxy_refuses_what_cannot_cross_http_by_name():
     proxy = object.__new__(client_model.TransformersModel)  # refusals need no connection
     with pytest.raises(NotImplementedError, match="cannot return an autograd graph: use forward_only"):

@@ -110,6 +110,7 @@ def test_ray_remote_group_matches_the_local_run(ray_trainer, reference):
     _assert_lora_close(ray_trainer.lora_state(), reference["lora"], atol=1e-5)
 
 
+@pytest.mark.no_float
 def test_ray_remote_group_fans_out_and_collects(ray_trainer, capsys):
     ranks = ray_trainer.whoami()
     assert [(r["rank"], r["data_rank"], r["world"], r["threads"]) for r in ranks] == [(0, 0, 2, 1), (1, 1, 2, 1)]
@@ -125,6 +126,7 @@ def test_ray_remote_group_fans_out_and_collects(ray_trainer, capsys):
         ray_trainer.nope  # noqa: B018
 
 
+@pytest.mark.no_float
 def test_ray_remote_failure_names_the_rank_and_carries_the_traceback(ray_trainer):
     with pytest.raises(tm.RemoteError, match="LoraTrainer.fail_on_rank failed on rank 1 of remote group 'model'") as e:
         ray_trainer.fail_on_rank(1)
@@ -140,6 +142,7 @@ class FailsToBuildOnRank1(metaclass=tm.RemoteClass):
             raise RuntimeError("no room on rank 1")
 
 
+@pytest.mark.no_float
 def test_a_second_component_shares_the_group_and_a_failed_build_names_the_rank(ray_trainer):
     with pytest.raises(tm.RemoteError, match=r"FailsToBuildOnRank1\(\) failed on rank 1 .*no room on rank 1"):
         FailsToBuildOnRank1(remote_group="model")  # colocated with the trainer on 'model'

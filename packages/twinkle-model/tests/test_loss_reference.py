@@ -247,6 +247,7 @@ def test_chunked_head_equals_full_logits_for_every_quantity():
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.no_float
 def test_unknown_loss_name_lists_the_registered_ones():
     with pytest.raises(ValueError, match="NoSuchLoss") as err:
         create_loss("NoSuchLoss")
@@ -254,18 +255,21 @@ def test_unknown_loss_name_lists_the_registered_ones():
         assert name in str(err.value)
 
 
+@pytest.mark.no_float
 def test_missing_input_field_names_it():
     logits, targets, _ = _setup()
     with pytest.raises(ValueError, match="advantages"):
         create_loss("ppo")(LossContext.from_logits(logits, targets))
 
 
+@pytest.mark.no_float
 def test_dpo_without_reference_explains_where_it_comes_from():
     logits, targets, _ = _setup()
     with pytest.raises(ValueError, match="adapter disabled"):
         create_loss("dpo")(LossContext.from_logits(logits, targets))
 
 
+@pytest.mark.no_float
 def test_entry_points_declare_every_builtin_loss():
     from importlib.metadata import entry_points
 
@@ -306,6 +310,7 @@ def test_stable_reinforce_on_policy_is_reinforce():
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.no_float
 def test_stable_reinforce_refuses_a_cap_below_one():
     with pytest.raises(ValueError, match="ratio_cap must be >= 1"):
         create_loss("stable_reinforce", ratio_cap=0.5)

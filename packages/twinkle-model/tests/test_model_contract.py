@@ -18,11 +18,13 @@ LORA = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
 
 
 @pytest.mark.parametrize("cls", [TransformersModel, MultiLoraModel, MegatronModel])
+@pytest.mark.no_float
 def test_every_engine_has_the_contract_signatures(cls):
     assert issubclass(cls, TwinkleModel)
     assert contract_mismatches(cls) == []
 
 
+@pytest.mark.no_float
 def test_the_signature_check_catches_a_swapped_argument_order():
     class Swapped(TwinkleModel):
         def clip_grad_and_step(self, adapter_name=None, max_grad_norm=1.0): ...
@@ -48,6 +50,7 @@ def _engines():
     return t, m
 
 
+@pytest.mark.no_float
 def test_a_missing_optimizer_is_the_same_error_on_every_engine(rows):
     for engine in _engines():
         engine.forward_backward(inputs=rows)
@@ -68,6 +71,7 @@ def test_accumulation_counts_forward_backward_calls_on_every_engine(rows):
         assert out["stepped"] and out["step"] == 1 and out["grad_norm"] > 0 and out["lr"] == 0.1, type(engine)
 
 
+@pytest.mark.no_float
 def test_engines_refuse_by_name():
     class Proxy(TwinkleModel):
         pass

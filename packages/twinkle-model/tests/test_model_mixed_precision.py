@@ -32,6 +32,7 @@ def test_bf16_autocast_on_cpu_is_close_to_fp32(rows):
     assert all(p.dtype == torch.float32 for _, p in model.states["default"].named_params())  # fp32 master weights
 
 
+@pytest.mark.no_float
 def test_fp16_is_refused_on_cpu_by_name():
     with pytest.raises(ValueError, match="mixed_precision='fp16' needs CUDA.*use 'bf16'"):
         TransformersModel(model_id=TEST_MODEL, mixed_precision="fp16", device="cpu")

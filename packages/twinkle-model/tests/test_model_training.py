@@ -65,6 +65,7 @@ def test_gradient_accumulation_steps_only_on_boundaries_and_averages(rows):
     assert any(not torch.equal(before[n], p) for n, p in m.states["default"].named_params())
 
 
+@pytest.mark.no_float
 def test_out_of_vocab_id_raises_before_the_model_runs(rows):
     m = lora_model()
     calls = []
@@ -109,6 +110,7 @@ def test_nonfinite_loss_skips_the_step_and_leaves_weights_and_optimizer_untouche
     assert m.clip_grad_and_step()["stepped"]
 
 
+@pytest.mark.no_float
 def test_unknown_optimizer_and_scheduler_names_list_the_registered_ones():
     m = TransformersModel(model_id=TEST_MODEL)
     with pytest.raises(ValueError, match="unknown optimizer 'Adamm'.*AdamW.*SGD"):

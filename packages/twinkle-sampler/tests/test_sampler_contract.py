@@ -106,6 +106,7 @@ def test_adapter_changes_output_and_base_stays_reachable(sampler, prompts):
     assert {r.adapter_name for r in tuned} == {"tenant"}
 
 
+@pytest.mark.no_float
 def test_unknown_adapter_is_a_clear_error(sampler, prompts):
     with pytest.raises(KeyError, match="unknown adapter.*'nobody'"):
         sampler.sample(prompts, SamplingParams(max_tokens=2), adapter_name="nobody")

@@ -119,6 +119,7 @@ def test_saved_peft_folder_serves_the_same_adapter(sampler, trainer, tmp_path):
     assert "from_disk" not in sampler.adapter_names
 
 
+@pytest.mark.no_float
 def test_bad_inputs_are_clear_errors(sampler, trainer, model_path):
     with pytest.raises(ValueError, match="max_tokens must be an int >= 1"):
         SamplingParams(max_tokens=0)
@@ -143,12 +144,14 @@ def test_bad_inputs_are_clear_errors(sampler, trainer, model_path):
         extract_adapter(trainer, "nope")
 
 
+@pytest.mark.no_float
 def test_registry_finds_the_samplers():
     assert get_sampler_class("TorchSampler") is TorchSampler
     with pytest.raises(KeyError, match="unknown sampler 'Nope'"):
         get_sampler_class("Nope")
 
 
+@pytest.mark.no_float
 def test_load_adapter_folder_rejects_non_adapters(tmp_path):
     with pytest.raises(FileNotFoundError, match="adapter_config.json is missing"):
         load_adapter_folder(tmp_path)

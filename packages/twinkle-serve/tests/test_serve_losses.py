@@ -44,6 +44,7 @@ def test_rl_losses_follow_their_formulas(policy, sft):
         np.testing.assert_allclose(out.loss_fn_outputs[0]["logprobs"].to_numpy(), logp, atol=1e-5)
 
 
+@pytest.mark.no_float
 def test_unknown_loss_config_is_a_user_error(policy, sft):
     import tinker
 

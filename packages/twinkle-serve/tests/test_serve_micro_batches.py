@@ -64,6 +64,7 @@ def _assert_grads_equal(got, want) -> None:
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * float(w.abs().max()))
 
 
+@pytest.mark.no_float
 def test_runs_hold_whole_rows_and_pairs_within_the_budget():
     def runs(budget, group=1):
         out, start = [], 0

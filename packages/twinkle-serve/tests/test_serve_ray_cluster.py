@@ -125,6 +125,7 @@ def test_bad_request_fails_alone_and_training_goes_on(runs, sft):
         ({"models": [{"name": TEST_MODEL, "remote_group": "model", "backend": "peft"}]}, "multi_lora"),
     ],
 )
+@pytest.mark.no_float
 def test_ray_config_is_validated(change, message):
     from twinkle.serve.config import ServeConfig
 

@@ -351,6 +351,7 @@ def raw(server, keys):
         ({"prompt": {"chunks": [{"type": "encoded_text", "tokens": [1, True]}]}}, "integer token ids"),
     ],
 )
+@pytest.mark.no_float
 def test_bad_sampling_requests_are_400s_naming_the_field(raw, override, message):
     r = raw(**override)
     assert r.status_code == 400, r.text
