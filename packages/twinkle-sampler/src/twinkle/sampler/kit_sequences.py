@@ -23,7 +23,8 @@ class KitSampledSequence(SampledSequence):
     `routed_experts` is twinkle-kit's field for routing replay R3, which this sampler does not offer
     (always None)."""
 
-    logprobs: list[list[tuple[int, float]]] | None
+    # twinkle-kit's shape over ours on purpose: only the kit sampler builds these, for kit scripts
+    logprobs: list[list[tuple[int, float]]] | None  # ty: ignore[incompatible-attribute-override]
     routed_experts: Any = None
 
 
