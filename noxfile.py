@@ -408,6 +408,10 @@ NUMERICS_SKIP = [
 # server and conformance suites add no float comparison of their own beyond what avx2 already covers,
 # and they cost the default run 5 minutes a CPU.
 NUMERICS_ON = {"avx2": list(NUMERICS_SUITES), "default": ["model", "sampler", "mesh"]}
+# Two workers where the suite's own session runs two (the model, sampler and conformance suites are
+# tiny models a process keeps one core busy with); the server suites measure latency, the mesh suite
+# is Ray and torchrun launches.
+NUMERICS_XDIST = {"model", "sampler", "conformance"}
 
 
 @nox.session(name="numerics")
@@ -434,6 +438,7 @@ def numerics(session: nox.Session, cpu: str) -> None:
                 # the tests that compare no float (routes, refusals, messages) ran in their own session
                 "-m",
                 "not no_float",
+                *(XDIST if suite in NUMERICS_XDIST else ()),
                 *paths,
                 *NUMERICS_SKIP,
                 *session.posargs,
