@@ -41,17 +41,9 @@ def _mentions_ray(path: Path) -> bool:
     return path.is_file() and bool(RAY_WORD.search(path.read_text(errors="replace")))
 
 
-# Tests that torch.compile cold (inductor's C++ builds: the architecture matrix's compile column is 4-5
-# minutes of its file's 6 on two loaded cores) share no fixture that costs anything with the rest of their
-# file: they are a group of their own, so the other worker runs the rest of the file meanwhile.
-OWN_GROUP = re.compile(r"^test_compiled_")
-
-
 def worker_group(nodeid: str) -> str:
     path, _, name = nodeid.partition("::")
-    if RAY_WORD.search(name) or _mentions_ray(ROOT / path):
-        return "ray"
-    return f"{path}::compile" if OWN_GROUP.match(name) else path
+    return "ray" if RAY_WORD.search(name) or _mentions_ray(ROOT / path) else path
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # an xdist hook: absent without it
