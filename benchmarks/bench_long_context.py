@@ -12,10 +12,10 @@ step) and peak RSS. Final line: JSON with
 
     uv run python benchmarks/bench_long_context.py [--lengths 4096 16384 32768] [--cap-gib 8] [--cp 2]
 
-At the Qwen3-0.6B shape (issue 47: does one 32K-token row at the 151,936 vocabulary train in 24 GiB?):
+At the Qwen3-0.6B shape (issue 47: does one 32K-token row at the 151,936 vocabulary train in 24 GiB? add
+`--cap-gib 24 --engines twinkle` for Twinkle's side alone):
 
-    uv run python benchmarks/bench_long_context.py --model twinkle://qwen3-0.6b-shape --lengths 32768 \
-        --cap-gib 24 --cp 1 --engines twinkle
+    uv run python benchmarks/bench_long_context.py --model twinkle://qwen3-0.6b-shape --lengths 32768 --cp 1
 
 `twinkle_cp2` (`--cp 2`, the default; `--cp 1` leaves it out) is the same Twinkle run under torchrun
 on 2 processes of 1 thread each, with a DeviceMesh of cp_size=2 (each rank runs half the row;

@@ -61,6 +61,7 @@ HOW = {
     "uv run python benchmarks/bench_peer_trl_sft.py --precision bf16": HELP,
     "uv run python benchmarks/bench_peer_trl_sft.py --compile": HELP,
     "uv run python benchmarks/bench_mfu.py --precision bf16": HELP,
+    "uv run python benchmarks/bench_long_context.py --model twinkle://qwen3-0.6b-shape --lengths 32768 --cp 1": HELP,
     "TWINKLE_MODE=http TWINKLE_BASE_URL=http://127.0.0.1:8000 TWINKLE_API_KEY=tml-... uv run examples/sft_any_mode.py": "needs a running server and a key: tests/test_serve_native_any_mode.py runs this mode",
     "TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-... uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt": "needs a running server and a key: tests/reliability/test_reliability_rl_resume.py runs it, killed and resumed",
     "TINKER_BASE_URL=http://127.0.0.1:8000 TINKER_API_KEY=tml-... uv run examples/tinker_grpo_resume.py --checkpoint-dir ckpt --resume": "needs a running server and a key: tests/reliability/test_reliability_rl_resume.py runs it, killed and resumed",
